@@ -1,0 +1,407 @@
+"""Settings: one YAML file, loaded into typed, immutable structs.
+
+- Every section is a frozen ``msgspec.Struct`` that forbids unknown keys; every threshold a user may
+  tune lives here with its default, and ``deploy/config/fleetmedic.yaml`` documents each one.
+- Environment variables override any value: ``FLEETMEDIC__<SECTION>__<KEY>=value`` (double
+  underscores between path parts, case-insensitive; the value is parsed as a YAML scalar or flow
+  collection, e.g. ``FLEETMEDIC__SAFETY__MAX_QUARANTINED_FRACTION=0.02``).
+- Errors raise :class:`ConfigError` naming the field path (``safety.max_quarantined_fraction``) and
+  the reason (unknown key, wrong type, out of range).
+
+Pure: :func:`parse_config` takes text and an environment mapping; only :func:`read_config` opens a file.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+import msgspec
+import yaml
+from msgspec import Meta, Struct
+
+from fleetmedic.topics import BY_NAME
+
+ENV_PREFIX = "FLEETMEDIC__"
+
+PosFloat = Annotated[float, Meta(gt=0.0, le=1.0e9)]
+NonNegFloat = Annotated[float, Meta(ge=0.0, le=1.0e9)]
+PosInt = Annotated[int, Meta(ge=1, le=1_000_000_000)]
+NonNegInt = Annotated[int, Meta(ge=0, le=1_000_000_000)]
+Fraction = Annotated[float, Meta(ge=0.0, le=1.0)]
+
+
+class Section(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base of every config section: immutable, unknown keys rejected."""
+
+
+# --- Kafka --------------------------------------------------------------------------------------
+
+
+class KafkaSettings(Section, frozen=True, kw_only=True):
+    bootstrap_servers: str = "127.0.0.1:19092"
+    client_id: str = "fleetmedic"
+    consumer_group: str = "fleetmedic"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str = ""
+    sasl_password_env: str = ""
+    sasl_password_file: str = ""
+    ssl_cafile: str = ""
+    ssl_certfile: str = ""
+    ssl_keyfile: str = ""
+    ssl_check_hostname: bool = True
+    acks: Literal["all", "1", "0"] = "all"
+    request_timeout_s: PosFloat = 30.0
+
+    def __post_init__(self) -> None:
+        if self.security_protocol.startswith("SASL") and self.sasl_mechanism is None:
+            raise ValueError("`sasl_mechanism` is required when `security_protocol` is SASL_*")
+
+
+class TopicSettings(Section, frozen=True, kw_only=True):
+    prefix: str = "fleetmedic."
+    names: dict[str, str] = {}
+    partitions: dict[str, PosInt] = {}
+    default_partitions: PosInt = 12
+    replication_factor: Annotated[int, Meta(ge=1, le=15)] = 1
+
+    def __post_init__(self) -> None:
+        for table in (self.names, self.partitions):
+            for key in table:
+                if key not in BY_NAME:
+                    known = ", ".join(sorted(BY_NAME))
+                    raise ValueError(f"unknown topic `{key}` (known: {known})")
+
+    def topic(self, name: str) -> str:
+        """Full topic name for a logical topic (``telemetry.gpu`` -> ``fleetmedic.telemetry.gpu``)."""
+        if name not in BY_NAME:
+            raise KeyError(name)
+        return self.names.get(name, self.prefix + name)
+
+
+class SigningSettings(Section, frozen=True, kw_only=True):
+    key_file: str = ""
+    key_env: str = "FLEETMEDIC_SIGNING_KEY"
+    command_ttl_s: PosFloat = 300.0
+
+
+# --- detection ----------------------------------------------------------------------------------
+
+
+class BaselineSettings(Section, frozen=True, kw_only=True):
+    warmup_samples: PosInt = 30
+    halflife_samples: PosFloat = 120.0
+    protect_z: PosFloat = 4.0
+    min_std: PosFloat = 0.5
+
+
+class MetricThreshold(Section, frozen=True, kw_only=True):
+    direction: Literal["up", "down", "both"] = "up"
+    z_warning: PosFloat = 4.0
+    z_critical: PosFloat = 8.0
+    min_delta: NonNegFloat = 0.0
+
+
+def _default_metric_thresholds() -> dict[str, MetricThreshold]:
+    return {
+        "gpu_temp": MetricThreshold(direction="up", min_delta=5.0),
+        "memory_temp": MetricThreshold(direction="up", min_delta=5.0),
+        "power_usage": MetricThreshold(direction="both", min_delta=30.0),
+        "sm_clock": MetricThreshold(direction="down", min_delta=100.0),
+        "ecc_sbe_rate": MetricThreshold(direction="up", z_warning=6.0, z_critical=12.0, min_delta=1.0),
+        "pcie_replay_rate": MetricThreshold(direction="up", z_warning=6.0, z_critical=12.0, min_delta=1.0),
+        "nvlink_error_rate": MetricThreshold(direction="up", z_warning=6.0, z_critical=12.0, min_delta=1.0),
+    }
+
+
+class CusumSettings(Section, frozen=True, kw_only=True):
+    drift_k: NonNegFloat = 0.5
+    threshold_h: PosFloat = 8.0
+
+
+class PeerSettings(Section, frozen=True, kw_only=True):
+    z_threshold: PosFloat = 3.5
+    continuity_window_s: PosFloat = 120.0
+    min_peers: Annotated[int, Meta(ge=2, le=100_000)] = 4
+
+
+class StragglerSettings(Section, frozen=True, kw_only=True):
+    slowdown_ratio: Annotated[float, Meta(gt=1.0, le=100.0)] = 1.10
+    min_steps: PosInt = 5
+
+
+class IsolationForestSettings(Section, frozen=True, kw_only=True):
+    enabled: bool = True
+    n_estimators: PosInt = 100
+    window_s: PosFloat = 300.0
+    refit_interval_s: PosFloat = 3600.0
+    score_threshold: Fraction = 0.65
+    seed: NonNegInt = 0
+
+
+def _default_ib_thresholds() -> dict[str, NonNegInt]:
+    # rdma-core's default alert thresholds (per check interval), see BRIEF §3
+    return {
+        "symbol_error_counter": 10,
+        "link_error_recovery_counter": 10,
+        "link_downed_counter": 10,
+        "port_rcv_errors": 10,
+        "local_link_integrity_errors": 10,
+        "excessive_buffer_overrun_errors": 10,
+        "port_rcv_remote_physical_errors": 100,
+        "port_xmit_discards": 100,
+        "port_xmit_wait": 1000,
+    }
+
+
+XidBucket = Literal["IGNORE", "RESTART_APP", "RESET_GPU", "RESTART_BM", "WORKFLOW", "CONTACT_SUPPORT"]
+
+
+class XidSettings(Section, frozen=True, kw_only=True):
+    bucket_overrides: dict[int, XidBucket] = {}
+    repeat_xids: list[int] = msgspec.field(default_factory=lambda: [13, 31, 43])
+    repeat_count: Annotated[int, Meta(ge=2, le=1000)] = 2
+    repeat_window_s: PosFloat = 3600.0
+    trend_xids: list[int] = msgspec.field(default_factory=lambda: [63, 94])
+    trend_count: Annotated[int, Meta(ge=2, le=1000)] = 3
+    trend_window_s: PosFloat = 86_400.0
+
+
+class DetectionSettings(Section, frozen=True, kw_only=True):
+    sample_interval_s: PosFloat = 10.0
+    baseline: BaselineSettings = BaselineSettings()
+    metrics: dict[str, MetricThreshold] = msgspec.field(default_factory=_default_metric_thresholds)
+    cusum: CusumSettings = CusumSettings()
+    peers: PeerSettings = PeerSettings()
+    straggler: StragglerSettings = StragglerSettings()
+    isolation_forest: IsolationForestSettings = IsolationForestSettings()
+    xid: XidSettings = XidSettings()
+    ib_thresholds: dict[str, NonNegInt] = msgspec.field(default_factory=_default_ib_thresholds)
+    effective_ber_threshold: Fraction = 1.0e-12
+    dbe_threshold: PosInt = 1
+    thermal_throttle_fraction: Fraction = 0.2
+
+
+# --- policy, safety, executor -------------------------------------------------------------------
+
+
+class PolicySettings(Section, frozen=True, kw_only=True):
+    transient_retry_max: NonNegInt = 3
+    transient_retry_backoff_s: NonNegFloat = 60.0
+    escalate_after_failures: PosInt = 3
+    escalate_window_s: PosFloat = 86_400.0
+    suspect_after_failed_jobs: PosInt = 2
+    suspect_window_s: PosFloat = 21_600.0
+    degradation_isolation: Literal["job_boundary", "immediate", "never"] = "job_boundary"
+    diagnostics_timeout_s: PosFloat = 3600.0
+    probation_s: NonNegFloat = 86_400.0
+    probation_threshold_scale: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.5
+    flap_window_s: PosFloat = 604_800.0
+    flap_max_returns: PosInt = 2
+
+
+class BreakerSettings(Section, frozen=True, kw_only=True):
+    trip_suspect_fraction: Fraction = 0.1
+    window_s: PosFloat = 300.0
+    resume: Literal["auto", "command"] = "command"
+    auto_resume_after_s: PosFloat = 1800.0
+
+
+class SafetySettings(Section, frozen=True, kw_only=True):
+    dry_run: bool = False
+    max_quarantined_fraction: Fraction = 0.05
+    max_quarantined_count: NonNegInt = 64
+    max_new_isolations: NonNegInt = 8
+    isolation_window_s: PosFloat = 600.0
+    max_per_rack: NonNegInt = 2
+    max_per_switch: NonNegInt = 4
+    node_cooldown_s: NonNegFloat = 1800.0
+    breaker: BreakerSettings = BreakerSettings()
+    opt_out_label: str = "fleetmedic.io/opt-out"
+
+
+NamespaceDrainPolicy = Literal["evict_now", "wait_for_completion", "evict_after_timeout"]
+
+
+class ExecutorSettings(Section, frozen=True, kw_only=True):
+    kubeconfig: str = ""
+    in_cluster: bool = False
+    identity: str = ""
+    taint_key: str = "fleetmedic.io/quarantine"
+    taint_effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+    lifecycle_label: str = "fleetmedic.io/state"
+    drain_timeout_s: PosFloat = 900.0
+    eviction_retry_backoff_s: PosFloat = 5.0
+    default_namespace_policy: NamespaceDrainPolicy = "evict_after_timeout"
+    namespace_policies: dict[str, NamespaceDrainPolicy] = {}
+    diagnostics_namespace: str = "fleetmedic-system"
+    diagnostics_image: str = "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04"
+    diagnostics_command: list[str] = msgspec.field(default_factory=lambda: ["dcgmi", "diag", "-r", "3"])
+    diagnostics_timeout_s: PosFloat = 3600.0
+    lease_name: str = "fleetmedic-executor"
+    lease_namespace: str = "fleetmedic-system"
+    lease_duration_s: PosFloat = 15.0
+
+
+class IngestSettings(Section, frozen=True, kw_only=True):
+    node_labels: list[str] = msgspec.field(default_factory=lambda: ["Hostname", "node", "instance"])
+    gpu_label: str = "gpu"
+
+
+class MetricsSettings(Section, frozen=True, kw_only=True):
+    bind_address: str = "127.0.0.1"
+    port: Annotated[int, Meta(ge=0, le=65535)] = 9108
+
+
+class Settings(Section, frozen=True, kw_only=True):
+    kafka: KafkaSettings = KafkaSettings()
+    topics: TopicSettings = TopicSettings()
+    signing: SigningSettings = SigningSettings()
+    detection: DetectionSettings = DetectionSettings()
+    policy: PolicySettings = PolicySettings()
+    safety: SafetySettings = SafetySettings()
+    executor: ExecutorSettings = ExecutorSettings()
+    ingest: IngestSettings = IngestSettings()
+    metrics: MetricsSettings = MetricsSettings()
+
+
+# --- loading ------------------------------------------------------------------------------------
+
+
+class ConfigError(ValueError):
+    """An invalid config: ``path`` is the dotted field path (``""`` = the document)."""
+
+    def __init__(self, path: str, reason: str, source: str = "config") -> None:
+        self.path = path
+        self.reason = reason
+        where = f"{source}: {path}" if path else source
+        super().__init__(f"{where}: {reason}")
+
+
+_AT = re.compile(r"^(?P<reason>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`$")
+
+
+_TOKEN = re.compile(r"\.(\w+)|\[(\d+|\.\.\.)\]")
+
+
+def _dotted(path: str, doc: Any) -> str:
+    """Turn msgspec's ``.a.b[...][2]`` into ``a.b.<key>.2``; msgspec hides mapping keys as
+    ``[...]``, so find the offending key by validating the document with one key at a time."""
+    parts: list[str] = []
+    node = doc
+    trail: list[str | int] = []
+    for m in _TOKEN.finditer(path):
+        attr, index = m.group(1), m.group(2)
+        if attr is not None:
+            parts.append(attr)
+            trail.append(attr)
+            node = node.get(attr) if isinstance(node, dict) else None
+        elif index == "...":
+            key = _failing_key(doc, trail, node)
+            parts.append(str(key) if key is not None else "<key>")
+            trail.append(key if key is not None else "")
+            node = node.get(key) if isinstance(node, dict) and key is not None else None
+        else:
+            parts.append(index)
+            trail.append(int(index))
+            node = node[int(index)] if isinstance(node, list) and int(index) < len(node) else None
+    return ".".join(parts)
+
+
+def _failing_key(doc: Any, trail: list[str | int], mapping: Any) -> Any:
+    if not isinstance(mapping, dict):
+        return None
+    for key in mapping:
+        trial = _deep_copy(doc)
+        holder = trial
+        for step in trail[:-1]:
+            holder = holder[step]
+        holder[trail[-1]] = {key: mapping[key]}
+        try:
+            msgspec.convert(trial, Settings)
+        except msgspec.ValidationError:
+            return key
+    return None
+
+
+def _error_from(exc: Exception, source: str, doc: Any) -> ConfigError:
+    m = _AT.match(str(exc))
+    reason, path = (m.group("reason"), _dotted(m.group("path") or "", doc)) if m else (str(exc), "")
+    unknown = _UNKNOWN.match(reason)
+    if unknown:
+        key = unknown.group("key")
+        return ConfigError(f"{path}.{key}" if path else key, "unknown key", source)
+    return ConfigError(path, reason, source)
+
+
+def apply_env_overrides(doc: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """Return a copy of ``doc`` with ``FLEETMEDIC__A__B=v`` applied as ``doc[a][b] = yaml(v)``."""
+    out: dict[str, Any] = _deep_copy(doc)
+    for name in sorted(env):
+        if not name.upper().startswith(ENV_PREFIX):
+            continue
+        parts = [p.lower() for p in name[len(ENV_PREFIX) :].split("__") if p]
+        if not parts:
+            continue
+        try:
+            value = yaml.safe_load(env[name])
+        except yaml.YAMLError as exc:
+            raise ConfigError(".".join(parts), f"cannot parse value of {name}: {exc}", "environment") from None
+        node = out
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(".".join(parts[: i + 1]), f"{name} needs a mapping here", "environment")
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def _deep_copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _deep_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_deep_copy(v) for v in value]
+    return value
+
+
+def parse_config(text: str, env: Mapping[str, str] | None = None, source: str = "config") -> Settings:
+    try:
+        doc = yaml.safe_load(text) if text.strip() else {}
+    except yaml.YAMLError as exc:
+        raise ConfigError("", f"not valid YAML: {exc}", source) from None
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise ConfigError("", f"the document must be a mapping, got {type(doc).__name__}", source)
+    doc = apply_env_overrides(doc, env or {})
+    try:
+        return msgspec.convert(doc, Settings)
+    except msgspec.ValidationError as exc:
+        raise _error_from(exc, source, doc) from None
+
+
+def read_config(path: str | None, env: Mapping[str, str] | None = None) -> Settings:
+    """Load the config file at ``path`` (or only defaults + environment when ``path`` is None)."""
+    if path is None:
+        return parse_config("", env, "defaults")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ConfigError("", f"cannot read: {exc.strerror}", path) from None
+    return parse_config(text, env, path)
+
+
+def to_builtins(settings: Settings) -> dict[str, Any]:
+    result: dict[str, Any] = msgspec.to_builtins(settings)
+    return result
+
+
+def to_yaml(settings: Settings) -> str:
+    return yaml.safe_dump(to_builtins(settings), sort_keys=False, default_flow_style=False)

@@ -1,0 +1,411 @@
+"""Wire records: one versioned message type per topic, JSON on the wire.
+
+Every record is a frozen ``msgspec.Struct`` so that decoding and validation happen in one pass.
+Rules that other systems can rely on:
+
+- every message carries ``schema_version``; additive changes keep the version, breaking changes
+  bump it and consumers reject versions they do not know;
+- unknown fields are tolerated (a newer producer may add fields);
+- an invalid message raises :class:`InvalidRecord`, which names the field path (``$.gpus[3].gpu``)
+  and the reason;
+- timestamps are Unix epoch seconds (float), gauges are floats, cumulative counters are
+  non-negative ints that reset to zero when a node reboots or the driver reloads (``boot_id``
+  changes when that happens, where the producer knows it).
+
+This module is part of the pure core: no I/O, no adapters.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Final, Literal, TypeVar
+
+import msgspec
+from msgspec import Meta, Struct, field
+
+SCHEMA_VERSION: Final = 1
+
+# --- constrained scalar types -------------------------------------------------------------------
+# Bounds are generous physical limits: they reject NaN, infinities and garbage, not odd readings.
+Timestamp = Annotated[float, Meta(ge=0.0, le=4.0e9, description="Unix epoch seconds")]
+Seconds = Annotated[float, Meta(ge=0.0, le=1.0e9)]
+Celsius = Annotated[float, Meta(ge=-60.0, le=300.0)]
+Watts = Annotated[float, Meta(ge=0.0, le=10_000.0)]
+MHz = Annotated[float, Meta(ge=0.0, le=100_000.0)]
+Percent = Annotated[float, Meta(ge=0.0, le=100.0)]
+Ratio = Annotated[float, Meta(ge=0.0, le=1.0)]
+MiB = Annotated[float, Meta(ge=0.0, le=1.0e9)]
+Counter = Annotated[int, Meta(ge=0, le=2**63 - 1, description="cumulative, resets on reboot")]
+Bitmask = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+Score = Annotated[float, Meta(ge=-1.0e12, le=1.0e12)]
+GpuIndex = Annotated[int, Meta(ge=0, le=255)]
+Xid = Annotated[int, Meta(ge=0, le=100_000)]
+NodeName = Annotated[str, Meta(min_length=1, max_length=253)]
+Name = Annotated[str, Meta(min_length=1, max_length=512)]
+ShortText = Annotated[str, Meta(max_length=4096)]
+JobRef = Annotated[
+    str,
+    Meta(
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        max_length=317,
+        description="namespace/name",
+    ),
+]
+Version = Annotated[int, Meta(ge=1, le=SCHEMA_VERSION, description="schema version of the message")]
+
+
+class Record(Struct, frozen=True, kw_only=True):
+    """Base of every wire record."""
+
+    schema_version: Version = SCHEMA_VERSION
+
+
+# --- GPU telemetry ------------------------------------------------------------------------------
+
+
+class GpuSample(Struct, frozen=True, kw_only=True):
+    """One GPU's dcgm-exporter field set at one timestamp. ``None`` means "not reported"."""
+
+    gpu: GpuIndex
+    uuid: str = ""
+    gpu_temp: Celsius | None = None
+    memory_temp: Celsius | None = None
+    power_usage: Watts | None = None
+    sm_clock: MHz | None = None
+    mem_clock: MHz | None = None
+    gpu_util: Percent | None = None
+    mem_copy_util: Percent | None = None
+    fb_used: MiB | None = None
+    fb_free: MiB | None = None
+    clocks_event_reasons: Bitmask | None = None
+    power_violation: Counter | None = None
+    thermal_violation: Counter | None = None
+    ecc_sbe_vol_total: Counter | None = None
+    ecc_dbe_vol_total: Counter | None = None
+    retired_sbe: Counter | None = None
+    retired_dbe: Counter | None = None
+    retired_pending: Counter | None = None
+    uncorrectable_remapped_rows: Counter | None = None
+    correctable_remapped_rows: Counter | None = None
+    row_remap_failure: Counter | None = None
+    row_remap_pending: Counter | None = None
+    pcie_replay_counter: Counter | None = None
+    pcie_link_gen: Annotated[int, Meta(ge=0, le=16)] | None = None
+    pcie_link_width: Annotated[int, Meta(ge=0, le=64)] | None = None
+    nvlink_crc_flit_error_count_total: Counter | None = None
+    nvlink_crc_data_error_count_total: Counter | None = None
+    nvlink_replay_error_count_total: Counter | None = None
+    nvlink_recovery_error_count_total: Counter | None = None
+    nvlink_links_down: Annotated[int, Meta(ge=0, le=64)] | None = None
+    xid_errors: Xid | None = None
+    prof_sm_active: Ratio | None = None
+    prof_pipe_tensor_active: Ratio | None = None
+    prof_dram_active: Ratio | None = None
+
+
+class XidEvent(Struct, frozen=True, kw_only=True):
+    """One XID as NVML reports it (an event, unlike dcgm-exporter's last-value gauge)."""
+
+    gpu: GpuIndex
+    xid: Xid
+    ts: Timestamp
+    message: ShortText = ""
+
+
+class GpuTelemetry(Record, frozen=True, kw_only=True, tag="gpu_telemetry", tag_field="type"):
+    """Every GPU of one node at one timestamp, plus XID events since the previous message."""
+
+    node: NodeName
+    ts: Timestamp
+    gpus: list[GpuSample]
+    xids: list[XidEvent] = []
+    sku: str = ""
+    driver_version: str = ""
+    boot_id: str = ""
+    source: str = ""
+
+
+# --- switch and NIC port counters ---------------------------------------------------------------
+
+
+class PortSample(Struct, frozen=True, kw_only=True):
+    """InfiniBand/Ethernet port counters (cumulative) and state of one port."""
+
+    port: Name
+    node: str = ""  # the node whose NIC this port is or faces ("" for inter-switch links)
+    peer: str = ""  # "device:port" at the other end of the cable, when known
+    link_state: Literal["up", "down", "init", "unknown"] = "unknown"
+    speed_gbps: Annotated[float, Meta(ge=0.0, le=10_000.0)] | None = None
+    width: Annotated[int, Meta(ge=0, le=64)] | None = None
+    symbol_error_counter: Counter | None = None
+    link_error_recovery_counter: Counter | None = None
+    link_downed_counter: Counter | None = None
+    port_rcv_errors: Counter | None = None
+    port_rcv_remote_physical_errors: Counter | None = None
+    port_xmit_discards: Counter | None = None
+    local_link_integrity_errors: Counter | None = None
+    excessive_buffer_overrun_errors: Counter | None = None
+    port_xmit_wait: Counter | None = None
+    port_xmit_data: Counter | None = None
+    port_rcv_data: Counter | None = None
+    effective_ber: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+
+
+class PortTelemetry(Record, frozen=True, kw_only=True, tag="port_telemetry", tag_field="type"):
+    """Ports of one device (a switch, or a host's NICs) at one timestamp."""
+
+    device: NodeName
+    device_kind: Literal["switch", "host"]
+    ts: Timestamp
+    ports: list[PortSample]
+    boot_id: str = ""
+    source: str = ""
+
+
+# --- job events ---------------------------------------------------------------------------------
+
+
+class RankPlacement(Struct, frozen=True, kw_only=True):
+    rank: Annotated[int, Meta(ge=0, le=10_000_000)]
+    node: NodeName
+    gpus: list[GpuIndex] = []
+
+
+JobEventKind = Literal["placement", "start", "progress", "failure", "completion", "restart"]
+
+
+class JobEvent(Record, frozen=True, kw_only=True, tag="job_event", tag_field="type"):
+    """A training job's life: where its ranks run, its progress, its failures and completion.
+
+    ``progress`` carries the job's step time, or one rank's when ``rank`` is set (stragglers).
+    ``failure`` carries the exit code, reason and an excerpt of the log as the framework printed it.
+    """
+
+    job: JobRef
+    event: JobEventKind
+    ts: Timestamp
+    attempt: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
+    workload_kind: str = ""  # Job, PyTorchJob, JobSet, ...
+    world_size: Annotated[int, Meta(ge=0, le=10_000_000)] | None = None
+    placement: list[RankPlacement] = []
+    step: Annotated[int, Meta(ge=0)] | None = None
+    step_time_s: Seconds | None = None
+    rank: Annotated[int, Meta(ge=0, le=10_000_000)] | None = None
+    node: str = ""
+    exit_code: Annotated[int, Meta(ge=-1024, le=1024)] | None = None
+    reason: ShortText = ""
+    log_excerpt: list[ShortText] = []
+
+
+# --- findings and incidents ---------------------------------------------------------------------
+
+
+class Evidence(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What a detector saw: the metric, its value against the baseline, the score and the window."""
+
+    detector: Name
+    metric: str = ""
+    value: Score | None = None
+    baseline: Score | None = None
+    score: Score | None = None
+    threshold: Score | None = None
+    window_s: Seconds | None = None
+    gpu: GpuIndex | None = None
+    port: str = ""
+    ts: Timestamp | None = None
+    note: ShortText = ""
+
+
+FindingKind = Literal["hard_fault", "degradation", "network", "job", "telemetry"]
+Severity = Literal["info", "warning", "critical"]
+
+
+class Finding(Record, frozen=True, kw_only=True, tag="finding", tag_field="type"):
+    """One detector's verdict on one node (and GPU or port) at one time."""
+
+    id: Name
+    ts: Timestamp
+    node: NodeName
+    detector: Name
+    kind: FindingKind
+    severity: Severity
+    summary: ShortText
+    evidence: list[Evidence]
+    gpu: GpuIndex | None = None
+    port: str = ""
+    job: str = ""
+    action_hint: str = ""  # e.g. the XID catalog's bucket: RESET_GPU, RESTART_BM, ...
+
+
+IncidentClass = Literal["hardware", "degradation", "network", "transient_software", "job_bug", "unknown"]
+SuspectKind = Literal["node", "gpu", "link", "switch", "job"]
+IncidentStatus = Literal["open", "mitigating", "resolved", "dismissed"]
+
+
+class Suspect(Struct, frozen=True, kw_only=True):
+    kind: SuspectKind
+    name: Name
+
+
+class Incident(Record, frozen=True, kw_only=True, tag="incident", tag_field="type"):
+    """A correlated failure: its class, what is suspected, how sure, and the evidence chain."""
+
+    id: Name
+    incident_class: IncidentClass = field(name="class")
+    suspects: list[Suspect]
+    confidence: Ratio
+    evidence: list[Evidence]
+    first_seen: Timestamp
+    status: IncidentStatus
+    last_seen: Timestamp | None = None
+    severity: Severity = "warning"
+    summary: ShortText = ""
+    jobs: list[str] = []
+    finding_ids: list[str] = []
+
+
+# --- remediation --------------------------------------------------------------------------------
+
+Action = Literal[
+    "cordon",
+    "uncordon",
+    "taint",
+    "untaint",
+    "drain",
+    "label",
+    "restart_job",
+    "requeue_job",
+    "retry_in_place",
+    "run_diagnostics",
+    "reset_gpu",
+    "reboot_node",
+    "return_to_service",
+    "escalate",
+]
+Track = Literal["job", "node"]
+
+
+class RemediationCommand(Record, frozen=True, kw_only=True, tag="remediation_command", tag_field="type"):
+    """A signed instruction to an executor. ``id`` is the idempotency key: executors apply a given
+    id at most once. ``signature`` is HMAC-SHA256 over the canonical encoding (see
+    :mod:`fleetmedic.signing`)."""
+
+    id: Name
+    action: Action
+    incident_id: str
+    reason: ShortText
+    issued_at: Timestamp
+    expires_at: Timestamp
+    node: str = ""
+    job: str = ""  # namespace/name
+    track: Track = "node"
+    dry_run: bool = False
+    exclude_nodes: list[str] = []
+    params: dict[str, str] = {}
+    signature: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.node and not self.job:
+            raise ValueError("a command needs a target: `node` or `job`")
+        if self.expires_at < self.issued_at:
+            raise ValueError("`expires_at` is before `issued_at`")
+
+
+Outcome = Literal["applied", "skipped", "failed"]
+
+
+class RemediationResult(Record, frozen=True, kw_only=True, tag="remediation_result", tag_field="type"):
+    """What an executor did with a command."""
+
+    command_id: Name
+    action: Action
+    outcome: Outcome
+    ts: Timestamp
+    reason: ShortText = ""
+    node: str = ""
+    job: str = ""
+    executor: str = ""
+    dry_run: bool = False
+    details: dict[str, str] = {}
+
+
+class DeadLetter(Record, frozen=True, kw_only=True, tag="dead_letter", tag_field="type"):
+    """A message a stage could not process, with the reason and the original bytes (base64)."""
+
+    ts: Timestamp
+    topic: str
+    stage: str
+    error: ShortText
+    original: bytes  # base64 in JSON
+    partition: int | None = None
+    offset: int | None = None
+    key: str | None = None
+
+
+RECORD_TYPES: Final[tuple[type[Record], ...]] = (
+    GpuTelemetry,
+    PortTelemetry,
+    JobEvent,
+    Finding,
+    Incident,
+    RemediationCommand,
+    RemediationResult,
+    DeadLetter,
+)
+
+# --- encoding and decoding ----------------------------------------------------------------------
+
+R = TypeVar("R", bound=Record)
+
+_ENCODER = msgspec.json.Encoder()
+_DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {}
+_PATH = re.compile(r"^(?P<reason>.*?)(?: - at `(?P<path>[^`]*)`)?$", re.DOTALL)
+
+
+class InvalidRecord(ValueError):
+    """A message that does not match its schema. ``path`` names the field (``$`` = the message)."""
+
+    def __init__(self, record_type: str, path: str, reason: str) -> None:
+        self.record_type = record_type
+        self.path = path
+        self.reason = reason
+        super().__init__(f"invalid {record_type}: {path}: {reason}")
+
+
+def encode(record: Record) -> bytes:
+    return _ENCODER.encode(record)
+
+
+def decoder_for(record_type: type[R]) -> msgspec.json.Decoder[R]:
+    dec = _DECODERS.get(record_type)
+    if dec is None:
+        dec = _DECODERS[record_type] = msgspec.json.Decoder(record_type)
+    return dec
+
+
+def decode(record_type: type[R], data: bytes | bytearray | memoryview | str) -> R:
+    """Decode and validate one message, or raise :class:`InvalidRecord` naming field and reason."""
+    try:
+        return decoder_for(record_type).decode(data)
+    except msgspec.ValidationError as exc:
+        raise _invalid(record_type, exc) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRecord(record_type.__name__, "$", f"not valid JSON ({exc})") from None
+
+
+def convert(record_type: type[R], obj: Any) -> R:
+    """Validate an already-parsed object (e.g. from YAML) into a record."""
+    try:
+        return msgspec.convert(obj, record_type)
+    except msgspec.ValidationError as exc:
+        raise _invalid(record_type, exc) from None
+
+
+def to_builtins(record: Record) -> Any:
+    return msgspec.to_builtins(record)
+
+
+def _invalid(record_type: type[Any], exc: Exception) -> InvalidRecord:
+    m = _PATH.match(str(exc))
+    reason, path = (m.group("reason"), m.group("path")) if m else (str(exc), None)
+    return InvalidRecord(record_type.__name__, path or "$", reason)
