@@ -349,7 +349,8 @@ def apply_env_overrides(doc: dict[str, Any], env: Mapping[str, str]) -> dict[str
         try:
             value = yaml.safe_load(env[name])
         except yaml.YAMLError as exc:
-            raise ConfigError(".".join(parts), f"cannot parse value of {name}: {exc}", "environment") from None
+            reason = f"cannot parse value of {name}: {exc}"
+            raise ConfigError(".".join(parts), reason, "environment") from None
         node = out
         for i, part in enumerate(parts[:-1]):
             child = node.get(part)

@@ -1,8 +1,9 @@
 """Signing and verifying remediation commands (HMAC-SHA256 over a canonical encoding).
 
 The canonical encoding is the command's JSON with ``signature`` set to ``""``, values normalised to
-their schema types and every object's keys sorted, so any implementation that can sort keys and print JSON numbers like msgspec can
-verify it. Executors call :func:`verify` before acting: it checks the signature in constant time,
+their schema types and every object's keys sorted, so any implementation that can sort keys and
+print JSON numbers like msgspec can verify it. Executors call :func:`verify` before acting: it
+checks the signature in constant time,
 then the expiry against the injected ``now``.
 
 Key material comes from a file or an environment variable (see ``signing`` in the config); the
