@@ -1,0 +1,74 @@
+"""The command line and the published contract: `config check` exit codes, committed JSON Schemas
+that are up to date, every listed subcommand works, and the pure core's layering holds."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleetmedic.cli import build_parser, main
+from fleetmedic.schema_cli import render_schemas, stale_schemas
+from fleetmedic.topics import TOPICS, topic_table_markdown
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_committed_schemas_are_up_to_date() -> None:
+    stale = stale_schemas(ROOT / "deploy" / "schemas")
+    assert not stale, f"run `fleetmedic schema --out deploy/schemas`; stale: {stale}"
+
+
+def test_schema_check_flags_an_edited_file(tmp_path: Path) -> None:
+    assert main(["schema", "--out", str(tmp_path)]) == 0
+    assert main(["schema", "--out", str(tmp_path), "--check"]) == 0
+    victim = tmp_path / TOPICS[0].schema_file
+    victim.write_text(victim.read_text().replace('"type"', '"tipe"', 1))
+    assert main(["schema", "--out", str(tmp_path), "--check"]) == 1
+
+
+def test_every_topic_has_a_schema_and_a_row_in_the_readme() -> None:
+    assert set(render_schemas()) == {t.schema_file for t in TOPICS}
+    readme = (ROOT / "README.md").read_text()
+    assert topic_table_markdown() in readme, "README topic table is stale: paste topic_table_markdown()"
+
+
+def test_config_check_prints_effective_config_and_exits_2_on_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text("safety: {max_per_rack: 3}\n")
+    assert main(["config", "check", str(good)]) == 0
+    assert "max_per_rack: 3" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("safety: {max_per_rack: 3, max_per_racks: 4}\n")
+    assert main(["config", "check", str(bad)]) == 2
+    assert "safety.max_per_racks: unknown key" in capsys.readouterr().err
+
+
+def test_every_listed_subcommand_has_working_help() -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    names = list(sub.choices)  # type: ignore[union-attr]
+    assert {"config", "schema"} <= set(names)
+    for name in names:
+        with pytest.raises(SystemExit) as exit_:
+            main([name, "--help"])
+        assert exit_.value.code == 0
+
+
+def test_the_console_script_runs() -> None:
+    exe = shutil.which("fleetmedic", path=str(Path(sys.executable).parent))
+    assert exe, "console script `fleetmedic` is not installed"
+    out = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True).stdout
+    assert "config" in out
+
+
+def test_the_pure_core_imports_no_adapter_library() -> None:
+    lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    assert lint, "import-linter is not installed"
+    proc = subprocess.run([lint], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
