@@ -1,1 +1,11 @@
-"""fleetmedic.devenv"""
+"""fleetmedic.devenv: the real services fleetmedic's tests and local runs talk to.
+
+- ``build``: fetches the Kafka jars (Maven Central) and builds the Kubernetes binaries (Go module
+  proxy) into the cache, ``$FLEETMEDIC_CACHE`` (default ``~/.cache/fleetmedic``).
+- ``kafka``: a single-node KRaft broker on loopback.
+- ``kube``: etcd, kube-apiserver, kube-scheduler, kube-controller-manager and kwok on loopback.
+- ``fleet``: fake GPU nodes (kwok), CRDs, and an eviction helper.
+- ``cli``: ``fleetmedic dev build|up|down|status`` (also ``python -m fleetmedic.devenv``).
+
+Everything here is imperative shell; nothing in the pure core imports it.
+"""
