@@ -156,11 +156,12 @@ def _default_ib_thresholds() -> dict[str, NonNegInt]:
     }
 
 
-XidBucket = Literal["IGNORE", "RESTART_APP", "RESET_GPU", "RESTART_BM", "WORKFLOW", "CONTACT_SUPPORT"]
+# fleetmedic's action classes for XIDs; the NVIDIA catalog's buckets map onto them (models/xid_rules.py)
+XidAction = Literal["ignore", "restart_app", "reset_gpu", "reboot_node", "isolate", "investigate"]
 
 
 class XidSettings(Section, frozen=True, kw_only=True):
-    bucket_overrides: dict[int, XidBucket] = {}
+    action_overrides: dict[Annotated[int, Meta(ge=0, le=100_000)], XidAction] = {}
     repeat_xids: list[int] = msgspec.field(default_factory=lambda: [13, 31, 43])
     repeat_count: Annotated[int, Meta(ge=2, le=1000)] = 2
     repeat_window_s: PosFloat = 3600.0

@@ -49,7 +49,7 @@ def test_an_empty_file_gives_the_defaults() -> None:
         ("safety: {max_per_rack: two}", "safety.max_per_rack", "Expected `int`, got `str`"),
         ("detection: {metrics: {gpu_temp: {z_warning: 1}, sm_clock: {z_warning: -3}}}",
          "detection.metrics.sm_clock.z_warning", "> 0.0"),
-        ("detection: {xid: {bucket_overrides: {79: SOMETIMES}}}", "detection.xid.bucket_overrides.79", "enum"),
+        ("detection: {xid: {action_overrides: {79: sometimes}}}", "detection.xid.action_overrides.79", "enum"),
         ("executor: {diagnostics_command: [dcgmi, 3]}", "executor.diagnostics_command.1", "Expected `str`"),
         ("executor: {taint_effect: Sometimes}", "executor.taint_effect", "Invalid enum value"),
         ("kafka: {security_protocol: SASL_SSL}", "kafka", "sasl_mechanism"),
