@@ -63,44 +63,79 @@ class Record(Struct, frozen=True, kw_only=True):
 # --- GPU telemetry ------------------------------------------------------------------------------
 
 
-class GpuSample(Struct, frozen=True, kw_only=True):
-    """One GPU's dcgm-exporter field set at one timestamp. ``None`` means "not reported"."""
+class GpuMetrics(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The dcgm-exporter field set of a node's GPUs, one list per metric (column-major).
 
-    gpu: GpuIndex
-    uuid: str = ""
-    gpu_temp: Celsius | None = None
-    memory_temp: Celsius | None = None
-    power_usage: Watts | None = None
-    sm_clock: MHz | None = None
-    mem_clock: MHz | None = None
-    gpu_util: Percent | None = None
-    mem_copy_util: Percent | None = None
-    fb_used: MiB | None = None
-    fb_free: MiB | None = None
-    clocks_event_reasons: Bitmask | None = None
-    power_violation: Counter | None = None
-    thermal_violation: Counter | None = None
-    ecc_sbe_vol_total: Counter | None = None
-    ecc_dbe_vol_total: Counter | None = None
-    retired_sbe: Counter | None = None
-    retired_dbe: Counter | None = None
-    retired_pending: Counter | None = None
-    uncorrectable_remapped_rows: Counter | None = None
-    correctable_remapped_rows: Counter | None = None
-    row_remap_failure: Counter | None = None
-    row_remap_pending: Counter | None = None
-    pcie_replay_counter: Counter | None = None
-    pcie_link_gen: Annotated[int, Meta(ge=0, le=16)] | None = None
-    pcie_link_width: Annotated[int, Meta(ge=0, le=64)] | None = None
-    nvlink_crc_flit_error_count_total: Counter | None = None
-    nvlink_crc_data_error_count_total: Counter | None = None
-    nvlink_replay_error_count_total: Counter | None = None
-    nvlink_recovery_error_count_total: Counter | None = None
-    nvlink_links_down: Annotated[int, Meta(ge=0, le=64)] | None = None
-    xid_errors: Xid | None = None
-    prof_sm_active: Ratio | None = None
-    prof_pipe_tensor_active: Ratio | None = None
-    prof_dram_active: Ratio | None = None
+    Each list holds one value per GPU, in the order of :attr:`GpuTelemetry.gpus`; ``null`` means the
+    GPU did not report it, an absent metric means no GPU did. Column-major keeps a node's message
+    small (each key once, not once per GPU) and decodes straight into a ``[metrics, gpus]`` array:
+    measured 1.6 KB vs 6.2 KB per 8-GPU message, and about 3x faster to decode into numpy than one
+    object per GPU (bench/bench_detection.py). Names are dcgm-exporter's without ``DCGM_FI_DEV_`` /
+    ``DCGM_FI_PROF_`` (see :data:`DCGM_NAMES`); counters are cumulative and reset on reboot."""
+
+    gpu_temp: list[Celsius | None] | None = None
+    memory_temp: list[Celsius | None] | None = None
+    power_usage: list[Watts | None] | None = None
+    sm_clock: list[MHz | None] | None = None
+    mem_clock: list[MHz | None] | None = None
+    gpu_util: list[Percent | None] | None = None
+    mem_copy_util: list[Percent | None] | None = None
+    fb_used: list[MiB | None] | None = None
+    fb_free: list[MiB | None] | None = None
+    clocks_event_reasons: list[Bitmask | None] | None = None
+    power_violation: list[Counter | None] | None = None
+    thermal_violation: list[Counter | None] | None = None
+    ecc_sbe_vol_total: list[Counter | None] | None = None
+    ecc_dbe_vol_total: list[Counter | None] | None = None
+    retired_sbe: list[Counter | None] | None = None
+    retired_dbe: list[Counter | None] | None = None
+    retired_pending: list[Counter | None] | None = None
+    uncorrectable_remapped_rows: list[Counter | None] | None = None
+    correctable_remapped_rows: list[Counter | None] | None = None
+    row_remap_failure: list[Counter | None] | None = None
+    row_remap_pending: list[Counter | None] | None = None
+    pcie_replay_counter: list[Counter | None] | None = None
+    pcie_link_gen: list[Annotated[int, Meta(ge=0, le=16)] | None] | None = None
+    pcie_link_width: list[Annotated[int, Meta(ge=0, le=64)] | None] | None = None
+    nvlink_crc_flit_error_count_total: list[Counter | None] | None = None
+    nvlink_crc_data_error_count_total: list[Counter | None] | None = None
+    nvlink_replay_error_count_total: list[Counter | None] | None = None
+    nvlink_recovery_error_count_total: list[Counter | None] | None = None
+    nvlink_links_down: list[Annotated[int, Meta(ge=0, le=64)] | None] | None = None
+    xid_errors: list[Xid | None] | None = None
+    prof_sm_active: list[Ratio | None] | None = None
+    prof_pipe_tensor_active: list[Ratio | None] | None = None
+    prof_dram_active: list[Ratio | None] | None = None
+
+
+GPU_METRICS: Final[tuple[str, ...]] = GpuMetrics.__struct_fields__
+
+#: metric -> the dcgm-exporter series name
+DCGM_NAMES: Final[dict[str, str]] = {
+    m: ("DCGM_FI_PROF_" + m[len("prof_") :] if m.startswith("prof_") else "DCGM_FI_DEV_" + m).upper()
+    for m in GPU_METRICS
+}
+DCGM_NAMES["nvlink_links_down"] = "DCGM_FI_DEV_NVLINK_LINKS_DOWN"  # fleetmedic's own (from NVML link state)
+
+#: cumulative counters that reset to zero when the node reboots or the driver reloads
+COUNTER_METRICS: Final[frozenset[str]] = frozenset(
+    {
+        "power_violation",
+        "thermal_violation",
+        "ecc_sbe_vol_total",
+        "ecc_dbe_vol_total",
+        "pcie_replay_counter",
+        "nvlink_crc_flit_error_count_total",
+        "nvlink_crc_data_error_count_total",
+        "nvlink_replay_error_count_total",
+        "nvlink_recovery_error_count_total",
+    }
+)
+#: counts kept by the GPU across reboots (InfoROM): retired pages and remapped rows
+PERSISTENT_COUNT_METRICS: Final[frozenset[str]] = frozenset(
+    {"retired_sbe", "retired_dbe", "retired_pending", "uncorrectable_remapped_rows", "correctable_remapped_rows",
+     "row_remap_failure", "row_remap_pending"}
+)
 
 
 class XidEvent(Struct, frozen=True, kw_only=True):
@@ -113,16 +148,39 @@ class XidEvent(Struct, frozen=True, kw_only=True):
 
 
 class GpuTelemetry(Record, frozen=True, kw_only=True, tag="gpu_telemetry", tag_field="type"):
-    """Every GPU of one node at one timestamp, plus XID events since the previous message."""
+    """Every GPU of one node at one timestamp, plus XID events since the previous message.
+
+    ``gpus`` lists the GPU indices; every list in ``metrics`` (and ``uuids`` when given) is aligned
+    with it."""
 
     node: NodeName
     ts: Timestamp
-    gpus: list[GpuSample]
+    gpus: Annotated[list[GpuIndex], Meta(max_length=256)]
+    metrics: GpuMetrics
+    uuids: list[str] = []
     xids: list[XidEvent] = []
     sku: str = ""
     driver_version: str = ""
     boot_id: str = ""
     source: str = ""
+
+    def __post_init__(self) -> None:
+        n = len(self.gpus)
+        if len(set(self.gpus)) != n:
+            raise ValueError("`gpus` has duplicate indices")
+        if self.uuids and len(self.uuids) != n:
+            raise ValueError(f"`uuids` has {len(self.uuids)} entries for {n} GPUs")
+        for name, column in zip(GPU_METRICS, msgspec.structs.astuple(self.metrics), strict=True):
+            if column is not None and len(column) != n:
+                raise ValueError(f"`metrics.{name}` has {len(column)} values for {n} GPUs")
+
+    def gpu_values(self, position: int) -> dict[str, float | int | None]:
+        """One GPU's metrics (by position in ``gpus``), for readers that want a per-GPU view."""
+        return {
+            name: column[position]
+            for name, column in zip(GPU_METRICS, msgspec.structs.astuple(self.metrics), strict=True)
+            if column is not None
+        }
 
 
 # --- switch and NIC port counters ---------------------------------------------------------------

@@ -21,21 +21,18 @@ def gpu_telemetry(**over: Any) -> r.GpuTelemetry:
         ts=1_790_000_000.5,
         sku="H100-SXM5-80GB",
         boot_id="b1",
-        gpus=[
-            r.GpuSample(
-                gpu=i,
-                uuid=f"GPU-{i}",
-                gpu_temp=55.0 + i,
-                power_usage=640.5,
-                sm_clock=1980.0,
-                clocks_event_reasons=0x4,
-                ecc_sbe_vol_total=3,
-                ecc_dbe_vol_total=0,
-                xid_errors=0,
-                prof_pipe_tensor_active=0.61,
-            )
-            for i in range(8)
-        ],
+        gpus=list(range(8)),
+        uuids=[f"GPU-{i}" for i in range(8)],
+        metrics=r.GpuMetrics(
+            gpu_temp=[55.0 + i for i in range(8)],
+            power_usage=[640.5] * 7 + [None],
+            sm_clock=[1980.0] * 8,
+            clocks_event_reasons=[0x4] * 8,
+            ecc_sbe_vol_total=[3] * 8,
+            ecc_dbe_vol_total=[0] * 8,
+            xid_errors=[0] * 8,
+            prof_pipe_tensor_active=[0.61] * 8,
+        ),
         xids=[r.XidEvent(gpu=3, xid=79, ts=1_790_000_000.1, message="GPU has fallen off the bus.")],
     )
     base.update(over)
@@ -118,9 +115,11 @@ def test_a_future_schema_version_is_rejected_naming_the_field() -> None:
     [
         (lambda d: d.pop("node"), "$", "missing required field `node`"),
         (lambda d: d.__setitem__("ts", "yesterday"), "$.ts", "Expected `float`, got `str`"),
-        (lambda d: d["gpus"][2].__setitem__("gpu", 999), "$.gpus[2].gpu", "<= 255"),
-        (lambda d: d["gpus"][1].__setitem__("gpu_temp", 1e300), "$.gpus[1].gpu_temp", "<= 300.0"),
-        (lambda d: d["gpus"][0].__setitem__("ecc_sbe_vol_total", -1), "$.gpus[0].ecc_sbe_vol_total", ">= 0"),
+        (lambda d: d["gpus"].__setitem__(2, 999), "$.gpus[2]", "<= 255"),
+        (lambda d: d["metrics"]["gpu_temp"].__setitem__(1, 1e300), "$.metrics.gpu_temp[1]", "<= 300.0"),
+        (lambda d: d["metrics"]["ecc_sbe_vol_total"].__setitem__(0, -1), "$.metrics.ecc_sbe_vol_total[0]", ">= 0"),
+        (lambda d: d["metrics"]["sm_clock"].pop(), "$", "`metrics.sm_clock` has 7 values for 8 GPUs"),
+        (lambda d: d["gpus"].__setitem__(1, 0), "$", "duplicate"),
         (lambda d: d.__setitem__("gpus", {"0": {}}), "$.gpus", "Expected `array`"),
         (lambda d: d["xids"][0].__setitem__("xid", "79"), "$.xids[0].xid", "Expected `int`"),
         (lambda d: d.__setitem__("type", "port_telemetry"), "$.type", "Invalid value"),
@@ -138,7 +137,8 @@ def test_malformed_gpu_telemetry_names_field_and_reason(mutate: Any, path: str, 
 
 def test_json_with_nan_or_infinity_tokens_is_rejected() -> None:
     for token in ("NaN", "Infinity", "-Infinity"):
-        raw = r.encode(gpu_telemetry()).replace(b'"gpu_temp":55.0', f'"gpu_temp":{token}'.encode(), 1)
+        raw = r.encode(gpu_telemetry()).replace(b'"gpu_temp":[55.0', f'"gpu_temp":[{token}'.encode(), 1)
+        assert raw != r.encode(gpu_telemetry())
         with pytest.raises(r.InvalidRecord):
             r.decode(r.GpuTelemetry, raw)
 
@@ -146,10 +146,10 @@ def test_json_with_nan_or_infinity_tokens_is_rejected() -> None:
 def test_nan_and_infinity_from_python_objects_are_rejected() -> None:
     doc = msgspec.to_builtins(gpu_telemetry())
     for bad in (math.nan, math.inf, -math.inf):
-        doc["gpus"][0]["power_usage"] = bad
+        doc["metrics"]["power_usage"][0] = bad
         with pytest.raises(r.InvalidRecord) as err:
             r.convert(r.GpuTelemetry, doc)
-        assert err.value.path == "$.gpus[0].power_usage"
+        assert err.value.path == "$.metrics.power_usage[0]"
 
 
 def test_a_command_without_target_is_rejected() -> None:
@@ -186,7 +186,7 @@ json_values = st.recursive(
 
 
 @settings(max_examples=300, deadline=None)
-@given(field=st.sampled_from(["node", "ts", "gpus", "xids", "sku", "boot_id"]), value=json_values)
+@given(field=st.sampled_from(["node", "ts", "gpus", "metrics", "xids", "sku", "boot_id"]), value=json_values)
 def test_any_value_in_any_field_is_either_accepted_or_rejected_with_that_field(field: str, value: Any) -> None:
     doc = json.loads(r.encode(gpu_telemetry()))
     doc[field] = value
@@ -205,10 +205,17 @@ def test_any_value_in_any_field_is_either_accepted_or_rejected_with_that_field(f
     huge=st.integers(min_value=2**63, max_value=2**80),
 )
 def test_huge_counters_are_rejected_while_values_in_range_round_trip(temp: float, sbe: int, huge: int) -> None:
-    rec = gpu_telemetry(gpus=[r.GpuSample(gpu=0, gpu_temp=temp, ecc_sbe_vol_total=sbe)])
+    rec = gpu_telemetry(gpus=[0], uuids=[], metrics=r.GpuMetrics(gpu_temp=[temp], ecc_sbe_vol_total=[sbe]))
     assert r.decode(r.GpuTelemetry, r.encode(rec)) == rec
     doc = json.loads(r.encode(rec))
-    doc["gpus"][0]["ecc_sbe_vol_total"] = huge
+    doc["metrics"]["ecc_sbe_vol_total"][0] = huge
     with pytest.raises(r.InvalidRecord) as err:
         r.decode(r.GpuTelemetry, json.dumps(doc))
-    assert err.value.path == "$.gpus[0].ecc_sbe_vol_total"
+    assert err.value.path == "$.metrics.ecc_sbe_vol_total[0]"
+
+
+def test_a_gpu_can_be_read_as_one_row() -> None:
+    row = gpu_telemetry().gpu_values(7)
+    assert row["gpu_temp"] == 62.0
+    assert row["power_usage"] is None
+    assert "memory_temp" not in row
