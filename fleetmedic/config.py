@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import msgspec
 import yaml
 from msgspec import Meta, Struct
 
+from fleetmedic.records import IncidentClass, Severity, SuspectKind
 from fleetmedic.topics import BY_NAME
 
 ENV_PREFIX = "FLEETMEDIC__"
@@ -172,6 +173,9 @@ class XidSettings(Section, frozen=True, kw_only=True):
 
 class DetectionSettings(Section, frozen=True, kw_only=True):
     sample_interval_s: PosFloat = 10.0
+    continuity_samples: PosInt = 4
+    reassert_s: PosFloat = 600.0
+    max_sample_gap_s: PosFloat = 120.0
     baseline: BaselineSettings = BaselineSettings()
     metrics: dict[str, MetricThreshold] = msgspec.field(default_factory=_default_metric_thresholds)
     cusum: CusumSettings = CusumSettings()
@@ -185,7 +189,126 @@ class DetectionSettings(Section, frozen=True, kw_only=True):
     thermal_throttle_fraction: Fraction = 0.2
 
 
-# --- policy, safety, executor -------------------------------------------------------------------
+# --- triage, policy, safety ---------------------------------------------------------------------
+
+
+class TriageSettings(Section, frozen=True, kw_only=True):
+    """Correlation of findings, job failures and topology into incidents (remediation/triage.py)."""
+
+    failure_settle_s: NonNegFloat = 30.0
+    evidence_window_s: PosFloat = 900.0
+    network_settle_s: NonNegFloat = 30.0
+    network_window_s: PosFloat = 300.0
+    job_bug_min_nodes: Annotated[int, Meta(ge=2, le=1_000_000)] = 4
+    job_bug_min_fraction: Fraction = 0.5
+    max_hardware_suspects: PosInt = 2
+    leaf_min_nodes: Annotated[int, Meta(ge=2, le=1_000_000)] = 2
+    leaf_min_fraction: Fraction = 0.5
+    incident_merge_s: PosFloat = 3600.0
+    patterns_file: str = ""
+    rack_label: str = "fleetmedic.io/rack"
+    leaf_label: str = "fleetmedic.io/leaf"
+    pool_label: str = "fleetmedic.io/pool"
+
+
+RuleAction = Literal[
+    "cordon",
+    "taint",
+    "drain",
+    "label",
+    "run_diagnostics",
+    "reset_gpu",
+    "reboot_node",
+    "restart_job",
+    "requeue_job",
+    "retry_in_place",
+    "escalate",
+]
+JOB_ACTIONS = frozenset({"restart_job", "requeue_job", "retry_in_place", "escalate"})
+NODE_ACTIONS = frozenset({"cordon", "taint", "drain", "label", "run_diagnostics", "reset_gpu", "reboot_node", "escalate"})
+
+
+class ActionStep(Section, frozen=True, kw_only=True):
+    """One step of a track. ``at_job_boundary`` holds a node step until no job runs on the node."""
+
+    action: RuleAction
+    at_job_boundary: bool = False
+    params: dict[str, str] = {}
+
+
+class RuleMatch(Section, frozen=True, kw_only=True):
+    """What an incident must look like for a rule to apply; an empty list matches anything."""
+
+    classes: list[IncidentClass] = []
+    suspect_kinds: list[SuspectKind] = []
+    signals_any: list[str] = []
+    signals_none: list[str] = []
+    min_severity: Severity = "info"
+    repeated_on_node: bool | None = None
+    retries_exhausted: bool | None = None
+    on_probation: bool | None = None
+
+
+class PolicyRule(Section, frozen=True, kw_only=True):
+    name: Annotated[str, Meta(min_length=1, max_length=128)]
+    match: RuleMatch = RuleMatch()
+    job: list[ActionStep] = []
+    node: list[ActionStep] = []
+
+    def __post_init__(self) -> None:
+        for step in self.job:
+            if step.action not in JOB_ACTIONS:
+                raise ValueError(f"rule `{self.name}`: `{step.action}` is not a job-track action")
+            if step.at_job_boundary:
+                raise ValueError(f"rule `{self.name}`: `at_job_boundary` applies to node steps only")
+        for step in self.node:
+            if step.action not in NODE_ACTIONS:
+                raise ValueError(f"rule `{self.name}`: `{step.action}` is not a node-track action")
+
+
+def _steps(*names: str) -> list[ActionStep]:
+    out: list[ActionStep] = []
+    for name in names:
+        action, _, when = name.partition("@")
+        out.append(ActionStep(action=cast(RuleAction, action), at_job_boundary=when == "job_boundary"))
+    return out
+
+
+def _default_rules() -> list[PolicyRule]:
+    """BRIEF §1: hardware -> re-place the job at once || isolate, drain, diagnose; transient software
+    -> retry in place, no isolation, escalate after repeated failures on one node; early degradation
+    -> isolate at the job boundary (no eviction unless severe), then diagnose. First match wins."""
+    isolate = ("cordon", "taint", "drain")
+    at_boundary = ("cordon", "taint", "run_diagnostics@job_boundary")
+    r = PolicyRule
+    return [
+        r(name="hardware-reboot", match=RuleMatch(classes=["hardware"], signals_any=["hint:reboot_node"]),
+          job=_steps("restart_job"), node=_steps(*isolate, "reboot_node", "run_diagnostics")),
+        r(name="hardware-reset", match=RuleMatch(classes=["hardware"], signals_any=["hint:reset_gpu"]),
+          job=_steps("restart_job"), node=_steps(*isolate, "reset_gpu", "run_diagnostics")),
+        r(name="hardware", match=RuleMatch(classes=["hardware"]),
+          job=_steps("restart_job"), node=_steps(*isolate, "run_diagnostics")),
+        r(name="network-switch", match=RuleMatch(classes=["network"], suspect_kinds=["switch"]),
+          job=_steps("restart_job"), node=_steps("escalate")),
+        r(name="network-link", match=RuleMatch(classes=["network"]),
+          job=_steps("restart_job"), node=_steps(*isolate, "run_diagnostics")),
+        r(name="degradation-severe", match=RuleMatch(classes=["degradation"], min_severity="critical"),
+          job=_steps("restart_job"), node=_steps(*isolate, "run_diagnostics")),
+        r(name="degradation-on-probation", match=RuleMatch(classes=["degradation"], on_probation=True),
+          job=_steps("restart_job"), node=_steps(*isolate, "run_diagnostics")),
+        r(name="degradation-early", match=RuleMatch(classes=["degradation"]), node=_steps(*at_boundary)),
+        r(name="preempted", match=RuleMatch(signals_any=["preemption"], classes=["transient_software"]),
+          job=_steps("requeue_job")),
+        r(name="repeated-on-node", match=RuleMatch(classes=["transient_software", "unknown"], repeated_on_node=True),
+          job=_steps("restart_job"), node=_steps(*at_boundary)),
+        r(name="repeated-job-failures", match=RuleMatch(signals_any=["repeated_job_failures"]),
+          job=_steps("restart_job"), node=_steps(*at_boundary)),
+        r(name="transient-retries-exhausted", match=RuleMatch(classes=["transient_software"], retries_exhausted=True),
+          job=_steps("restart_job")),
+        r(name="transient", match=RuleMatch(classes=["transient_software"]), job=_steps("retry_in_place")),
+        r(name="job-bug", match=RuleMatch(classes=["job_bug"]), job=_steps("escalate")),
+        r(name="unknown", match=RuleMatch(classes=["unknown"]), job=_steps("retry_in_place")),
+    ]
 
 
 class PolicySettings(Section, frozen=True, kw_only=True):
@@ -193,18 +316,30 @@ class PolicySettings(Section, frozen=True, kw_only=True):
     transient_retry_backoff_s: NonNegFloat = 60.0
     escalate_after_failures: PosInt = 3
     escalate_window_s: PosFloat = 86_400.0
-    suspect_after_failed_jobs: PosInt = 2
+    suspect_after_failed_jobs: Annotated[int, Meta(ge=2, le=1_000_000)] = 2
     suspect_window_s: PosFloat = 21_600.0
-    degradation_isolation: Literal["job_boundary", "immediate", "never"] = "job_boundary"
     diagnostics_timeout_s: PosFloat = 3600.0
+    action_timeout_s: PosFloat = 1800.0
+    action_retries: NonNegInt = 2
+    remediation_ladder: list[Literal["reset_gpu", "reboot_node"]] = msgspec.field(
+        default_factory=lambda: ["reset_gpu", "reboot_node"]
+    )
     probation_s: NonNegFloat = 86_400.0
     probation_threshold_scale: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.5
     flap_window_s: PosFloat = 604_800.0
     flap_max_returns: PosInt = 2
+    rules: list[PolicyRule] = msgspec.field(default_factory=_default_rules)
+
+    def __post_init__(self) -> None:
+        names = [rule.name for rule in self.rules]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"rule names must be unique, repeated: {', '.join(dupes)}")
 
 
 class BreakerSettings(Section, frozen=True, kw_only=True):
     trip_suspect_fraction: Fraction = 0.1
+    trip_min_nodes: PosInt = 3
     window_s: PosFloat = 300.0
     resume: Literal["auto", "command"] = "command"
     auto_resume_after_s: PosFloat = 1800.0
@@ -221,6 +356,10 @@ class SafetySettings(Section, frozen=True, kw_only=True):
     node_cooldown_s: NonNegFloat = 1800.0
     breaker: BreakerSettings = BreakerSettings()
     opt_out_label: str = "fleetmedic.io/opt-out"
+    retry_blocked_s: NonNegFloat = 600.0
+
+
+# --- executor -----------------------------------------------------------------------------------
 
 
 NamespaceDrainPolicy = Literal["evict_now", "wait_for_completion", "evict_after_timeout"]
@@ -261,6 +400,7 @@ class Settings(Section, frozen=True, kw_only=True):
     topics: TopicSettings = TopicSettings()
     signing: SigningSettings = SigningSettings()
     detection: DetectionSettings = DetectionSettings()
+    triage: TriageSettings = TriageSettings()
     policy: PolicySettings = PolicySettings()
     safety: SafetySettings = SafetySettings()
     executor: ExecutorSettings = ExecutorSettings()

@@ -1,0 +1,201 @@
+"""The vectorised arithmetic of GPU detection, over a micro-batch of nodes at once.
+
+Arrays are ``[B, ..., G]``: B nodes of the batch, G GPUs per node (the batch groups nodes with the
+same GPU count). Nothing here knows about nodes, messages or findings; :mod:`gpu_detector` does.
+
+Signals (one baseline each per GPU):
+
+- *residual gauges* (``gpu_temp``, ``memory_temp``, ``power_usage``, ``sm_clock``, ``mem_clock``):
+  the GPU's value minus the median of its node's GPUs. The GPUs of a node run the same lock-step
+  workload, so the residual removes workload swings (idle, checkpoint, data stalls) and leaves each
+  GPU's own offset, which the baseline learns; a change of that offset is degradation. (A whole
+  node drifting together is the job of :mod:`peers`: node against the nodes of its job.)
+- *rates* of cumulative counters per minute, with reset detection (a counter that goes down, a new
+  ``boot_id`` or a gap longer than ``max_sample_gap_s`` gives no rate for that sample):
+  ``ecc_sbe_rate``, ``pcie_replay_rate``, ``nvlink_error_rate`` (the four NVLink error counters),
+  ``power_violation_rate`` and ``thermal_violation_rate`` (µs of violation per minute).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fleetmedic.records import GPU_METRICS
+
+F64 = NDArray[np.float64]
+BOOL = NDArray[np.bool_]
+
+
+RESIDUAL_SIGNALS: Final[dict[str, str]] = {
+    "gpu_temp": "gpu_temp",
+    "memory_temp": "memory_temp",
+    "power_usage": "power_usage",
+    "sm_clock": "sm_clock",
+    "mem_clock": "mem_clock",
+}
+RATE_SIGNALS: Final[dict[str, tuple[str, ...]]] = {
+    "ecc_sbe_rate": ("ecc_sbe_vol_total",),
+    "pcie_replay_rate": ("pcie_replay_counter",),
+    "nvlink_error_rate": (
+        "nvlink_crc_flit_error_count_total",
+        "nvlink_crc_data_error_count_total",
+        "nvlink_replay_error_count_total",
+        "nvlink_recovery_error_count_total",
+    ),
+    "power_violation_rate": ("power_violation",),
+    "thermal_violation_rate": ("thermal_violation",),
+}
+KNOWN_SIGNALS: Final[tuple[str, ...]] = (*RESIDUAL_SIGNALS, *RATE_SIGNALS)
+
+#: metrics whose previous value is kept per GPU (counters, state flags, the XID gauge)
+WATCHED: Final[tuple[str, ...]] = (
+    "power_violation",
+    "thermal_violation",
+    "ecc_sbe_vol_total",
+    "ecc_dbe_vol_total",
+    "pcie_replay_counter",
+    "nvlink_crc_flit_error_count_total",
+    "nvlink_crc_data_error_count_total",
+    "nvlink_replay_error_count_total",
+    "nvlink_recovery_error_count_total",
+    "uncorrectable_remapped_rows",
+    "row_remap_failure",
+    "row_remap_pending",
+    "nvlink_links_down",
+    "pcie_link_width",
+    "xid_errors",
+)
+W: Final = {name: i for i, name in enumerate(WATCHED)}
+
+#: the metrics detection reads (a subset of GPU_METRICS: converting unused columns costs time)
+USED_METRICS: Final[tuple[str, ...]] = tuple(
+    m
+    for m in GPU_METRICS
+    if m in RESIDUAL_SIGNALS.values()
+    or m in WATCHED
+    or m in ("clocks_event_reasons",)
+)
+USED_INDEX: Final[tuple[int, ...]] = tuple(GPU_METRICS.index(m) for m in USED_METRICS)
+#: metric name -> row in the ``[B, M, G]`` arrays detection works on
+M: Final = {name: i for i, name in enumerate(USED_METRICS)}
+
+# clocks_event_reasons bits that mean the GPU is slowed by heat or power protection
+THROTTLE_MASK: Final = 0x8 | 0x20 | 0x40 | 0x80  # HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE
+
+WATCHED_ROWS: Final = np.array([M[n] for n in WATCHED])
+
+# planes of the per-signal state array [B, K, S, G]
+COUNT, MEAN, VAR, CUSUM, STREAK = range(5)
+PLANES: Final = 5
+
+
+def nanmedian_last_axis(x: F64) -> F64:
+    """Median over the last axis ignoring NaN, vectorised (np.nanmedian is slow on small rows)."""
+    s = np.sort(x, axis=-1)  # NaN sort last
+    n = np.sum(np.isfinite(x), axis=-1, keepdims=True)
+    lo = np.clip((n - 1) // 2, 0, None)
+    hi = np.clip(n // 2, 0, None)
+    med = 0.5 * (np.take_along_axis(s, lo, -1) + np.take_along_axis(s, hi, -1))
+    result: F64 = np.where(n > 0, med, np.nan)
+    return result
+
+
+@dataclass(frozen=True)
+class SignalPlan:
+    """Which signals are monitored, and their thresholds, as arrays aligned with the signal axis."""
+
+    names: tuple[str, ...]
+    residual_idx: NDArray[np.intp]  # metric index per residual signal
+    n_residual: int
+    rate_groups: tuple[NDArray[np.intp], ...]  # WATCHED indices summed per rate signal
+    sign: F64  # +1 up, -1 down, 0 both  [S, 1]
+    z_warning: F64
+    z_critical: F64
+    min_delta: F64
+
+
+def compute_signals(x: F64, prev: F64, dt: F64, reset: BOOL, plan: SignalPlan, max_gap_s: float) -> F64:
+    """Signals ``[B, S, G]`` from metrics ``x [B, M, G]`` and previous watched values ``prev [B, W, G]``."""
+    b, _, g = x.shape
+    out = np.empty((b, len(plan.names), g))
+    if plan.n_residual:
+        gauges = x[:, plan.residual_idx, :]
+        out[:, : plan.n_residual, :] = gauges - nanmedian_last_axis(gauges)
+    if plan.rate_groups:
+        cur = x[:, WATCHED_ROWS, :]
+        delta = cur - prev
+        ok = (~reset) & (dt > 0) & (dt <= max_gap_s)
+        per_min = np.where(ok[:, None, None] & (delta >= 0), delta * (60.0 / np.where(dt > 0, dt, 1.0))[:, None, None],
+                           np.nan)
+        for j, group in enumerate(plan.rate_groups):
+            out[:, plan.n_residual + j, :] = per_min[:, group, :].sum(axis=1)
+    return out
+
+
+@dataclass
+class StepResult:
+    value: F64  # [B, S, G] the signal
+    z: F64  # [B, S, G] direction-signed z-score (NaN while warming up)
+    deviation: F64  # [B, S, G] direction-signed distance from the baseline mean
+    baseline: F64  # [B, S, G] baseline mean before this sample
+    exceeded: BOOL  # [B, S, G] beyond z_warning and min_delta now
+    critical: BOOL
+    persistent: BOOL  # exceeded for >= continuity samples
+    drifting: BOOL  # CUSUM above threshold
+
+
+def step_baselines(
+    y: F64,
+    planes: F64,
+    plan: SignalPlan,
+    *,
+    alpha: float,
+    warmup: int,
+    min_std: float,
+    protect_z: float,
+    continuity: int,
+    cusum_k: float,
+    cusum_h: float,
+) -> StepResult:
+    """Score signals ``y [B, S, G]`` against ``planes [B, K, S, G]`` and learn them (in place)."""
+    count, mean, var = planes[:, COUNT], planes[:, MEAN], planes[:, VAR]
+    baseline = mean.copy()
+    std = np.maximum(np.sqrt(var), min_std)
+    raw = y - mean
+    warm = count >= warmup
+    finite = np.isfinite(y)
+    signed = np.where(plan.sign == 0, np.abs(raw), raw * plan.sign)
+    z = np.where(warm & finite, signed / std, np.nan)
+    with np.errstate(invalid="ignore"):
+        exceeded = (z >= plan.z_warning) & (signed >= plan.min_delta)
+        critical = exceeded & (z >= plan.z_critical)
+        protect = warm & (np.abs(raw) / std > protect_z)
+    streak = np.where(exceeded, planes[:, STREAK] + 1, np.where(finite, 0.0, planes[:, STREAK]))
+    planes[:, STREAK] = streak
+    # CUSUM of the direction-signed z (clipped so one outlier cannot trip it), gated by min_delta
+    zc = np.clip(np.nan_to_num(z, nan=0.0), -protect_z, protect_z)
+    zc = np.where(signed >= plan.min_delta, zc, np.minimum(zc, 0.0))
+    cusum = np.where(warm, np.maximum(0.0, planes[:, CUSUM] + zc - cusum_k), 0.0)
+    planes[:, CUSUM] = cusum
+    # learn (West's EWMA), protected where the sample is anomalous
+    take = finite & ~protect
+    first = take & (count == 0)
+    a = np.where(first, 1.0, np.where(take, alpha, 0.0))
+    d = np.where(take, raw, 0.0)
+    planes[:, MEAN] = mean + a * d
+    planes[:, VAR] = np.where(first, 0.0, (1.0 - a) * (var + a * d * d))
+    planes[:, COUNT] = count + take
+    return StepResult(
+        value=y,
+        z=z,
+        deviation=signed,
+        baseline=baseline,
+        exceeded=exceeded,
+        critical=critical,
+        persistent=streak >= continuity,
+        drifting=cusum > cusum_h,
+    )
