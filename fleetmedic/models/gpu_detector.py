@@ -85,7 +85,8 @@ def _columns(msg: GpuTelemetry) -> tuple[list[float | int | None], ...]:
 
 def metrics_array(msg: GpuTelemetry) -> F64:
     """The message's metrics detection uses as a ``[USED_METRICS, gpus]`` float array (NaN = not reported)."""
-    return metrics_batch([msg])[0]
+    one: F64 = metrics_batch([msg])[0]
+    return one
 
 
 def metrics_batch(msgs: Sequence[GpuTelemetry]) -> F64:
