@@ -1,0 +1,99 @@
+"""Peer comparison across nodes: a node against the other nodes of its job, or of its SKU fleet.
+
+The nodes of one training job run the same code in lock-step, so their telemetry should look
+alike. Following Minder (NSDI'25), :class:`PeerComparison` keeps each node's latest *summary
+vector* (per-metric medians over the node's GPUs, see :func:`node_summary`), standardises every
+metric across the peer group with the median and MAD (robust to the outlier it is looking for),
+and flags a node whose largest robust z-score stays above ``peers.z_threshold`` for
+``peers.continuity_window_s``. Groups smaller than ``peers.min_peers`` are not judged.
+
+This catches what per-GPU baselines cannot: a whole node drifting together (a failing fan or
+PSU heats all eight GPUs, so sibling residuals stay flat). It runs where several nodes are seen
+together (the correlation stage). Pure; ``now`` is injected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import msgspec
+import numpy as np
+
+from fleetmedic.config import PeerSettings
+from fleetmedic.records import Evidence, Finding, GpuTelemetry
+
+SUMMARY_METRICS: tuple[str, ...] = ("gpu_temp", "memory_temp", "power_usage", "sm_clock", "mem_clock")
+MAD_TO_STD = 1.4826
+
+
+def node_summary(msg: GpuTelemetry) -> dict[str, float]:
+    """Per-metric median over the node's GPUs (NaN-safe); metrics not reported are left out."""
+    out: dict[str, float] = {}
+    for name in SUMMARY_METRICS:
+        column = getattr(msg.metrics, name)
+        if column:
+            vals = [v for v in column if v is not None]
+            if vals:
+                out[name] = float(np.median(vals))
+    return out
+
+
+class _Seen(msgspec.Struct):
+    ts: float
+    values: dict[str, float]
+
+
+@dataclass
+class PeerComparison:
+    settings: PeerSettings
+    reassert_s: float = 600.0
+    detector: str = "job_peers"
+    min_scale: Mapping[str, float] = field(
+        default_factory=lambda: {"gpu_temp": 1.0, "memory_temp": 1.0, "power_usage": 10.0, "sm_clock": 15.0,
+                                 "mem_clock": 15.0}
+    )
+    _latest: dict[str, _Seen] = field(default_factory=dict)
+    _since: dict[str, float] = field(default_factory=dict)  # node -> when it first stood out
+    _reported: dict[str, float] = field(default_factory=dict)
+
+    def observe(self, node: str, ts: float, summary: Mapping[str, float]) -> None:
+        self._latest[node] = _Seen(float(ts), dict(summary))
+
+    def evaluate(self, group: str, nodes: Iterable[str], now: float, max_age_s: float = 60.0) -> list[Finding]:
+        """Judge the nodes of one peer group (a job, or a SKU fleet); return findings for outliers."""
+        fresh = [n for n in nodes if n in self._latest and now - self._latest[n].ts <= max_age_s]
+        if len(fresh) < self.settings.min_peers:
+            for n in fresh:
+                self._since.pop(n, None)
+            return []
+        metrics = sorted({m for n in fresh for m in self._latest[n].values})
+        x = np.array([[self._latest[n].values.get(m, np.nan) for m in metrics] for n in fresh])
+        med = np.nanmedian(x, axis=0)
+        mad = np.nanmedian(np.abs(x - med), axis=0) * MAD_TO_STD
+        floor = np.array([self.min_scale.get(m, 1e-9) for m in metrics])
+        z = np.abs(x - med) / np.maximum(mad, floor)
+        z = np.nan_to_num(z, nan=0.0)
+        worst = z.argmax(axis=1)
+        out: list[Finding] = []
+        for i, node in enumerate(fresh):
+            score = float(z[i, worst[i]])
+            if score < self.settings.z_threshold:
+                self._since.pop(node, None)
+                continue
+            since = self._since.setdefault(node, now)
+            if now - since < self.settings.continuity_window_s:
+                continue
+            last = self._reported.get(node)
+            if last is not None and now - last < self.reassert_s:
+                continue
+            self._reported[node] = now
+            m = metrics[worst[i]]
+            ev = Evidence(detector=self.detector, metric=m, value=float(x[i, worst[i]]), baseline=float(med[worst[i]]),
+                          score=score, threshold=self.settings.z_threshold, window_s=now - since, ts=now,
+                          note=f"against {len(fresh) - 1} peers in {group}")
+            out.append(Finding(id=f"{node}:{self.detector}:{m}:{now:.3f}", ts=now, node=node, detector=self.detector,
+                               kind="degradation", severity="warning",
+                               summary=f"{node} {m} unlike its {len(fresh) - 1} peers in {group} (z={score:.1f})",
+                               evidence=[ev], job=group if self.detector == "job_peers" else ""))
+        return out

@@ -1,0 +1,62 @@
+"""Small hand-made telemetry for detector tests (the simulator has its own, richer generator)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fleetmedic import records as r
+
+
+def gpu_message(
+    node: str,
+    ts: float,
+    rng: np.random.Generator,
+    *,
+    load: float = 1.0,
+    hot: dict[int, float] | None = None,
+    slow: dict[int, float] | None = None,
+    counters: dict[str, list[int]] | None = None,
+    gauges: dict[str, list[Any]] | None = None,
+    xids: list[r.XidEvent] | None = None,
+    gpus: int = 8,
+    boot_id: str = "boot-1",
+) -> r.GpuTelemetry:
+    """One node's 8 GPUs under a shared workload ``load`` (0 idle .. 1 busy) with per-GPU offsets."""
+    offset = np.arange(gpus) * 0.4
+    temp = 35 + 30 * load + offset + rng.normal(0, 0.6, gpus)
+    power = 90 + 560 * load + rng.normal(0, 6, gpus)
+    clock = 1980.0 - np.abs(rng.normal(0, 6, gpus)).round()
+    for g, d in (hot or {}).items():
+        temp[g] += d
+    for g, f in (slow or {}).items():
+        clock[g] *= 1 - f
+    zero = [0] * gpus
+    metrics: dict[str, Any] = dict(
+        gpu_temp=temp.round(2).tolist(),
+        memory_temp=(temp + 4).round(2).tolist(),
+        power_usage=power.round(2).tolist(),
+        sm_clock=clock.tolist(),
+        mem_clock=[2619.0] * gpus,
+        clocks_event_reasons=zero,
+        ecc_sbe_vol_total=zero,
+        ecc_dbe_vol_total=zero,
+        pcie_replay_counter=zero,
+        power_violation=zero,
+        thermal_violation=zero,
+        nvlink_crc_flit_error_count_total=zero,
+        nvlink_crc_data_error_count_total=zero,
+        nvlink_replay_error_count_total=zero,
+        nvlink_recovery_error_count_total=zero,
+        nvlink_links_down=zero,
+        row_remap_failure=zero,
+        row_remap_pending=zero,
+        uncorrectable_remapped_rows=zero,
+        pcie_link_width=[16] * gpus,
+        xid_errors=zero,
+    )
+    metrics.update(counters or {})
+    metrics.update(gauges or {})
+    return r.GpuTelemetry(node=node, ts=ts, gpus=list(range(gpus)), metrics=r.GpuMetrics(**metrics), xids=xids or [],
+                          boot_id=boot_id)

@@ -1,0 +1,185 @@
+"""Port counters (rdma-core thresholds, BER, link state, resets), peer comparison across a job's
+nodes (Minder-style continuity), stragglers from per-rank step times, the IsolationForest model,
+and the EWMA baseline's arithmetic, merge and persistence."""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+import pytest
+
+from fleetmedic import records as r
+from fleetmedic.config import Settings
+from fleetmedic.models.baseline import EwmaBaseline, alpha_for_halflife
+from fleetmedic.models.multivariate import MultivariateModel, NodeWindowFeatures
+from fleetmedic.models.peers import PeerComparison, node_summary
+from fleetmedic.models.port_detector import PortDetector
+from fleetmedic.models.straggler import StragglerDetector
+from tests.models.synth import gpu_message
+
+S = Settings().detection
+
+
+def port_msg(ts: float, sym: int, *, state: str = "up", ber: float = 1e-15, boot: str = "b") -> r.PortTelemetry:
+    return r.PortTelemetry(device="leaf-01", device_kind="switch", ts=ts, boot_id=boot, ports=[
+        r.PortSample(port="swp3", node="gpu-node-3", link_state=state, symbol_error_counter=sym, effective_ber=ber,
+                     port_xmit_wait=0, link_downed_counter=0)])
+
+
+class TestPorts:
+    def test_counter_increase_at_the_rdma_core_threshold_is_a_network_finding(self) -> None:
+        det = PortDetector(S)
+        assert det.observe(port_msg(0, 100)) == []
+        assert det.observe(port_msg(10, 109)) == []  # +9 < 10
+        found = det.observe(port_msg(20, 119))  # +10
+        assert [(f.kind, f.node, f.port, f.evidence[0].metric) for f in found] == [
+            ("network", "gpu-node-3", "leaf-01/swp3", "symbol_error_counter")]
+
+    def test_counter_reset_is_not_an_increase(self) -> None:
+        det = PortDetector(S)
+        det.observe(port_msg(0, 5000))
+        assert det.observe(port_msg(10, 3, boot="b2")) == []
+        assert det.observe(port_msg(20, 1)) == []
+
+    def test_ber_and_link_down_are_reported_once_while_they_last(self) -> None:
+        det = PortDetector(S)
+        det.observe(port_msg(0, 0))
+        assert [f.detector for f in det.observe(port_msg(10, 0, ber=1e-9))] == ["ber"]
+        assert det.observe(port_msg(20, 0, ber=1e-9)) == []
+        down = det.observe(port_msg(30, 0, state="down"))
+        assert [(f.detector, f.severity) for f in down] == [("link_state", "critical")]
+
+    def test_state_round_trips(self) -> None:
+        det = PortDetector(S)
+        det.observe(port_msg(0, 100))
+        other = PortDetector(S)
+        other.import_state(det.export_state())
+        assert [f.detector for f in other.observe(port_msg(10, 200))] == ["ib_counters"]
+
+
+class TestPeers:
+    def nodes(self, n: int, hot_node: int | None, k: int, rng: np.random.Generator) -> list[r.GpuTelemetry]:
+        return [gpu_message(f"n{i}", 1000 + 10 * k, rng, hot={g: 6.0 for g in range(8)} if i == hot_node else None)
+                for i in range(n)]
+
+    def test_a_whole_node_running_hot_against_its_job_peers_is_flagged_after_continuity(self) -> None:
+        cmp = PeerComparison(S.peers)
+        rng = np.random.default_rng(0)
+        found = []
+        for k in range(30):
+            now = 1000.0 + 10 * k
+            for m in self.nodes(8, 5, k, rng):
+                cmp.observe(m.node, m.ts, node_summary(m))
+            found += cmp.evaluate("research/llm", [f"n{i}" for i in range(8)], now)
+        assert {f.node for f in found} == {"n5"}
+        assert found[0].ts - 1000.0 >= S.peers.continuity_window_s
+        assert found[0].evidence[0].metric in ("gpu_temp", "memory_temp")
+
+    def test_healthy_peers_and_small_groups_are_not_flagged(self) -> None:
+        cmp = PeerComparison(S.peers)
+        rng = np.random.default_rng(1)
+        found = []
+        for k in range(40):
+            for m in self.nodes(8, None, k, rng):
+                cmp.observe(m.node, m.ts, node_summary(m))
+            found += cmp.evaluate("job", [f"n{i}" for i in range(8)], 1000.0 + 10 * k)
+            found += cmp.evaluate("tiny", ["n0", "n1", "n2"], 1000.0 + 10 * k)
+        assert found == []
+
+
+class TestStraggler:
+    def test_a_rank_consistently_slower_than_the_median_is_found_on_its_node(self) -> None:
+        det = StragglerDetector(S.straggler)
+        det.observe(r.JobEvent(job="ml/a", event="placement", ts=0, placement=[
+            r.RankPlacement(rank=i, node=f"n{i}") for i in range(8)]))
+        found = []
+        for step in range(12):
+            for rank in range(8):
+                t = 1.0 * (1.25 if rank == 6 and step >= 3 else 1.0)
+                found += det.observe(r.JobEvent(job="ml/a", event="progress", ts=step + rank / 10, step=step,
+                                                rank=rank, step_time_s=t))
+        assert [(f.node, f.detector) for f in found] == [("n6", "straggler")]
+
+    def test_a_job_wide_slowdown_is_a_job_finding_not_a_node_one(self) -> None:
+        det = StragglerDetector(S.straggler)
+        det.observe(r.JobEvent(job="ml/b", event="placement", ts=0, placement=[r.RankPlacement(rank=0, node="n0")]))
+        rng = np.random.default_rng(0)
+        found = []
+        for step in range(80):
+            t = 2.0 + rng.normal(0, 0.02) + (0.6 if step >= 50 else 0.0)
+            found += det.observe(r.JobEvent(job="ml/b", event="progress", ts=step * 2.0, step=step, step_time_s=t))
+        assert [f.kind for f in found] == ["job"]
+
+
+def _windows(model_cfg: object, nodes: int, minutes: int, rng: np.random.Generator, **bad: object) -> list:  # type: ignore[type-arg]
+    feats = NodeWindowFeatures(window_s=60.0)
+    out = []
+    for k in range(minutes * 6):
+        for n in range(nodes):
+            vec = feats.add(gpu_message(f"n{n}", 10.0 * k, rng, **bad))  # type: ignore[arg-type]
+            if vec is not None:
+                out.append(vec)
+    return out
+
+
+class TestMultivariate:
+    def fitted(self, algorithm: str) -> MultivariateModel:
+        cfg = msgspec.structs.replace(S.multivariate, algorithm=algorithm)
+        model = MultivariateModel(cfg)
+        for vec in _windows(cfg, 16, 60, np.random.default_rng(0)):
+            model.learn(vec)
+        assert model.maybe_refit(now=3600.0)
+        return model
+
+    def test_an_unusual_node_window_is_flagged_and_the_model_persists_with_a_version(self) -> None:
+        model = self.fitted("robust_covariance")
+        assert model.version == 1
+        bad = _windows(None, 1, 2, np.random.default_rng(5), hot={g: 4.0 for g in range(8)}, slow={2: 0.1})[0]
+        finding = model.judge("bad", bad, now=3700.0)
+        assert finding is not None and finding.detector == "robust_covariance"
+        restored = MultivariateModel.from_bytes(model.settings, model.to_bytes())
+        assert restored.version == 1
+        assert np.allclose(restored.score(bad[None, :]), model.score(bad[None, :]))
+
+    def test_robust_covariance_separates_injected_anomalies_better_than_isolation_forest(self) -> None:
+        rng = np.random.default_rng(9)
+        healthy = _windows(None, 8, 10, rng)
+        anomalies = []
+        for hot, slow in [(2.0, 0.0), (4.0, 0.0), (0.0, 0.05), (3.0, 0.03), (8.0, 0.2), (20.0, 0.5)]:
+            anomalies += _windows(None, 4, 2, rng, hot={g: hot for g in range(8)}, slow={1: slow})
+        auc = {}
+        for algorithm in ("robust_covariance", "isolation_forest"):
+            model = self.fitted(algorithm)
+            s_ok, s_bad = model.score(np.array(healthy)), model.score(np.array(anomalies))
+            auc[algorithm] = float(np.mean(s_bad[:, None] > s_ok[None, :]))
+        assert auc["robust_covariance"] >= 0.95, auc
+        assert auc["robust_covariance"] > auc["isolation_forest"], auc
+
+
+class TestBaseline:
+    def test_ewma_converges_to_the_stream_mean_and_variance(self) -> None:
+        rng = np.random.default_rng(0)
+        b = EwmaBaseline.empty((3,))
+        for _ in range(4000):
+            b.learn(rng.normal([1.0, 5.0, -2.0], [0.5, 1.0, 2.0]), alpha_for_halflife(500))
+        assert np.allclose(b.mean, [1.0, 5.0, -2.0], atol=0.2)
+        assert np.allclose(np.sqrt(b.var), [0.5, 1.0, 2.0], rtol=0.15)
+
+    def test_merge_of_two_halves_matches_the_moments_of_the_whole(self) -> None:
+        rng = np.random.default_rng(1)
+        a, b = EwmaBaseline.empty((1,)), EwmaBaseline.empty((1,))
+        for x in rng.normal(0, 1, 3000):
+            a.learn(np.array([x]), 0.001)
+        for x in rng.normal(4, 1, 3000):
+            b.learn(np.array([x]), 0.001)
+        m = a.merge(b)
+        assert m.mean[0] == pytest.approx(2.0, abs=0.25)
+        assert np.sqrt(m.var[0]) == pytest.approx(np.sqrt(1 + 4), rel=0.15)  # mixture variance
+
+    def test_bytes_round_trip_and_protection(self) -> None:
+        b = EwmaBaseline.empty((2,))
+        b.learn(np.array([1.0, 2.0]), 0.1)
+        b.learn(np.array([100.0, np.nan]), 0.1, protect=np.array([True, False]))
+        assert b.mean.tolist() == [1.0, 2.0] and b.count.tolist() == [1.0, 1.0]
+        c = EwmaBaseline.from_bytes(b.to_bytes())
+        assert np.allclose(c.mean, b.mean) and np.allclose(c.count, b.count)
