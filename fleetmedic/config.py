@@ -131,13 +131,18 @@ class PeerSettings(Section, frozen=True, kw_only=True):
 class StragglerSettings(Section, frozen=True, kw_only=True):
     slowdown_ratio: Annotated[float, Meta(gt=1.0, le=100.0)] = 1.10
     min_steps: PosInt = 5
+    job_warmup_steps: PosInt = 20
+    job_cusum_h: PosFloat = 10.0
 
 
-class IsolationForestSettings(Section, frozen=True, kw_only=True):
+class MultivariateSettings(Section, frozen=True, kw_only=True):
     enabled: bool = True
-    n_estimators: PosInt = 100
+    algorithm: Literal["robust_covariance", "isolation_forest"] = "robust_covariance"
     window_s: PosFloat = 300.0
     refit_interval_s: PosFloat = 3600.0
+    min_training_windows: PosInt = 64
+    distance_threshold: PosFloat = 8.0
+    n_estimators: PosInt = 100
     score_threshold: Fraction = 0.65
     seed: NonNegInt = 0
 
@@ -181,7 +186,7 @@ class DetectionSettings(Section, frozen=True, kw_only=True):
     cusum: CusumSettings = CusumSettings()
     peers: PeerSettings = PeerSettings()
     straggler: StragglerSettings = StragglerSettings()
-    isolation_forest: IsolationForestSettings = IsolationForestSettings()
+    multivariate: MultivariateSettings = MultivariateSettings()
     xid: XidSettings = XidSettings()
     ib_thresholds: dict[str, NonNegInt] = msgspec.field(default_factory=_default_ib_thresholds)
     effective_ber_threshold: Fraction = 1.0e-12

@@ -467,3 +467,54 @@ def _invalid(record_type: type[Any], exc: Exception) -> InvalidRecord:
     m = _PATH.match(str(exc))
     reason, path = (m.group("reason"), m.group("path")) if m else (str(exc), None)
     return InvalidRecord(record_type.__name__, path or "$", reason)
+
+
+# --- audit --------------------------------------------------------------------------------------
+
+NodeState = Literal["healthy", "suspect", "quarantined", "diagnosing", "repair_needed", "probation"]
+AuditDecision = Literal[
+    "incident",  # an incident opened or changed
+    "command",  # commands issued on the job or node track
+    "blocked",  # a node-track isolation refused by safety (then escalated)
+    "escalated",  # handed to a human: breaker, budget, ladder exhausted, opted-out node, failed executor
+    "skipped",  # nothing done on purpose: opt-out, someone else's cordon, a failure fleetmedic caused
+    "state_change",  # a node's lifecycle moved
+    "breaker_tripped",
+    "breaker_resumed",
+    "cleared",  # an operator cleared or repaired a node, or resumed the breaker
+    "result",  # an executor's result changed what fleetmedic believes
+    "repeat_placement",  # a job was placed on a node fleetmedic holds out of service
+]
+
+
+class BudgetSnapshot(Struct, frozen=True, kw_only=True):
+    """The isolation budget when a decision was made."""
+
+    held: Annotated[int, Meta(ge=0)]
+    max_held: Annotated[int, Meta(ge=0)]
+    new_in_window: Annotated[int, Meta(ge=0)]
+    max_new_in_window: Annotated[int, Meta(ge=0)]
+    fleet_size: Annotated[int, Meta(ge=0)]
+    breaker_open: bool
+
+
+class AuditRecord(Record, frozen=True, kw_only=True, tag="audit", tag_field="type"):
+    """Why fleetmedic decided what it did: every incident, command, refusal, escalation and node
+    lifecycle change, with the rule that matched and the budget at that moment."""
+
+    id: Name
+    ts: Timestamp
+    decision: AuditDecision
+    explanation: ShortText
+    node: str = ""
+    job: str = ""
+    incident_id: str = ""
+    incident_class: IncidentClass | None = None
+    command_ids: list[str] = []
+    rule: str = ""
+    track: Track | None = None
+    state_from: NodeState | None = None
+    state_to: NodeState | None = None
+    actor: str = "fleetmedic"
+    budget: BudgetSnapshot | None = None
+    dry_run: bool = False

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from fleetmedic.records import (
+    AuditRecord,
     DeadLetter,
     Finding,
     GpuTelemetry,
@@ -93,6 +94,14 @@ TOPICS: Final[tuple[TopicSpec, ...]] = (
         "single partition",
         "Kubernetes executor",
         "decision stage (node lifecycle), dashboards",
+    ),
+    TopicSpec(
+        "remediation.audit",
+        AuditRecord,
+        "target (node name or namespace/name of the job; empty for fleet-wide decisions)",
+        "single partition (one ordered log of decisions)",
+        "decision stage",
+        "operators, ticketing, dashboards, compliance",
     ),
     TopicSpec(
         "deadletter",

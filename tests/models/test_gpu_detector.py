@@ -173,7 +173,8 @@ def test_missing_metrics_and_missing_values_are_tolerated() -> None:
     det = detector()
     rng = np.random.default_rng(0)
     for k in range(40):
-        msg = gpu_message("n0", 1000 + DT * k, rng, gauges={"gpu_temp": [None] * 8, "power_usage": [650.0] * 7 + [None]})
+        holes = {"gpu_temp": [None] * 8, "power_usage": [650.0] * 7 + [None]}
+        msg = gpu_message("n0", 1000 + DT * k, rng, gauges=holes)
         sparse = r.GpuTelemetry(node="n1", ts=1000 + DT * k, gpus=[0, 1], metrics=r.GpuMetrics(gpu_temp=[50.0, 51.0]))
         assert det.observe_batch([msg, sparse]) == []
 
