@@ -57,6 +57,15 @@ class PeerComparison:
     _since: dict[str, float] = field(default_factory=dict)  # node -> when it first stood out
     _reported: dict[str, float] = field(default_factory=dict)
 
+    def export_state(self) -> bytes:
+        return msgspec.msgpack.encode([self._latest, self._since, self._reported])
+
+    def import_state(self, data: bytes) -> None:
+        latest, since, reported = msgspec.msgpack.decode(
+            data, type=tuple[dict[str, _Seen], dict[str, float], dict[str, float]]
+        )
+        self._latest, self._since, self._reported = latest, since, reported
+
     def observe(self, node: str, ts: float, summary: Mapping[str, float]) -> None:
         self._latest[node] = _Seen(float(ts), dict(summary))
 

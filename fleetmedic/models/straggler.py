@@ -16,19 +16,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 
 from fleetmedic.config import StragglerSettings
 from fleetmedic.records import Evidence, Finding, JobEvent
 
 
-@dataclass
-class _JobSteps:
+class _JobSteps(msgspec.Struct, kw_only=True):
     step: int = -1
-    times: dict[int, float] = field(default_factory=dict)  # rank -> step time of the current step
-    nodes: dict[int, str] = field(default_factory=dict)
-    streak: dict[int, int] = field(default_factory=dict)
-    reported: set[int] = field(default_factory=set)
+    times: dict[int, float] = {}  # rank -> step time of the current step
+    nodes: dict[int, str] = {}
+    streak: dict[int, int] = {}
+    reported: set[int] = set()
     # job-level step time
     count: int = 0
     mean: float = 0.0
@@ -41,6 +41,12 @@ class _JobSteps:
 class StragglerDetector:
     settings: StragglerSettings
     _jobs: dict[str, _JobSteps] = field(default_factory=dict)
+
+    def export_state(self) -> bytes:
+        return msgspec.msgpack.encode(self._jobs)
+
+    def import_state(self, data: bytes) -> None:
+        self._jobs = msgspec.msgpack.decode(data, type=dict[str, _JobSteps])
 
     def observe(self, event: JobEvent) -> list[Finding]:
         if event.event in ("completion", "restart", "failure"):
