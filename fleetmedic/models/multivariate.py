@@ -24,6 +24,7 @@ its own changelog topic). Deterministic for a given ``seed``. Pure apart from sc
 
 from __future__ import annotations
 
+import math
 import pickle
 import warnings
 from collections import deque
@@ -65,11 +66,21 @@ _RATES = {
 }
 
 
-def _column(msg: GpuTelemetry, name: str) -> NDArray[np.float64]:
+def _values(msg: GpuTelemetry, name: str) -> list[float]:
     col = getattr(msg.metrics, name)
-    if col is None:
-        return np.full(len(msg.gpus), np.nan)
-    return np.array([np.nan if v is None else v for v in col], dtype=np.float64)
+    return [float(v) for v in col if v is not None] if col else []
+
+
+def _median(vals: list[float]) -> float:
+    if not vals:
+        return math.nan
+    s = sorted(vals)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
+
+
+def _spread(vals: list[float]) -> float:
+    return max(vals) - min(vals) if vals else math.nan
 
 
 @dataclass
@@ -97,18 +108,14 @@ class NodeWindowFeatures:
             w = None
         if w is None:
             w = self._open[msg.node] = _Window(start=ts)
-        t, p, c = _column(msg, "gpu_temp"), _column(msg, "power_usage"), _column(msg, "sm_clock")
-        reasons = np.nan_to_num(_column(msg, "clocks_event_reasons")).astype(np.int64)
-        with np.errstate(all="ignore"):
-            w.rows.append([
-                float(np.nanmedian(t)), float(np.nanmax(t) - np.nanmin(t)),
-                float(np.nanmedian(_column(msg, "memory_temp"))),
-                float(np.nanmedian(p)), float(np.nanmax(p) - np.nanmin(p)),
-                float(np.nanmedian(c)), float(np.nanmax(c) - np.nanmin(c)),
-                float(np.mean((reasons & THROTTLE_MASK) != 0)),
-            ])
+        # plain Python on 8 values: numpy's per-call overhead costs more than the arithmetic here
+        t, p, c = _values(msg, "gpu_temp"), _values(msg, "power_usage"), _values(msg, "sm_clock")
+        reasons = _values(msg, "clocks_event_reasons")
+        throttled = sum(1 for v in reasons if int(v) & THROTTLE_MASK) / len(reasons) if reasons else math.nan
+        w.rows.append([_median(t), _spread(t), _median(_values(msg, "memory_temp")), _median(p), _spread(p),
+                       _median(c), _spread(c), throttled])
         for feature, counters in _RATES.items():
-            total = float(np.nansum([np.nansum(_column(msg, name)) for name in counters]))
+            total = sum(sum(_values(msg, name)) for name in counters)
             w.first_counters.setdefault(feature, total)
             w.last_counters[feature] = total
         w.last_ts = ts
@@ -118,8 +125,10 @@ class NodeWindowFeatures:
     def _close(w: _Window) -> NDArray[np.float64] | None:
         if len(w.rows) < 2:
             return None
-        with np.errstate(all="ignore"):
-            gauges = np.nanmean(np.array(w.rows), axis=0)
+        rows = np.array(w.rows)
+        if not np.all(np.isfinite(rows).any(axis=0)):
+            return None  # a feature never reported in the window (e.g. an exporter without power)
+        gauges = np.nanmean(rows, axis=0)
         minutes = max((w.last_ts - w.start) / 60.0, 1e-9)
         rates = [max(0.0, w.last_counters[f] - w.first_counters[f]) / minutes for f in _RATES]
         vec = np.concatenate([gauges, rates])

@@ -96,10 +96,11 @@ class PortDetector:
         out = []
         ts = float(msg.ts)
         hold = self.settings.reassert_s
-        active = {k: v for k, v in state.active.items() if ts - v < hold}
+        active = {k: v for k, v in state.active.items() if ts - v < hold}  # condition -> last reported
         for cond, summary, ev in conditions:
-            if cond in active and not cond.startswith("counter:"):
-                continue  # a standing condition (BER, link down) is not re-reported within reassert_s
+            if cond in active:
+                active[cond] = active[cond]  # still present: reported again only after reassert_s
+                continue
             active[cond] = ts
             severity: Severity = "critical" if cond == "link_down" else "warning"
             out.append(

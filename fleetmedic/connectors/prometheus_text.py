@@ -1,0 +1,206 @@
+"""Prometheus text exposition (dcgm-exporter, node-exporter) -> fleetmedic records.
+
+Reads samples as dcgm-exporter and node-exporter write them, with or without sample timestamps
+(milliseconds), and groups them per node and timestamp into
+:class:`~fleetmedic.records.GpuTelemetry` (``DCGM_FI_*`` series, GPU from the ``gpu`` label) and
+:class:`~fleetmedic.records.PortTelemetry` (``node_infiniband_*`` series, port from the ``device``
+and ``port`` labels). The node comes from the first label in ``ingest.node_labels`` that a sample
+has (``Hostname``, ``node``, ``instance`` with its ``:port`` removed).
+
+Lines that cannot be parsed, unknown series and values out of range are skipped and counted per
+reason (:attr:`ExpositionReader.skipped`); a bad line never stops the rest. Used by ``fleetmedic
+backtest`` and by the Prometheus ingest connector.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from fleetmedic import records as r
+from fleetmedic.config import IngestSettings
+
+_LINE = re.compile(
+    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+(?P<ts>-?\d+))?\s*$"
+)
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+DCGM_TO_METRIC: dict[str, str] = {dcgm: metric for metric, dcgm in r.DCGM_NAMES.items()}
+DCGM_TO_METRIC["DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"] = "clocks_event_reasons"  # older dcgm-exporters
+
+#: node-exporter's infiniband collector -> PortSample field
+NODE_EXPORTER_IB: dict[str, str] = {
+    "node_infiniband_symbol_error_total": "symbol_error_counter",
+    "node_infiniband_link_error_recovery_total": "link_error_recovery_counter",
+    "node_infiniband_link_downed_total": "link_downed_counter",
+    "node_infiniband_port_errors_received_total": "port_rcv_errors",
+    "node_infiniband_port_receive_remote_physical_errors_total": "port_rcv_remote_physical_errors",
+    "node_infiniband_port_transmit_discards_total": "port_xmit_discards",
+    "node_infiniband_local_link_integrity_errors_total": "local_link_integrity_errors",
+    "node_infiniband_excessive_buffer_overrun_errors_total": "excessive_buffer_overrun_errors",
+    "node_infiniband_port_transmit_wait_total": "port_xmit_wait",
+    "node_infiniband_port_data_transmitted_bytes_total": "port_xmit_data",
+    "node_infiniband_port_data_received_bytes_total": "port_rcv_data",
+}
+_INT_FIELDS = {
+    f for f in r.PortSample.__struct_fields__ if f.endswith(("counter", "errors", "discards", "wait", "data"))
+}
+# node-exporter's infiniband state ids: 4 = ACTIVE; physical 5 = LinkUp
+_STATE = {"4": "up", "1": "down", "2": "init", "3": "init"}
+
+
+@dataclass
+class ExpositionReader:
+    ingest: IngestSettings
+    skipped: Counter[str] = field(default_factory=Counter)
+
+    def node_of(self, labels: dict[str, str]) -> str | None:
+        for key in self.ingest.node_labels:
+            value = labels.get(key)
+            if value:
+                return value.rsplit(":", 1)[0] if key == "instance" else value
+        return None
+
+    def read(
+        self, lines: Iterable[str], default_ts: float | None = None, flush_lag_s: float = 120.0
+    ) -> Iterator[r.GpuTelemetry | r.PortTelemetry]:
+        """Records per (node, timestamp) from exposition text.
+
+        Input is expected roughly in time order (scrapes appended to a file): groups older than
+        ``flush_lag_s`` behind the newest sample are emitted as reading goes on, so memory stays
+        bounded; samples arriving later than that for an emitted group are counted as skipped."""
+        gpu: dict[tuple[str, float], dict[int, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+        meta: dict[tuple[str, float], dict[str, str]] = {}
+        ports: dict[tuple[str, float], dict[str, dict[str, float | str]]] = defaultdict(lambda: defaultdict(dict))
+        newest, flushed_before = float("-inf"), float("-inf")
+        for number, line in enumerate(lines, 1):
+            if number % 20_000 == 0 and newest - flush_lag_s > flushed_before:
+                flushed_before = newest - flush_lag_s
+                yield from self._flush(gpu, meta, ports, before=flushed_before)
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            m = _LINE.match(line)
+            if m is None:
+                self.skipped[f"unparsable line {number}"] += 1
+                continue
+            name, value_text = m.group("name"), m.group("value")
+            try:
+                value = float(value_text)
+            except ValueError:
+                self.skipped[f"{name}: value {value_text!r} is not a number"] += 1
+                continue
+            if not math.isfinite(value):
+                self.skipped[f"{name}: value is {value_text}"] += 1
+                continue
+            labels = {
+                k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in _LABEL.findall(m.group("labels") or "")
+            }
+            ts = int(m.group("ts")) / 1000.0 if m.group("ts") else default_ts
+            if ts is None:
+                self.skipped[f"{name}: no timestamp"] += 1
+                continue
+            if ts < flushed_before:
+                self.skipped[f"{name}: sample older than {flush_lag_s:g} s behind the newest"] += 1
+                continue
+            newest = max(newest, ts)
+            node = self.node_of(labels)
+            if node is None:
+                self.skipped[f"{name}: no node label ({', '.join(self.ingest.node_labels)})"] += 1
+                continue
+            if name in DCGM_TO_METRIC:
+                gpu_label = labels.get(self.ingest.gpu_label, "")
+                if not gpu_label.isdigit():
+                    self.skipped[f"{name}: no {self.ingest.gpu_label} label"] += 1
+                    continue
+                gpu[(node, ts)][int(gpu_label)][DCGM_TO_METRIC[name]] = value
+                info = meta.setdefault((node, ts), {})
+                info.setdefault("sku", labels.get("modelName", ""))
+                info.setdefault("driver", labels.get("DCGM_FI_DRIVER_VERSION", ""))
+                if labels.get("UUID"):
+                    info[f"uuid{gpu_label}"] = labels["UUID"]
+            elif name in NODE_EXPORTER_IB or name in (
+                "node_infiniband_state_id",
+                "node_infiniband_rate_bytes_per_second",
+            ):
+                port = f"{labels.get('device', '?')}/{labels.get('port', '?')}"
+                slot = ports[(node, ts)][port]
+                if name == "node_infiniband_state_id":
+                    slot["link_state"] = _STATE.get(str(int(value)), "unknown")
+                elif name == "node_infiniband_rate_bytes_per_second":
+                    slot["speed_gbps"] = value * 8 / 1e9
+                else:
+                    slot[NODE_EXPORTER_IB[name]] = value
+            else:
+                self.skipped[f"unknown series {name}"] += 1
+        yield from self._flush(gpu, meta, ports, before=float("inf"))
+
+    def _flush(
+        self,
+        gpu: dict[tuple[str, float], dict[int, dict[str, float]]],
+        meta: dict[tuple[str, float], dict[str, str]],
+        ports: dict[tuple[str, float], dict[str, dict[str, float | str]]],
+        before: float,
+    ) -> Iterator[r.GpuTelemetry | r.PortTelemetry]:
+        keys = sorted((k for k in set(gpu) | set(ports) if k[1] < before), key=lambda k: (k[1], k[0]))
+        for key in keys:
+            if key in gpu:
+                rec = self._gpu_record(key, gpu.pop(key), meta.pop(key, {}))
+                if rec is not None:
+                    yield rec
+            if key in ports:
+                rec_p = self._port_record(key, ports.pop(key))
+                if rec_p is not None:
+                    yield rec_p
+
+    def _gpu_record(
+        self, key: tuple[str, float], by_gpu: dict[int, dict[str, float]], info: dict[str, str]
+    ) -> r.GpuTelemetry | None:
+        node, ts = key
+        gpus = sorted(by_gpu)
+        columns: dict[str, list[float | int | None]] = {}
+        for metric in r.GPU_METRICS:
+            if any(metric in by_gpu[g] for g in gpus):
+                col = [by_gpu[g].get(metric) for g in gpus]
+                integral = (
+                    metric in r.COUNTER_METRICS
+                    or metric in r.PERSISTENT_COUNT_METRICS
+                    or metric
+                    in ("clocks_event_reasons", "xid_errors", "pcie_link_gen", "pcie_link_width", "nvlink_links_down")
+                )
+                columns[metric] = [int(v) if (integral and v is not None) else v for v in col]
+        doc = {
+            "node": node,
+            "ts": ts,
+            "gpus": gpus,
+            "metrics": columns,
+            "sku": info.get("sku", ""),
+            "driver_version": info.get("driver", ""),
+            "source": "prometheus",
+            "uuids": [info.get(f"uuid{g}", "") for g in gpus] if any(f"uuid{g}" in info for g in gpus) else [],
+        }
+        try:
+            return r.convert(r.GpuTelemetry, doc)
+        except r.InvalidRecord as exc:
+            self.skipped[f"GpuTelemetry {exc.path}: {exc.reason}"] += 1
+            return None
+
+    def _port_record(
+        self, key: tuple[str, float], by_port: dict[str, dict[str, float | str]]
+    ) -> r.PortTelemetry | None:
+        node, ts = key
+        samples = []
+        for port, fields in sorted(by_port.items()):
+            doc = {k: (int(v) if k in _INT_FIELDS and isinstance(v, float) else v) for k, v in fields.items()}
+            samples.append({"port": port, "node": node, **doc})
+        try:
+            return r.convert(
+                r.PortTelemetry,
+                {"device": node, "device_kind": "host", "ts": ts, "ports": samples, "source": "prometheus"},
+            )
+        except r.InvalidRecord as exc:
+            self.skipped[f"PortTelemetry {exc.path}: {exc.reason}"] += 1
+            return None

@@ -1,0 +1,124 @@
+"""Detection wired as the pipeline's stages, pure: records in, findings out.
+
+- :class:`NodeDetection` is stage 1 (partitioned by node): GPU baselines and rules, the node's own
+  NIC ports, and the multivariate model's per-node windows. Everything it keeps is per node, so
+  any number of workers can split the nodes between them.
+- :class:`FleetDetection` runs where many nodes are seen together (the correlation stage): a node
+  against its job's peers and its SKU fleet, stragglers from per-rank step times, switch ports.
+
+Both are driven by the Faust workers, the embedded engine and ``fleetmedic backtest`` alike.
+Time comes from the records and from the ``now`` passed to :meth:`FleetDetection.tick`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from fleetmedic.config import DetectionSettings
+from fleetmedic.models.gpu_detector import GpuDetector
+from fleetmedic.models.multivariate import MultivariateModel, NodeWindowFeatures
+from fleetmedic.models.peers import PeerComparison, node_summary
+from fleetmedic.models.port_detector import PortDetector
+from fleetmedic.models.straggler import StragglerDetector
+from fleetmedic.records import Finding, GpuTelemetry, JobEvent, PortTelemetry
+
+
+@dataclass
+class NodeDetection:
+    settings: DetectionSettings
+    gpu: GpuDetector = field(init=False)
+    ports: PortDetector = field(init=False)
+    windows: NodeWindowFeatures = field(init=False)
+    model: MultivariateModel = field(init=False)
+    _flagged_since: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.gpu = GpuDetector(self.settings)
+        self.ports = PortDetector(self.settings)
+        self.windows = NodeWindowFeatures(self.settings.multivariate.window_s)
+        self.model = MultivariateModel(self.settings.multivariate)
+
+    def on_gpu(self, msgs: Sequence[GpuTelemetry]) -> list[Finding]:
+        findings = self.gpu.observe_batch(msgs)
+        for f in findings:
+            self._flagged_since[f.node] = max(self._flagged_since.get(f.node, f.ts), f.ts)
+        if self.settings.multivariate.enabled:
+            findings.extend(self._windows(msgs))
+        return findings
+
+    def on_port(self, msg: PortTelemetry) -> list[Finding]:
+        return self.ports.observe(msg)
+
+    def _windows(self, msgs: Sequence[GpuTelemetry]) -> list[Finding]:
+        out: list[Finding] = []
+        for msg in msgs:
+            vec = self.windows.add(msg)
+            if vec is None:
+                continue
+            now = float(msg.ts)
+            finding = self.model.judge(msg.node, vec, now)
+            if finding is not None:
+                out.append(finding)
+            elif now - self._flagged_since.get(msg.node, float("-inf")) > self.settings.multivariate.window_s:
+                self.model.learn(vec)  # a window with no finding on its node counts as healthy
+            self.model.maybe_refit(now)
+        return out
+
+
+@dataclass
+class FleetDetection:
+    settings: DetectionSettings
+    peers: PeerComparison = field(init=False)
+    sku_peers: PeerComparison = field(init=False)
+    stragglers: StragglerDetector = field(init=False)
+    switch_ports: PortDetector = field(init=False)
+    _jobs: dict[str, set[str]] = field(default_factory=dict)  # job -> nodes
+    _skus: dict[str, set[str]] = field(default_factory=dict)  # sku -> nodes
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.peers = PeerComparison(s.peers, reassert_s=s.reassert_s, detector="job_peers")
+        self.sku_peers = PeerComparison(s.peers, reassert_s=s.reassert_s, detector="sku_peers")
+        self.stragglers = StragglerDetector(s.straggler)
+        self.switch_ports = PortDetector(s)
+
+    def on_gpu(self, msg: GpuTelemetry) -> None:
+        summary = node_summary(msg)
+        self.peers.observe(msg.node, msg.ts, summary)
+        self.sku_peers.observe(msg.node, msg.ts, summary)
+        for nodes in self._skus.values():
+            nodes.discard(msg.node)
+        band = _load_band(msg)
+        if msg.sku and band:
+            # a SKU fleet runs many workloads: compare a node only with nodes under a similar load
+            self._skus.setdefault(f"{msg.sku} {band}", set()).add(msg.node)
+
+    def on_job(self, event: JobEvent) -> list[Finding]:
+        if event.event == "placement":
+            self._jobs[event.job] = {p.node for p in event.placement}
+        elif event.event in ("completion", "failure"):
+            self._jobs.pop(event.job, None)
+        return self.stragglers.observe(event)
+
+    def on_port(self, msg: PortTelemetry) -> list[Finding]:
+        return self.switch_ports.observe(msg)
+
+    def tick(self, now: float) -> list[Finding]:
+        """Compare peers; call once per sample interval."""
+        max_age = 3 * self.settings.sample_interval_s
+        out: list[Finding] = []
+        for job, nodes in sorted(self._jobs.items()):
+            out.extend(self.peers.evaluate(job, sorted(nodes), now, max_age))
+        for sku, nodes in sorted(self._skus.items()):
+            out.extend(self.sku_peers.evaluate(f"sku {sku}", sorted(nodes), now, max_age))
+        return out
+
+
+def _load_band(msg: GpuTelemetry) -> str:
+    util = msg.metrics.gpu_util
+    vals = [v for v in util if v is not None] if util else []
+    if not vals:
+        return ""
+    median = sorted(vals)[len(vals) // 2]
+    return "idle" if median < 10 else ("busy" if median > 90 else "")
