@@ -48,6 +48,7 @@ NODE_EXPORTER_IB: dict[str, str] = {
 _INT_FIELDS = {
     f for f in r.PortSample.__struct_fields__ if f.endswith(("counter", "errors", "discards", "wait", "data"))
 }
+_PORT_SERIES = {*NODE_EXPORTER_IB, "node_infiniband_state_id", "node_infiniband_rate_bytes_per_second"}
 # node-exporter's infiniband state ids: 4 = ACTIVE; physical 5 = LinkUp
 _STATE = {"4": "up", "1": "down", "2": "init", "3": "init"}
 
@@ -88,6 +89,9 @@ class ExpositionReader:
                 self.skipped[f"unparsable line {number}"] += 1
                 continue
             name, value_text = m.group("name"), m.group("value")
+            if name not in DCGM_TO_METRIC and name not in _PORT_SERIES:
+                self.skipped[f"unknown series {name}"] += 1
+                continue
             try:
                 value = float(value_text)
             except ValueError:
@@ -134,8 +138,6 @@ class ExpositionReader:
                     slot["speed_gbps"] = value * 8 / 1e9
                 else:
                     slot[NODE_EXPORTER_IB[name]] = value
-            else:
-                self.skipped[f"unknown series {name}"] += 1
         yield from self._flush(gpu, meta, ports, before=float("inf"))
 
     def _flush(
