@@ -169,7 +169,8 @@ class Progress:
             self.stream.write("\n")
 
 
-def run(settings: Settings, inputs: list[str], out: Path, progress: Progress | None = None) -> dict[str, Any]:
+def run(settings: Settings, inputs: list[str], out: Path, progress: Progress | None = None,
+        report: str | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     reader = InputReader(settings)
     bt = Backtest(settings)
@@ -204,6 +205,12 @@ def run(settings: Settings, inputs: list[str], out: Path, progress: Progress | N
         "findings_by_kind": dict(Counter(f.kind for f in bt.findings)),
         "nodes_with_findings": len({f.node for f in bt.findings}),
     }
+    if report:
+        from fleetmedic.backtest_report import write_report
+
+        meta = {"inputs": ", ".join(inputs), "records": n, "findings": len(bt.findings)}
+        summary["report_plots"] = write_report(report, settings, InputReader(settings).records(inputs),
+                                               bt.findings, [], [], meta)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return summary
 
@@ -219,6 +226,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--config", help="YAML config (default: built-in defaults + FLEETMEDIC__* env)")
     p.add_argument("--input", action="append", required=True, help="file or directory; repeatable")
     p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report to this file")
     p.add_argument("--progress", action="store_true", help="show progress even when stderr is not a terminal")
     p.set_defaults(handler=_main)
 
@@ -230,7 +238,7 @@ def _main(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        summary = run(settings, args.input, Path(args.out), Progress(sys.stderr, args.progress))
+        summary = run(settings, args.input, Path(args.out), Progress(sys.stderr, args.progress), args.report)
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -47,12 +47,14 @@ from fleetmedic.config import DetectionSettings
 from fleetmedic.models.baseline import alpha_for_halflife
 from fleetmedic.models.gpu_signals import (
     KNOWN_SIGNALS,
+    MEAN,
     PLANES,
     RATE_SIGNALS,
     RESIDUAL_SIGNALS,
     THROTTLE_MASK,
     USED_INDEX,
     USED_METRICS,
+    VAR,
     WATCHED,
     WATCHED_ROWS,
     M,
@@ -141,6 +143,7 @@ class _Live:
     samples: int = 0
     active: dict[str, list[float]] = field(default_factory=dict)
     xid_log: list[tuple[float, int, int]] = field(default_factory=list)
+    last_signals: F64 | None = None  # [S, G] of the latest sample (not persisted)
 
 
 class GpuDetector:
@@ -213,6 +216,15 @@ class GpuDetector:
             active={k: list(v) for k, v in st.active.items()},
             xid_log=list(st.xid_log),
         )
+
+    def signals(self, node: str) -> tuple[tuple[str, ...], F64, F64, F64] | None:
+        """The node's latest signals and their baselines: ``(names, value, mean, std)``, each ``[S, G]``
+        (for reports and debugging; ``None`` before the node's first sample)."""
+        live = self._nodes.get(node)
+        if live is None or live.last_signals is None:
+            return None
+        std = np.maximum(np.sqrt(live.planes[VAR]), self.settings.baseline.min_std)
+        return self.names, live.last_signals, live.planes[MEAN].copy(), std
 
     def forget(self, node: str) -> None:
         """Drop a node's state (e.g. after repair: baselines start again)."""
@@ -307,6 +319,7 @@ class GpuDetector:
         new_prev = np.where(np.isfinite(watched), watched, prev)
         for i, (msg, live) in enumerate(zip(msgs, lives, strict=True)):
             live.planes = planes[i]
+            live.last_signals = y[i]
             live.prev = new_prev[i]
             live.throttle = throttle[i]
             live.max_width = max_width[i]
