@@ -26,14 +26,16 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import msgspec
 
 from fleetmedic import records as r
 from fleetmedic.config import ConfigError, Settings, read_config
 from fleetmedic.connectors.prometheus_text import ExpositionReader
-from fleetmedic.models.stages import FleetDetection, NodeDetection
+
+if TYPE_CHECKING:
+    from fleetmedic.models.stages import FleetDetection, NodeDetection
 
 Telemetry = r.GpuTelemetry | r.PortTelemetry | r.JobEvent
 _INPUT_DECODER = msgspec.json.Decoder(r.GpuTelemetry | r.PortTelemetry | r.JobEvent)
@@ -113,8 +115,10 @@ class Backtest:
     counts: Counter[str] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
-        self.node = NodeDetection(self.settings.detection)
-        self.fleet = FleetDetection(self.settings.detection)
+        from fleetmedic.models.stages import FleetDetection, NodeDetection  # numpy/scikit-learn: not for --help
+
+        self.node: NodeDetection = NodeDetection(self.settings.detection)
+        self.fleet: FleetDetection = FleetDetection(self.settings.detection)
         self._pending: list[r.GpuTelemetry] = []
         self._next_tick = float("-inf")
 
