@@ -1,0 +1,156 @@
+"""Shared fixtures: the real Kafka broker and Kubernetes control plane (docs/development.md).
+
+- ``kafka_bootstrap`` (session): ``host:port`` of a broker. Uses ``$FLEETMEDIC_KAFKA_BOOTSTRAP``
+  when set, otherwise starts one on free loopback ports and stops it at the end of the session.
+- ``kube_config`` (session): path of a kubeconfig. Uses ``$FLEETMEDIC_KUBECONFIG`` when set,
+  otherwise starts etcd, kube-apiserver, scheduler, controller-manager and kwok likewise.
+- ``kube_api`` (session): a ``kubernetes.client.ApiClient`` for that cluster.
+- ``namespace``: a fresh namespace per test (deleted afterwards).
+- ``make_fleet``: ``make_fleet(n)`` creates n kwok GPU nodes with a unique fleet name (deleted
+  afterwards); see ``fleetmedic.devenv.fleet`` for the labels.
+- ``crds``: the PyTorchJob and JobSet CRDs from tests/data/crds, installed once.
+
+Tests using these get the ``kafka`` / ``kube`` markers automatically (``-m "not kube"`` works).
+When a service cannot start, its tests fail with the service's log tail if ``CI=true`` or
+``FLEETMEDIC_REQUIRE_SERVICES=1``, and are skipped with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pytest
+
+from fleetmedic.devenv import proc, settings
+
+KAFKA_FIXTURES = {"kafka_bootstrap"}
+KUBE_FIXTURES = {"kube_config", "kube_api", "namespace", "make_fleet", "crds"}
+CRD_DIR = Path(__file__).parent / "data" / "crds"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & KAFKA_FIXTURES:
+            item.add_marker(pytest.mark.kafka)
+        if names & KUBE_FIXTURES:
+            item.add_marker(pytest.mark.kube)
+
+
+def _unavailable(what: str, detail: str) -> NoReturn:
+    """Fail (CI / FLEETMEDIC_REQUIRE_SERVICES=1) or skip, with the reason and log tail."""
+    if settings.services_required():
+        pytest.fail(f"{what} is required here but unavailable:\n{detail}", pytrace=False)
+    pytest.skip(f"{what} unavailable (set {settings.ENV_REQUIRE}=1 to fail instead): {detail}")
+
+
+@pytest.fixture(scope="session")
+def services_dir() -> Iterator[Path]:
+    """Run directory for the services this session starts (``fleetmedic dev down`` finds it)."""
+    d = settings.run_dir() / f"pytest-{os.getpid()}"
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(services_dir: Path) -> Iterator[str]:
+    from fleetmedic.devenv.kafka import Kafka, reachable
+
+    given = os.environ.get(settings.ENV_KAFKA_BOOTSTRAP)
+    if given:
+        if not reachable(given, timeout=20):
+            _unavailable("Kafka", f"{settings.ENV_KAFKA_BOOTSTRAP}={given} does not answer")
+        yield given
+        return
+    port, controller_port = proc.free_ports(2)
+    broker = Kafka(services_dir / "kafka", port=port, controller_port=controller_port)
+    try:
+        broker.start(timeout=120)
+    except (proc.ServiceError, OSError) as exc:
+        broker.stop()
+        _unavailable("Kafka", str(exc))
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kube_config(services_dir: Path) -> Iterator[Path]:
+    from fleetmedic.devenv.kube import Kube, Ports, reachable
+
+    given = os.environ.get(settings.ENV_KUBECONFIG)
+    if given:
+        if not reachable(Path(given), timeout=20):
+            _unavailable("Kubernetes", f"{settings.ENV_KUBECONFIG}={given}: /readyz does not answer ok")
+        yield Path(given)
+        return
+    cluster = Kube(services_dir / "kube", Ports.free())
+    try:
+        cluster.start(timeout=180)
+    except (proc.ServiceError, OSError) as exc:
+        cluster.stop()
+        _unavailable("Kubernetes", str(exc))
+    try:
+        yield cluster.kubeconfig
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def kube_api(kube_config: Path) -> Iterator[Any]:
+    from fleetmedic.devenv.kclient import connect
+
+    with connect(kube_config) as api:
+        yield api
+
+
+@pytest.fixture
+def namespace(kube_api: Any) -> Iterator[str]:
+    """A fresh namespace with its default ServiceAccount in place (pods can be created)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(kube_api)
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    deadline = time.monotonic() + 30
+    while not core.list_namespaced_service_account(name, field_selector="metadata.name=default").items:
+        if time.monotonic() > deadline:
+            pytest.fail(f"namespace {name}: no default ServiceAccount after 30s (controller-manager?)")
+        time.sleep(0.1)
+    yield name
+    # kwok nodes may be gone before the namespace (fixture teardown order): force-delete pods so
+    # nothing waits for a kubelet, then drop the namespace without waiting.
+    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    core.delete_namespace(name)
+
+
+@pytest.fixture
+def make_fleet(kube_api: Any) -> Iterator[Callable[..., Any]]:
+    """``make_fleet(n, **Topology fields)`` -> Fleet of n Ready kwok GPU nodes, unique names."""
+    from fleetmedic.devenv import fleet
+
+    made: list[fleet.Fleet] = []
+
+    def make(count: int, **topology: Any) -> fleet.Fleet:
+        f = fleet.create_fleet(kube_api, count, name=fleet.new_fleet_name("t"), topo=fleet.Topology(**topology))
+        made.append(f)
+        return f
+
+    yield make
+    for f in made:
+        fleet.delete_fleet(kube_api, f)
+
+
+@pytest.fixture(scope="session")
+def crds(kube_api: Any) -> list[str]:
+    """Install the CRDs committed under tests/data/crds (PyTorchJob, JobSet); return their names."""
+    from fleetmedic.devenv.fleet import install_crds
+
+    return install_crds(kube_api, sorted(CRD_DIR.glob("*.yaml")))
