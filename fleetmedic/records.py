@@ -204,8 +204,8 @@ class PortSample(Struct, frozen=True, kw_only=True):
     local_link_integrity_errors: Counter | None = None
     excessive_buffer_overrun_errors: Counter | None = None
     port_xmit_wait: Counter | None = None
-    port_xmit_data: Counter | None = None
-    port_rcv_data: Counter | None = None
+    port_xmit_data: Counter | None = None  # 4-byte words, as InfiniBand counts them
+    port_rcv_data: Counter | None = None  # 4-byte words
     effective_ber: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
 
 

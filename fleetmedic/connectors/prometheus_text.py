@@ -136,6 +136,8 @@ class ExpositionReader:
                     slot["link_state"] = _STATE.get(str(int(value)), "unknown")
                 elif name == "node_infiniband_rate_bytes_per_second":
                     slot["speed_gbps"] = value * 8 / 1e9
+                elif name.endswith("_bytes_total"):
+                    slot[NODE_EXPORTER_IB[name]] = value / 4  # PortSample counts 4-byte words, as IB does
                 else:
                     slot[NODE_EXPORTER_IB[name]] = value
         yield from self._flush(gpu, meta, ports, before=float("inf"))
