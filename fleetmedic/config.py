@@ -109,7 +109,6 @@ def _default_metric_thresholds() -> dict[str, MetricThreshold]:
     return {
         "gpu_temp": MetricThreshold(direction="up", min_delta=5.0),
         "memory_temp": MetricThreshold(direction="up", min_delta=5.0),
-        "power_usage": MetricThreshold(direction="both", min_delta=30.0),
         "sm_clock": MetricThreshold(direction="down", min_delta=100.0),
         "ecc_sbe_rate": MetricThreshold(direction="up", z_warning=6.0, z_critical=12.0, min_delta=1.0),
         "pcie_replay_rate": MetricThreshold(direction="up", z_warning=6.0, z_critical=12.0, min_delta=1.0),
@@ -210,6 +209,9 @@ class TriageSettings(Section, frozen=True, kw_only=True):
     leaf_min_nodes: Annotated[int, Meta(ge=2, le=1_000_000)] = 2
     leaf_min_fraction: Fraction = 0.5
     incident_merge_s: PosFloat = 3600.0
+    warning_confirmations: PosInt = 2  # also applies to degradation of any severity
+    warning_confirm_window_s: PosFloat = 1800.0
+    warning_confirm_min_span_s: NonNegFloat = 300.0
     patterns_file: str = ""
     rack_label: str = "fleetmedic.io/rack"
     leaf_label: str = "fleetmedic.io/leaf"
@@ -230,7 +232,9 @@ RuleAction = Literal[
     "escalate",
 ]
 JOB_ACTIONS = frozenset({"restart_job", "requeue_job", "retry_in_place", "escalate"})
-NODE_ACTIONS = frozenset({"cordon", "taint", "drain", "label", "run_diagnostics", "reset_gpu", "reboot_node", "escalate"})
+NODE_ACTIONS = frozenset(
+    {"cordon", "taint", "drain", "label", "run_diagnostics", "reset_gpu", "reboot_node", "escalate"}
+)
 
 
 class ActionStep(Section, frozen=True, kw_only=True):
@@ -293,10 +297,14 @@ def _default_rules() -> list[PolicyRule]:
           job=_steps("restart_job"), node=_steps(*isolate, "reset_gpu", "run_diagnostics")),
         r(name="hardware", match=RuleMatch(classes=["hardware"]),
           job=_steps("restart_job"), node=_steps(*isolate, "run_diagnostics")),
-        r(name="network-switch", match=RuleMatch(classes=["network"], suspect_kinds=["switch"]),
+        r(name="network-switch",
+          match=RuleMatch(classes=["network"], suspect_kinds=["switch"], min_severity="critical"),
           job=_steps("restart_job"), node=_steps("escalate")),
-        r(name="network-link", match=RuleMatch(classes=["network"]),
+        r(name="network-switch-early", match=RuleMatch(classes=["network"], suspect_kinds=["switch"]),
+          node=_steps("escalate")),
+        r(name="network-link", match=RuleMatch(classes=["network"], min_severity="critical"),
           job=_steps("restart_job"), node=_steps(*isolate, "run_diagnostics")),
+        r(name="network-link-early", match=RuleMatch(classes=["network"]), node=_steps(*at_boundary)),
         r(name="degradation-severe", match=RuleMatch(classes=["degradation"], min_severity="critical"),
           job=_steps("restart_job"), node=_steps(*isolate, "run_diagnostics")),
         r(name="degradation-on-probation", match=RuleMatch(classes=["degradation"], on_probation=True),
@@ -319,7 +327,7 @@ def _default_rules() -> list[PolicyRule]:
 class PolicySettings(Section, frozen=True, kw_only=True):
     transient_retry_max: NonNegInt = 3
     transient_retry_backoff_s: NonNegFloat = 60.0
-    escalate_after_failures: PosInt = 3
+    escalate_after_failures: PosInt = 2
     escalate_window_s: PosFloat = 86_400.0
     suspect_after_failed_jobs: Annotated[int, Meta(ge=2, le=1_000_000)] = 2
     suspect_window_s: PosFloat = 21_600.0

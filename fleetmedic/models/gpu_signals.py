@@ -89,8 +89,8 @@ THROTTLE_MASK: Final = 0x8 | 0x20 | 0x40 | 0x80  # HW_SLOWDOWN, SW_THERMAL, HW_T
 WATCHED_ROWS: Final = np.array([M[n] for n in WATCHED])
 
 # planes of the per-signal state array [B, K, S, G]
-COUNT, MEAN, VAR, CUSUM, STREAK = range(5)
-PLANES: Final = 5
+COUNT, MEAN, VAR, CUSUM_UP, CUSUM_DOWN, STREAK = range(6)
+PLANES: Final = 6
 
 
 def nanmedian_last_axis(x: F64) -> F64:
@@ -176,11 +176,15 @@ def step_baselines(
         protect = warm & (np.abs(raw) / std > protect_z)
     streak = np.where(exceeded, planes[:, STREAK] + 1, np.where(finite, 0.0, planes[:, STREAK]))
     planes[:, STREAK] = streak
-    # CUSUM of the direction-signed z (clipped so one outlier cannot trip it), gated by min_delta
-    zc = np.clip(np.nan_to_num(z, nan=0.0), -protect_z, protect_z)
-    zc = np.where(signed >= plan.min_delta, zc, np.minimum(zc, 0.0))
-    cusum = np.where(warm, np.maximum(0.0, planes[:, CUSUM] + zc - cusum_k), 0.0)
-    planes[:, CUSUM] = cusum
+    # two one-sided CUSUMs of z (clipped so one outlier cannot trip them), gated by min_delta; a
+    # signal watched in one direction only uses that side
+    zc = np.clip(np.nan_to_num(raw / std, nan=0.0), -protect_z, protect_z)
+    big = np.abs(raw) >= plan.min_delta
+    up = np.where(warm, np.maximum(0.0, planes[:, CUSUM_UP] + np.where(big, zc, np.minimum(zc, 0.0)) - cusum_k), 0.0)
+    down = np.where(warm, np.maximum(0.0, planes[:, CUSUM_DOWN] - np.where(big, zc, np.maximum(zc, 0.0)) - cusum_k),
+                    0.0)
+    planes[:, CUSUM_UP], planes[:, CUSUM_DOWN] = up, down
+    drifting = ((plan.sign >= 0) & (up > cusum_h)) | ((plan.sign <= 0) & (down > cusum_h))
     # learn (West's EWMA), protected where the sample is anomalous
     take = finite & ~protect
     first = take & (count == 0)
@@ -197,5 +201,5 @@ def step_baselines(
         exceeded=exceeded,
         critical=critical,
         persistent=streak >= continuity,
-        drifting=cusum > cusum_h,
+        drifting=drifting,
     )

@@ -2,12 +2,14 @@
 
 Per-GPU baselines judge one signal at a time. Some degradations show only as an unusual
 *combination* (a little hotter, a little slower, a few more replays). :class:`NodeWindowFeatures`
-summarises each node's telemetry over ``multivariate.window_s`` into a feature vector;
+summarises each node's telemetry over ``multivariate.window_s`` into a feature vector of
+features that follow the hardware more than the job: spreads between the node's GPUs (taken only
+from samples under load, where they are comparable), throttling and error rates;
 :class:`MultivariateModel` fits on recent windows judged healthy (no finding on that node in the
 window), refits every ``refit_interval_s``, and flags outlying windows. Two algorithms:
 
-- ``robust_covariance`` (default): features scaled by median/MAD (with per-unit floors), then a
-  Minimum Covariance Determinant fit (``sklearn.covariance.MinCovDet``); the score is the robust
+- ``robust_covariance`` (default): features scaled by median/MAD (with per-unit floors) and
+  clipped at zero (only the troubling side counts), then a Minimum Covariance Determinant fit (``sklearn.covariance.MinCovDet``); the score is the robust
   Mahalanobis distance, flagged above ``distance_threshold``.
 - ``isolation_forest``: ``sklearn.ensemble.IsolationForest``; the score is ``2^(-E[h]/c(n))`` in
   (0, 1], flagged above ``score_threshold``.
@@ -40,12 +42,9 @@ from fleetmedic.models.gpu_signals import THROTTLE_MASK
 from fleetmedic.records import Evidence, Finding, GpuTelemetry
 
 FEATURES: tuple[str, ...] = (
-    "gpu_temp_median",
     "gpu_temp_spread",
-    "memory_temp_median",
-    "power_usage_median",
+    "memory_temp_spread",
     "power_usage_spread",
-    "sm_clock_median",
     "sm_clock_spread",
     "throttled_share",
     "ecc_sbe_per_min",
@@ -53,7 +52,8 @@ FEATURES: tuple[str, ...] = (
     "nvlink_errors_per_min",
 )
 #: smallest scale per feature, in its unit (a constant feature must not make tiny changes infinite)
-SCALE_FLOORS: tuple[float, ...] = (0.5, 0.5, 0.5, 5.0, 2.0, 5.0, 5.0, 0.02, 1.0, 1.0, 1.0)
+SCALE_FLOORS: tuple[float, ...] = (0.5, 0.5, 5.0, 5.0, 0.02, 1.0, 1.0, 1.0)
+BUSY_UTIL = 50.0  # a sample counts when the node's median GPU utilisation is at least this
 _RATES = {
     "ecc_sbe_per_min": ("ecc_sbe_vol_total",),
     "pcie_replay_per_min": ("pcie_replay_counter",),
@@ -90,6 +90,7 @@ class _Window:
     first_counters: dict[str, float] = field(default_factory=dict)
     last_counters: dict[str, float] = field(default_factory=dict)
     last_ts: float = 0.0
+    samples: int = 0
 
 
 @dataclass
@@ -112,8 +113,10 @@ class NodeWindowFeatures:
         t, p, c = _values(msg, "gpu_temp"), _values(msg, "power_usage"), _values(msg, "sm_clock")
         reasons = _values(msg, "clocks_event_reasons")
         throttled = sum(1 for v in reasons if int(v) & THROTTLE_MASK) / len(reasons) if reasons else math.nan
-        w.rows.append([_median(t), _spread(t), _median(_values(msg, "memory_temp")), _median(p), _spread(p),
-                       _median(c), _spread(c), throttled])
+        w.samples += 1
+        util = _values(msg, "gpu_util")
+        if not util or _median(util) >= BUSY_UTIL:  # spreads between GPUs depend on the load: judge busy nodes
+            w.rows.append([_spread(t), _spread(_values(msg, "memory_temp")), _spread(p), _spread(c), throttled])
         for feature, counters in _RATES.items():
             total = sum(sum(_values(msg, name)) for name in counters)
             w.first_counters.setdefault(feature, total)
@@ -123,8 +126,8 @@ class NodeWindowFeatures:
 
     @staticmethod
     def _close(w: _Window) -> NDArray[np.float64] | None:
-        if len(w.rows) < 2:
-            return None
+        if len(w.rows) < max(2, w.samples // 2):
+            return None  # mostly idle: nothing comparable
         rows = np.array(w.rows)
         if not np.all(np.isfinite(rows).any(axis=0)):
             return None  # a feature never reported in the window (e.g. an exporter without power)
@@ -178,8 +181,10 @@ class MultivariateModel:
         return True
 
     def _scaled(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Robust z per feature, counting only the side that means trouble (wider spreads between a
+        node's GPUs, more throttling, more errors): a quieter window is never an anomaly."""
         assert self._ref is not None and self._spread is not None
-        scaled: NDArray[np.float64] = (np.atleast_2d(x) - self._ref) / self._spread
+        scaled: NDArray[np.float64] = np.maximum((np.atleast_2d(x) - self._ref) / self._spread, 0.0)
         return scaled
 
     def score(self, vectors: NDArray[np.float64]) -> NDArray[np.float64]:

@@ -49,6 +49,7 @@ class PeerComparison:
     settings: PeerSettings
     reassert_s: float = 600.0
     detector: str = "job_peers"
+    metrics: tuple[str, ...] = SUMMARY_METRICS
     min_scale: Mapping[str, float] = field(
         default_factory=lambda: {"gpu_temp": 1.0, "memory_temp": 1.0, "power_usage": 10.0, "sm_clock": 15.0,
                                  "mem_clock": 15.0}
@@ -76,7 +77,7 @@ class PeerComparison:
             for n in fresh:
                 self._since.pop(n, None)
             return []
-        metrics = sorted({m for n in fresh for m in self._latest[n].values})
+        metrics = sorted({m for n in fresh for m in self._latest[n].values if m in self.metrics})
         x = np.array([[self._latest[n].values.get(m, np.nan) for m in metrics] for n in fresh])
         med = np.nanmedian(x, axis=0)
         mad = np.nanmedian(np.abs(x - med), axis=0) * MAD_TO_STD

@@ -79,7 +79,9 @@ class FleetDetection:
     def __post_init__(self) -> None:
         s = self.settings
         self.peers = PeerComparison(s.peers, reassert_s=s.reassert_s, detector="job_peers")
-        self.sku_peers = PeerComparison(s.peers, reassert_s=s.reassert_s, detector="sku_peers")
+        # across a SKU fleet only temperatures compare (clocks and power follow each job's workload)
+        self.sku_peers = PeerComparison(s.peers, reassert_s=s.reassert_s, detector="sku_peers",
+                                        metrics=("gpu_temp", "memory_temp"))
         self.stragglers = StragglerDetector(s.straggler)
         self.switch_ports = PortDetector(s)
 

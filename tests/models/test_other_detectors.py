@@ -146,7 +146,7 @@ class TestMultivariate:
         healthy = _windows(None, 8, 10, rng)
         anomalies = []
         for hot, slow in [(2.0, 0.0), (4.0, 0.0), (0.0, 0.05), (3.0, 0.03), (8.0, 0.2), (20.0, 0.5)]:
-            anomalies += _windows(None, 4, 2, rng, hot={g: hot for g in range(8)}, slow={1: slow})
+            anomalies += _windows(None, 4, 2, rng, hot={3: hot}, slow={1: slow})
         auc = {}
         for algorithm in ("robust_covariance", "isolation_forest"):
             model = self.fitted(algorithm)
