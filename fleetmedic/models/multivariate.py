@@ -9,8 +9,9 @@ from samples under load, where they are comparable), throttling and error rates;
 window), refits every ``refit_interval_s``, and flags outlying windows. Two algorithms:
 
 - ``robust_covariance`` (default): features scaled by median/MAD (with per-unit floors) and
-  clipped at zero (only the troubling side counts), then a Minimum Covariance Determinant fit (``sklearn.covariance.MinCovDet``); the score is the robust
-  Mahalanobis distance, flagged above ``distance_threshold``.
+  clipped at zero (only the troubling side counts), then a Minimum Covariance Determinant fit
+  (``sklearn.covariance.MinCovDet``); the score is the robust Mahalanobis distance, flagged above
+  ``distance_threshold``.
 - ``isolation_forest``: ``sklearn.ensemble.IsolationForest``; the score is ``2^(-E[h]/c(n))`` in
   (0, 1], flagged above ``score_threshold``.
 
