@@ -21,6 +21,7 @@ import msgspec
 import numpy as np
 
 from fleetmedic.config import PeerSettings
+from fleetmedic.models.gpu_signals import nanmedian_last_axis
 from fleetmedic.records import Evidence, Finding, GpuTelemetry
 
 SUMMARY_METRICS: tuple[str, ...] = ("gpu_temp", "memory_temp", "power_usage", "sm_clock", "mem_clock")
@@ -28,14 +29,16 @@ MAD_TO_STD = 1.4826
 
 
 def node_summary(msg: GpuTelemetry) -> dict[str, float]:
-    """Per-metric median over the node's GPUs (NaN-safe); metrics not reported are left out."""
+    """Per-metric median over the node's GPUs; metrics not reported are left out.
+    (Plain Python: on 8 values numpy's per-call overhead is most of the cost.)"""
     out: dict[str, float] = {}
     for name in SUMMARY_METRICS:
         column = getattr(msg.metrics, name)
         if column:
-            vals = [v for v in column if v is not None]
+            vals = sorted(v for v in column if v is not None)
             if vals:
-                out[name] = float(np.median(vals))
+                mid = len(vals) // 2
+                out[name] = float(vals[mid] if len(vals) % 2 else 0.5 * (vals[mid - 1] + vals[mid]))
     return out
 
 
@@ -79,8 +82,8 @@ class PeerComparison:
             return []
         metrics = sorted({m for n in fresh for m in self._latest[n].values if m in self.metrics})
         x = np.array([[self._latest[n].values.get(m, np.nan) for m in metrics] for n in fresh])
-        med = np.nanmedian(x, axis=0)
-        mad = np.nanmedian(np.abs(x - med), axis=0) * MAD_TO_STD
+        med = nanmedian_last_axis(x.T)[:, 0]
+        mad = nanmedian_last_axis(np.abs(x - med).T)[:, 0] * MAD_TO_STD
         floor = np.array([self.min_scale.get(m, 1e-9) for m in metrics])
         z = np.abs(x - med) / np.maximum(mad, floor)
         z = np.nan_to_num(z, nan=0.0)

@@ -17,6 +17,8 @@ the previous counters; it serialises to bytes. Pure: time comes from the message
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import msgspec
 
 from fleetmedic.config import DetectionSettings
@@ -39,6 +41,9 @@ class PortDetector:
         if unknown:
             raise ValueError(f"detection.ib_thresholds: unknown counter(s) {unknown}")
         self._ports: dict[str, _PortState] = {}
+        self._names = tuple(self.thresholds)
+        getter = attrgetter(*self._names) if self._names else (lambda p: ())
+        self._values = getter if len(self._names) != 1 else (lambda p: (getter(p),))
 
     def export_state(self) -> bytes:
         return msgspec.msgpack.encode(self._ports)
@@ -48,15 +53,19 @@ class PortDetector:
 
     def observe(self, msg: PortTelemetry) -> list[Finding]:
         out: list[Finding] = []
+        names = self._names
+        ts = float(msg.ts)
         for port in msg.ports:
             key = f"{msg.device}/{port.port}"
             prev = self._ports.get(key)
-            counters = {c: v for c in self.thresholds if (v := getattr(port, c)) is not None}
-            state = _PortState(ts=float(msg.ts), boot_id=msg.boot_id, link_state=port.link_state, counters=counters,
+            values = self._values(port)
+            counters = {c: v for c, v in zip(names, values, strict=True) if v is not None}
+            state = _PortState(ts=ts, boot_id=msg.boot_id, link_state=port.link_state, counters=counters,
                                active=prev.active if prev else {})
             self._ports[key] = state
             conditions = self._conditions(msg, port, key, prev, counters)
-            out.extend(self._report(msg, port, key, state, conditions))
+            if conditions or state.active:
+                out.extend(self._report(msg, port, key, state, conditions))
         return out
 
     def _conditions(
@@ -67,9 +76,10 @@ class PortDetector:
         if prev is not None and prev.boot_id == msg.boot_id:
             dt = float(msg.ts) - prev.ts
             scale = max(1.0, dt / s.sample_interval_s) if dt > 0 else 1.0
+            before_all = prev.counters
             for name, value in counters.items():
-                before = prev.counters.get(name)
-                if before is None or value < before:  # first sight or reset
+                before = before_all.get(name)
+                if before is None or value - before < 1 or value < before:  # unchanged, first sight or reset
                     continue
                 limit = self.thresholds[name] * scale
                 if limit > 0 and value - before >= limit:
