@@ -118,7 +118,8 @@ def markdown(args: argparse.Namespace, results: list[dict[str, Any]], agg: dict[
         f"({fmt(o['false_incidents_per_node_day'])} per node-day; target <= 0.01). "
         f"Top-1 attribution per seed: {', '.join(fmt(x) for x in o['top1'])}. "
         f"Software faults that led to node isolation: {o['software_faults_isolated']} (target 0). "
-        f"Healthy nodes isolated per true fault, per seed: {', '.join(fmt(x) for x in o['healthy_isolated_per_fault'])}.",
+        "Healthy nodes isolated per true fault, per seed: "
+        f"{', '.join(fmt(x) for x in o['healthy_isolated_per_fault'])}.",
         "",
         "## By fault kind",
         "",
