@@ -118,7 +118,7 @@ def _default_metric_thresholds() -> dict[str, MetricThreshold]:
 
 class CusumSettings(Section, frozen=True, kw_only=True):
     drift_k: NonNegFloat = 0.5
-    threshold_h: PosFloat = 8.0
+    threshold_h: PosFloat = 20.0
 
 
 class PeerSettings(Section, frozen=True, kw_only=True):
@@ -140,7 +140,8 @@ class MultivariateSettings(Section, frozen=True, kw_only=True):
     window_s: PosFloat = 300.0
     refit_interval_s: PosFloat = 3600.0
     min_training_windows: PosInt = 64
-    distance_threshold: PosFloat = 8.0
+    consecutive_windows: PosInt = 2
+    distance_threshold: PosFloat = 25.0
     n_estimators: PosInt = 100
     score_threshold: Fraction = 0.65
     seed: NonNegInt = 0
@@ -367,6 +368,7 @@ class SafetySettings(Section, frozen=True, kw_only=True):
     max_per_rack: NonNegInt = 2
     max_per_switch: NonNegInt = 4
     node_cooldown_s: NonNegFloat = 1800.0
+    preventive_share: Fraction = 0.5
     breaker: BreakerSettings = BreakerSettings()
     opt_out_label: str = "fleetmedic.io/opt-out"
     retry_blocked_s: NonNegFloat = 600.0

@@ -169,6 +169,9 @@ class GpuDetector:
             z_warning=np.array([t.z_warning for t in th])[:, None],
             z_critical=np.array([t.z_critical for t in th])[:, None],
             min_delta=np.array([t.min_delta for t in th])[:, None],
+            # a deviation of min_delta scores at most z_warning: a nearly constant signal (clocks)
+            # has a tiny variance, and its z-scores would otherwise explode on a few MHz
+            std_floor=np.array([max(settings.baseline.min_std, t.min_delta / t.z_warning) for t in th])[:, None],
         )
         self.alpha = alpha_for_halflife(settings.baseline.halflife_samples)
         self._nodes: dict[str, _Live] = {}
@@ -223,7 +226,7 @@ class GpuDetector:
         live = self._nodes.get(node)
         if live is None or live.last_signals is None:
             return None
-        std = np.maximum(np.sqrt(live.planes[VAR]), self.settings.baseline.min_std)
+        std = np.maximum(np.sqrt(live.planes[VAR]), self.plan.std_floor)
         return self.names, live.last_signals, live.planes[MEAN].copy(), std
 
     def forget(self, node: str) -> None:

@@ -116,6 +116,7 @@ class SignalPlan:
     z_warning: F64
     z_critical: F64
     min_delta: F64
+    std_floor: F64  # per signal: max(baseline.min_std, min_delta / z_warning)
 
 
 def compute_signals(x: F64, prev: F64, dt: F64, reset: BOOL, plan: SignalPlan, max_gap_s: float) -> F64:
@@ -164,7 +165,7 @@ def step_baselines(
     """Score signals ``y [B, S, G]`` against ``planes [B, K, S, G]`` and learn them (in place)."""
     count, mean, var = planes[:, COUNT], planes[:, MEAN], planes[:, VAR]
     baseline = mean.copy()
-    std = np.maximum(np.sqrt(var), min_std)
+    std = np.maximum(np.sqrt(var), np.maximum(min_std, plan.std_floor))
     raw = y - mean
     warm = count >= warmup
     finite = np.isfinite(y)

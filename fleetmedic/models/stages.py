@@ -32,6 +32,7 @@ class NodeDetection:
     windows: NodeWindowFeatures = field(init=False)
     model: MultivariateModel = field(init=False)
     _flagged_since: dict[str, float] = field(default_factory=dict)
+    _outlier_streak: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.gpu = GpuDetector(self.settings)
@@ -58,8 +59,10 @@ class NodeDetection:
                 continue
             now = float(msg.ts)
             finding = self.model.judge(msg.node, vec, now)
+            streak = self._outlier_streak[msg.node] = self._outlier_streak.get(msg.node, 0) + 1 if finding else 0
             if finding is not None:
-                out.append(finding)
+                if streak >= self.settings.multivariate.consecutive_windows:
+                    out.append(finding)  # an outlier several windows in a row (continuity, as Minder)
             elif now - self._flagged_since.get(msg.node, float("-inf")) > self.settings.multivariate.window_s:
                 self.model.learn(vec)  # a window with no finding on its node counts as healthy
             self.model.maybe_refit(now)
