@@ -1,0 +1,152 @@
+"""Where each node sits: its rack, the leaf switch(es) its NICs hang off, and its pool.
+
+Built from plain dicts (``{"node-1": {"rack": "r1", "leaf": "leaf-1", "pool": "h100"}}``) or from
+Kubernetes node labels (``fleetmedic.io/rack``, ``fleetmedic.io/leaf``, ``fleetmedic.io/pool``).
+Rail-optimised fabrics cable each NIC of a node to a different leaf: ``rails`` maps a NIC name to
+its leaf (``{"mlx5_0": "leaf-su0-r0", ...}``; labels ``rails.fleetmedic.io/<nic>: <leaf>``), and a
+node is *behind* every leaf one of its NICs is cabled to.
+Triage uses it to see that errors on every node behind one leaf are one switch problem; safety uses
+it to cap isolations per rack and per switch. Treat it as immutable: :meth:`with_node` returns a
+new topology.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import msgspec
+
+RAIL_LABEL_PREFIX = "rails.fleetmedic.io/"
+
+
+class Placement(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One node's place in the fleet; ``""`` means unknown."""
+
+    rack: str = ""
+    leaf: str = ""
+    pool: str = ""
+    rails: dict[str, str] = {}  # NIC -> leaf, for rail-optimised fabrics
+
+    def leaves(self) -> frozenset[str]:
+        return frozenset({self.leaf, *self.rails.values()} - {""})
+
+
+class Topology:
+    """Node -> placement, with leaf and rack indexes. Serialise with :attr:`nodes`."""
+
+    __slots__ = ("_by_leaf", "_by_rack", "nodes")
+
+    def __init__(self, nodes: Mapping[str, Placement] | None = None) -> None:
+        self.nodes: dict[str, Placement] = dict(nodes or {})
+        self._by_leaf: dict[str, set[str]] = {}
+        self._by_rack: dict[str, set[str]] = {}
+        for node, p in self.nodes.items():
+            for leaf in p.leaves():
+                self._by_leaf.setdefault(leaf, set()).add(node)
+            if p.rack:
+                self._by_rack.setdefault(p.rack, set()).add(node)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Topology) and self.nodes == other.nodes
+
+    def __repr__(self) -> str:
+        return f"Topology({len(self.nodes)} nodes, {len(self._by_leaf)} leaves, {len(self._by_rack)} racks)"
+
+    @classmethod
+    def from_dict(cls, table: Mapping[str, Mapping[str, Any]]) -> Topology:
+        """``{"node-1": {"rack": "r1", "leaf": "leaf-1", "pool": "h100", "rails": {...}}}`` (keys optional)."""
+        return cls({n: Placement(rack=str(d.get("rack", "")), leaf=str(d.get("leaf", "")), pool=str(d.get("pool", "")),
+                                 rails=dict(d.get("rails", {})))
+                    for n, d in table.items()})
+
+    @classmethod
+    def from_labels(
+        cls,
+        node_labels: Mapping[str, Mapping[str, str]],
+        rack_label: str = "fleetmedic.io/rack",
+        leaf_label: str = "fleetmedic.io/leaf",
+        pool_label: str = "fleetmedic.io/pool",
+    ) -> Topology:
+        topo = cls()
+        for node, labels in node_labels.items():
+            topo = topo.with_labels(node, labels, rack_label, leaf_label, pool_label)
+        return topo
+
+    def with_labels(
+        self,
+        node: str,
+        labels: Mapping[str, str],
+        rack_label: str = "fleetmedic.io/rack",
+        leaf_label: str = "fleetmedic.io/leaf",
+        pool_label: str = "fleetmedic.io/pool",
+    ) -> Topology:
+        """This topology with ``node`` placed by its labels (labels it lacks keep what was known)."""
+        old = self.nodes.get(node, Placement())
+        rails = {k[len(RAIL_LABEL_PREFIX):]: v for k, v in labels.items() if k.startswith(RAIL_LABEL_PREFIX)}
+        new = Placement(
+            rack=labels.get(rack_label, old.rack),
+            leaf=labels.get(leaf_label, old.leaf),
+            pool=labels.get(pool_label, old.pool),
+            rails=rails or old.rails,
+        )
+        return self.with_node(node, new)
+
+    def with_node(self, node: str, placement: Placement) -> Topology:
+        if self.nodes.get(node) == placement:
+            return self
+        return Topology({**self.nodes, node: placement})
+
+    def __contains__(self, node: object) -> bool:
+        return node in self.nodes
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def rack_of(self, node: str) -> str:
+        p = self.nodes.get(node)
+        return p.rack if p else ""
+
+    def leaf_of(self, node: str) -> str:
+        """The node's (primary) leaf: its ``leaf``, else its only rail's leaf."""
+        p = self.nodes.get(node)
+        if p is None:
+            return ""
+        return p.leaf or (next(iter(p.rails.values())) if len(set(p.rails.values())) == 1 else "")
+
+    def leaves_of(self, node: str) -> frozenset[str]:
+        p = self.nodes.get(node)
+        return p.leaves() if p else frozenset()
+
+    def leaf_for_port(self, node: str, port: str) -> str:
+        """The leaf behind a port as findings name it: ``<switch>/<port>`` (the switch side of the
+        cable), ``<node>/<nic>`` or ``<nic>`` (the host side: the NIC's rail), else the node's leaf."""
+        device, _, rest = port.rpartition("/")
+        if device and device != node and self.is_switch(device):
+            return device
+        nic = rest or port
+        p = self.nodes.get(node)
+        if p is not None and nic in p.rails:
+            return p.rails[nic]
+        return self.leaf_of(node)
+
+    def pool_of(self, node: str) -> str:
+        p = self.nodes.get(node)
+        return p.pool if p else ""
+
+    def behind_leaf(self, leaf: str) -> frozenset[str]:
+        """Nodes whose NICs hang off ``leaf`` (empty for an unknown leaf)."""
+        return frozenset(self._by_leaf.get(leaf, ()))
+
+    def in_rack(self, rack: str) -> frozenset[str]:
+        return frozenset(self._by_rack.get(rack, ()))
+
+    def leaves(self) -> frozenset[str]:
+        return frozenset(self._by_leaf)
+
+    def is_switch(self, name: str) -> bool:
+        """True if ``name`` is a leaf switch (a finding may name the switch instead of a host)."""
+        return name not in self.nodes and name in self._by_leaf
+
+    def nodes_named(self, names: Iterable[str]) -> frozenset[str]:
+        return frozenset(n for n in names if n in self.nodes)

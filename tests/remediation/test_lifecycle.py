@@ -1,0 +1,211 @@
+"""The per-node escalation state machine: ordered node steps that wait for results and job
+boundaries, the validation gate before return to service, probation, the reset -> reboot -> repair
+ladder, timeouts, flap hysteresis, ownership of cordons, opt-out, and audited clearing."""
+
+from __future__ import annotations
+
+from fleetmedic.records import RemediationCommand, RemediationResult
+from tests.remediation.world import World
+
+NODES = [f"node-{i}" for i in range(8)]
+
+
+def answer(w: World, cmd: RemediationCommand, outcome: str = "applied", **details: str) -> None:
+    w._take(w.engine.on_result(RemediationResult(command_id=cmd.id, action=cmd.action, outcome=outcome,  # type: ignore[arg-type]
+                                                 ts=w.now, node=cmd.node, details=details), w.now))
+
+
+def answer_all(w: World, action: str, node: str, outcome: str = "applied", **details: str) -> None:
+    for c in w.cmds(action, node=node):
+        if c.id not in w._executed:
+            w._executed.add(c.id)
+            answer(w, c, outcome, **details)
+
+
+def hardware(w: World, node: str = "node-3", hint: str = "isolate") -> None:
+    w.finding(node, kind="hard_fault", severity="critical", hint=hint, detector="hard_rules")
+
+
+def test_quick_steps_go_together_and_diagnostics_wait_for_the_drain() -> None:
+    w = World(auto_execute=False)
+    hardware(w)
+    assert [c.action for c in w.cmds(node="node-3")] == ["cordon", "taint", "drain"]
+    answer_all(w, "cordon", "node-3")
+    answer_all(w, "taint", "node-3")
+    assert not w.cmds("run_diagnostics")
+    answer_all(w, "drain", "node-3")
+    assert [c.action for c in w.cmds(node="node-3")][-1] == "run_diagnostics"
+    assert w.engine.node_state("node-3") == "diagnosing"
+
+
+def test_passing_diagnostics_return_the_node_on_probation_then_healthy() -> None:
+    w = World()
+    hardware(w)
+    assert w.engine.node_state("node-3") == "probation"
+    rts = w.cmds("return_to_service", node="node-3")
+    assert rts and rts[0].params["uncordon"] == "true"
+    w.advance(86_400 + 20)
+    assert w.engine.node_state("node-3") == "healthy"
+
+
+def test_failed_diagnostics_climb_the_ladder_then_ask_for_repair() -> None:
+    w = World(verdicts={"node-3": "fail"})
+    hardware(w)
+    actions = [c.action for c in w.cmds(node="node-3")]
+    assert actions == ["cordon", "taint", "drain", "run_diagnostics", "reset_gpu", "run_diagnostics", "reboot_node",
+                       "run_diagnostics", "escalate"]
+    assert w.engine.node_state("node-3") == "repair_needed"
+    assert not w.cmds("return_to_service")
+
+
+def test_a_hint_starts_the_ladder_at_its_rung() -> None:
+    w = World(verdicts={"node-3": "fail"})
+    hardware(w, hint="reboot_node")
+    actions = [c.action for c in w.cmds(node="node-3")]
+    assert actions[:5] == ["cordon", "taint", "drain", "reboot_node", "run_diagnostics"]
+    assert "reset_gpu" not in actions  # the ladder continues after the highest rung tried
+
+
+def test_repair_is_validated_by_diagnostics_before_the_node_returns() -> None:
+    w = World(verdicts={"node-3": "fail"})
+    hardware(w)
+    w.verdicts["node-3"] = "pass"
+    w._take(w.engine.node_repaired("node-3", actor="alice", reason="replaced GPU 2", now=w.now))
+    w.execute()
+    assert w.engine.node_state("node-3") == "probation"
+    assert any(a.actor == "alice" and "replaced GPU 2" in a.explanation for a in w.decisions("cleared"))
+
+
+def test_a_repair_the_executor_reports_complete_is_validated_before_return() -> None:
+    w = World(verdicts={"node-3": "fail"})
+    hardware(w)
+    repair = [c for c in w.cmds("escalate", node="node-3") if c.params["escalation"] == "repair"]
+    assert len(repair) == 1 and w.engine.node_state("node-3") == "repair_needed"
+    w.verdicts["node-3"] = "pass"
+    w.advance(4 * 3600)  # the repair takes hours; nothing else happens meanwhile
+    answer(w, repair[0], "applied", repair="completed")
+    w.execute()
+    assert [c.action for c in w.cmds(node="node-3")][-2:] == ["run_diagnostics", "return_to_service"]
+    assert w.engine.node_state("node-3") == "probation"
+
+
+def test_diagnostics_that_never_report_count_as_failed() -> None:
+    w = World(auto_execute=False)
+    hardware(w)
+    for action in ("cordon", "taint", "drain"):
+        answer_all(w, action, "node-3")
+    w.advance(3600 + 20)
+    assert [c.action for c in w.cmds(node="node-3")][-1] == "reset_gpu"
+    assert any("no result for run_diagnostics" in a.explanation for a in w.decisions("result"))
+
+
+def test_unanswered_steps_are_reissued_with_new_ids_then_escalated() -> None:
+    w = World(auto_execute=False, config="policy: {action_retries: 1, action_timeout_s: 100}")
+    hardware(w)
+    w.advance(110)
+    drains = w.cmds("drain", node="node-3")
+    assert len(drains) == 2 and drains[0].id != drains[1].id
+    w.advance(110)
+    assert w.engine.gate.holds("node-3") and w.engine.node_state("node-3") != "healthy"  # held; a human is told
+    assert {"reason": "drain_failed", "escalation": "notify"} in [c.params for c in w.cmds("escalate", node="node-3")]
+
+
+def test_a_refused_step_is_not_a_verdict_and_waits_to_be_retried() -> None:
+    w = World(auto_execute=False)
+    hardware(w)
+    for action in ("cordon", "taint", "drain"):
+        answer_all(w, action, "node-3")
+    answer_all(w, "run_diagnostics", "node-3", "failed")  # "node has running ranks; drain it first"
+    assert not w.cmds("reset_gpu") and w.engine.node_state("node-3") == "diagnosing"
+    w.advance(130)
+    assert len(w.cmds("run_diagnostics", node="node-3")) == 2
+    answer_all(w, "run_diagnostics", "node-3", diagnostics="pass")  # the simulator's spelling of the verdict
+    assert w.engine.node_state("node-3") == "probation"
+
+
+def test_a_failed_cordon_is_retried_even_while_a_drain_is_in_flight() -> None:
+    w = World(auto_execute=False)
+    hardware(w)
+    answer(w, w.cmds("cordon", node="node-3")[0], "failed", reason="conflict")
+    assert len(w.cmds("cordon", node="node-3")) == 2
+
+
+def test_a_flapping_node_goes_to_repair_instead_of_back_to_service() -> None:
+    w = World(config="safety: {node_cooldown_s: 0}")
+    for _ in range(2):
+        hardware(w)
+        w.advance(60)
+    assert w.engine.node_state("node-3") == "probation"
+    hardware(w)
+    assert w.engine.node_state("node-3") == "repair_needed"
+    assert len(w.cmds("return_to_service", node="node-3")) == 2
+    assert any("flapping" in a.explanation for a in w.decisions("escalated"))
+
+
+def test_a_cordon_someone_else_made_is_never_lifted() -> None:
+    w = World(auto_execute=False)
+    w.observe("node-3", cordoned=True, by_fleetmedic=False)
+    assert any("cordoned by someone else" in a.explanation for a in w.decisions("skipped"))
+    hardware(w)
+    answer_all(w, "cordon", "node-3", "skipped", already_cordoned="true")
+    for action in ("taint", "drain", "run_diagnostics"):
+        answer_all(w, action, "node-3", verdict="pass")
+    rts = w.cmds("return_to_service", node="node-3")
+    assert len(rts) == 1 and rts[0].params["uncordon"] == "false" and rts[0].params["untaint"] == "true"
+    assert not w.cmds("uncordon")
+
+
+def test_an_uncordon_by_someone_else_is_respected_and_audited() -> None:
+    w = World(auto_execute=False)
+    hardware(w)
+    answer_all(w, "cordon", "node-3")
+    w.observe("node-3", cordoned=False, by_fleetmedic=False)
+    assert w.engine.node_state("node-3") == "probation"
+    assert not w.engine.gate.holds("node-3")
+    assert any(a.actor == "kubernetes" for a in w.decisions("cleared"))
+
+
+def test_an_opted_out_node_gets_no_node_commands_only_an_escalation() -> None:
+    w = World()
+    w.place("ml/a", NODES)
+    w.observe("node-3", cordoned=False, by_fleetmedic=False, labels={"fleetmedic.io/opt-out": "true"})
+    hardware(w)
+    assert [c.action for c in w.cmds(node="node-3")] == ["escalate"]
+    assert w.cmds("restart_job", job="ml/a")  # the job track still runs
+    assert w.engine.node_state("node-3") == "healthy"
+
+
+def test_clearing_by_command_returns_the_node_and_is_audited() -> None:
+    w = World(verdicts={"node-3": "fail"})
+    hardware(w)
+    assert w.engine.node_state("node-3") == "repair_needed"
+    w._take(w.engine.clear_node("node-3", actor="bob", reason="false alarm, checked by hand", now=w.now))
+    assert w.engine.node_state("node-3") == "probation"
+    cleared = w.decisions("cleared")
+    assert cleared and cleared[0].actor == "bob" and cleared[0].state_from == "repair_needed"
+    assert w.cmds("return_to_service", node="node-3")[-1].params["actor"] == "bob"
+    assert not w.engine.gate.holds("node-3")
+
+
+def test_preventive_isolation_cordons_now_and_diagnoses_at_the_job_boundary() -> None:
+    w = World()
+    w.place("ml/a", NODES)
+    w.finding("node-2", kind="degradation", severity="warning", detector="gpu_baseline")
+    w.advance(600)
+    assert not w.cmds(node="node-2")  # one warning: watched, not acted on
+    w.finding("node-2", kind="degradation", severity="warning", detector="gpu_baseline")  # the detector reasserts
+    w.advance(60)
+    assert [c.action for c in w.cmds(node="node-2")] == ["cordon", "taint"]
+    assert not w.cmds("restart_job") and not w.cmds("drain")
+    w.complete("ml/a")
+    w.execute()
+    assert [c.action for c in w.cmds(node="node-2")][2] == "run_diagnostics"
+
+
+def test_hard_evidence_upgrades_a_preventive_plan_to_drain_now() -> None:
+    w = World(auto_execute=False)
+    w.place("ml/a", NODES)
+    w.finding("node-2", kind="degradation", severity="warning", detector="gpu_baseline")
+    hardware(w, "node-2")
+    assert [c.action for c in w.cmds(node="node-2")] == ["cordon", "taint", "drain"]
+    assert w.cmds("restart_job", job="ml/a")[0].exclude_nodes == ["node-2"]

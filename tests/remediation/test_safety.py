@@ -1,0 +1,197 @@
+"""Safety as small pure objects: the isolation budget (count, fraction, rate, per rack, per switch),
+cooldowns and the circuit breaker. Property tests drive random event orders and check the bounds
+are never exceeded; unit tests check each refusal names its reason."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleetmedic.config import BreakerSettings, SafetySettings
+from fleetmedic.remediation.safety import CircuitBreaker, SafetyGate
+
+FLEET = 40
+
+
+def rack_of(node: str) -> str:
+    return f"r{int(node.split('-')[1]) // 4}"
+
+
+def leaf_of(node: str) -> str:
+    return f"leaf-{int(node.split('-')[1]) // 8}"
+
+
+def leaves_of(node: str) -> set[str]:
+    return {leaf_of(node)}
+
+
+def gate(**over: object) -> SafetyGate:
+    base: dict[str, object] = dict(max_quarantined_fraction=0.25, max_quarantined_count=6, max_new_isolations=3,
+                                   isolation_window_s=600.0, max_per_rack=2, max_per_switch=3, node_cooldown_s=900.0,
+                                   breaker=BreakerSettings(trip_suspect_fraction=0.2, trip_min_nodes=3, window_s=300.0))
+    base.update(over)
+    return SafetyGate(SafetySettings(**base))  # type: ignore[arg-type]
+
+
+def test_each_limit_refuses_with_its_own_reason() -> None:
+    g = gate(max_new_isolations=10)
+    for n in ("node-0", "node-1"):
+        assert g.check_isolation(n, 0.0, FLEET, rack_of, leaves_of).allowed
+        g.record_isolation(n, 0.0)
+    assert g.check_isolation("node-2", 0.0, FLEET, rack_of, leaves_of).reason == "rack"
+    g.record_isolation("node-4", 0.0)
+    assert g.check_isolation("node-5", 0.0, FLEET, rack_of, leaves_of).reason == "switch"
+    g2 = gate(max_new_isolations=1)
+    g2.record_isolation("node-0", 0.0)
+    verdict = g2.check_isolation("node-20", 10.0, FLEET, rack_of, leaves_of)
+    assert verdict.reason == "rate" and "max_new_isolations 1" in verdict.explanation
+    assert g2.check_isolation("node-20", 700.0, FLEET, rack_of, leaves_of).allowed  # the window slid on
+
+
+def test_the_fraction_limit_allows_at_least_one_node_and_the_count_limit_zero_allows_none() -> None:
+    assert gate(max_quarantined_fraction=0.01).max_held(10) == 1
+    assert gate(max_quarantined_count=0).max_held(1000) == 0
+    assert gate(max_quarantined_fraction=0.25, max_quarantined_count=100).max_held(40) == 10
+
+
+def test_a_node_already_held_is_always_allowed() -> None:
+    g = gate(max_quarantined_count=1)
+    g.record_isolation("node-0", 0.0)
+    assert g.check_isolation("node-0", 1.0, FLEET, rack_of, leaves_of).allowed
+    assert g.check_isolation("node-9", 1.0, FLEET, rack_of, leaves_of).reason == "max_held"
+
+
+def test_cooldown_holds_back_only_non_critical_isolation_after_a_return() -> None:
+    g = gate()
+    g.record_isolation("node-0", 0.0)
+    g.release("node-0", 100.0)
+    assert g.check_isolation("node-0", 200.0, FLEET, rack_of, leaves_of).reason == "cooldown"
+    assert g.check_isolation("node-0", 200.0, FLEET, rack_of, leaves_of, critical=True).allowed
+    assert g.check_isolation("node-0", 1001.0, FLEET, rack_of, leaves_of).allowed
+
+
+def test_preventive_holds_leave_budget_for_hardware_faults() -> None:
+    g = gate(max_new_isolations=10, max_per_rack=10, max_per_switch=10)  # budget: 6 nodes
+    for i in range(3):
+        assert g.check_isolation(f"node-{i * 10}", 0.0, FLEET, rack_of, leaves_of).allowed
+        g.record_isolation(f"node-{i * 10}", 0.0, critical=False)
+    assert g.check_isolation("node-31", 0.0, FLEET, rack_of, leaves_of).reason == "preventive_share"
+    assert g.check_isolation("node-31", 0.0, FLEET, rack_of, leaves_of, critical=True).allowed
+    g.record_isolation("node-0", 1.0, critical=True)  # its evidence turned critical: it no longer counts
+    assert g.check_isolation("node-31", 1.0, FLEET, rack_of, leaves_of).allowed
+
+
+def test_each_reset_or_reboot_runs_once_per_node_per_cooldown() -> None:
+    g = gate()
+    g.record_disruptive("node-0", "reset_gpu", 0.0)
+    assert not g.check_disruptive("node-0", "reset_gpu", 10.0).allowed
+    assert g.check_disruptive("node-0", "reboot_node", 10.0).allowed  # the ladder may climb at once
+    assert g.check_disruptive("node-0", "reset_gpu", 901.0).allowed
+
+
+def test_the_breaker_trips_on_mass_suspicion_and_refuses_isolation() -> None:
+    g = gate()
+    assert not g.breaker.note_suspicion("node-0", 0.0, FLEET)
+    assert g.breaker.trip_level(FLEET) == 8
+    tripped = [g.breaker.note_suspicion(f"node-{i}", float(i), FLEET) for i in range(1, 8)]
+    assert tripped == [False] * 6 + [True]
+    verdict = g.check_isolation("node-30", 10.0, FLEET, rack_of, leaves_of)
+    assert verdict.reason == "breaker_open" and "8 nodes became suspect within 300s" in verdict.explanation
+
+
+def test_suspicions_outside_the_window_do_not_count() -> None:
+    b = CircuitBreaker(BreakerSettings(trip_suspect_fraction=0.1, trip_min_nodes=3, window_s=60.0))
+    for i in range(10):
+        assert not b.note_suspicion(f"node-{i}", i * 40.0, 20)  # never more than 2 in a 60 s window
+    assert not b.state.open
+
+
+def test_the_breaker_resumes_by_rule_only_after_the_delay_and_when_suspicion_dropped() -> None:
+    b = CircuitBreaker(BreakerSettings(trip_suspect_fraction=0.1, trip_min_nodes=3, window_s=60.0, resume="auto",
+                                       auto_resume_after_s=600.0))
+    for i in range(3):
+        b.note_suspicion(f"node-{i}", 0.0, 10)
+    assert b.state.open
+    assert not b.poll(300.0, 10)  # too early
+    for i in range(3, 6):
+        b.note_suspicion(f"node-{i}", 590.0, 10)
+    assert not b.poll(600.0, 10)  # still a storm
+    assert b.poll(700.0, 10)
+    assert not b.state.open
+
+
+def test_with_resume_by_command_only_a_command_closes_the_breaker() -> None:
+    b = CircuitBreaker(BreakerSettings(trip_min_nodes=3, trip_suspect_fraction=0.0, resume="command"))
+    for i in range(3):
+        b.note_suspicion(f"node-{i}", 0.0, 10)
+    assert b.state.open and not b.poll(1.0e6, 10)
+    b.close()
+    assert not b.state.open
+
+
+# --- property tests ---------------------------------------------------------------------------------
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("isolate"), st.integers(0, FLEET - 1), st.booleans()),
+        st.tuples(st.just("suspect"), st.integers(0, FLEET - 1), st.booleans()),
+        st.tuples(st.just("release"), st.integers(0, FLEET - 1), st.booleans()),
+        st.tuples(st.just("wait"), st.integers(0, 400), st.booleans()),
+        st.tuples(st.just("resume"), st.integers(0, 0), st.booleans()),
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=ops, max_new=st.integers(0, 5), max_count=st.integers(0, 12), fraction=st.floats(0.0, 0.5))
+def test_no_event_order_exceeds_any_budget(ops: list[tuple[str, int, bool]], max_new: int, max_count: int,
+                                           fraction: float) -> None:
+    g = gate(max_new_isolations=max_new, max_quarantined_count=max_count, max_quarantined_fraction=fraction)
+    now = 0.0
+    admitted: list[float] = []
+    for op, arg, critical in ops:
+        node = f"node-{arg}"
+        if op == "wait":
+            now += arg
+            g.breaker.poll(now, FLEET)
+        elif op == "release":
+            g.release(node, now)
+        elif op == "resume":
+            g.breaker.close()
+        else:
+            if op == "suspect":
+                g.breaker.note_suspicion(node, now, FLEET)
+            was_open = g.breaker.state.open
+            held_before = g.holds(node)
+            verdict = g.check_isolation(node, now, FLEET, rack_of, leaves_of, critical)
+            if verdict.allowed:
+                assert not was_open or held_before, "the breaker is open but a new isolation was allowed"
+                if not held_before:
+                    admitted.append(now)
+                g.record_isolation(node, now, critical)
+        held = list(g.state.held)
+        assert len(held) <= g.max_held(FLEET)
+        assert sum(1 for t in admitted if t > now - 600.0) <= max_new
+        for rack in {rack_of(n) for n in held}:
+            assert sum(1 for n in held if rack_of(n) == rack) <= 2
+        for leaf in {leaf_of(n) for n in held}:
+            assert sum(1 for n in held if leaf_of(n) == leaf) <= 3
+
+
+@settings(max_examples=200, deadline=None)
+@given(times=st.lists(st.floats(0.0, 5000.0), max_size=60), nodes=st.lists(st.integers(0, 99), max_size=60))
+def test_the_breaker_is_open_exactly_when_the_window_held_the_trip_level(times: list[float], nodes: list[int]
+                                                                         ) -> None:
+    s = BreakerSettings(trip_suspect_fraction=0.05, trip_min_nodes=3, window_s=120.0)
+    b = CircuitBreaker(s)
+    seen: list[tuple[float, str]] = []
+    for t, n in zip(sorted(times), nodes, strict=False):
+        was_open = b.state.open
+        tripped = b.note_suspicion(f"node-{n}", t, 100)
+        seen.append((t, f"node-{n}"))
+        distinct = {name for ts, name in seen if ts > t - 120.0}
+        if tripped:
+            assert not was_open and len(distinct) >= 5
+        if not was_open and len(distinct) >= 5:
+            assert tripped

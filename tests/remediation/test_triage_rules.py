@@ -1,0 +1,184 @@
+"""Triage rules as a table: for each hand-built situation, the incident class, the top suspect and
+which nodes end up isolated. The rules the issue names: the same failure on many healthy nodes is a
+job bug; a failure on one node with hardware evidence is hardware; a node in K failed jobs becomes
+suspect; errors on one leaf's ports are one switch incident; a lone timeout is transient."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from tests.remediation.world import (
+    CHILD,
+    ECC,
+    IB,
+    ILLEGAL,
+    KEYERROR,
+    OOM,
+    SIGTERM,
+    XID79,
+    World,
+    timeout_line,
+)
+
+JOB = "ml/llama"
+NODES = [f"node-{i}" for i in range(8)]  # rack r0/r1, leaf-0
+
+
+def fail_all(w: World, lines_for: Callable[[int, str], list[str]]) -> None:
+    for i, n in enumerate(NODES):
+        w.fail(JOB, n, lines_for(i, n))
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    setup: Callable[[World], None]
+    klass: str
+    suspect: str
+    isolated: frozenset[str] = frozenset()
+
+
+def one_bad(line: str, bad: str = "node-3") -> Callable[[int, str], list[str]]:
+    return lambda i, n: [line, CHILD] if n == bad else [timeout_line(i), CHILD]
+
+
+def hw_finding_then_fail(w: World) -> None:
+    w.finding("node-5", kind="hard_fault", severity="critical", hint="isolate", detector="hard_rules")
+    fail_all(w, one_bad(ILLEGAL, "node-5"))
+
+
+def late_finding_within_settle(w: World) -> None:
+    fail_all(w, lambda i, n: [timeout_line(i)])
+    w.advance(10)
+    w.finding("node-6", kind="hard_fault", severity="critical", hint="reboot_node", detector="xid_rules")
+
+
+def two_failed_jobs_share_a_node(w: World) -> None:
+    w.place("ml/other", ["node-3", "node-20", "node-21"])
+    fail_all(w, lambda i, n: [timeout_line(i)])
+    w.advance(40)
+    w.fail("ml/other", "node-20", [timeout_line(1)])
+
+
+def leaf_ports(w: World) -> None:
+    for i in range(8, 13):  # 5 of the 8 nodes behind leaf-1
+        w.finding(f"node-{i}", kind="network", severity="warning", detector="ib_ports", port="mlx5_0")
+
+
+def job_on_a_bad_leaf(w: World) -> None:
+    for i in range(2, 7):
+        w.finding(f"node-{i}", kind="network", severity="critical", detector="ib_ports", port="mlx5_0")
+    w.advance(40)
+    fail_all(w, lambda i, n: [timeout_line(i)])
+
+
+def hardware_on_many_nodes(w: World) -> None:
+    fail_all(w, lambda i, n: [ECC])
+
+
+CASES = [
+    Case("same OOM on every node is a job bug", lambda w: fail_all(w, lambda i, n: [OOM, CHILD]), "job_bug", JOB),
+    Case("same illegal access on 5 of 8 nodes is a job bug",
+         lambda w: fail_all(w, lambda i, n: [ILLEGAL] if i < 5 else [timeout_line(i)]), "job_bug", JOB),
+    Case("a KeyError in the job's code is a job bug", lambda w: fail_all(w, one_bad(KEYERROR)), "job_bug", JOB),
+    Case("failure on one node with a hard-fault finding is hardware", hw_finding_then_fail, "hardware", "node-5",
+         frozenset({"node-5"})),
+    Case("an uncorrectable ECC line on one node is hardware", lambda w: fail_all(w, one_bad(ECC)), "hardware",
+         "node-3", frozenset({"node-3"})),
+    Case("an XID 79 line on one node is hardware", lambda w: fail_all(w, one_bad(XID79)), "hardware", "node-3",
+         frozenset({"node-3"})),
+    Case("a hard fault arriving while reports settle is attributed", late_finding_within_settle, "hardware", "node-6",
+         frozenset({"node-6"})),
+    Case("a lone timeout with no other evidence is transient", lambda w: fail_all(w, lambda i, n: [timeout_line(i)]),
+         "transient_software", JOB),
+    Case("OOM on one node is transient, blames the job and isolates nothing", lambda w: fail_all(w, one_bad(OOM)),
+         "transient_software", JOB),
+    Case("a preempted job is transient", lambda w: fail_all(w, lambda i, n: [SIGTERM]), "transient_software", JOB),
+    Case("a node in two failed jobs becomes suspect", two_failed_jobs_share_a_node, "unknown", "node-3",
+         frozenset({"node-3"})),
+    Case("IB retry-exceeded errors on one node point at its link", lambda w: fail_all(w, one_bad(IB)), "network",
+         "node-3", frozenset({"node-3"})),
+    Case("errors behind one leaf are one switch incident, not node incidents", leaf_ports, "network", "leaf-1"),
+    Case("a job failing behind a leaf with an open incident blames the switch", job_on_a_bad_leaf, "network",
+         "leaf-0"),
+    Case("hardware errors on every node are not pinned on any node", hardware_on_many_nodes, "unknown", JOB),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_triage_rule(case: Case) -> None:
+    w = World(n=32)
+    w.place(JOB, NODES)
+    case.setup(w)
+    w.advance(45)
+    inc = w.last_incident(node=case.suspect) if case.suspect != JOB else w.last_incident(job=JOB)
+    if case.name.startswith("OOM"):
+        assert [s.name for s in inc.suspects] == [JOB, "node-3"]
+    assert (inc.incident_class, inc.suspects[0].name) == (case.klass, case.suspect), inc.summary
+    assert w.isolated() == case.isolated
+
+
+def test_a_switch_incident_is_one_incident_and_escalates_without_isolating() -> None:
+    w = World(n=32)
+    leaf_ports(w)
+    w.advance(45)
+    assert {i.id for i in w.incidents} == {w.incidents[0].id}
+    assert [c.node for c in w.cmds("escalate")] == ["leaf-1"]
+    assert not w.isolated()
+
+
+def test_a_single_node_with_port_errors_is_a_link_incident_isolated_at_the_job_boundary() -> None:
+    w = World(n=32)
+    w.place(JOB, NODES)
+    for _ in range(2):
+        w.finding("node-9", kind="network", severity="warning", detector="ib_ports", port="mlx5_0")
+        w.advance(600)
+    inc = w.incidents[-1]
+    assert inc.incident_class == "network" and [s.name for s in inc.suspects] == ["node-9", "node-9:mlx5_0"]
+    assert w.isolated() == {"node-9"} and not w.cmds("drain")
+
+
+def test_findings_about_the_switch_itself_blame_the_switch() -> None:
+    w = World(n=32)
+    w.finding("leaf-2", kind="network", severity="critical", detector="switch_ports", port="swp12")
+    w.advance(45)
+    assert w.incidents[-1].suspects[0].name == "leaf-2"
+
+
+def test_failure_reports_of_one_attempt_are_decided_once_after_settling() -> None:
+    w = World(n=32)
+    w.place(JOB, NODES)
+    fail_all(w, lambda i, n: [OOM])
+    assert not w.incidents  # still gathering
+    w.advance(45)
+    assert len({i.id for i in w.incidents}) == 1
+    w.fail(JOB, "node-1", [OOM])  # a late report of the same attempt
+    w.advance(45)
+    assert len({i.id for i in w.incidents}) == 1
+    assert any("late failure report" in a.explanation for a in w.decisions("skipped"))
+
+
+def test_the_evidence_chain_names_the_log_lines_and_findings() -> None:
+    w = World(n=32)
+    w.place(JOB, NODES)
+    hw_finding_then_fail(w)
+    w.advance(45)
+    inc = w.last_incident(job=JOB)
+    detectors = {e.detector for e in inc.evidence}
+    assert {"triage", "hard_rules", "log_patterns"} <= detectors
+    assert any("[node-5]" in e.note and "illegal memory access" in e.note for e in inc.evidence)
+    assert inc.confidence >= 0.9
+
+
+def test_a_single_warning_is_watched_but_not_acted_on_until_it_repeats() -> None:
+    w = World(n=32)
+    w.finding("node-9", kind="degradation", severity="warning", detector="gpu_drift")
+    w.advance(45)
+    assert not w.incidents and not w.commands  # nothing published yet: the audit says why
+    assert any("watching, no incident published" in a.explanation for a in w.decisions("skipped"))
+    w.advance(3600)
+    w.finding("node-9", kind="degradation", severity="warning", detector="gpu_drift")  # too late to confirm
+    assert not w.commands
