@@ -22,8 +22,10 @@ Effects:
   whose remedy is a GPU reset, restarts that GPU's volatile counters.
 - ``reboot_node``: kills ranks on it, 10 min down; clears faults whose remedy is a reset or reboot;
   new boot id, counters from zero.
-- ``escalate`` (repair/RMA): the node goes to repair for 2-6 h, comes back fixed, rebooted and still
-  cordoned — it returns to service only by ``return_to_service``/``uncordon``.
+- ``escalate`` with ``params.escalation: repair`` (repair/RMA): the node goes to repair for 2-6 h,
+  comes back fixed, rebooted and still cordoned — it returns to service only by
+  ``return_to_service``/``uncordon``. Any other escalate (``notify``: a human should look; a switch,
+  ``params.target_kind: switch``) is a ticket only.
 - ``label``: recorded, no effect.
 
 Accounting (:class:`Accounting`): per job outage (:class:`~fleetmedic.simulator.workload.Interruption`)
@@ -66,6 +68,12 @@ if TYPE_CHECKING:
     from fleetmedic.simulator.workload import Interruption
 
 ISOLATING_ACTIONS = frozenset({"cordon", "taint", "drain", "escalate"})
+
+
+def is_repair(cmd: RemediationCommand) -> bool:
+    """An ``escalate`` that sends a node to repair (not a notification, not about a switch)."""
+    return (cmd.action == "escalate" and cmd.params.get("escalation") == "repair"
+            and cmd.params.get("target_kind", "node") == "node")
 EXECUTOR = "fleetmedic-simulator"
 
 
@@ -299,8 +307,8 @@ class ClosedLoop:
         self._result(cmd, t, "applied")
 
     def _do_escalate(self, cmd: RemediationCommand, node: int, t: float) -> None:
-        if node < 0:
-            self._result(cmd, t, "applied", "escalated (no node: ticket only)")
+        if node < 0 or not is_repair(cmd):
+            self._result(cmd, t, "applied", "escalated (ticket only)")
             return
         self._evict(node, t, "NodeLost", "node sent to repair")
         s = self.nodes[node]

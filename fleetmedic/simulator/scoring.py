@@ -31,7 +31,10 @@ infrastructure and how often they led to an isolation. Detection delay = first m
 incident's first suspect (top-1) or any of its first three (top-3) names the fault. Class accuracy:
 that incident's ``class`` equals the fault's class.
 
-**Isolation** (from commands): ``cordon``, ``taint``, ``drain`` and ``escalate`` isolate a node
+**Incidents** are taken by id, the latest record of each (an incident is re-published when it changes).
+
+**Isolation** (from commands): ``cordon``, ``taint``, ``drain`` and a repair ``escalate``
+(``params.escalation: repair``; a notification or a switch escalation isolates nothing) isolate a node
 until ``uncordon``/``untaint``/``return_to_service``; one *episode* per node from its first
 isolating command to its release. An episode is justified when the node is in ``isolate_nodes`` of
 a fault active at that time (same window as matching); otherwise a healthy node was isolated.
@@ -56,6 +59,7 @@ import numpy as np
 from msgspec import Struct
 
 from fleetmedic.records import Incident, RemediationCommand
+from fleetmedic.simulator.closed_loop import is_repair
 from fleetmedic.simulator.truth import RunMeta, TruthRecord
 
 ISOLATE = frozenset({"cordon", "taint", "drain", "escalate"})
@@ -182,7 +186,8 @@ def isolation_episodes(commands: Iterable[RemediationCommand]) -> list[tuple[str
     for c in sorted(commands, key=lambda c: (c.issued_at, c.id)):
         if not c.node or c.dry_run:
             continue
-        if c.action in ISOLATE and c.node not in open_:
+        isolating = c.action in ISOLATE and (c.action != "escalate" or is_repair(c))
+        if isolating and c.node not in open_:
             open_[c.node] = c.issued_at
         elif c.action in RELEASE and c.node in open_:
             out.append((c.node, open_.pop(c.node), c.issued_at))
@@ -214,7 +219,8 @@ def score(truth: list[TruthRecord], incidents: list[Incident], commands: list[Re
           meta: RunMeta | None = None, accounting: dict[str, object] | None = None,
           params: ScoreParams = ScoreParams()) -> ScoreReport:
     faults = sorted(truth, key=lambda t: (t.onset, t.id))
-    incs = sorted(incidents, key=lambda i: (i.first_seen, i.id))
+    latest = {i.id: i for i in incidents}  # re-published incidents: the latest record of each id
+    incs = sorted(latest.values(), key=lambda i: (i.first_seen, i.id))
 
     # assignment
     matches: dict[str, list[Incident]] = {t.id: [] for t in faults}

@@ -190,14 +190,16 @@ def test_escalated_node_is_repaired_and_returns_only_when_told() -> None:
     def op(sim: Simulator, out: TickOutput) -> list[RemediationCommand]:
         t = out.t - START
         if abs(t - 1500) < 1:
-            return [cmd("escalate", out.t, node=BAD)]
+            return [cmd("escalate", out.t, node=BAD, params={"escalation": "notify"}),
+                    cmd("escalate", out.t, node=BAD, params={"escalation": "repair"})]
         if abs(t - 4200) < 1:
             return [cmd("return_to_service", out.t, node=BAD)]
         return []
 
     r = Recorder(_config("xid64@20m/1/2", minutes=90, repair_s=(1200.0, 1200.0)), op)
     (t,) = r.sim.truth()
-    esc = next(x for x in r.results if x.action == "escalate")
+    note, esc = (x for x in r.results if x.action == "escalate")
+    assert note.details.get("repair") is None  # a notification sends nothing to repair
     assert esc.details.get("repair") == "completed" and t.cleared_by == esc.command_id
     assert esc.ts == pytest.approx(START + 1502 + 1200, abs=1)
     # repaired at ~2700 s but held out until the return at 4200 s: healthy but unschedulable

@@ -6,6 +6,7 @@ per node-day, and node-hours estimated from the command timeline."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from fleetmedic.records import Incident, RemediationCommand, Suspect
@@ -151,3 +152,20 @@ def test_link_suspects_match_either_end() -> None:
            [("link", "leaf-su0-r2:4"), ("link", "node-d:mlx5_2"), ("node", "node-d")], ["node-d"], ["node-d"])
     assert names_fault("link", "leaf-su0-r2:4", t) and names_fault("link", "leaf-su0-r2/4", t)
     assert names_fault("link", "node-d:mlx5_2", t) and not names_fault("link", "node-d:mlx5_3", t)
+
+
+def test_a_republished_incident_counts_once_by_its_latest_record() -> None:
+    once = score(TRUTH, INCIDENTS, COMMANDS, META)
+    republished = [*INCIDENTS, msgspec.structs.replace(INCIDENTS[5], status="resolved")]
+    again = score(TRUTH, republished, COMMANDS, META)
+    assert (again.incidents, again.false_incidents) == (once.incidents, once.false_incidents)
+
+
+def test_only_a_repair_escalation_isolates_a_node() -> None:
+    notify = RemediationCommand(id="e1", action="escalate", incident_id="x", reason="r", issued_at=9000,
+                                expires_at=9060, node="node-y", params={"escalation": "notify"})
+    switch = msgspec.structs.replace(notify, id="e2", node="leaf-9",
+                                     params={"escalation": "repair", "target_kind": "switch"})
+    repair = msgspec.structs.replace(notify, id="e3", params={"escalation": "repair"})
+    assert [e[0] for e in isolation_episodes([notify, switch])] == []
+    assert [e[0] for e in isolation_episodes([repair])] == ["node-y"]
