@@ -22,6 +22,10 @@ from fleetmedic.models.stages import FleetDetection, NodeDetection
 from fleetmedic.remediation.engine import DecisionEngine, Decisions
 from fleetmedic.remediation.topology import Placement, Topology
 from fleetmedic.signing import sign
+from fleetmedic.simulator.closed_loop import Accounting
+from fleetmedic.simulator.engine import Simulator
+from fleetmedic.simulator.fleet import Fleet
+from fleetmedic.simulator.truth import TruthRecord
 
 
 @dataclass
@@ -101,11 +105,8 @@ class EmbeddedPipeline:
             listener(topic, record)
 
 
-def fleet_topology(fleet: object) -> Topology:
+def fleet_topology(fleet: Fleet) -> Topology:
     """Topology of a simulated fleet (racks, rail leaves per NIC, SKU as pool)."""
-    from fleetmedic.simulator.fleet import Fleet
-
-    assert isinstance(fleet, Fleet)
     nodes: dict[str, Placement] = {}
     nics = fleet.spec.nics_per_node
     for n, name in enumerate(fleet.node_names):
@@ -118,17 +119,14 @@ def fleet_topology(fleet: object) -> Topology:
 @dataclass
 class SimulationRun:
     pipeline: EmbeddedPipeline
-    truth: list[object]
-    accounting: object
+    truth: list[TruthRecord]
+    accounting: Accounting
     ticks: int
 
 
-def run_simulation(sim: object, settings: Settings, key: bytes | None = None,
+def run_simulation(sim: Simulator, settings: Settings, key: bytes | None = None,
                    on_tick: Callable[[float, EmbeddedPipeline], None] | None = None) -> SimulationRun:
     """Drive the simulator through the pipeline with the closed loop: commands go back to it."""
-    from fleetmedic.simulator.engine import Simulator
-
-    assert isinstance(sim, Simulator)
     pipeline = EmbeddedPipeline(settings, fleet_topology(sim.fleet), key)
     ticks = 0
     for out in sim.run():
