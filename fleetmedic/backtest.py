@@ -8,10 +8,12 @@ Inputs (files or directories, mixed freely):
   node-exporter write them; ``ingest.node_labels`` in the config says which label names the node.
 
 Records of all inputs are merged in timestamp order and fed through the same stage objects the
-pipeline runs (:mod:`fleetmedic.models.stages`, and the decision engine when present). Outputs in
-``--out``: ``findings.jsonl``, ``incidents.jsonl``, ``commands.jsonl``, ``summary.json``; with
-``--truth`` also ``score.json`` (the simulator's scorer); with ``--report`` an HTML page.
-Malformed lines are skipped and counted per reason in the summary.
+pipeline runs: detection (:mod:`fleetmedic.models.stages`) and the decision engine (triage,
+policy, safety; open loop: nothing acts on the commands). ``--topology`` gives racks and leaf
+switches (a YAML/JSON map ``node -> {rack, leaf, pool, rails}``, or a simulator ``meta.json``).
+Outputs in ``--out``: ``findings.jsonl``, ``incidents.jsonl``, ``commands.jsonl``, ``audit.jsonl``,
+``summary.json``; with ``--truth`` also ``score.json`` (the simulator's scorer); with ``--report``
+an HTML page. Malformed lines are skipped and counted per reason in the summary.
 """
 
 from __future__ import annotations
@@ -110,25 +112,36 @@ def _ts(rec: Telemetry) -> float:
 @dataclass
 class Backtest:
     settings: Settings
+    topology: dict[str, dict[str, Any]] = field(default_factory=dict)
     batch_size: int = 256
     findings: list[r.Finding] = field(default_factory=list)
+    incidents: list[r.Incident] = field(default_factory=list)
+    commands: list[r.RemediationCommand] = field(default_factory=list)
+    audit: list[r.AuditRecord] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
-        from fleetmedic.models.stages import FleetDetection, NodeDetection  # numpy/scikit-learn: not for --help
+        # numpy / scikit-learn: imported here, not for `fleetmedic --help`
+        from fleetmedic.models.stages import FleetDetection, NodeDetection
+        from fleetmedic.remediation.engine import DecisionEngine
+        from fleetmedic.remediation.topology import Topology
 
         self.node: NodeDetection = NodeDetection(self.settings.detection)
         self.fleet: FleetDetection = FleetDetection(self.settings.detection)
+        self.engine = DecisionEngine(self.settings, Topology.from_dict(self.topology))
         self._pending: list[r.GpuTelemetry] = []
         self._next_tick = float("-inf")
+        self._now = 0.0
 
     def feed(self, rec: Telemetry) -> None:
         self.counts[type(rec).__name__] += 1
         ts = float(rec.ts)
+        self._now = max(self._now, ts)
         if ts >= self._next_tick:
             self._flush()
             if self._next_tick != float("-inf"):
                 self._emit(self.fleet.tick(ts))
+                self._decided(self.engine.tick(self._now))
             self._next_tick = ts + self.settings.detection.sample_interval_s
         if isinstance(rec, r.GpuTelemetry):
             self._pending.append(rec)
@@ -139,9 +152,11 @@ class Backtest:
             self._emit(self.node.on_port(rec) if rec.device_kind == "host" else self.fleet.on_port(rec))
         else:
             self._emit(self.fleet.on_job(rec))
+            self._decided(self.engine.on_job_event(rec, self._now))
 
     def finish(self) -> None:
         self._flush()
+        self._decided(self.engine.tick(self._now))
 
     def _flush(self) -> None:
         if self._pending:
@@ -150,6 +165,28 @@ class Backtest:
 
     def _emit(self, findings: list[r.Finding]) -> None:
         self.findings.extend(findings)
+        for f in findings:
+            self._decided(self.engine.on_finding(f, self._now))
+
+    def _decided(self, d: Any) -> None:
+        self.incidents.extend(d.incidents)
+        self.commands.extend(d.commands)
+        self.audit.extend(d.audit)
+
+
+def load_topology(path: str) -> dict[str, dict[str, Any]]:
+    """A topology map, or the racks and leaves of a simulator's ``meta.json``."""
+    import yaml
+
+    with open(path, encoding="utf-8") as fh:
+        doc = yaml.safe_load(fh)
+    if not isinstance(doc, dict):
+        raise ValueError(f"topology {path}: expected a mapping")
+    if "nodes" in doc and "racks" in doc:  # fleetmedic simulate's meta.json
+        leaves = doc.get("leaf_of", {})
+        return {n: {"rack": doc["racks"].get(n, ""), "leaf": (leaves.get(n) or [""])[0],
+                    "rails": {f"mlx5_{k}": leaf for k, leaf in enumerate(leaves.get(n, []))}} for n in doc["nodes"]}
+    return {str(n): dict(v) for n, v in doc.items()}
 
 
 class Progress:
@@ -174,10 +211,11 @@ class Progress:
 
 
 def run(settings: Settings, inputs: list[str], out: Path, progress: Progress | None = None,
-        report: str | None = None) -> dict[str, Any]:
+        report: str | None = None, topology: dict[str, dict[str, Any]] | None = None,
+        truth: Path | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     reader = InputReader(settings)
-    bt = Backtest(settings)
+    bt = Backtest(settings, topology or {})
     started = time.monotonic()
     first = last = None
     n = 0
@@ -193,8 +231,9 @@ def run(settings: Settings, inputs: list[str], out: Path, progress: Progress | N
         progress.done()
     elapsed = time.monotonic() - started
     _write_jsonl(out / "findings.jsonl", bt.findings)
-    _write_jsonl(out / "incidents.jsonl", [])
-    _write_jsonl(out / "commands.jsonl", [])
+    _write_jsonl(out / "incidents.jsonl", bt.incidents)
+    _write_jsonl(out / "commands.jsonl", bt.commands)
+    _write_jsonl(out / "audit.jsonl", bt.audit)
     summary = {
         "inputs": inputs,
         "records": dict(bt.counts),
@@ -208,15 +247,32 @@ def run(settings: Settings, inputs: list[str], out: Path, progress: Progress | N
         "findings_by_detector": dict(Counter(f.detector for f in bt.findings)),
         "findings_by_kind": dict(Counter(f.kind for f in bt.findings)),
         "nodes_with_findings": len({f.node for f in bt.findings}),
+        "incidents": len({i.id for i in bt.incidents}),
+        "incidents_by_class": dict(Counter({i.id: i.incident_class for i in bt.incidents}.values())),
+        "commands_by_action": dict(Counter(c.action for c in bt.commands)),
     }
+    if truth is not None:
+        summary["score"] = _score(truth, bt, out)
     if report:
         from fleetmedic.backtest_report import write_report
 
         meta = {"inputs": ", ".join(inputs), "records": n, "findings": len(bt.findings)}
         summary["report_plots"] = write_report(report, settings, InputReader(settings).records(inputs),
-                                               bt.findings, [], [], meta)
+                                               bt.findings, bt.incidents, bt.commands, meta)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return summary
+
+
+def _score(truth: Path, bt: Backtest, out: Path) -> dict[str, Any]:
+    from fleetmedic.simulator.scoring import encode_report, score
+    from fleetmedic.simulator.truth import read_meta, read_truth
+
+    meta_path = truth.parent / "meta.json"
+    meta = read_meta(meta_path) if meta_path.exists() else None
+    rep = score(read_truth(truth), bt.incidents, bt.commands, meta)
+    (out / "score.json").write_bytes(encode_report(rep))
+    return {"precision": rep.precision, "recall": rep.recall, "f1": rep.f1, "top1": rep.top1_accuracy,
+            "false_incidents": rep.false_incidents, "delay_p50_s": rep.delay_p50_s}
 
 
 def _write_jsonl(path: Path, items: Iterable[r.Record]) -> None:
@@ -231,6 +287,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--input", action="append", required=True, help="file or directory; repeatable")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report to this file")
+    p.add_argument("--topology", help="node -> {rack, leaf, pool, rails} (YAML/JSON), or a simulator meta.json")
+    p.add_argument("--truth", type=Path, help="truth.jsonl of a simulation: score the results (score.json)")
     p.add_argument("--progress", action="store_true", help="show progress even when stderr is not a terminal")
     p.set_defaults(handler=_main)
 
@@ -242,10 +300,13 @@ def _main(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        summary = run(settings, args.input, Path(args.out), Progress(sys.stderr, args.progress), args.report)
-    except FileNotFoundError as exc:
+        topology = load_topology(args.topology) if args.topology else None
+        summary = run(settings, args.input, Path(args.out), Progress(sys.stderr, args.progress), args.report,
+                      topology, args.truth)
+    except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps({k: summary[k] for k in ("records", "findings", "findings_by_kind", "skipped_total",
-                                              "elapsed_s")}, sort_keys=True))
+    keys = ("records", "findings", "findings_by_kind", "incidents", "incidents_by_class", "commands_by_action",
+            "skipped_total", "elapsed_s", "score")
+    print(json.dumps({k: summary[k] for k in keys if k in summary}, sort_keys=True))
     return 0

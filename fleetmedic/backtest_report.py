@@ -36,34 +36,29 @@ def subjects(
 ) -> list[Subject]:
     by_id = {f.id: f for f in findings}
     out: list[Subject] = []
-    if incidents:
-        latest: dict[str, r.Incident] = {}
-        for inc in incidents:
-            latest[inc.id] = inc
-        for inc in list(latest.values())[:MAX_SUBJECTS]:
-            nodes = {s.name for s in inc.suspects if s.kind == "node"} or {
-                by_id[i].node for i in inc.finding_ids if i in by_id
-            }
-            fs = [by_id[i] for i in inc.finding_ids if i in by_id] or [f for f in findings if f.node in nodes]
-            cmds = [c for c in commands if c.incident_id == inc.id]
-            suspects = ", ".join(f"{s.kind} {s.name}" for s in inc.suspects) or "none"
-            out.append(
-                Subject(
-                    f"{inc.incident_class} incident {inc.id}",
-                    f"{inc.summary} Suspects: {suspects}; confidence {inc.confidence:.2f}.",
-                    nodes,
-                    fs,
-                    cmds,
-                )
-            )
-        return out
+    latest: dict[str, r.Incident] = {}
+    for inc in incidents:
+        latest[inc.id] = inc
+    covered: set[str] = set()
+    for inc in list(latest.values())[:MAX_SUBJECTS]:
+        nodes = {s.name for s in inc.suspects if s.kind == "node"} or {
+            by_id[i].node for i in inc.finding_ids if i in by_id}
+        fs = [by_id[i] for i in inc.finding_ids if i in by_id] or [f for f in findings if f.node in nodes]
+        covered.update(f.id for f in fs)
+        cmds = [c for c in commands if c.incident_id == inc.id]
+        suspects = ", ".join(f"{s.kind} {s.name}" for s in inc.suspects) or "none"
+        out.append(Subject(f"{inc.incident_class} incident {inc.id}",
+                           f"{inc.summary} Suspects: {suspects}; confidence {inc.confidence:.2f}.", nodes, fs, cmds))
+    # findings that did not (yet) make an incident: what a person tuning thresholds wants to see too
     per_node: dict[str, list[r.Finding]] = defaultdict(list)
     for f in findings:
-        per_node[f.node].append(f)
+        if f.id not in covered:
+            per_node[f.node].append(f)
     rank = sorted(per_node.items(), key=lambda kv: (-sum(f.severity == "critical" for f in kv[1]), -len(kv[1])))
-    for node, fs in rank[:MAX_SUBJECTS]:
+    for node, fs in rank[: max(0, MAX_SUBJECTS - len(out))]:
         kinds = ", ".join(sorted({f.kind for f in fs}))
-        out.append(Subject(f"node {node}", f"{len(fs)} findings ({kinds}).", {node}, fs))
+        out.append(Subject(f"node {node}: findings without an incident",
+                           f"{len(fs)} findings ({kinds}) that triage did not turn into an incident.", {node}, fs))
     return out
 
 

@@ -106,3 +106,20 @@ def test_backtest_over_jsonl_and_prometheus_text_writes_findings_and_summary(tmp
 def test_a_missing_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["backtest", "--input", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_backtest_of_a_simulation_triages_decides_and_scores_against_the_truth(tmp_path: Path) -> None:
+    sim = tmp_path / "sim"
+    assert main(["simulate", "--nodes", "16", "--duration", "80m", "--seed", "5", "--faults",
+                 "xid79@30m,xid48@40m/gpu-node-0003", "--out", str(sim)]) == 0
+    out = tmp_path / "bt"
+    assert main(["backtest", "--input", str(sim / "gpu.jsonl"), "--input", str(sim / "jobs.jsonl"),
+                 "--input", str(sim / "ports.jsonl"), "--topology", str(sim / "meta.json"),
+                 "--truth", str(sim / "truth.jsonl"), "--out", str(out)]) == 0
+    incidents = [r.decode(r.Incident, x) for x in (out / "incidents.jsonl").read_bytes().splitlines()]
+    commands = [r.decode(r.RemediationCommand, x) for x in (out / "commands.jsonl").read_bytes().splitlines()]
+    assert {i.incident_class for i in incidents} >= {"hardware"}
+    assert {"cordon", "restart_job"} <= {c.action for c in commands}
+    assert any(c.node == "gpu-node-0003" for c in commands)
+    score = json.loads((out / "score.json").read_text())
+    assert score["recall"] == 1.0 and score["top1_accuracy"] == 1.0
