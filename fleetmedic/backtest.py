@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
-import os
 import sys
 import time
 from collections import Counter
@@ -33,7 +32,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 import msgspec
 
 from fleetmedic import records as r
-from fleetmedic.config import ConfigError, Settings, read_config
+from fleetmedic.config import Settings
+from fleetmedic.config_cli import EXIT_INVALID, settings_or_none
 from fleetmedic.connectors.prometheus_text import ExpositionReader
 
 if TYPE_CHECKING:
@@ -294,11 +294,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _main(args: argparse.Namespace) -> int:
-    try:
-        settings = read_config(args.config, os.environ)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    settings = settings_or_none(args.config)
+    if settings is None:
+        return EXIT_INVALID
     try:
         topology = load_topology(args.topology) if args.topology else None
         summary = run(settings, args.input, Path(args.out), Progress(sys.stderr, args.progress), args.report,

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from fleetmedic.config import ConfigError, read_config, to_yaml
+from fleetmedic.config import ConfigError, Settings, read_config, to_yaml
 
 EXIT_INVALID = 2
 
@@ -22,6 +22,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     check.add_argument("file", help="YAML config file")
     check.add_argument("--quiet", action="store_true", help="print nothing when valid")
     check.set_defaults(handler=run_check)
+
+
+def settings_or_none(path: str | None) -> Settings | None:
+    """The config at ``path`` (defaults when None) with environment overrides, or None after
+    printing the error (callers exit with :data:`EXIT_INVALID`)."""
+    try:
+        return read_config(path, os.environ)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
 
 
 def run_check(args: argparse.Namespace) -> int:

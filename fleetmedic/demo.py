@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -41,14 +40,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _main(args: argparse.Namespace) -> int:
-    from fleetmedic.config import ConfigError, read_config
+    from fleetmedic.config_cli import EXIT_INVALID, settings_or_none
     from fleetmedic.simulator.units import parse_duration
 
-    try:
-        settings = read_config(args.config, os.environ)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    settings = settings_or_none(args.config)
+    if settings is None:
+        return EXIT_INVALID
     result = run_demo(settings, args.nodes, parse_duration(args.duration), args.seed, args.faults)
     out = sys.stdout
     if args.json != "-":

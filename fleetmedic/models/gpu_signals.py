@@ -24,7 +24,7 @@ from typing import Final
 import numpy as np
 from numpy.typing import NDArray
 
-from fleetmedic.records import GPU_METRICS
+from fleetmedic.records import COUNTER_METRICS, GPU_METRICS
 
 F64 = NDArray[np.float64]
 BOOL = NDArray[np.bool_]
@@ -53,15 +53,7 @@ KNOWN_SIGNALS: Final[tuple[str, ...]] = (*RESIDUAL_SIGNALS, *RATE_SIGNALS)
 
 #: metrics whose previous value is kept per GPU (counters, state flags, the XID gauge)
 WATCHED: Final[tuple[str, ...]] = (
-    "power_violation",
-    "thermal_violation",
-    "ecc_sbe_vol_total",
-    "ecc_dbe_vol_total",
-    "pcie_replay_counter",
-    "nvlink_crc_flit_error_count_total",
-    "nvlink_crc_data_error_count_total",
-    "nvlink_replay_error_count_total",
-    "nvlink_recovery_error_count_total",
+    *(m for m in GPU_METRICS if m in COUNTER_METRICS),
     "uncorrectable_remapped_rows",
     "row_remap_failure",
     "row_remap_pending",
