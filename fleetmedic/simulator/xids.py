@@ -1,17 +1,15 @@
 """The XIDs the simulator emits: code, mnemonic, NVIDIA's immediate-action bucket, and the driver's
 message as ``NVRM`` prints it.
 
-Buckets come from NVIDIA's XID catalog (``shared/data/nvidia-xid-catalog/xids.csv``, column
-"Resolution Bucket (Immediate Action)"); :func:`load_catalog` reads that CSV when a path is given,
-for codes beyond this table. ``RESTART_APP``/``IGNORE`` codes must not isolate a node by themselves;
+Buckets come from NVIDIA's XID catalog (shipped as ``fleetmedic/data/xids.csv``, column
+"Resolution Bucket (Immediate Action)", parsed by :mod:`fleetmedic.models.xid_catalog`).
+``RESTART_APP``/``IGNORE`` codes must not isolate a node by themselves;
 ``RESET_GPU``/``RESTART_BM`` and the workflow buckets of 48/74 do.
 """
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Final
 
 
@@ -80,16 +78,3 @@ def nvrm_line(code: int, pci: str, pid: int | None = None, process: str = "pytho
     """The kernel log line, e.g. ``NVRM: Xid (PCI:0000:3a:00): 79, pid='<unknown>', name=<unknown>, …``."""
     who = f"pid={pid}, name={process}" if pid is not None else "pid='<unknown>', name=<unknown>"
     return f"NVRM: Xid (PCI:0000:{pci}:00): {code}, {who}, {info(code).message}"
-
-
-def load_catalog(path: Path) -> dict[int, str]:
-    """Code -> immediate-action bucket from NVIDIA's catalog CSV (for codes this table lacks)."""
-    out: dict[int, str] = {}
-    with path.open(newline="", encoding="utf-8") as fh:
-        for row in csv.DictReader(fh):
-            code = (row.get("Code") or "").strip()
-            if code.isdigit():
-                bucket = next((v for k, v in row.items() if k and k.startswith("Resolution Bucket") and
-                               "Immediate" in k), "")
-                out[int(code)] = (bucket or "").strip()
-    return out
