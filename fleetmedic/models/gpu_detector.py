@@ -129,21 +129,85 @@ class NodeGpuState(msgspec.Struct, kw_only=True):
         return msgspec.msgpack.decode(data, type=cls)
 
 
+class _Slab:
+    """The arrays of every node with the same GPU count, one slot per node (grown by doubling), so a
+    micro-batch gathers and scatters its nodes' state with one indexing operation per array."""
+
+    planes: F64  # [cap, K, S, G]
+    prev: F64  # [cap, W, G]
+    throttle: F64  # [cap, G]
+    max_width: F64  # [cap, G]
+    prev_ts: F64  # [cap]
+    samples: NDArray[np.int64]  # [cap]
+    last: F64  # [cap, S, G] the latest signals (not persisted)
+
+    def __init__(self, gpus: int, signals: int) -> None:
+        self.g, self.s = gpus, signals
+        self.used = 0
+        self.free: list[int] = []
+        self._allocate(16, first=True)
+
+    def _allocate(self, cap: int, first: bool = False) -> None:
+        k, g, s = PLANES, self.g, self.s
+        planes, prev = np.zeros((cap, k, s, g)), np.full((cap, len(WATCHED), g), np.nan)
+        throttle, max_width = np.zeros((cap, g)), np.full((cap, g), np.nan)
+        prev_ts, samples, last = np.full(cap, np.nan), np.zeros(cap, dtype=np.int64), np.full((cap, s, g), np.nan)
+        if not first:
+            n = self.used
+            planes[:n], prev[:n], throttle[:n] = self.planes[:n], self.prev[:n], self.throttle[:n]
+            max_width[:n], prev_ts[:n], samples[:n], last[:n] = (
+                self.max_width[:n], self.prev_ts[:n], self.samples[:n], self.last[:n])
+        self.planes, self.prev, self.throttle, self.max_width = planes, prev, throttle, max_width
+        self.prev_ts, self.samples, self.last = prev_ts, samples, last
+
+    def alloc(self) -> int:
+        if self.free:
+            return self.free.pop()
+        if self.used == len(self.prev_ts):
+            self._allocate(2 * self.used)
+        self.used += 1
+        return self.used - 1
+
+    def release(self, slot: int) -> None:
+        self.planes[slot], self.prev[slot], self.throttle[slot], self.max_width[slot] = 0.0, np.nan, 0.0, np.nan
+        self.prev_ts[slot], self.samples[slot], self.last[slot] = np.nan, 0, np.nan
+        self.free.append(slot)
+
+
 @dataclass
 class _Live:
-    """A node's state unpacked into arrays while it is in memory."""
+    """One node: its slot in the slab of its GPU count, and the rarely used Python-level state."""
 
     gpus: tuple[int, ...]
-    planes: F64
-    prev: F64
-    throttle: F64
-    max_width: F64
-    prev_ts: float = float("nan")
+    slab: _Slab
+    slot: int
     boot_id: str = ""
-    samples: int = 0
     active: dict[str, list[float]] = field(default_factory=dict)
     xid_log: list[tuple[float, int, int]] = field(default_factory=list)
-    last_signals: F64 | None = None  # [S, G] of the latest sample (not persisted)
+
+    @property
+    def planes(self) -> F64:
+        return self.slab.planes[self.slot]  # type: ignore[no-any-return]
+
+    @property
+    def prev(self) -> F64:
+        return self.slab.prev[self.slot]  # type: ignore[no-any-return]
+
+    @property
+    def throttle(self) -> F64:
+        return self.slab.throttle[self.slot]  # type: ignore[no-any-return]
+
+    @property
+    def max_width(self) -> F64:
+        return self.slab.max_width[self.slot]  # type: ignore[no-any-return]
+
+    @property
+    def prev_ts(self) -> float:
+        return float(self.slab.prev_ts[self.slot])
+
+    @property
+    def samples(self) -> int:
+        return int(self.slab.samples[self.slot])
 
 
 class GpuDetector:
@@ -175,6 +239,7 @@ class GpuDetector:
         )
         self.alpha = alpha_for_halflife(settings.baseline.halflife_samples)
         self._nodes: dict[str, _Live] = {}
+        self._slabs: dict[int, _Slab] = {}
 
     # --- state ---------------------------------------------------------------------------------
 
@@ -202,46 +267,39 @@ class GpuDetector:
     def import_state(self, node: str, data: bytes) -> None:
         st = NodeGpuState.from_bytes(data)
         g = len(st.gpus)
-        if st.signals != self.names:
-            # the monitored signals changed (config): keep counters and flags, relearn baselines
-            planes = np.zeros((PLANES, len(self.names), g))
-        else:
-            planes = np.frombuffer(st.planes, dtype=np.float64).reshape(PLANES, len(self.names), g).copy()
-        self._nodes[node] = _Live(
-            gpus=st.gpus,
-            planes=planes,
-            prev=np.frombuffer(st.prev, dtype=np.float64).reshape(len(WATCHED), g).copy(),
-            throttle=np.frombuffer(st.throttle, dtype=np.float64).copy(),
-            max_width=np.frombuffer(st.max_width, dtype=np.float64).copy(),
-            prev_ts=st.prev_ts,
-            boot_id=st.boot_id,
-            samples=st.samples,
-            active={k: list(v) for k, v in st.active.items()},
-            xid_log=list(st.xid_log),
-        )
+        self.forget(node)
+        live = self._nodes[node] = self._new_live(st.gpus)
+        slab, i = live.slab, live.slot
+        if st.signals == self.names:  # else the monitored signals changed (config): relearn baselines
+            slab.planes[i] = np.frombuffer(st.planes, dtype=np.float64).reshape(PLANES, len(self.names), g)
+        slab.prev[i] = np.frombuffer(st.prev, dtype=np.float64).reshape(len(WATCHED), g)
+        slab.throttle[i] = np.frombuffer(st.throttle, dtype=np.float64)
+        slab.max_width[i] = np.frombuffer(st.max_width, dtype=np.float64)
+        slab.prev_ts[i], slab.samples[i] = st.prev_ts, st.samples
+        live.boot_id = st.boot_id
+        live.active = {k: list(v) for k, v in st.active.items()}
+        live.xid_log = list(st.xid_log)
 
     def signals(self, node: str) -> tuple[tuple[str, ...], F64, F64, F64] | None:
         """The node's latest signals and their baselines: ``(names, value, mean, std)``, each ``[S, G]``
         (for reports and debugging; ``None`` before the node's first sample)."""
         live = self._nodes.get(node)
-        if live is None or live.last_signals is None:
+        if live is None or live.samples == 0:
             return None
         std = np.maximum(np.sqrt(live.planes[VAR]), self.plan.std_floor)
-        return self.names, live.last_signals, live.planes[MEAN].copy(), std
+        return self.names, live.slab.last[live.slot].copy(), live.planes[MEAN].copy(), std
 
     def forget(self, node: str) -> None:
         """Drop a node's state (e.g. after repair: baselines start again)."""
-        self._nodes.pop(node, None)
+        live = self._nodes.pop(node, None)
+        if live is not None:
+            live.slab.release(live.slot)
 
     def _new_live(self, gpus: tuple[int, ...]) -> _Live:
-        g = len(gpus)
-        return _Live(
-            gpus=gpus,
-            planes=np.zeros((PLANES, len(self.names), g)),
-            prev=np.full((len(WATCHED), g), np.nan),
-            throttle=np.zeros(g),
-            max_width=np.full(g, np.nan),
-        )
+        slab = self._slabs.get(len(gpus))
+        if slab is None:
+            slab = self._slabs[len(gpus)] = _Slab(len(gpus), len(self.names))
+        return _Live(gpus=gpus, slab=slab, slot=slab.alloc())
 
     # --- observing -----------------------------------------------------------------------------
 
@@ -262,12 +320,12 @@ class GpuDetector:
         return findings
 
     def _observe_distinct(self, msgs: list[GpuTelemetry]) -> list[Finding]:
-        """One message per node, all with the same GPU count."""
+        """One message per node, all with the same GPU count (so all in one slab)."""
         s = self.settings
         findings: list[Finding] = []
         lives: list[_Live] = []
-        resets: list[bool] = []
-        dts: list[float] = []
+        boot_changed: list[bool] = []
+        attention: list[bool] = []
         for msg in msgs:
             live = self._nodes.get(msg.node)
             gpus = tuple(msg.gpus)
@@ -275,17 +333,20 @@ class GpuDetector:
                 live = self._nodes[msg.node] = self._new_live(gpus)
             elif live.gpus != gpus:
                 findings.extend(self._gpu_set_changed(msg, live))
-                live = self._nodes[msg.node] = self._realigned(live, gpus)
-            lost = live.boot_id != msg.boot_id and live.samples > 0
-            resets.append(lost)
-            dts.append(msg.ts - live.prev_ts if live.samples else float("nan"))
+                live = self._nodes[msg.node] = self._realigned(msg.node, live, gpus)
+            boot_changed.append(live.boot_id != msg.boot_id)
             live.boot_id = msg.boot_id
             lives.append(live)
+            attention.append(bool(msg.xids or live.xid_log or live.active))
+        slab = lives[0].slab
+        idx = np.array([lv.slot for lv in lives], dtype=np.intp)
+        ts = np.array([float(m.ts) for m in msgs])
+        seen = slab.samples[idx] > 0
+        reset = np.array(boot_changed) & seen
+        dt = np.where(seen, ts - slab.prev_ts[idx], np.nan)
         x = metrics_batch(msgs)
-        prev = np.stack([lv.prev for lv in lives])
-        planes = np.stack([lv.planes for lv in lives])
-        reset = np.array(resets)
-        dt = np.array(dts)
+        prev = slab.prev[idx]
+        planes = slab.planes[idx]
         y = compute_signals(x, prev, dt, reset, self.plan, s.max_sample_gap_s)
         res = step_baselines(
             y,
@@ -300,18 +361,19 @@ class GpuDetector:
             cusum_h=s.cusum.threshold_h,
         )
         hard = _hard_conditions(x, prev, reset, s.dbe_threshold)
-        throttle = np.stack([lv.throttle for lv in lives])
+        throttle = slab.throttle[idx]
         reasons = x[:, M["clocks_event_reasons"], :]
         slowed = (np.nan_to_num(reasons).astype(np.int64) & THROTTLE_MASK) != 0
         throttle += self.alpha * (np.where(np.isfinite(reasons), slowed, throttle) - throttle)
         widths = x[:, M["pcie_link_width"], :]
-        max_width = np.fmax(np.stack([lv.max_width for lv in lives]), widths)
+        max_width = np.fmax(slab.max_width[idx], widths)
         narrow = np.isfinite(widths) & (widths < max_width)
         gauge, gauge_before = x[:, M["xid_errors"], :], prev[:, W["xid_errors"], :]
         xid_changed = np.isfinite(gauge) & (gauge > 0) & ~(gauge == gauge_before)
         # which nodes have anything to say: only those pay for per-node Python work
         busy = (
-            (res.persistent | res.drifting).any(axis=(1, 2))
+            np.array(attention)
+            | (res.persistent | res.drifting).any(axis=(1, 2))
             | (throttle > s.thermal_throttle_fraction).any(axis=1)
             | narrow.any(axis=1)
             | xid_changed.any(axis=1)
@@ -319,19 +381,15 @@ class GpuDetector:
         for mask in hard.values():
             busy |= mask.any(axis=1)
         watched = x[:, WATCHED_ROWS, :]
-        new_prev = np.where(np.isfinite(watched), watched, prev)
-        for i, (msg, live) in enumerate(zip(msgs, lives, strict=True)):
-            live.planes = planes[i]
-            live.last_signals = y[i]
-            live.prev = new_prev[i]
-            live.throttle = throttle[i]
-            live.max_width = max_width[i]
-            live.prev_ts = float(msg.ts)
-            live.samples += 1
-            if busy[i] or msg.xids or live.xid_log or live.active:
-                conditions = self._conditions(i, msg, res, hard, throttle[i], narrow[i], x[i], prev[i])
-                conditions.extend(self._xid_conditions(msg, live, xid_changed[i], x[i]))
-                findings.extend(self._report(msg, live, conditions))
+        slab.prev[idx] = np.where(np.isfinite(watched), watched, prev)
+        slab.planes[idx], slab.last[idx], slab.throttle[idx], slab.max_width[idx] = planes, y, throttle, max_width
+        slab.prev_ts[idx] = ts
+        slab.samples[idx] += 1
+        for i in map(int, np.flatnonzero(busy)):
+            msg, live = msgs[i], lives[i]
+            conditions = self._conditions(i, msg, res, hard, throttle[i], narrow[i], x[i], prev[i])
+            conditions.extend(self._xid_conditions(msg, live, xid_changed[i], x[i]))
+            findings.extend(self._report(msg, live, conditions))
         return findings
 
     # --- conditions ----------------------------------------------------------------------------
@@ -419,17 +477,20 @@ class GpuDetector:
                                                 "reboot_node")))
         return out
 
-    def _realigned(self, live: _Live, gpus: tuple[int, ...]) -> _Live:
+    def _realigned(self, node: str, live: _Live, gpus: tuple[int, ...]) -> _Live:
+        """The node's GPU set changed: a fresh slot, keeping what is known of the GPUs still there."""
         fresh = self._new_live(gpus)
+        src, dst = live.slab, fresh.slab
         for j, gpu in enumerate(gpus):
             if gpu in live.gpus:
                 k = live.gpus.index(gpu)
-                fresh.planes[..., j] = live.planes[..., k]
-                fresh.prev[:, j] = live.prev[:, k]
-                fresh.throttle[j] = live.throttle[k]
-                fresh.max_width[j] = live.max_width[k]
-        fresh.prev_ts, fresh.boot_id, fresh.samples = live.prev_ts, live.boot_id, live.samples
-        fresh.active, fresh.xid_log = live.active, live.xid_log
+                dst.planes[fresh.slot, ..., j] = src.planes[live.slot, ..., k]
+                dst.prev[fresh.slot, :, j] = src.prev[live.slot, :, k]
+                dst.throttle[fresh.slot, j] = src.throttle[live.slot, k]
+                dst.max_width[fresh.slot, j] = src.max_width[live.slot, k]
+        dst.prev_ts[fresh.slot], dst.samples[fresh.slot] = live.prev_ts, live.samples
+        fresh.boot_id, fresh.active, fresh.xid_log = live.boot_id, live.active, live.xid_log
+        src.release(live.slot)
         return fresh
 
     def _xid_conditions(
