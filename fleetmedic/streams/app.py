@@ -1,0 +1,123 @@
+"""The Faust app and the topics it needs, built from :class:`~fleetmedic.config.Settings`.
+
+- :func:`build_app`: broker from ``kafka.bootstrap_servers``, app id (= consumer group)
+  ``kafka.consumer_group``, in-memory store, web server off (and bound to 127.0.0.1 should anyone
+  turn it on). Topic values are raw bytes: :mod:`fleetmedic.records` decodes and validates them,
+  so an invalid message reaches our code and the dead-letter topic instead of faust's logs.
+- :func:`ensure_topics`: creates every topic of :data:`fleetmedic.topics.TOPICS` that is missing,
+  with its partition count, plus the compacted engine-state topic; faust itself creates only its
+  internal topics and ignores a source topic that is missing when it subscribes
+  (docs/development.md). Idempotent: existing topics are left as they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import faust
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from fleetmedic.config import Settings
+from fleetmedic.topics import TOPICS
+
+# one partition: the README's topic table (global order, global budgets)
+MAX_STATE_BYTES = 16 * 1024 * 1024  # an engine snapshot of a large fleet exceeds Kafka's 1 MB default
+SINGLE_PARTITION = frozenset({"incidents", "remediation.commands", "remediation.results", "remediation.audit"})
+
+
+def partitions_of(settings: Settings, name: str) -> int:
+    if name in SINGLE_PARTITION:
+        return 1
+    return settings.topics.partitions.get(name, settings.topics.default_partitions)
+
+
+def state_topic(settings: Settings) -> str:
+    """The compacted topic holding the decision engine's snapshots (one key, the latest wins)."""
+    return f"{settings.kafka.consumer_group}-engine-state"
+
+
+def kafka_client_options(settings: Settings) -> dict[str, Any]:
+    """aiokafka client options (security) from the ``kafka`` section."""
+    k = settings.kafka
+    opts: dict[str, Any] = {"bootstrap_servers": k.bootstrap_servers, "security_protocol": k.security_protocol}
+    if k.security_protocol.startswith("SASL"):
+        opts.update(sasl_mechanism=k.sasl_mechanism, sasl_plain_username=k.sasl_username,
+                    sasl_plain_password=_sasl_password(settings))
+    if "SSL" in k.security_protocol:
+        from aiokafka.helpers import create_ssl_context
+
+        opts["ssl_context"] = create_ssl_context(cafile=k.ssl_cafile or None, certfile=k.ssl_certfile or None,
+                                                 keyfile=k.ssl_keyfile or None)
+    return opts
+
+
+def _sasl_password(settings: Settings) -> str:
+    import os
+    from pathlib import Path
+
+    k = settings.kafka
+    if k.sasl_password_file:
+        return Path(k.sasl_password_file).read_text().strip()
+    return os.environ.get(k.sasl_password_env, "") if k.sasl_password_env else ""
+
+
+def build_app(settings: Settings, *, datadir: str, **overrides: Any) -> faust.App:
+    k = settings.kafka
+    conf: dict[str, Any] = dict(
+        broker=f"kafka://{k.bootstrap_servers}",
+        store="memory://",
+        datadir=datadir,
+        topic_partitions=settings.topics.default_partitions,
+        topic_replication_factor=settings.topics.replication_factor,
+        web_enabled=False,
+        web_bind="127.0.0.1",
+        producer_acks=-1 if k.acks == "all" else int(k.acks),
+        consumer_auto_offset_reset="earliest",
+        producer_max_request_size=MAX_STATE_BYTES,  # the engine snapshots
+    )
+    if k.security_protocol != "PLAINTEXT":
+        conf["broker_credentials"] = _credentials(settings)
+    conf.update(overrides)
+    return faust.App(k.consumer_group, **conf)
+
+
+def _credentials(settings: Settings) -> Any:
+    k = settings.kafka
+    opts = kafka_client_options(settings)
+    if k.security_protocol.startswith("SASL"):
+        return faust.SASLCredentials(username=k.sasl_username, password=opts["sasl_plain_password"],
+                                     mechanism=k.sasl_mechanism, ssl_context=opts.get("ssl_context"))
+    return faust.SSLCredentials(opts["ssl_context"])
+
+
+async def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
+    """Create the missing topics; return the names created."""
+    rf = settings.topics.replication_factor
+    wanted = [NewTopic(settings.topics.topic(t.name), num_partitions=partitions_of(settings, t.name),
+                       replication_factor=rf) for t in TOPICS]
+    wanted.append(NewTopic(state_topic(settings), num_partitions=1, replication_factor=rf,
+                           topic_configs={"cleanup.policy": "compact", "max.message.bytes": str(MAX_STATE_BYTES)}))
+    admin = AIOKafkaAdminClient(**kafka_client_options(settings), request_timeout_ms=int(timeout * 1000))
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [t for t in wanted if t.name not in existing]
+        if missing:
+            with contextlib.suppress(TopicAlreadyExistsError):  # another worker won the race
+                await admin.create_topics(missing)
+        # the broker answers before every partition has a leader; wait until metadata shows them
+        deadline = asyncio.get_running_loop().time() + timeout
+        names = [t.name for t in wanted]
+        while True:
+            desc = await admin.describe_topics(names)
+            ready = all(d.get("error_code", 0) == 0 and d.get("partitions")
+                        and all(p.get("leader", -1) >= 0 for p in d["partitions"]) for d in desc)
+            if ready or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.2)
+        return [t.name for t in missing]
+    finally:
+        await admin.close()

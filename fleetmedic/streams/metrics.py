@@ -1,0 +1,31 @@
+"""The pipeline's Prometheus metrics, registered on an injected :class:`CollectorRegistry`.
+
+Nothing registers on prometheus_client's global registry: the worker creates one registry and
+serves it (``metrics.bind_address``/``metrics.port``); tests pass their own.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+
+class PipelineMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.messages_in = Counter("fleetmedic_messages_in", "Messages consumed, per topic and stage",
+                                   ["topic", "stage"], registry=registry)
+        self.messages_out = Counter("fleetmedic_messages_out", "Messages produced, per topic",
+                                    ["topic"], registry=registry)
+        self.dead_letters = Counter("fleetmedic_dead_letters", "Messages sent to the dead-letter topic",
+                                    ["topic", "stage"], registry=registry)
+        self.findings = Counter("fleetmedic_findings", "Findings produced, per detector and severity",
+                                ["detector", "severity"], registry=registry)
+        self.incidents = Counter("fleetmedic_incidents", "Incident updates published, per class",
+                                 ["incident_class"], registry=registry)
+        self.commands = Counter("fleetmedic_commands", "Signed remediation commands issued, per action",
+                                ["action"], registry=registry)
+        self.latency = Histogram("fleetmedic_processing_seconds", "Processing time of one batch or message",
+                                 ["stage"], registry=registry,
+                                 buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
+        self.snapshots = Counter("fleetmedic_engine_snapshots", "Decision engine state snapshots written",
+                                 registry=registry)

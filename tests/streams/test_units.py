@@ -1,0 +1,56 @@
+"""Pieces of the Faust worker that need no broker: metrics registry, event clock, CLI checks."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+
+from fleetmedic.cli import main
+from fleetmedic.config import parse_config
+from fleetmedic.streams.app import partitions_of, state_topic
+from fleetmedic.streams.metrics import PipelineMetrics
+from fleetmedic.streams.worker import EventClock
+
+
+def test_metrics_live_on_the_injected_registry_only() -> None:
+    before = {m.name for m in REGISTRY.collect()}
+    a, b = PipelineMetrics(CollectorRegistry()), PipelineMetrics(CollectorRegistry())  # no duplicate clash
+    a.commands.labels("cordon").inc()
+    a.incidents.labels("hardware").inc(2)
+    assert b'fleetmedic_commands_total{action="cordon"} 1.0' in generate_latest(a.registry)
+    assert b'fleetmedic_incidents_total{incident_class="hardware"} 2.0' in generate_latest(a.registry)
+    assert b"cordon" not in generate_latest(b.registry)
+    assert {m.name for m in REGISTRY.collect()} == before
+
+
+def test_event_clock_follows_record_time_and_never_goes_back() -> None:
+    clock = EventClock()
+    assert clock.now() == 0.0
+    assert clock.observe(1000.0) == 1000.0
+    assert clock.observe(500.0) >= 1000.0  # an older record does not move time back
+    time.sleep(0.05)
+    assert clock.now() >= 1000.05  # and time passes while the stream is quiet
+
+
+def test_partitions_follow_the_topic_table_and_config() -> None:
+    s = parse_config("topics: {default_partitions: 6, partitions: {findings: 3, incidents: 9}}\n"
+                     "kafka: {consumer_group: g1}\n", env={})
+    assert partitions_of(s, "telemetry.gpu") == 6 and partitions_of(s, "findings") == 3
+    assert [partitions_of(s, n) for n in ("incidents", "remediation.commands", "remediation.results",
+                                          "remediation.audit")] == [1, 1, 1, 1]
+    assert state_topic(s) == "g1-engine-state"
+
+
+def test_worker_refuses_to_start_without_a_signing_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("signing: {key_env: FM_TEST_NO_SUCH_KEY}\n")
+    monkeypatch.delenv("FM_TEST_NO_SUCH_KEY", raising=False)
+    assert main(["worker", "--config", str(cfg)]) == 2
+    assert "FM_TEST_NO_SUCH_KEY" in capsys.readouterr().err
+    monkeypatch.setenv("FM_TEST_NO_SUCH_KEY", "short")
+    assert main(["worker", "--config", str(cfg)]) == 2
+    assert "at least 32 bytes" in capsys.readouterr().err

@@ -1,0 +1,160 @@
+"""The Faust worker (``fleetmedic worker``) on the real broker, run as a subprocess.
+
+- end to end: GPU telemetry of four nodes of one job, an XID 79 on one of them: stage 1 finds it,
+  the decision stage opens a hardware incident and issues signed commands (restart the job,
+  cordon the node), audited; at SIGTERM the engine state is written to the state topic and reads
+  back (what a restarted worker restores).
+- dead letters: malformed telemetry (not JSON, a field of the wrong type) lands on the dead-letter
+  topic with the field path, the original bytes and its offset; the good messages after it on the
+  same partition are still processed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import urllib.request
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from fleetmedic import records as r
+from fleetmedic.remediation.engine import DecisionEngine
+from fleetmedic.signing import load_key, verify
+from fleetmedic.streams.app import ensure_topics, partitions_of
+from fleetmedic.streams.worker import load_snapshot
+from tests.models.synth import gpu_message
+from tests.streams.harness import KEY, Collected, collect_sync, new_run, produce, wait_for_log, worker
+
+NODES = [f"gpu-node-{i}" for i in range(4)]
+SICK = "gpu-node-2"
+JOB = "team/train"
+T0 = 1_700_000_000.0
+
+
+def _telemetry(samples: int, xid_at: int, rng: np.random.Generator) -> list[r.GpuTelemetry]:
+    out = []
+    for k in range(samples):
+        t = T0 + 10 * (k + 1)
+        for n in NODES:
+            xids = [r.XidEvent(gpu=3, xid=79, ts=t)] if n == SICK and k == xid_at else None
+            out.append(gpu_message(n, t, rng, xids=xids))
+    return out
+
+
+def test_worker_turns_an_xid79_into_a_hardware_incident_and_signed_commands(kafka_bootstrap: str,
+                                                                              tmp_path: Path) -> None:
+    run = new_run(kafka_bootstrap, tmp_path)
+    created = asyncio.run(ensure_topics(run.settings))
+    assert run.topic("telemetry.gpu") in created and run.topic("incidents") in created
+    assert asyncio.run(ensure_topics(run.settings)) == []  # idempotent
+
+    placement = r.JobEvent(job=JOB, event="placement", ts=T0, world_size=4,
+                           placement=[r.RankPlacement(rank=i, node=n, gpus=list(range(8)))
+                                      for i, n in enumerate(NODES)])
+    start = r.JobEvent(job=JOB, event="start", ts=T0)
+    jobs = run.topic("jobs.events")
+    # the job events are on the broker before the worker starts, telemetry (hence findings) after
+    asyncio.run(produce(kafka_bootstrap, [(jobs, JOB.encode(), r.encode(e)) for e in (placement, start)]))
+    gpu = run.topic("telemetry.gpu")
+    telemetry = [(gpu, m.node.encode(), r.encode(m)) for m in _telemetry(6, 3, np.random.default_rng(7))]
+
+    incidents, commands = run.topic("incidents"), run.topic("remediation.commands")
+    audit = run.topic("remediation.audit")
+
+    def done(c: Collected) -> bool:
+        cmds = _commands(c, commands)
+        actions = {(x.action, x.node or x.job) for x in cmds}
+        audited = {cid for a in (r.decode(r.AuditRecord, v) for v in c.values(audit)) for cid in a.command_ids}
+        # wait for the audit of every command seen, too: it is produced after the commands
+        return {("cordon", SICK), ("restart_job", JOB)} <= actions and {x.id for x in cmds} <= audited
+
+    started = time.monotonic()
+    with worker(run):
+        asyncio.run(produce(kafka_bootstrap, telemetry))
+        got = collect_sync(kafka_bootstrap, [incidents, commands, audit], done, timeout=40)
+        assert done(got), f"no commands after {time.monotonic() - started:.0f}s: {got.by_topic.keys()}"
+
+    hardware = [i for i in (r.decode(r.Incident, v) for v in got.values(incidents)) if i.incident_class == "hardware"]
+    assert hardware and {s.name for s in hardware[0].suspects} >= {SICK, f"{SICK}/gpu3"}
+    assert hardware[0].evidence[0].detector == "xid_rules" and hardware[0].jobs == [JOB]
+    key = load_key(KEY)
+    cmds = _commands(got, commands)
+    for cmd in cmds:
+        verify(cmd, key, now=cmd.issued_at)
+        assert cmd.incident_id == hardware[0].id
+    keys = {k for k, _, _, _ in got.by_topic[commands]}
+    assert {SICK.encode(), JOB.encode()} <= keys  # keyed by target
+    tampered = msgspec.structs.replace(cmds[0], node="gpu-node-0")
+    try:
+        verify(tampered, key, now=tampered.issued_at)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("a tampered command verified")
+    audited = {cid for a in (r.decode(r.AuditRecord, v) for v in got.values(audit)) for cid in a.command_ids}
+    assert {c.id for c in cmds} <= audited
+
+    # the worker wrote its state when it stopped; a restarted worker starts from it
+    snapshot = asyncio.run(load_snapshot(run.settings))
+    assert snapshot is not None
+    engine = DecisionEngine.from_bytes(snapshot, run.settings)
+    assert engine.node_state(SICK) != engine.node_state("gpu-node-0")
+    assert engine.state.clock >= T0 + 40
+    with worker(run) as again:  # and a second worker starts from it
+        wait_for_log(run, again, "[^Worker]: Ready", count=2)  # SIGTERM before faust's handlers would kill it
+    assert f"decision engine: restored ({len(snapshot)} bytes" in run.log.read_text()
+
+
+def _scrape(log: str) -> str:
+    """The worker's /metrics page (its address is in the log: an ephemeral port in these tests)."""
+    url = re.search(r"metrics on (http://127\.0\.0\.1:\d+/metrics)", log)
+    assert url, "the worker did not log its metrics address"
+    with urllib.request.urlopen(url.group(1), timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+def _commands(c: Collected, topic: str) -> list[r.RemediationCommand]:
+    return [r.decode(r.RemediationCommand, v) for v in c.values(topic)]
+
+
+def test_malformed_telemetry_goes_to_the_dead_letter_topic_and_the_worker_goes_on(kafka_bootstrap: str,
+                                                                                   tmp_path: Path) -> None:
+    run = new_run(kafka_bootstrap, tmp_path)
+    asyncio.run(ensure_topics(run.settings))
+    assert partitions_of(run.settings, "telemetry.gpu") == 2 and partitions_of(run.settings, "incidents") == 1
+    gpu, dead, findings = run.topic("telemetry.gpu"), run.topic("deadletter"), run.topic("findings")
+    node = "gpu-node-7"
+    good = gpu_message(node, T0 + 10, np.random.default_rng(1), xids=[r.XidEvent(gpu=1, xid=79, ts=T0 + 10)])
+    wrong_type = msgspec.json.decode(r.encode(good))
+    wrong_type["ts"] = "yesterday"
+    not_json = b'{"type": "gpu_telemetry", "node": '
+    bad_type = msgspec.json.encode(wrong_type)
+    # all on one key, so on one partition in this order: bad, bad, good
+    messages = [(gpu, node.encode(), v) for v in (not_json, bad_type, r.encode(good))]
+
+    def done(c: Collected) -> bool:
+        return len(c.values(dead)) >= 2 and any(r.decode(r.Finding, v).node == node for v in c.values(findings))
+
+    with worker(run):
+        asyncio.run(produce(kafka_bootstrap, messages))
+        got = collect_sync(kafka_bootstrap, [dead, findings], done, timeout=40)
+        assert done(got), f"got {[(t, len(v)) for t, v in got.by_topic.items()]}"
+        scraped = _scrape(run.log.read_text())
+
+    assert f'fleetmedic_dead_letters_total{{stage="detect",topic="{gpu}"}} 2.0' in scraped
+    assert f'fleetmedic_messages_in_total{{stage="detect",topic="{gpu}"}} 3.0' in scraped
+    assert 'fleetmedic_findings_total{detector="xid_rules",severity="critical"} 1.0' in scraped
+    assert 'fleetmedic_processing_seconds_count{stage="detect"}' in scraped
+
+    letters = [r.decode(r.DeadLetter, v) for v in got.values(dead)]
+    assert [d.original for d in letters] == [not_json, bad_type]
+    assert letters[0].error.startswith("$: ") and "JSON" in letters[0].error
+    assert letters[1].error.startswith("$.ts: ") and "float" in letters[1].error
+    assert all(d.topic == gpu and d.stage == "detect" and d.key == node for d in letters)
+    assert letters[0].partition == letters[1].partition and letters[1].offset == letters[0].offset + 1
+    assert {k for k, _, _, _ in got.by_topic[dead]} == {gpu.encode()}  # keyed by source topic
+    found = [f for f in (r.decode(r.Finding, v) for v in got.values(findings)) if f.node == node]
+    assert found[0].detector == "xid_rules"
