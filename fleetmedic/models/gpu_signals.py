@@ -176,7 +176,9 @@ def step_baselines(
     up = np.where(warm, np.maximum(0.0, planes[:, CUSUM_UP] + np.where(big, zc, np.minimum(zc, 0.0)) - cusum_k), 0.0)
     down = np.where(warm, np.maximum(0.0, planes[:, CUSUM_DOWN] - np.where(big, zc, np.maximum(zc, 0.0)) - cusum_k),
                     0.0)
-    planes[:, CUSUM_UP], planes[:, CUSUM_DOWN] = up, down
+    # capped at twice the threshold: a long fault must not leave a sum that takes hours to decay
+    # once it is gone (after a repair the signal is healthy again within h / k samples)
+    planes[:, CUSUM_UP], planes[:, CUSUM_DOWN] = np.minimum(up, 2 * cusum_h), np.minimum(down, 2 * cusum_h)
     drifting = ((plan.sign >= 0) & (up > cusum_h)) | ((plan.sign <= 0) & (down > cusum_h))
     # learn (West's EWMA), protected where the sample is anomalous
     take = finite & ~protect

@@ -130,6 +130,7 @@ class EngineState(msgspec.Struct, kw_only=True):
     held: list[HeldCommand] = []
     tracks: dict[str, IncidentTracks] = {}
     published: dict[str, str] = {}  # incident id -> what was last published of it
+    muted: dict[str, float] = {}  # out-of-service node -> since when its findings are not triaged
 
 
 _ENCODER: Final = msgspec.msgpack.Encoder()
@@ -178,6 +179,18 @@ class DecisionEngine:
 
     def on_finding(self, finding: Finding, now: float) -> Decisions:
         now, out = self._begin(now)
+        state = self.node_state(finding.node)
+        if state in OUT_OF_SERVICE:
+            # the node is isolated and being worked on: what it reports now is mostly the echo of our
+            # own actions (links down during a reboot, counters reset, diagnostics load) and its
+            # verdict comes from diagnostics; it must not open new incidents or implicate its leaf
+            if finding.node not in self.state.muted:
+                self.state.muted[finding.node] = now
+                self._audit(out, now, "skipped", f"{finding.node} is {state}: its findings are not triaged "
+                            f"until it is back in service (first: {finding.summary})", node=finding.node)
+            self._advance(now, out)
+            return self._finish(now, out)
+        self.state.muted.pop(finding.node, None)
         for a in self.triage.add_finding(finding, now):
             self._act(a, now, out)
         self._advance(now, out)

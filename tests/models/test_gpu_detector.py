@@ -218,3 +218,13 @@ def test_state_per_gpu_stays_under_4_kb() -> None:
 def test_an_unknown_signal_in_the_config_is_rejected() -> None:
     with pytest.raises(ValueError, match="unknown signal"):
         detector("detection: {metrics: {gpu_tmp: {direction: up}}}")
+
+
+def test_a_long_fault_that_is_repaired_stops_being_reported_soon_after() -> None:
+    """The drift sum is capped, so hours of a fault do not keep a repaired GPU flagged for hours."""
+    det = detector("detection: {reassert_s: 60}")
+    run(det, 100)
+    run(det, 720, start=100, hot=lambda k: {5: 9.0})  # two hours of a hot GPU
+    after = run(det, 120, start=820)  # repaired
+    late = [f for f in after if f.ts > 1000 + DT * (820 + 60)]
+    assert late == []

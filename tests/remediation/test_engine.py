@@ -228,3 +228,24 @@ def test_audit_records_carry_the_budget_for_budget_decisions() -> None:
     w.finding("node-3", kind="hard_fault", severity="critical", hint="isolate")
     with_budget = [a for a in w.audit if a.budget is not None]
     assert with_budget and all(isinstance(a, AuditRecord) for a in with_budget)
+
+
+def test_an_isolated_node_under_remediation_does_not_open_new_incidents() -> None:
+    """Links going down while we reboot or diagnose a node are the echo of our own actions."""
+    from tests.remediation.world import XID79, World
+
+    w = World(n=16, auto_execute=False)
+    w.place("ml/train", ["node-2", "node-3"])
+    w.finding("node-2", hint="reboot_node", summary=XID79)
+    for c in list(w.commands):  # the isolation is applied; diagnostics have not reported yet
+        if c.action in ("cordon", "taint", "drain"):
+            w._executed.add(c.id)
+            w._apply(c)
+    assert w.engine.node_state("node-2") in ("quarantined", "diagnosing")
+    before = len({i.id for i in w.incidents})
+    for _ in range(3):
+        w.finding("node-2", kind="network", severity="critical", detector="link_state", gpu=None,
+                  port="node-2/mlx5_0", summary="link node-2/mlx5_0 went down")
+    assert len({i.id for i in w.incidents}) == before
+    muted = [a for a in w.decisions("skipped") if "not triaged" in a.explanation]
+    assert len(muted) == 1 and muted[0].node == "node-2"
