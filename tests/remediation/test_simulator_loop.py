@@ -1,4 +1,4 @@
-"""Closed loop against the fleet simulator (skipped when it is not installed): its job controller,
+"""Closed loop against the fleet simulator: its job controller,
 executor and failure logs drive the engine, the engine's commands change the simulated fleet, and
 the simulator's scorer checks the targets that do not depend on statistical detection — software
 faults and job bugs isolate no node, and a GPU that fell off the bus (seen by the real XID detector)
@@ -9,16 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-import pytest
 
 from fleetmedic.config import Settings, parse_config
+from fleetmedic.models import stages
 from fleetmedic.records import Incident, RemediationCommand
 from fleetmedic.remediation.engine import DecisionEngine, Decisions
 from fleetmedic.remediation.topology import Placement, Topology
-
-sim_engine = pytest.importorskip("fleetmedic.simulator.engine")
-scoring = pytest.importorskip("fleetmedic.simulator.scoring")
-stages = pytest.importorskip("fleetmedic.models.stages")
+from fleetmedic.simulator import engine as sim_engine
+from fleetmedic.simulator import scoring
 
 
 def topology_of(fleet: Any) -> Topology:
