@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,7 +93,7 @@ def run_demo(settings: Any, nodes: int, duration_s: float, seed: int, faults: st
             "healthy_nodes_isolated_per_fault": report.isolation.healthy_isolated_per_fault,
             "software_faults_isolated": report.isolation.software_faults_isolated,
             "findings": len(out.findings),
-            "commands": _count(c.action for c in out.commands),
+            "commands": dict(sorted(Counter(c.action for c in out.commands).items())),
             "mttr_phases_p50_s": {k: v.get("p50_s") for k, v in accounting.get("phases", {}).items()},
             "effective_training_time_ratio": accounting.get("effective_training_time_ratio"),
             "repeat_failures_same_node": accounting.get("repeat_failures_same_node"),
@@ -103,13 +104,6 @@ def run_demo(settings: Any, nodes: int, duration_s: float, seed: int, faults: st
             "breaker_trips": engine.get("breaker_trips"),
         },
     }
-
-
-def _count(items: Any) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for x in items:
-        out[x] = out.get(x, 0) + 1
-    return dict(sorted(out.items()))
 
 
 def _story(truth: Any, out: Any, incident_ids: list[str]) -> dict[str, Any]:

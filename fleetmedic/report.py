@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import json
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -149,6 +150,4 @@ def render(title: str, meta: dict[str, Any], sections: list[Section]) -> str:
 
 
 def _time(ts: float) -> str:
-    import time
-
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts))

@@ -18,13 +18,14 @@ Signals (one baseline each per GPU):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
 from numpy.typing import NDArray
 
-from fleetmedic.records import COUNTER_METRICS, GPU_METRICS
+from fleetmedic.records import COUNTER_METRICS, GPU_METRICS, GpuTelemetry
 
 F64 = NDArray[np.float64]
 BOOL = NDArray[np.bool_]
@@ -94,6 +95,22 @@ def nanmedian_last_axis(x: F64) -> F64:
     med = 0.5 * (np.take_along_axis(s, lo, -1) + np.take_along_axis(s, hi, -1))
     result: F64 = np.where(n > 0, med, np.nan)
     return result
+
+
+def reported(msg: GpuTelemetry, name: str) -> list[float]:
+    """The values of one metric that the node's GPUs reported (plain Python: on 8 values numpy's
+    per-call overhead is most of the cost)."""
+    column = getattr(msg.metrics, name)
+    return [float(v) for v in column if v is not None] if column else []
+
+
+def median(vals: list[float]) -> float:
+    """Median of a short list (NaN when empty)."""
+    if not vals:
+        return math.nan
+    s = sorted(vals)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
 
 
 @dataclass(frozen=True)

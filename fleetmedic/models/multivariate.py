@@ -39,7 +39,7 @@ from sklearn.covariance import MinCovDet
 from sklearn.ensemble import IsolationForest
 
 from fleetmedic.config import MultivariateSettings
-from fleetmedic.models.gpu_signals import THROTTLE_MASK
+from fleetmedic.models.gpu_signals import THROTTLE_MASK, median, reported
 from fleetmedic.records import Evidence, Finding, GpuTelemetry
 
 FEATURES: tuple[str, ...] = (
@@ -65,19 +65,6 @@ _RATES = {
         "nvlink_recovery_error_count_total",
     ),
 }
-
-
-def _values(msg: GpuTelemetry, name: str) -> list[float]:
-    col = getattr(msg.metrics, name)
-    return [float(v) for v in col if v is not None] if col else []
-
-
-def _median(vals: list[float]) -> float:
-    if not vals:
-        return math.nan
-    s = sorted(vals)
-    mid = len(s) // 2
-    return s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
 
 
 def _spread(vals: list[float]) -> float:
@@ -111,15 +98,15 @@ class NodeWindowFeatures:
         if w is None:
             w = self._open[msg.node] = _Window(start=ts)
         # plain Python on 8 values: numpy's per-call overhead costs more than the arithmetic here
-        t, p, c = _values(msg, "gpu_temp"), _values(msg, "power_usage"), _values(msg, "sm_clock")
-        reasons = _values(msg, "clocks_event_reasons")
+        t, p, c = reported(msg, "gpu_temp"), reported(msg, "power_usage"), reported(msg, "sm_clock")
+        reasons = reported(msg, "clocks_event_reasons")
         throttled = sum(1 for v in reasons if int(v) & THROTTLE_MASK) / len(reasons) if reasons else math.nan
         w.samples += 1
-        util = _values(msg, "gpu_util")
-        if not util or _median(util) >= BUSY_UTIL:  # spreads between GPUs depend on the load: judge busy nodes
-            w.rows.append([_spread(t), _spread(_values(msg, "memory_temp")), _spread(p), _spread(c), throttled])
+        util = reported(msg, "gpu_util")
+        if not util or median(util) >= BUSY_UTIL:  # spreads between GPUs depend on the load: judge busy nodes
+            w.rows.append([_spread(t), _spread(reported(msg, "memory_temp")), _spread(p), _spread(c), throttled])
         for feature, counters in _RATES.items():
-            total = sum(sum(_values(msg, name)) for name in counters)
+            total = sum(sum(reported(msg, name)) for name in counters)
             w.first_counters.setdefault(feature, total)
             w.last_counters[feature] = total
         w.last_ts = ts

@@ -21,7 +21,7 @@ import msgspec
 import numpy as np
 
 from fleetmedic.config import PeerSettings
-from fleetmedic.models.gpu_signals import nanmedian_last_axis
+from fleetmedic.models.gpu_signals import median, nanmedian_last_axis, reported
 from fleetmedic.records import Evidence, Finding, GpuTelemetry
 
 SUMMARY_METRICS: tuple[str, ...] = ("gpu_temp", "memory_temp", "power_usage", "sm_clock", "mem_clock")
@@ -33,12 +33,9 @@ def node_summary(msg: GpuTelemetry) -> dict[str, float]:
     (Plain Python: on 8 values numpy's per-call overhead is most of the cost.)"""
     out: dict[str, float] = {}
     for name in SUMMARY_METRICS:
-        column = getattr(msg.metrics, name)
-        if column:
-            vals = sorted(v for v in column if v is not None)
-            if vals:
-                mid = len(vals) // 2
-                out[name] = float(vals[mid] if len(vals) % 2 else 0.5 * (vals[mid - 1] + vals[mid]))
+        vals = reported(msg, name)
+        if vals:
+            out[name] = median(vals)
     return out
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from fleetmedic.config import DetectionSettings
 from fleetmedic.models.gpu_detector import GpuDetector
+from fleetmedic.models.gpu_signals import median, reported
 from fleetmedic.models.multivariate import MultivariateModel, NodeWindowFeatures
 from fleetmedic.models.peers import PeerComparison, node_summary
 from fleetmedic.models.port_detector import PortDetector
@@ -121,9 +122,7 @@ class FleetDetection:
 
 
 def _load_band(msg: GpuTelemetry) -> str:
-    util = msg.metrics.gpu_util
-    vals = [v for v in util if v is not None] if util else []
-    if not vals:
+    util = median(reported(msg, "gpu_util"))
+    if util != util:  # not reported
         return ""
-    median = sorted(vals)[len(vals) // 2]
-    return "idle" if median < 10 else ("busy" if median > 90 else "")
+    return "idle" if util < 10 else ("busy" if util > 90 else "")

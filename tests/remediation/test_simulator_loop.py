@@ -14,25 +14,16 @@ from fleetmedic.config import Settings, parse_config
 from fleetmedic.models import stages
 from fleetmedic.records import Incident, RemediationCommand
 from fleetmedic.remediation.engine import DecisionEngine, Decisions
-from fleetmedic.remediation.topology import Placement, Topology
 from fleetmedic.simulator import engine as sim_engine
 from fleetmedic.simulator import scoring
-
-
-def topology_of(fleet: Any) -> Topology:
-    """The simulated fleet's racks and rail-optimised leaves."""
-    nodes = {}
-    for i, name in enumerate(fleet.node_names):
-        rails = {f"mlx5_{k}": fleet.leaf_names[int(fleet.ports.leaf_of[i, k])] for k in range(fleet.spec.nics_per_node)}
-        nodes[name] = Placement(rack=fleet.rack_names[int(fleet.node_rack[i])], rails=rails)
-    return Topology(nodes)
+from fleetmedic.streams.embedded import fleet_topology
 
 
 def closed_loop(faults: str, settings: Settings, hours: float = 2.0, hard_faults: bool = False,
                 seed: int = 3) -> tuple[Any, DecisionEngine, list[Incident], list[RemediationCommand]]:
     sim = sim_engine.Simulator(sim_engine.SimConfig(nodes=32, duration_s=hours * 3600, seed=seed, faults=faults,
                                                     ports=False))
-    engine = DecisionEngine(settings, topology_of(sim.fleet))
+    engine = DecisionEngine(settings, fleet_topology(sim.fleet))
     detection = stages.NodeDetection(settings.detection) if hard_faults else None
     out = Decisions()
     for tick in sim.run():

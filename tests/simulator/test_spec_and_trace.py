@@ -16,7 +16,8 @@ from fleetmedic.simulator.trace import TRACE_SERVERS, TraceWindow, _choices, loa
 from fleetmedic.simulator.units import format_duration, parse_duration
 
 FLEET = build_fleet(FleetSpec(nodes=32), seed=1)
-SHARED_TRACE = Path("/work/shared/data/stepfun-fault-trace/fault_trace.json")
+# ../shared beside the checkout (the project's shared folder; CI lays a copy of it there)
+SHARED_TRACE = Path(__file__).resolve().parents[3] / "shared" / "data" / "stepfun-fault-trace" / "fault_trace.json"
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("90s", 90), ("15m", 900), ("6h", 21600), ("1h30m", 5400),
