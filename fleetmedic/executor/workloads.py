@@ -1,0 +1,277 @@
+"""Restart, re-place or requeue a training workload through the API server (the executor's job side).
+
+``restart_workload(api, "ns/name", action=..., exclude_nodes=..., params=..., dry_run=..., actor=...)``
+finds the workload (``params["kind"]`` or a look-up among Job, PyTorchJob, JobSet), plans the
+restart with :mod:`fleetmedic.executor.workloads_plan` (pure) and carries it out:
+
+- batch Job: suspend (with a ``fleetmedic.io/restart-in-progress`` marker), wait until the Job
+  controller has removed the pods, patch the pod template's node affinity if the plan says so,
+  resume. An executor that died in between finds the marker and resumes the Job on the next call.
+- PyTorchJob: patch the replica templates, delete the job's pods; the training operator
+  recreates each replica from its (patched) template.
+- JobSet: patch the replicated-job templates, delete the child Jobs (foreground); the JobSet
+  controller recreates them.
+
+Every applied restart records annotations on the workload and a core/v1 Event on it. It returns
+once the API server accepted the change, not when the pods run again. ``dry_run`` plans, reports
+(outcome ``skipped``, ``details["dry_run"] = "true"``) and changes nothing. Errors never escape:
+a missing workload, a bad command or an API error is a ``failed`` outcome with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
+
+from kubernetes import client
+from kubernetes.client import ApiException
+
+from fleetmedic.executor.workloads_plan import (
+    ANNOTATION_IN_PROGRESS,
+    JOB,
+    JOBSET,
+    KINDS,
+    PYTORCHJOB,
+    RestartPlan,
+    WorkloadError,
+    WorkloadKind,
+    annotation_patch,
+    finished,
+    kind_named,
+    parse_job_ref,
+    plan_restart,
+)
+
+log = logging.getLogger(__name__)
+JSON_PATCH = "application/json-patch+json"
+DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_OPT_OUT_LABEL = "fleetmedic.io/opt-out"
+EVENT_REASONS = {"restart_job": "FleetmedicReplaceJob", "requeue_job": "FleetmedicRequeueJob",
+                 "retry_in_place": "FleetmedicRetryInPlace"}
+
+
+@dataclass(frozen=True)
+class WorkloadOutcome:
+    outcome: Literal["applied", "skipped", "failed"]
+    reason: str
+    details: dict[str, str] = field(default_factory=dict)
+
+
+def restart_workload(api: client.ApiClient, job: str, *, action: str, exclude_nodes: Sequence[str],
+                     params: Mapping[str, str], dry_run: bool, actor: str) -> WorkloadOutcome:
+    """Carry out ``action`` on workload ``job`` ("namespace/name"); see the module docstring."""
+    try:
+        return _restart(api, job, action, exclude_nodes, params, dry_run, actor)
+    except WorkloadError as exc:
+        return WorkloadOutcome("failed", str(exc))
+    except ApiException as exc:
+        return WorkloadOutcome("failed", f"API server: {exc.status} {_message(exc)}")
+    except TimeoutError as exc:
+        return WorkloadOutcome("failed", str(exc))
+
+
+def _restart(api: client.ApiClient, job: str, action: str, exclude_nodes: Sequence[str],
+             params: Mapping[str, str], dry_run: bool, actor: str) -> WorkloadOutcome:
+    namespace, name = parse_job_ref(job)
+    found = find_workload(api, namespace, name, params.get("kind", ""))
+    if found is None:
+        kinds = params.get("kind") or "/".join(k.kind for k in KINDS)
+        return WorkloadOutcome("failed", f"workload {job} not found (looked for {kinds})")
+    kind, obj = found
+    meta = obj.get("metadata") or {}
+    opt_out = params.get("opt_out_label", DEFAULT_OPT_OUT_LABEL)
+    if str((meta.get("labels") or {}).get(opt_out, "")).lower() == "true":
+        return WorkloadOutcome("skipped", f"{kind.kind} {job} is labelled {opt_out}=true", {"kind": kind.kind})
+    over = finished(kind, obj)
+    if over:
+        return WorkloadOutcome("skipped", over, {"kind": kind.kind})
+    resuming = ANNOTATION_IN_PROGRESS in (meta.get("annotations") or {})
+    if kind is JOB and (obj.get("spec") or {}).get("suspend") and not resuming:
+        return WorkloadOutcome("skipped", f"Job {job} is suspended by someone else (not by fleetmedic)",
+                               {"kind": kind.kind})
+    pods = workload_pods(api, kind, obj)
+    nodes = sorted({p.spec.node_name for p in pods if p.spec and p.spec.node_name})
+    plan = plan_restart(kind, obj, action=action, exclude_nodes=exclude_nodes, current_nodes=nodes,
+                        params=params, now=time.time(), actor=actor)
+    details = {**plan.details(), "pods": str(len(pods)), "nodes_before": ",".join(nodes)}
+    if dry_run:
+        return WorkloadOutcome("skipped", f"dry run: would {plan.summary}", {**details, "dry_run": "true"})
+    timeout = float(params.get("timeout_s", DEFAULT_TIMEOUT_S))
+    if kind is JOB:
+        _suspend_resume(api, plan, obj, timeout)
+    else:
+        details["deleted"] = str(_patch_then_delete(api, plan, obj))
+    _record_event(api, kind, obj, EVENT_REASONS[action], plan.summary, actor)
+    log.info("%s", plan.summary)
+    return WorkloadOutcome("applied", plan.summary, details)
+
+
+# --- finding the workload and its pods ------------------------------------------------------------
+
+
+def find_workload(api: client.ApiClient, namespace: str, name: str,
+                  kind_hint: str = "") -> tuple[WorkloadKind, dict[str, Any]] | None:
+    """The workload and its kind; a Job that a JobSet controls resolves to the JobSet."""
+    kinds = (kind_named(kind_hint),) if kind_hint else KINDS
+    custom = client.CustomObjectsApi(api)
+    for kind in kinds:
+        try:
+            obj = cast(dict[str, Any], custom.get_namespaced_custom_object(kind.group, kind.version, namespace,
+                                                                           kind.plural, name))
+        except ApiException as exc:
+            if exc.status == 404:
+                continue
+            raise
+        owner = _controller(obj)
+        if kind is JOB and owner and owner.get("kind") == JOBSET.kind and not kind_hint:
+            return find_workload(api, namespace, str(owner.get("name")), JOBSET.kind)
+        return kind, obj
+    return None
+
+
+def _controller(obj: Mapping[str, Any]) -> dict[str, Any] | None:
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return dict(ref)
+    return None
+
+
+def workload_pods(api: client.ApiClient, kind: WorkloadKind, obj: Mapping[str, Any]) -> list[client.V1Pod]:
+    """The workload's live pods (not terminating), by its well-known label and ownership."""
+    meta = obj.get("metadata") or {}
+    core = client.CoreV1Api(api)
+    if kind is JOB:
+        selector = f"batch.kubernetes.io/controller-uid={meta.get('uid')}"
+    else:
+        selector = f"{kind.job_label}={meta.get('name')}"
+    pods = core.list_namespaced_pod(str(meta.get("namespace")), label_selector=selector).items
+    return [p for p in pods if p.metadata and not p.metadata.deletion_timestamp]
+
+
+# --- carrying out a plan --------------------------------------------------------------------------
+
+
+def _patch(api: client.ApiClient, kind: WorkloadKind, namespace: str, name: str,
+           ops: list[dict[str, Any]]) -> dict[str, Any]:
+    custom = client.CustomObjectsApi(api)
+    result = custom.patch_namespaced_custom_object(
+        kind.group, kind.version, namespace, kind.plural, name, ops, _content_type=JSON_PATCH)
+    return cast(dict[str, Any], result)
+
+
+def _suspend_resume(api: client.ApiClient, plan: RestartPlan, obj: Mapping[str, Any], timeout: float) -> None:
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    rv = str((obj.get("metadata") or {}).get("resourceVersion"))
+    if ANNOTATION_IN_PROGRESS not in annotations:
+        marker = annotation_patch(annotations, {ANNOTATION_IN_PROGRESS: plan.summary})
+        _patch(api, JOB, plan.namespace, plan.name, [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+            {"op": "add", "path": "/spec/suspend", "value": True}, *marker])
+        annotations = {**annotations, ANNOTATION_IN_PROGRESS: plan.summary}
+    wait_for(lambda: _suspended_and_empty(api, plan.namespace, plan.name), timeout,
+             f"Job {plan.namespace}/{plan.name}: the Job controller did not remove its pods")
+    done = annotation_patch(annotations, {}, remove=[ANNOTATION_IN_PROGRESS])
+    resume = [{"op": "add", "path": "/spec/suspend", "value": False}]
+    record = plan.annotation_ops(annotations, remove=[ANNOTATION_IN_PROGRESS])
+    try:
+        _patch(api, JOB, plan.namespace, plan.name, [*plan.template_ops, *record, *resume])
+    except ApiException as exc:
+        if exc.status not in (409, 422) or not plan.template_ops:
+            raise
+        # never leave the job suspended because the node affinity was refused
+        _patch(api, JOB, plan.namespace, plan.name, [*done, *resume])
+        raise WorkloadError(f"Job {plan.namespace}/{plan.name}: resumed without the node affinity, "
+                            f"which the API server refused: {_message(exc)}") from None
+
+
+def _suspended_and_empty(api: client.ApiClient, namespace: str, name: str) -> bool:
+    job = cast(dict[str, Any], client.CustomObjectsApi(api).get_namespaced_custom_object(
+        "batch", "v1", namespace, "jobs", name))
+    status = job.get("status") or {}
+    suspended = any(c.get("type") == "Suspended" and c.get("status") == "True" for c in status.get("conditions") or [])
+    return suspended and not status.get("active") and not status.get("startTime")
+
+
+def _patch_then_delete(api: client.ApiClient, plan: RestartPlan, obj: Mapping[str, Any]) -> int:
+    meta = obj.get("metadata") or {}
+    rv, uid = str(meta.get("resourceVersion")), str(meta.get("uid"))
+    ops = [*plan.template_ops, *plan.annotation_ops(meta.get("annotations") or {})]
+    _patch(api, plan.kind, plan.namespace, plan.name,
+           [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}, *ops])
+    selector = f"{plan.kind.job_label}={plan.name}"
+    deleted = 0
+    if plan.kind is PYTORCHJOB:
+        core = client.CoreV1Api(api)
+        for pod in core.list_namespaced_pod(plan.namespace, label_selector=selector).items:
+            name = _owned_live_name(pod, uid)
+            if name:
+                deleted += _gone(core.delete_namespaced_pod, name, plan.namespace)
+    else:
+        batch = client.BatchV1Api(api)
+        body = client.V1DeleteOptions(propagation_policy="Foreground")
+        for job in batch.list_namespaced_job(plan.namespace, label_selector=selector).items:
+            name = _owned_live_name(job, uid)
+            if name:
+                deleted += _gone(batch.delete_namespaced_job, name, plan.namespace, body=body)
+    return deleted
+
+
+def _owned_live_name(obj: Any, uid: str) -> str:
+    """The object's name if ``uid`` owns it and it is not being deleted already, else ``""``."""
+    meta = obj.metadata
+    if meta is None or meta.deletion_timestamp or not any(r.uid == uid for r in meta.owner_references or []):
+        return ""
+    return str(meta.name)
+
+
+def _gone(delete: Callable[..., object], *args: Any, **kwargs: Any) -> int:
+    """1 if this call deleted the object, 0 if it was already gone."""
+    try:
+        delete(*args, **kwargs)
+        return 1
+    except ApiException as exc:
+        if exc.status == 404:
+            return 0
+        raise
+
+
+def _record_event(api: client.ApiClient, kind: WorkloadKind, obj: Mapping[str, Any], reason: str,
+                  message: str, actor: str) -> None:
+    """A core/v1 Event on the workload (``kubectl describe`` shows it); best effort."""
+    meta = obj.get("metadata") or {}
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    event = {
+        "metadata": {"name": f"{meta.get('name')}.{uuid.uuid4().hex[:12]}", "namespace": meta.get("namespace")},
+        "involvedObject": {"apiVersion": kind.api_version, "kind": kind.kind, "name": meta.get("name"),
+                           "namespace": meta.get("namespace"), "uid": meta.get("uid")},
+        "reason": reason, "message": message[:1024], "type": "Normal", "count": 1,
+        "firstTimestamp": now, "lastTimestamp": now,
+        "source": {"component": "fleetmedic-executor"},
+        "reportingComponent": "fleetmedic.io/executor", "reportingInstance": actor[:128] or "fleetmedic",
+    }
+    try:
+        body = cast(client.CoreV1Event, client.CoreV1Event.from_dict(event))
+        client.CoreV1Api(api).create_namespaced_event(str(meta.get("namespace")), body)
+    except ApiException as exc:
+        log.warning("event on %s %s/%s not recorded: %s", kind.kind, meta.get("namespace"), meta.get("name"),
+                    _message(exc))
+
+
+def wait_for(ready: Callable[[], bool], timeout: float, what: str, interval: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} within {timeout:.0f}s")
+        time.sleep(interval)
+
+
+def _message(exc: ApiException) -> str:
+    try:
+        return str(json.loads(exc.body or "{}").get("message", exc.reason))
+    except (ValueError, AttributeError):
+        return str(exc.reason)
