@@ -1,14 +1,14 @@
 """``fleetmedic worker --config FILE``: the streaming pipeline on Kafka, in this process.
 
-It creates the missing topics (``topics`` section: prefix, partitions), reads the decision
-engine's last snapshot from ``<kafka.consumer_group>-engine-state``, then runs the Faust worker
-(app id = ``kafka.consumer_group``, no web server) with the agents of
-:mod:`fleetmedic.streams.worker` until SIGINT/SIGTERM, when it writes a final snapshot. Commands
+It creates the missing topics (``topics`` section: prefix, partitions), then runs the Faust worker
+(no web server) of its ``--role`` until SIGINT/SIGTERM: ``detect`` (stage 1, consumer group
+``<kafka.consumer_group>-detect``; run several), ``decide`` (the decision stage, group
+``<kafka.consumer_group>``; run one) or ``all`` (both, one process). The decision stage starts from
+its last snapshot in ``<kafka.consumer_group>-engine-state`` and writes a final one at a stop;
+:mod:`fleetmedic.streams.worker` describes the topology and the restart guarantees. Commands
 are signed with the key from ``signing.key_file`` or the variable named by ``signing.key_env``;
 without a key it refuses to start (exit 2). Prometheus metrics are served on
 ``metrics.bind_address:metrics.port`` (port 0: an ephemeral port, logged).
-
-Run one worker: the decision stage keeps global state and needs every partition of its inputs.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--config", metavar="FILE", help="YAML config (defaults when omitted)")
     p.add_argument("--datadir", metavar="DIR", help="faust's data directory (default: a temporary one)")
     p.add_argument("--loglevel", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--role", default="all", choices=["detect", "decide", "all"],
+                   help="detect: stage 1 only (run several; they share the telemetry partitions); decide: the "
+                        "decision stage (run exactly one); all: both in this process (default)")
     p.set_defaults(handler=run_worker)
 
 
@@ -57,12 +60,12 @@ def run_worker(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     logging.basicConfig(level=args.loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.datadir:
-        return _run(settings, key, args.datadir, args.loglevel)
+        return _run(settings, key, args.datadir, args.loglevel, args.role)
     with tempfile.TemporaryDirectory(prefix="fleetmedic-worker-") as datadir:
-        return _run(settings, key, datadir, args.loglevel)
+        return _run(settings, key, datadir, args.loglevel, args.role)
 
 
-def _run(settings: Settings, key: bytes, datadir: str, loglevel: str) -> int:
+def _run(settings: Settings, key: bytes, datadir: str, loglevel: str, role: str) -> int:
     from fleetmedic.streams.runner import run
 
-    return run(settings, key, datadir, loglevel)
+    return run(settings, key, datadir, loglevel, role)  # type: ignore[arg-type]

@@ -8,11 +8,17 @@ NICs) into ``network`` findings:
   ``sample_interval_s`` when samples arrive further apart), with reset detection (a counter that
   goes down or a new ``boot_id`` starts a new series);
 - an effective bit-error rate above ``effective_ber_threshold``;
-- a link that went down (state change), or link-down counter increments (flaps).
+- a link that went down (state change), or link-down counter increments (flaps);
+- a link that is up but trained below its expected speed or width (``link_speed_min_ratio`` of the
+  best speed the port has reported, or of its device's other ports now; narrower than its best
+  width): a NIC that came up at 200 Gb/s on a 400 Gb/s fabric halves that rail's bandwidth.
 
 Each finding names the node behind the port (``node``; the device itself for inter-switch links)
-and the port as ``device/port`` so triage can group the ports of one switch. State per port is
-the previous counters; it serialises to bytes. Pure: time comes from the messages.
+and the port as ``device/port`` so triage can group the ports of one switch. A finding on an
+inter-switch port (no node behind it) also names the cable's other end, when the sample gives it,
+as an evidence entry (``detector="link_peer"``, ``port="<device>/<port>"``): triage files it with
+that switch. State per port is the previous counters and the best speed and width seen; it
+serialises to bytes. Pure: time comes from the messages.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ class _PortState(msgspec.Struct, kw_only=True):
     link_state: str
     counters: dict[str, int]
     active: dict[str, float] = {}
+    best_speed: float = 0.0
+    best_width: int = 0
 
 
 class PortDetector:
@@ -51,19 +59,35 @@ class PortDetector:
     def import_state(self, data: bytes) -> None:
         self._ports = msgspec.msgpack.decode(data, type=dict[str, _PortState])
 
+    def export_device(self, device: str) -> bytes:
+        """The state of one device's ports (a host's NICs), for per-node snapshots."""
+        prefix = device + "/"
+        return msgspec.msgpack.encode({k: v for k, v in self._ports.items() if k.startswith(prefix)})
+
+    def import_device(self, data: bytes) -> None:
+        """Add ports written by :meth:`export_device` (other ports are kept)."""
+        self._ports.update(msgspec.msgpack.decode(data, type=dict[str, _PortState]))
+
     def observe(self, msg: PortTelemetry) -> list[Finding]:
         out: list[Finding] = []
         names = self._names
         ts = float(msg.ts)
+        # what the device's other ports of the same kind (host-facing or inter-switch) run at now
+        up = [p for p in msg.ports if p.link_state == "up" and p.speed_gbps]
+        device_speed = {True: _median([p.speed_gbps for p in up if p.node]),
+                        False: _median([p.speed_gbps for p in up if not p.node])}
         for port in msg.ports:
             key = f"{msg.device}/{port.port}"
             prev = self._ports.get(key)
             values = self._values(port)
             counters = {c: v for c, v in zip(names, values, strict=True) if v is not None}
             state = _PortState(ts=ts, boot_id=msg.boot_id, link_state=port.link_state, counters=counters,
-                               active=prev.active if prev else {})
+                               active=prev.active if prev else {}, best_speed=prev.best_speed if prev else 0.0,
+                               best_width=prev.best_width if prev else 0)
             self._ports[key] = state
             conditions = self._conditions(msg, port, key, prev, counters)
+            if port.link_state == "up":
+                conditions += self._trained(port, key, state, ts, device_speed[bool(port.node)])
             if conditions or state.active:
                 out.extend(self._report(msg, port, key, state, conditions))
         return out
@@ -95,6 +119,24 @@ class PortDetector:
             found.append(("ber", f"effective BER {port.effective_ber:.1e} on {key}", ev))
         return found
 
+    def _trained(self, port: PortSample, key: str, state: _PortState, ts: float,
+                 device_speed: float) -> list[tuple[str, str, Evidence]]:
+        """An up link below its expected speed or width; otherwise learn its best."""
+        ratio = self.settings.link_speed_min_ratio
+        speed, width = port.speed_gbps, port.width
+        expected = max(state.best_speed, device_speed)
+        if speed and expected and speed < ratio * expected:
+            ev = Evidence(detector="link_speed", metric="speed_gbps", value=speed, baseline=expected,
+                          threshold=ratio * expected, port=key, ts=ts)
+            return [("speed_low", f"link {key} is up at {speed:g} Gb/s, expected {expected:g}", ev)]
+        if width and state.best_width and width < state.best_width:
+            ev = Evidence(detector="link_speed", metric="width", value=float(width), baseline=float(state.best_width),
+                          port=key, ts=ts)
+            return [("width_low", f"link {key} is up at width {width}x, expected {state.best_width}x", ev)]
+        state.best_speed = max(state.best_speed, speed or 0.0)
+        state.best_width = max(state.best_width, width or 0)
+        return []
+
     def _report(
         self,
         msg: PortTelemetry,
@@ -113,6 +155,11 @@ class PortDetector:
                 continue
             active[cond] = ts
             severity: Severity = "critical" if cond == "link_down" else "warning"
+            evidence = [ev]
+            if not port.node and port.peer:  # an inter-switch link: name the other end of the cable
+                peer_device, _, peer_port = port.peer.rpartition(":")
+                evidence.append(Evidence(detector="link_peer", port=f"{peer_device}/{peer_port}", ts=msg.ts,
+                                         note=f"other end of {key}"))
             out.append(
                 Finding(
                     id=f"{key}:{cond}:{ts:.3f}",
@@ -122,9 +169,14 @@ class PortDetector:
                     kind="network",
                     severity=severity,
                     summary=summary,
-                    evidence=[ev],
+                    evidence=evidence,
                     port=key,
                 )
             )
         state.active = active
         return out
+
+
+def _median(values: list[float | None]) -> float:
+    xs = sorted(v for v in values if v)
+    return xs[len(xs) // 2] if xs else 0.0

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import msgspec
+
 from fleetmedic.config import DetectionSettings
 from fleetmedic.models.gpu_detector import GpuDetector
 from fleetmedic.models.gpu_signals import median, reported
@@ -90,15 +92,17 @@ class FleetDetection:
         self.switch_ports = PortDetector(s)
 
     def on_gpu(self, msg: GpuTelemetry) -> None:
-        summary = node_summary(msg)
-        self.peers.observe(msg.node, msg.ts, summary)
-        self.sku_peers.observe(msg.node, msg.ts, summary)
+        self.on_summary(summarise(msg))
+
+    def on_summary(self, s: NodeSummary) -> None:
+        """What :meth:`on_gpu` keeps of a message (stage 1 sends these when it runs elsewhere)."""
+        self.peers.observe(s.node, s.ts, s.values)
+        self.sku_peers.observe(s.node, s.ts, s.values)
         for nodes in self._skus.values():
-            nodes.discard(msg.node)
-        band = _load_band(msg)
-        if msg.sku and band:
+            nodes.discard(s.node)
+        if s.sku and s.band:
             # a SKU fleet runs many workloads: compare a node only with nodes under a similar load
-            self._skus.setdefault(f"{msg.sku} {band}", set()).add(msg.node)
+            self._skus.setdefault(f"{s.sku} {s.band}", set()).add(s.node)
 
     def on_job(self, event: JobEvent) -> list[Finding]:
         if event.event == "placement":
@@ -110,6 +114,24 @@ class FleetDetection:
     def on_port(self, msg: PortTelemetry) -> list[Finding]:
         return self.switch_ports.observe(msg)
 
+    def to_bytes(self) -> bytes:
+        """The whole state (msgpack): peers, stragglers, switch ports, jobs and SKU groups."""
+        return msgspec.msgpack.encode([self.peers.export_state(), self.sku_peers.export_state(),
+                                       self.stragglers.export_state(), self.switch_ports.export_state(),
+                                       {k: sorted(v) for k, v in self._jobs.items()},
+                                       {k: sorted(v) for k, v in self._skus.items()}])
+
+    def restore(self, data: bytes) -> None:
+        """Load what :meth:`to_bytes` wrote (same settings)."""
+        peers, sku_peers, stragglers, ports, jobs, skus = msgspec.msgpack.decode(
+            data, type=tuple[bytes, bytes, bytes, bytes, dict[str, list[str]], dict[str, list[str]]])
+        self.peers.import_state(peers)
+        self.sku_peers.import_state(sku_peers)
+        self.stragglers.import_state(stragglers)
+        self.switch_ports.import_state(ports)
+        self._jobs = {k: set(v) for k, v in jobs.items()}
+        self._skus = {k: set(v) for k, v in skus.items()}
+
     def tick(self, now: float) -> list[Finding]:
         """Compare peers; call once per sample interval."""
         max_age = 3 * self.settings.sample_interval_s
@@ -119,6 +141,20 @@ class FleetDetection:
         for sku, nodes in sorted(self._skus.items()):
             out.extend(self.sku_peers.evaluate(f"sku {sku}", sorted(nodes), now, max_age))
         return out
+
+
+class NodeSummary(msgspec.Struct, frozen=True, array_like=True):
+    """A node's sample as the fleet stage needs it: per-metric medians and its load band."""
+
+    node: str
+    ts: float
+    sku: str
+    band: str
+    values: dict[str, float]
+
+
+def summarise(msg: GpuTelemetry) -> NodeSummary:
+    return NodeSummary(msg.node, float(msg.ts), msg.sku or "", _load_band(msg), node_summary(msg))
 
 
 def _load_band(msg: GpuTelemetry) -> str:

@@ -5,7 +5,8 @@
   turn it on). Topic values are raw bytes: :mod:`fleetmedic.records` decodes and validates them,
   so an invalid message reaches our code and the dead-letter topic instead of faust's logs.
 - :func:`ensure_topics`: creates every topic of :data:`fleetmedic.topics.TOPICS` that is missing,
-  with its partition count, plus the compacted engine-state topic; faust itself creates only its
+  with its partition count, plus the pipeline's own: the compacted engine-state and stage-1 state
+  topics and the decision stage's fleet-inputs topic (:mod:`fleetmedic.streams.worker`); faust itself creates only its
   internal topics and ignores a source topic that is missing when it subscribes
   (docs/development.md). Idempotent: existing topics are left as they are.
 """
@@ -39,6 +40,21 @@ def state_topic(settings: Settings) -> str:
     return f"{settings.kafka.consumer_group}-engine-state"
 
 
+def detect_group(settings: Settings) -> str:
+    """Stage 1's consumer group (``--role detect``): its workers share the telemetry partitions."""
+    return f"{settings.kafka.consumer_group}-detect"
+
+
+def detect_state_topic(settings: Settings) -> str:
+    """Compacted, one record per node (key: node), partitioned like ``telemetry.gpu``."""
+    return f"{detect_group(settings)}-state"
+
+
+def summaries_topic(settings: Settings) -> str:
+    """Stage 1 -> decision stage: batches of node summaries and the switch ports (one partition)."""
+    return f"{settings.kafka.consumer_group}-fleet-inputs"
+
+
 def kafka_client_options(settings: Settings) -> dict[str, Any]:
     """aiokafka client options (security) from the ``kafka`` section."""
     k = settings.kafka
@@ -64,7 +80,8 @@ def _sasl_password(settings: Settings) -> str:
     return os.environ.get(k.sasl_password_env, "") if k.sasl_password_env else ""
 
 
-def build_app(settings: Settings, *, datadir: str, **overrides: Any) -> faust.App:
+def build_app(settings: Settings, *, datadir: str, app_id: str | None = None, **overrides: Any) -> faust.App:
+    """A Faust app; ``app_id`` (the consumer group) defaults to ``kafka.consumer_group``."""
     k = settings.kafka
     conf: dict[str, Any] = dict(
         broker=f"kafka://{k.bootstrap_servers}",
@@ -81,7 +98,7 @@ def build_app(settings: Settings, *, datadir: str, **overrides: Any) -> faust.Ap
     if k.security_protocol != "PLAINTEXT":
         conf["broker_credentials"] = _credentials(settings)
     conf.update(overrides)
-    return faust.App(k.consumer_group, **conf)
+    return faust.App(app_id or k.consumer_group, **conf)
 
 
 def _credentials(settings: Settings) -> Any:
@@ -100,6 +117,10 @@ async def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
                        replication_factor=rf) for t in TOPICS]
     wanted.append(NewTopic(state_topic(settings), num_partitions=1, replication_factor=rf,
                            topic_configs={"cleanup.policy": "compact", "max.message.bytes": str(MAX_STATE_BYTES)}))
+    wanted.append(NewTopic(detect_state_topic(settings), num_partitions=partitions_of(settings, "telemetry.gpu"),
+                           replication_factor=rf, topic_configs={"cleanup.policy": "compact"}))
+    wanted.append(NewTopic(summaries_topic(settings), num_partitions=1, replication_factor=rf,
+                           topic_configs={"retention.ms": str(6 * 3600 * 1000)}))
     admin = AIOKafkaAdminClient(**kafka_client_options(settings), request_timeout_ms=int(timeout * 1000))
     await admin.start()
     try:

@@ -73,6 +73,12 @@ class EmbeddedPipeline:
         self._emit("remediation.results", result)
         return self._decisions(self.engine.on_result(result, now))
 
+    def node_observed(self, node: str, *, cordoned: bool, cordoned_by_fleetmedic: bool,
+                      now: float) -> list[r.RemediationCommand]:
+        """A node's cordon as the executor sees it (who made it decides whether it is ours)."""
+        return self._decisions(self.engine.node_observed(node, cordoned=cordoned,
+                                                         cordoned_by_fleetmedic=cordoned_by_fleetmedic, now=now))
+
     def tick(self, now: float) -> list[r.RemediationCommand]:
         commands = self._findings(self.fleet_stage.tick(now), now)
         return commands + self._decisions(self.engine.tick(now))
@@ -134,6 +140,9 @@ def run_simulation(sim: Simulator, settings: Settings, key: bytes | None = None,
         commands: list[r.RemediationCommand] = []
         for res in out.results:
             commands += pipeline.result(res, now)
+        for obs in out.nodes:  # cordons made by people (planned maintenance)
+            commands += pipeline.node_observed(obs.node, cordoned=obs.cordoned,
+                                               cordoned_by_fleetmedic=obs.cordoned_by_fleetmedic, now=now)
         for event in out.job_events:
             commands += pipeline.job(event, now)
         if out.gpu is not None:

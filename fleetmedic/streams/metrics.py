@@ -29,3 +29,10 @@ class PipelineMetrics:
                                  buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
         self.snapshots = Counter("fleetmedic_engine_snapshots", "Decision engine state snapshots written",
                                  registry=registry)
+        self.state_bytes = Counter("fleetmedic_state_bytes_written", "Bytes of state snapshots written, per stage",
+                                   ["stage"], registry=registry)
+        self.nodes_restored = Counter("fleetmedic_nodes_restored", "Stage-1 node states loaded at assignment",
+                                      registry=registry)
+        self.suppressed = Counter("fleetmedic_commands_suppressed",
+                                  "Commands rebuilt after a restart whose id was already on the commands topic",
+                                  registry=registry)

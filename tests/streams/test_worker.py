@@ -24,7 +24,7 @@ from fleetmedic import records as r
 from fleetmedic.remediation.engine import DecisionEngine
 from fleetmedic.signing import load_key, verify
 from fleetmedic.streams.app import ensure_topics, partitions_of
-from fleetmedic.streams.worker import load_snapshot
+from fleetmedic.streams.state import decode_snapshot, load_snapshot
 from tests.models.synth import gpu_message
 from tests.streams.harness import KEY, Collected, collect_sync, new_run, produce, wait_for_log, worker
 
@@ -100,12 +100,15 @@ def test_worker_turns_an_xid79_into_a_hardware_incident_and_signed_commands(kafk
     # the worker wrote its state when it stopped; a restarted worker starts from it
     snapshot = asyncio.run(load_snapshot(run.settings))
     assert snapshot is not None
-    engine = DecisionEngine.from_bytes(snapshot, run.settings)
+    snap = decode_snapshot(snapshot)
+    engine = DecisionEngine.from_bytes(snap.engine, run.settings)
+    assert snap.offsets[run.topic("jobs.events")] and snap.commands_from == len(cmds)
     assert engine.node_state(SICK) != engine.node_state("gpu-node-0")
     assert engine.state.clock >= T0 + 40
     with worker(run) as again:  # and a second worker starts from it
         wait_for_log(run, again, "[^Worker]: Ready", count=2)  # SIGTERM before faust's handlers would kill it
     assert f"decision engine: restored ({len(snapshot)} bytes" in run.log.read_text()
+    assert f"{len(cmds)} command ids already on the topic" not in run.log.read_text()  # none since the snapshot
 
 
 def _scrape(log: str) -> str:

@@ -1,0 +1,192 @@
+"""The pipeline's state on Kafka: what a worker writes so that a restarted one carries on.
+
+- Decision stage: one :class:`DecideSnapshot` under key ``engine`` in the compacted
+  ``<group>-engine-state`` topic: the engine's and the fleet stage's state, the input offsets they
+  reflect (per topic and partition: the next offset to read) and ``commands_from``, an offset of
+  ``remediation.commands`` below which every command the snapshot's engine issued is already
+  on the topic. At start the runner reads it (:func:`load_snapshot`), points the decision
+  group's offsets back at the snapshot's (:func:`reset_group_offsets`) and collects the command
+  ids written since ``commands_from`` (:func:`command_ids_since`): the replayed inputs rebuild the
+  lost decisions, and a command whose id is already on the topic is not sent again.
+- Stage 1: one :class:`NodeStageState` per node (key: node) in ``<group>-detect-state``, written
+  to the partition of ``telemetry.gpu`` the node's telemetry arrives on; a worker that is assigned
+  that partition loads them (:func:`load_node_states`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import msgspec
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from fleetmedic import records as r
+from fleetmedic.config import Settings
+from fleetmedic.streams.app import MAX_STATE_BYTES, kafka_client_options, state_topic
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_KEY = b"engine"
+
+
+class DecideSnapshot(msgspec.Struct, kw_only=True):
+    engine: bytes
+    fleet: bytes
+    offsets: dict[str, dict[int, int]]  # topic -> partition -> next offset to read
+    commands_from: int
+    written_at: float = 0.0
+
+
+class NodeStageState(msgspec.Struct, kw_only=True, array_like=True):
+    """Stage 1's memory of one node: GPU baselines and rule state, its NICs' previous counters."""
+
+    gpu: bytes | None
+    ports: bytes
+    written_at: float
+
+
+def decode_snapshot(data: bytes) -> DecideSnapshot:
+    return msgspec.msgpack.decode(data, type=DecideSnapshot)
+
+
+async def _read_partition(settings: Settings, tp: TopicPartition, timeout: float) -> list[tuple[bytes, bytes]]:
+    """Every (key, value) of one partition, from its beginning to its end now."""
+    consumer = AIOKafkaConsumer(**kafka_client_options(settings), enable_auto_commit=False,
+                                auto_offset_reset="earliest", request_timeout_ms=int(timeout * 1000),
+                                fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=MAX_STATE_BYTES)
+    await consumer.start()
+    out: list[tuple[bytes, bytes]] = []
+    try:
+        consumer.assign([tp])
+        begin = (await consumer.beginning_offsets([tp]))[tp]
+        end = (await consumer.end_offsets([tp]))[tp]
+        if end <= begin:
+            return out
+        # an explicit offset: seek_to_beginning() is lazy and can lose a race with the initial reset
+        consumer.seek(tp, begin)
+        position = begin
+        while position < end:
+            batch = await consumer.getmany(tp, timeout_ms=int(timeout * 1000))
+            if not batch:
+                raise TimeoutError(f"{tp.topic}[{tp.partition}]: no records within {timeout}s "
+                                   f"(offset {position} of {end})")
+            out += [(rec.key, rec.value) for rec in batch.get(tp, []) if rec.key is not None and rec.value is not None]
+            position = await consumer.position(tp)
+        return out
+    finally:
+        await consumer.stop()
+
+
+async def load_snapshot(settings: Settings, timeout: float = 30.0) -> bytes | None:
+    """The latest decision-stage snapshot (raw :class:`DecideSnapshot` bytes), or None."""
+    records = await _read_partition(settings, TopicPartition(state_topic(settings), 0), timeout)
+    latest = [v for k, v in records if k == SNAPSHOT_KEY]
+    return latest[-1] if latest else None
+
+
+async def load_node_states(settings: Settings, topic: str, partition: int,
+                           timeout: float = 30.0) -> dict[str, NodeStageState]:
+    """The latest state of every node in one partition of the stage-1 state topic."""
+    states: dict[str, NodeStageState] = {}
+    for key, value in await _read_partition(settings, TopicPartition(topic, partition), timeout):
+        try:
+            states[key.decode()] = msgspec.msgpack.decode(value, type=NodeStageState)
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+            log.warning("%s[%d]: skipping an unreadable node state (%s)", topic, partition, exc)
+    return states
+
+
+async def save_snapshot(settings: Settings, state: bytes) -> None:
+    """Write ``state`` to the state topic and wait for the broker's acknowledgement."""
+    producer = AIOKafkaProducer(**kafka_client_options(settings), acks="all", enable_idempotence=True,
+                                max_request_size=MAX_STATE_BYTES)
+    await producer.start()
+    try:
+        await producer.send_and_wait(state_topic(settings), key=SNAPSHOT_KEY, value=state)
+    finally:
+        await producer.stop()
+
+
+async def end_offset(settings: Settings, topic: str, timeout: float = 30.0) -> int:
+    consumer = AIOKafkaConsumer(**kafka_client_options(settings), enable_auto_commit=False,
+                                request_timeout_ms=int(timeout * 1000))
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        return int((await consumer.end_offsets([tp]))[tp])
+    finally:
+        await consumer.stop()
+
+
+async def command_ids_since(settings: Settings, offset: int, timeout: float = 30.0) -> set[str]:
+    """Ids of the commands on ``remediation.commands`` (one partition) from ``offset`` on."""
+    tp = TopicPartition(settings.topics.topic("remediation.commands"), 0)
+    consumer = AIOKafkaConsumer(**kafka_client_options(settings), enable_auto_commit=False,
+                                auto_offset_reset="earliest", request_timeout_ms=int(timeout * 1000))
+    await consumer.start()
+    ids: set[str] = set()
+    try:
+        consumer.assign([tp])
+        begin = (await consumer.beginning_offsets([tp]))[tp]
+        end = (await consumer.end_offsets([tp]))[tp]
+        position = max(offset, begin)
+        if position >= end:
+            return ids
+        consumer.seek(tp, position)
+        while position < end:
+            batch = await consumer.getmany(tp, timeout_ms=int(timeout * 1000))
+            if not batch:
+                raise TimeoutError(f"{tp.topic}: no records within {timeout}s (offset {position} of {end})")
+            for rec in batch.get(tp, []):
+                try:
+                    ids.add(r.decode(r.RemediationCommand, rec.value or b"").id)
+                except r.InvalidRecord:
+                    continue
+            position = await consumer.position(tp)
+        return ids
+    finally:
+        await consumer.stop()
+
+
+async def reset_group_offsets(settings: Settings, group: str, topics: list[str],
+                              offsets: dict[str, dict[int, int]], wait_s: float) -> dict[TopicPartition, int]:
+    """Commit, for ``group``, the snapshot's offsets of ``topics`` (the beginning where it has none).
+
+    Kafka takes such a commit only while the group has no live member, so this also makes a
+    restarted decision worker wait until its predecessor has left the group (at most one session
+    timeout after a crash), and refuses to start next to a running one.
+    """
+    consumer = AIOKafkaConsumer(**kafka_client_options(settings), group_id=group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or
+                                                                   await _partitions(consumer, t))]
+        begin = await consumer.beginning_offsets(tps)
+        target = {tp: max(offsets.get(tp.topic, {}).get(tp.partition, 0), begin[tp]) for tp in tps}
+        consumer.assign(tps)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                await consumer.commit(target)
+                return target
+            except KafkaError as exc:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"consumer group {group} still has a live member after {wait_s:.0f}s "
+                                       f"(is another decision worker running?): {exc!r}") from exc
+                log.info("waiting for the previous member of %s to leave (%s)", group, type(exc).__name__)
+                await asyncio.sleep(1.0)
+    finally:
+        await consumer.stop()
+
+
+async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
+    for _ in range(50):
+        parts = consumer.partitions_for_topic(topic)
+        if parts:
+            return set(parts)
+        await consumer._client.force_metadata_update()  # a topic just created
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"topic {topic} has no partitions in the metadata")
