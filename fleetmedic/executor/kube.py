@@ -1,0 +1,260 @@
+"""The executor's one seam to the Kubernetes API server (the official ``kubernetes`` client).
+
+Everything the executor does to a cluster goes through :class:`Cluster`; it translates between the
+client's models and :mod:`.plan`'s plain values, and API errors into :class:`Conflict` (someone
+changed the object: re-read and decide again) or :class:`ApiError` (report the command failed).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar, cast
+
+from kubernetes import client
+from kubernetes.client import ApiException
+
+from fleetmedic.executor.plan import (
+    CONDITION_TYPE,
+    MIRROR_ANNOTATION,
+    Condition,
+    JobOutcome,
+    NodeView,
+    Note,
+    PodView,
+    Taint,
+    job_outcome,
+)
+
+log = logging.getLogger(__name__)
+M = TypeVar("M")
+MERGE = "application/merge-patch+json"
+STRATEGIC = "application/strategic-merge-patch+json"
+EVENT_NAMESPACE = "default"  # where kubelet puts Node events too; `kubectl describe node` finds them
+LEDGER_NAME = "fleetmedic-executor-ledger"
+
+
+class Conflict(Exception):
+    """The object changed since it was read (HTTP 409): read it again and decide again."""
+
+
+class ApiError(Exception):
+    """The API server refused or failed a request; the message says what and why."""
+
+
+def _message(exc: ApiException) -> str:
+    try:
+        return str(json.loads(exc.body or "{}").get("message", exc.reason))
+    except ValueError:
+        return str(exc.reason)
+
+
+@dataclass(frozen=True)
+class Eviction:
+    evicted: bool
+    status: int
+    message: str = ""
+    blockers: tuple[str, ...] = ()  # PodDisruptionBudgets that select the pod (on 429)
+
+
+class Cluster:
+    """Reads and writes on the API server for the executor, as ``component``."""
+
+    def __init__(self, api: client.ApiClient, component: str = "fleetmedic-executor", instance: str = "") -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.batch = client.BatchV1Api(api)
+        self.policy = client.PolicyV1Api(api)
+        self.component = component
+        self.instance = instance or component
+
+    # --- nodes -------------------------------------------------------------------------------------
+
+    def read_node(self, name: str) -> NodeView | None:
+        try:
+            node = self.core.read_node(name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise ApiError(f"read node {name}: {exc.status} {_message(exc)}") from None
+        meta, spec, status = node.metadata, node.spec, node.status
+        gpus = (status.allocatable or {}).get("nvidia.com/gpu", "0") if status else "0"
+        return NodeView(
+            name=name,
+            uid=str(meta.uid or "") if meta else "",
+            unschedulable=bool(spec.unschedulable) if spec else False,
+            taints=tuple(Taint(t.key, t.value or "", t.effect) for t in (spec.taints or [])) if spec else (),
+            labels=dict(meta.labels or {}) if meta else {},
+            annotations=dict(meta.annotations or {}) if meta else {},
+            resource_version=str(meta.resource_version or "") if meta else "",
+            gpus=int(gpus) if str(gpus).isdigit() else 0,
+        )
+
+    def patch_node(self, name: str, patch: dict[str, Any]) -> None:
+        try:
+            self.core.patch_node(name, patch, _content_type=MERGE)
+        except ApiException as exc:
+            if exc.status == 409:
+                raise Conflict(f"node {name} changed while being patched") from None
+            raise ApiError(f"patch node {name}: {exc.status} {_message(exc)}") from None
+
+    def set_condition(self, name: str, cond: Condition) -> None:
+        now = _now()
+        body = {"status": {"conditions": [{"type": CONDITION_TYPE, "status": cond.status, "reason": cond.reason,
+                                           "message": cond.message, "lastTransitionTime": now,
+                                           "lastHeartbeatTime": now}]}}
+        try:  # strategic merge: conditions merge by type, the kubelet's (kwok's) stay
+            self.core.patch_node_status(name, body, _content_type=STRATEGIC)
+        except ApiException as exc:
+            raise ApiError(f"set condition on node {name}: {exc.status} {_message(exc)}") from None
+
+    def event(self, node: str, note: Note, action: str) -> None:
+        """A core/v1 Event about the Node (best effort: a lost Event must not fail the action)."""
+        now = _now()
+        body = _model(client.CoreV1Event, {
+            "metadata": {"generateName": f"{node}.fleetmedic.", "namespace": EVENT_NAMESPACE},
+            # kubelet's convention for Node events, which `kubectl describe node` relies on: uid = name
+            "involvedObject": {"kind": "Node", "name": node, "uid": node, "apiVersion": "v1"},
+            "reason": note.reason, "message": note.message[:1024], "type": "Warning" if note.warning else "Normal",
+            "source": {"component": self.component}, "reportingComponent": self.component,
+            "reportingInstance": self.instance[:128], "action": action, "firstTimestamp": now, "lastTimestamp": now,
+            "eventTime": _now_micro(), "count": 1,
+        })
+        try:
+            self.core.create_namespaced_event(EVENT_NAMESPACE, body)
+        except ApiException as exc:
+            log.warning("event on node %s not recorded: %s %s", node, exc.status, _message(exc))
+
+    # --- pods and evictions ------------------------------------------------------------------------
+
+    def pods_on(self, node: str) -> list[PodView]:
+        try:
+            pods = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items
+        except ApiException as exc:
+            raise ApiError(f"list pods on {node}: {exc.status} {_message(exc)}") from None
+        out = []
+        for p in pods:
+            meta = _meta(p)
+            owners = meta.owner_references or []
+            controller = next((o for o in owners if o.controller), owners[0] if owners else None)
+            out.append(PodView(
+                namespace=str(meta.namespace), name=str(meta.name), phase=str(p.status.phase if p.status else ""),
+                owner_kind=controller.kind if controller else "",
+                mirror=MIRROR_ANNOTATION in (meta.annotations or {}),
+                deleting=meta.deletion_timestamp is not None,
+                role=(meta.labels or {}).get("fleetmedic.io/role", "")))
+        return out
+
+    def evict(self, pod: PodView) -> Eviction:
+        body = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod.name, namespace=pod.namespace))
+        try:
+            self.core.create_namespaced_pod_eviction(pod.name, pod.namespace, body)
+            return Eviction(True, 201)
+        except ApiException as exc:
+            if exc.status == 404:
+                return Eviction(True, 404, "already gone")
+            if exc.status == 429:
+                return Eviction(False, 429, _message(exc), self._pdbs_selecting(pod))
+            raise ApiError(f"evict {pod.ref}: {exc.status} {_message(exc)}") from None
+
+    def _pdbs_selecting(self, pod: PodView) -> tuple[str, ...]:
+        try:
+            labels = _meta(self.core.read_namespaced_pod(pod.name, pod.namespace)).labels or {}
+            pdbs = self.policy.list_namespaced_pod_disruption_budget(pod.namespace).items
+        except ApiException:
+            return ()
+        names = []
+        for pdb in pdbs:
+            sel = pdb.spec.selector if pdb.spec else None
+            match = (sel.match_labels or {}) if sel else {}
+            if sel and not sel.match_expressions and all(labels.get(k) == v for k, v in match.items()):
+                names.append(f"{pod.namespace}/{_meta(pdb).name}")
+        return tuple(names)
+
+    # --- Jobs (diagnostics, hooks) -----------------------------------------------------------------
+
+    def create_job(self, doc: dict[str, Any]) -> None:
+        ns = doc["metadata"]["namespace"]
+        try:
+            self.batch.create_namespaced_job(ns, _model(client.V1Job, doc))
+        except ApiException as exc:
+            if exc.status != 409:  # already created (a resumed command): watch that one
+                raise ApiError(f"create Job {ns}/{doc['metadata']['name']}: {exc.status} {_message(exc)}") from None
+
+    def job_outcome(self, namespace: str, name: str) -> JobOutcome | None:
+        """The Job's outcome (``passed`` None while it runs), or ``None`` if there is no such Job."""
+        try:
+            job = self.batch.read_namespaced_job(name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise ApiError(f"read Job {namespace}/{name}: {exc.status} {_message(exc)}") from None
+        conds = [(c.type, c.status, c.message or "") for c in (job.status.conditions or [])] if job.status else []
+        outcome = job_outcome(conds)
+        if outcome.passed is False:
+            return JobOutcome(False, self._termination_message(namespace, name) or outcome.message)
+        return outcome
+
+    def _termination_message(self, namespace: str, job: str) -> str:
+        try:
+            pods = self.core.list_namespaced_pod(namespace, label_selector=f"job-name={job}").items
+        except ApiException:
+            return ""
+        for p in pods:
+            for cs in (p.status.container_statuses or []) if p.status else []:
+                term = cs.state.terminated if cs.state else None
+                if term and term.exit_code:
+                    return str(term.message or f"exit code {term.exit_code}")
+        return ""
+
+    # --- the job-command ledger --------------------------------------------------------------------
+
+    def read_ledger(self, namespace: str) -> tuple[dict[str, str], str]:
+        """Annotations and resourceVersion of the ledger ConfigMap (created empty when missing)."""
+        try:
+            cm = self.core.read_namespaced_config_map(LEDGER_NAME, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise ApiError(f"read ledger {namespace}/{LEDGER_NAME}: {exc.status} {_message(exc)}") from None
+            body = client.V1ConfigMap(metadata=client.V1ObjectMeta(
+                name=LEDGER_NAME, namespace=namespace, labels={"app.kubernetes.io/managed-by": "fleetmedic"}))
+            try:
+                cm = self.core.create_namespaced_config_map(namespace, body)
+            except ApiException as exc2:
+                if exc2.status == 409:
+                    return self.read_ledger(namespace)
+                raise ApiError(f"create ledger {namespace}/{LEDGER_NAME}: {exc2.status} {_message(exc2)}") from None
+        return dict(_meta(cm).annotations or {}), str(_meta(cm).resource_version or "")
+
+    def patch_ledger(self, namespace: str, annotations: dict[str, str | None], resource_version: str) -> None:
+        patch = {"metadata": {"annotations": annotations, "resourceVersion": resource_version}}
+        try:
+            self.core.patch_namespaced_config_map(LEDGER_NAME, namespace, patch, _content_type=MERGE)
+        except ApiException as exc:
+            if exc.status == 409:
+                raise Conflict("the ledger changed while being patched") from None
+            raise ApiError(f"patch ledger: {exc.status} {_message(exc)}") from None
+
+
+def _meta(obj: Any) -> client.V1ObjectMeta:
+    meta = obj.metadata
+    if meta is None:
+        raise ApiError(f"{type(obj).__name__} without metadata")
+    return cast(client.V1ObjectMeta, meta)
+
+
+def _model(cls: type[M], doc: dict[str, Any]) -> M:
+    obj = cls.from_dict(doc)  # type: ignore[attr-defined]
+    if obj is None:
+        raise ApiError(f"empty {cls.__name__}")
+    return cast(M, obj)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _now_micro() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

@@ -1,0 +1,30 @@
+"""The executor's Prometheus metrics, on an injected registry (never the global one)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+
+
+class ExecutorMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.commands = Counter("fleetmedic_executor_commands_total", "Commands handled, by action and outcome",
+                                ["action", "outcome"], registry=registry)
+        self.latency = Histogram("fleetmedic_executor_action_seconds", "Time from receiving a command to its result",
+                                 ["action"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.failures = Counter("fleetmedic_executor_failures_total",
+                                "Commands that failed, and errors talking to the API server or the broker",
+                                ["action"], registry=registry)
+        self.leader = Gauge("fleetmedic_executor_leader", "1 while this replica holds the leader Lease",
+                            registry=registry)
+        self.drains = Gauge("fleetmedic_executor_drains_in_progress", "Node drains in progress", registry=registry)
+        self.rejected = Counter("fleetmedic_executor_rejected_total",
+                                "Commands not acted on: bad signature, expired, undecodable",
+                                ["reason"], registry=registry)
+
+    def observe(self, action: str, outcome: str, seconds: float) -> None:
+        self.commands.labels(action=action, outcome=outcome).inc()
+        self.latency.labels(action=action).observe(seconds)
+        if outcome == "failed":
+            self.failures.labels(action=action).inc()

@@ -1,0 +1,543 @@
+"""What a remediation command means for a node: the pure half of the executor (decide, then act).
+
+Nothing here talks to a cluster. Functions take what the node (or its pods, or a Job) looks like
+now as plain values and return what to change and what to report; :mod:`.actions` applies it.
+
+**Annotations** (the executor's durable state, on the Node; job-track commands use the same keys on
+the ledger ConfigMap):
+
+- ``fleetmedic.io/commands``: ``{command id: expires_at}`` of commands applied here. A command seen
+  again (a second replica, a restart re-reading the topic) is ``skipped`` as a duplicate. Entries
+  are dropped once expired: an expired command is refused anyway.
+- ``fleetmedic.io/inflight``: the long command (drain, diagnostics, hook) in progress, as JSON, so a
+  restarted executor resumes it when the command is delivered again.
+- ``fleetmedic.io/cordoned-by`` / ``fleetmedic.io/tainted-by``: fleetmedic made this cordon / taint.
+  Only these are ever lifted: a cordon or a taint someone else made stays.
+- ``fleetmedic.io/drain``: drain progress (command, start, evicted pods, state).
+- ``fleetmedic.io/diagnostics``: the diagnostics Job and its verdict (``running``, ``pass``, ``fail``);
+  ``return_to_service`` by fleetmedic is refused unless it says ``pass``.
+- ``fleetmedic.io/reason``: why fleetmedic last changed the node; ``fleetmedic.io/escalation``: the
+  last escalation.
+
+The node condition ``FleetmedicQuarantine`` and a core/v1 Event explain every change in
+``kubectl describe node``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import string
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fleetmedic.config import ExecutorSettings
+from fleetmedic.records import Outcome, RemediationCommand, RemediationResult
+from fleetmedic.signing import CommandExpired, SignatureError, verify
+
+ANN_COMMANDS = "fleetmedic.io/commands"
+ANN_INFLIGHT = "fleetmedic.io/inflight"
+ANN_CORDONED = "fleetmedic.io/cordoned-by"
+ANN_TAINTED = "fleetmedic.io/tainted-by"
+ANN_REASON = "fleetmedic.io/reason"
+ANN_DRAIN = "fleetmedic.io/drain"
+ANN_DIAGNOSTICS = "fleetmedic.io/diagnostics"
+ANN_ESCALATION = "fleetmedic.io/escalation"
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+CONDITION_TYPE = "FleetmedicQuarantine"
+ACTOR = "fleetmedic"
+TAINT_VALUE = "true"
+MAX_REMEMBERED = 200
+
+NODE_QUICK = frozenset({"cordon", "uncordon", "taint", "untaint", "label", "return_to_service", "escalate"})
+NODE_LONG = frozenset({"drain", "run_diagnostics", "reset_gpu", "reboot_node"})
+JOB_ACTIONS = frozenset({"restart_job", "requeue_job", "retry_in_place"})
+HOOK_ACTIONS = frozenset({"reset_gpu", "reboot_node", "escalate"})
+EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+# --- values ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What the executor needs to know about a Node."""
+
+    name: str
+    uid: str = ""
+    unschedulable: bool = False
+    taints: tuple[Taint, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    resource_version: str = ""
+    gpus: int = 0
+
+
+@dataclass(frozen=True)
+class Condition:
+    status: Literal["True", "False"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Note:
+    """A core/v1 Event on the Node."""
+
+    reason: str
+    message: str
+    warning: bool = False
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """The change to make to one Node and what to report. ``None`` / empty: leave it as it is."""
+
+    outcome: Outcome
+    reason: str = ""
+    details: Mapping[str, str] = field(default_factory=dict)
+    unschedulable: bool | None = None
+    taints: tuple[Taint, ...] | None = None
+    labels: Mapping[str, str | None] = field(default_factory=dict)
+    annotations: Mapping[str, str | None] = field(default_factory=dict)
+    condition: Condition | None = None
+    event: Note | None = None
+
+    def changes(self) -> list[str]:
+        """Human-readable list of the changes (what a dry run reports)."""
+        out = []
+        if self.unschedulable is not None:
+            out.append("cordon" if self.unschedulable else "uncordon")
+        if self.taints is not None:
+            out.append("set taints to [" + ", ".join(f"{t.key}={t.value}:{t.effect}" for t in self.taints) + "]")
+        out += [f"label {k}={v}" if v is not None else f"remove label {k}" for k, v in self.labels.items()]
+        out += [f"annotate {k}" if v is not None else f"remove annotation {k}" for k, v in self.annotations.items()
+                if k != ANN_COMMANDS]
+        if self.condition is not None:
+            out.append(f"condition {CONDITION_TYPE}={self.condition.status} ({self.condition.reason})")
+        if self.event is not None:
+            out.append(f"event {self.event.reason}")
+        return out
+
+
+def merge_patch(plan: NodePlan, node: NodeView) -> dict[str, Any]:
+    """The JSON merge patch for ``plan``, guarded by the node's resourceVersion (409 if it moved)."""
+    meta: dict[str, Any] = {}
+    if node.resource_version:
+        meta["resourceVersion"] = node.resource_version
+    if plan.labels:
+        meta["labels"] = dict(plan.labels)
+    if plan.annotations:
+        meta["annotations"] = dict(plan.annotations)
+    patch: dict[str, Any] = {"metadata": meta}
+    spec: dict[str, Any] = {}
+    if plan.unschedulable is not None:
+        spec["unschedulable"] = plan.unschedulable or None
+    if plan.taints is not None:
+        spec["taints"] = [{"key": t.key, "value": t.value, "effect": t.effect} for t in plan.taints]
+    if spec:
+        patch["spec"] = spec
+    return patch
+
+
+# --- screening and idempotency -------------------------------------------------------------------
+
+
+def reject_reason(cmd: RemediationCommand, key: bytes, now: float) -> str | None:
+    """Why the command must not be acted on (bad signature, expired), or ``None``."""
+    try:
+        verify(cmd, key, now)
+    except SignatureError as exc:
+        return f"signature rejected: {exc}"
+    except CommandExpired as exc:
+        return f"expired before it could be applied: {exc}"
+    return None
+
+
+def applied_ids(annotations: Mapping[str, str]) -> dict[str, float]:
+    raw = annotations.get(ANN_COMMANDS, "")
+    try:
+        doc = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return {str(k): float(v) for k, v in doc.items()} if isinstance(doc, dict) else {}
+
+
+def remember(annotations: Mapping[str, str], cmd: RemediationCommand, now: float) -> str:
+    """The ``fleetmedic.io/commands`` value with ``cmd`` added and expired ids dropped."""
+    ids = {k: v for k, v in applied_ids(annotations).items() if v >= now}
+    ids[cmd.id] = cmd.expires_at
+    newest = sorted(ids.items(), key=lambda kv: kv[1])[-MAX_REMEMBERED:]
+    return json.dumps(dict(newest), separators=(",", ":"), sort_keys=True)
+
+
+def inflight(annotations: Mapping[str, str]) -> dict[str, Any]:
+    return _json(annotations.get(ANN_INFLIGHT, ""))
+
+
+Screen = Literal["act", "resume", "duplicate"]
+
+
+def screen(cmd: RemediationCommand, annotations: Mapping[str, str]) -> Screen:
+    """Duplicate (applied before, by any executor), resume (a long action of this id in progress) or act."""
+    if cmd.id in applied_ids(annotations):
+        return "duplicate"
+    if inflight(annotations).get("id") == cmd.id:
+        return "resume"
+    return "act"
+
+
+def result_of(cmd: RemediationCommand, outcome: Outcome, now: float, executor: str, reason: str = "",
+              details: Mapping[str, str] | None = None, dry_run: bool = False) -> RemediationResult:
+    return RemediationResult(command_id=cmd.id, action=cmd.action, outcome=outcome, ts=now, reason=reason[:4096],
+                             node=cmd.node, job=cmd.job, executor=executor, dry_run=dry_run or cmd.dry_run,
+                             details=dict(details or {}))
+
+
+def opted_out(node: NodeView, opt_out_label: str) -> bool:
+    return node.labels.get(opt_out_label, "").lower() in ("true", "1", "yes")
+
+
+# --- quick node actions ---------------------------------------------------------------------------
+
+
+def plan_node_action(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSettings, now: float) -> NodePlan:
+    """cordon, uncordon, taint, untaint, label, return_to_service, escalate (without a hook)."""
+    planner = _PLANNERS.get(cmd.action)
+    if planner is None:
+        return NodePlan("failed", f"{cmd.action} is not a quick node action")
+    plan = planner(cmd, node, cfg)
+    if plan.outcome == "failed" or not (plan.unschedulable is not None or plan.taints is not None or plan.labels
+                                        or plan.annotations or plan.condition):
+        return plan
+    ann = dict(plan.annotations)
+    ann[ANN_REASON] = f"{cmd.action}: {cmd.reason}"[:1024]
+    return _with(plan, annotations=ann)
+
+
+def _with(plan: NodePlan, **changes: Any) -> NodePlan:
+    from dataclasses import replace
+
+    return replace(plan, **changes)
+
+
+def _quarantine_condition(cmd: RemediationCommand, why: str) -> Condition:
+    return Condition("True", why, f"fleetmedic {cmd.action} (incident {cmd.incident_id or '-'}): {cmd.reason}"[:1024])
+
+
+def _cordon(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSettings) -> NodePlan:
+    labels = {cfg.lifecycle_label: "quarantined"}
+    cond = _quarantine_condition(cmd, "Cordoned")
+    if node.unschedulable:
+        if ANN_CORDONED in node.annotations:
+            return NodePlan("applied", "already cordoned by fleetmedic", labels=labels, condition=cond)
+        return NodePlan("applied", "already cordoned by someone else: fleetmedic will not uncordon it",
+                        {"already_cordoned": "true"}, labels=labels, condition=cond,
+                        event=Note("FleetmedicCordonExisting", f"node already cordoned (not by fleetmedic); "
+                                   f"{cmd.action} for: {cmd.reason}", warning=True))
+    return NodePlan("applied", details={"already_cordoned": "false"}, unschedulable=True, labels=labels,
+                    annotations={ANN_CORDONED: ACTOR}, condition=cond,
+                    event=Note("FleetmedicCordoned", f"cordoned by fleetmedic (incident {cmd.incident_id}): "
+                               f"{cmd.reason}", warning=True))
+
+
+def _uncordon(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSettings) -> NodePlan:
+    if ANN_CORDONED not in node.annotations:
+        why = "cordon not made by fleetmedic: left in place" if node.unschedulable else "node is not cordoned"
+        return NodePlan("skipped", why)
+    return NodePlan("applied", unschedulable=False, annotations={ANN_CORDONED: None},
+                    event=Note("FleetmedicUncordoned", f"uncordoned by fleetmedic: {cmd.reason}"))
+
+
+def _taint(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSettings) -> NodePlan:
+    effect = cmd.params.get("effect", cfg.taint_effect)
+    if effect not in EFFECTS:
+        return NodePlan("failed", f"params.effect: must be one of {', '.join(EFFECTS)}, got {effect!r}")
+    labels = {cfg.lifecycle_label: "quarantined"}
+    cond = _quarantine_condition(cmd, "Tainted")
+    ours = [t for t in node.taints if t.key == cfg.taint_key]
+    if ours and ANN_TAINTED not in node.annotations:
+        return NodePlan("applied", f"taint {cfg.taint_key} already present (not fleetmedic's): left as it is",
+                        {"already_tainted": "true"}, labels=labels, condition=cond)
+    if any(t.effect == effect for t in ours):
+        return NodePlan("applied", f"already tainted {cfg.taint_key}:{effect} by fleetmedic", labels=labels,
+                        condition=cond)
+    others = tuple(t for t in node.taints if t.key != cfg.taint_key)
+    return NodePlan("applied", details={"taint": f"{cfg.taint_key}={TAINT_VALUE}:{effect}"},
+                    taints=(*others, Taint(cfg.taint_key, TAINT_VALUE, effect)), labels=labels,
+                    annotations={ANN_TAINTED: effect}, condition=cond,
+                    event=Note("FleetmedicTainted", f"tainted {cfg.taint_key}:{effect} by fleetmedic "
+                               f"(incident {cmd.incident_id}): {cmd.reason}", warning=True))
+
+
+def _untaint(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSettings) -> NodePlan:
+    if ANN_TAINTED not in node.annotations:
+        present = any(t.key == cfg.taint_key for t in node.taints)
+        return NodePlan("skipped", "taint not made by fleetmedic: left in place" if present else "node not tainted")
+    return NodePlan("applied", taints=tuple(t for t in node.taints if t.key != cfg.taint_key),
+                    annotations={ANN_TAINTED: None},
+                    event=Note("FleetmedicUntainted", f"taint {cfg.taint_key} removed by fleetmedic: {cmd.reason}"))
+
+
+def _label(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSettings) -> NodePlan:
+    value = cmd.params.get("state") or cmd.params.get("value") or "suspect"
+    if len(value) > 63 or not _LABEL_VALUE.match(value):
+        return NodePlan("failed", f"params.state: not a valid label value: {value!r}")
+    return NodePlan("applied", labels={cfg.lifecycle_label: value},
+                    event=Note("FleetmedicLabelled", f"{cfg.lifecycle_label}={value}: {cmd.reason}"))
+
+
+def _return_to_service(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSettings) -> NodePlan:
+    actor = cmd.params.get("actor", ACTOR)
+    diag = _json(node.annotations.get(ANN_DIAGNOSTICS, ""))
+    if actor == ACTOR and diag.get("verdict") != "pass":
+        seen = f"diagnostics {diag.get('verdict')}" if diag else "no diagnostics recorded on the node"
+        return NodePlan("failed", f"refused: return to service needs passing diagnostics ({seen}); "
+                                  "an operator clear (params.actor) overrides")
+    if inflight(node.annotations):
+        return NodePlan("failed", f"node busy: {inflight(node.annotations).get('action')} in progress")
+    unschedulable: bool | None = None
+    taints: tuple[Taint, ...] | None = None
+    ann: dict[str, str | None] = {ANN_DRAIN: None, ANN_DIAGNOSTICS: None, ANN_ESCALATION: None}
+    kept = []
+    if cmd.params.get("untaint", "true") != "false" and ANN_TAINTED in node.annotations:
+        taints = tuple(t for t in node.taints if t.key != cfg.taint_key)
+        ann[ANN_TAINTED] = None
+    elif any(t.key == cfg.taint_key for t in node.taints):
+        kept.append("taint (not fleetmedic's)")
+    if cmd.params.get("uncordon", "true") != "false" and ANN_CORDONED in node.annotations:
+        unschedulable = False
+        ann[ANN_CORDONED] = None
+    elif node.unschedulable:
+        kept.append("cordon (not fleetmedic's)")
+    note = f"returned to service by fleetmedic ({actor}): {cmd.reason}" + (f"; kept {', '.join(kept)}" if kept else "")
+    return NodePlan("applied", "; ".join(f"kept {k}" for k in kept), {"kept": ",".join(kept)} if kept else {},
+                    unschedulable=unschedulable, taints=taints, labels={cfg.lifecycle_label: None}, annotations=ann,
+                    condition=Condition("False", "ReturnedToService", note[:1024]),
+                    event=Note("FleetmedicReturnedToService", note))
+
+
+def _escalate(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSettings) -> NodePlan:
+    what = cmd.params.get("escalation", "notify")
+    return NodePlan("skipped", f"no escalate hook configured (executor.action_hooks): escalation '{what}' "
+                               "recorded on the node (annotation and Event) for a human",
+                    annotations={ANN_ESCALATION: json.dumps({"command": cmd.id, "escalation": what,
+                                                            "reason": cmd.reason[:512]})},
+                    event=Note("FleetmedicEscalated", f"escalated ({what}): {cmd.reason}", warning=True))
+
+
+_PLANNERS = {"cordon": _cordon, "uncordon": _uncordon, "taint": _taint, "untaint": _untaint, "label": _label,
+             "return_to_service": _return_to_service, "escalate": _escalate}
+
+
+def no_hook_plan(cmd: RemediationCommand) -> NodePlan:
+    """reset_gpu / reboot_node without a hook: nothing can do it here; say so on the node."""
+    return NodePlan("skipped", f"no {cmd.action} hook configured (executor.action_hooks): nothing was done to the "
+                               "node; recorded as an Event for a human",
+                    event=Note(f"Fleetmedic{_camel(cmd.action)}Requested",
+                               f"{cmd.action} requested ({cmd.reason}) but no hook is configured", warning=True))
+
+
+def _camel(action: str) -> str:
+    return "".join(p.capitalize() for p in action.split("_"))
+
+
+# --- drain -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PodView:
+    namespace: str
+    name: str
+    phase: str = "Running"
+    owner_kind: str = ""
+    mirror: bool = False
+    deleting: bool = False
+    role: str = ""  # the label fleetmedic.io/role (fleetmedic's own diagnostics and hook pods)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class DrainStep:
+    """One pass of a drain: pods to evict now, pods to wait for, pods left alone (and why)."""
+
+    evict: tuple[PodView, ...]
+    wait: tuple[PodView, ...]
+    skipped: tuple[tuple[PodView, str], ...]
+    timed_out: bool
+
+    @property
+    def done(self) -> bool:
+        return not self.evict and not self.wait
+
+
+def namespace_policy(namespace: str, cfg: ExecutorSettings) -> str:
+    return cfg.namespace_policies.get(namespace, cfg.default_namespace_policy)
+
+
+def plan_drain(pods: Sequence[PodView], cfg: ExecutorSettings, started_at: float, now: float) -> DrainStep:
+    """Which pods of the node to evict now, per namespace policy; DaemonSet and mirror pods stay."""
+    evict: list[PodView] = []
+    wait: list[PodView] = []
+    skipped: list[tuple[PodView, str]] = []
+    elapsed = now - started_at
+    for pod in pods:
+        if pod.owner_kind == "DaemonSet":
+            skipped.append((pod, "DaemonSet pod"))
+        elif pod.mirror:
+            skipped.append((pod, "mirror (static) pod"))
+        elif pod.phase in ("Succeeded", "Failed"):
+            skipped.append((pod, f"already {pod.phase}"))
+        elif pod.deleting:
+            wait.append(pod)
+        else:
+            policy = namespace_policy(pod.namespace, cfg)
+            if policy == "evict_now" or (policy == "evict_after_timeout" and elapsed >= cfg.drain_evict_after_s):
+                evict.append(pod)
+            else:
+                wait.append(pod)
+    return DrainStep(tuple(evict), tuple(wait), tuple(skipped), elapsed >= cfg.drain_timeout_s)
+
+
+def drain_state(annotations: Mapping[str, str]) -> dict[str, Any]:
+    return _json(annotations.get(ANN_DRAIN, ""))
+
+
+def new_drain_state(cmd: RemediationCommand, now: float) -> str:
+    return json.dumps({"command": cmd.id, "started": now, "state": "in_progress", "evicted": []},
+                      separators=(",", ":"))
+
+
+def drain_started(annotations: Mapping[str, str], cmd: RemediationCommand, now: float) -> float:
+    """The start of this command's drain (resumed after a restart), or ``now`` for a new one."""
+    state = drain_state(annotations)
+    return float(state["started"]) if state.get("command") == cmd.id and "started" in state else now
+
+
+# --- diagnostics and hooks ------------------------------------------------------------------------
+
+
+def job_name(prefix: str, cmd: RemediationCommand) -> str:
+    return f"{prefix}-{hashlib.sha256(cmd.id.encode()).hexdigest()[:12]}"
+
+
+def diagnostics_job(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSettings) -> dict[str, Any]:
+    """The diagnostics Job: pinned to the node by ``nodeName``, tolerating fleetmedic's taint and the
+    cordon (and ``executor.diagnostics_tolerations``), holding all the node's GPUs."""
+    tolerations: list[dict[str, Any]] = [
+        {"key": cfg.taint_key, "operator": "Exists"},
+        {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+        *[dict(t) for t in cfg.diagnostics_tolerations],
+    ]
+    command = list(cfg.diagnostics_command)
+    level = cmd.params.get("level")
+    if level and level.isdigit() and "-r" in command and command.index("-r") + 1 < len(command):
+        command[command.index("-r") + 1] = level
+    gpus = {"nvidia.com/gpu": str(node.gpus)} if node.gpus else {}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name("fleetmedic-diag", cmd),
+            "namespace": cfg.diagnostics_namespace,
+            "labels": {"app.kubernetes.io/managed-by": "fleetmedic", "fleetmedic.io/role": "diagnostics"},
+            "annotations": {"fleetmedic.io/node": node.name, "fleetmedic.io/command": cmd.id[:1024]},
+        },
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": int(cfg.diagnostics_timeout_s),
+            "ttlSecondsAfterFinished": 86_400,
+            "template": {
+                "metadata": {
+                    "labels": {"fleetmedic.io/role": "diagnostics"},
+                    "annotations": {"fleetmedic.io/node": node.name, **cfg.diagnostics_pod_annotations},
+                },
+                "spec": {
+                    "nodeName": node.name,
+                    "restartPolicy": "Never",
+                    "tolerations": tolerations,
+                    "containers": [{
+                        "name": "diag",
+                        "image": cfg.diagnostics_image,
+                        "command": command,
+                        "resources": {"requests": gpus, "limits": gpus},
+                        "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}},
+                    }],
+                },
+            },
+        },
+    }
+
+
+def hook_job(template: str, cmd: RemediationCommand, node: NodeView, cfg: ExecutorSettings) -> dict[str, Any]:
+    """A hook Job from a YAML template with ``${node}``, ``${gpu}``, ``${command_id}``, ``${reason}``,
+    ``${name}`` and ``${namespace}`` substituted (the caller parses the text)."""
+    import yaml
+
+    name = job_name(f"fleetmedic-{cmd.action.replace('_', '-')}", cmd)
+    text = string.Template(template).safe_substitute(
+        node=node.name, gpu=cmd.params.get("gpu", "all"), command_id=cmd.id, reason=json.dumps(cmd.reason),
+        name=name, namespace=cfg.diagnostics_namespace)
+    doc = yaml.safe_load(text)
+    if not isinstance(doc, dict) or doc.get("kind") != "Job":
+        raise ValueError(f"executor.action_hooks.{cmd.action}: the template must be one batch/v1 Job")
+    meta = doc.setdefault("metadata", {})
+    meta.setdefault("name", name)
+    meta.setdefault("namespace", cfg.diagnostics_namespace)
+    meta.setdefault("labels", {})["app.kubernetes.io/managed-by"] = "fleetmedic"
+    pod_meta = doc.setdefault("spec", {}).setdefault("template", {}).setdefault("metadata", {})
+    pod_meta.setdefault("labels", {})["fleetmedic.io/role"] = cmd.action
+    return doc
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """A finished (or not) Job: ``None`` while it runs."""
+
+    passed: bool | None
+    message: str = ""
+
+
+def job_outcome(conditions: Sequence[tuple[str, str, str]], failure_message: str = "") -> JobOutcome:
+    """From the Job's ``(type, status, message)`` conditions: Complete -> passed, Failed -> failed."""
+    for kind, status, message in conditions:
+        if status != "True":
+            continue
+        if kind in ("Complete", "SuccessCriteriaMet"):
+            return JobOutcome(True, message)
+        if kind in ("Failed", "FailureTarget"):
+            return JobOutcome(False, failure_message or message)
+    return JobOutcome(None)
+
+
+def failed_tests(message: str) -> str:
+    """The failing tests from a diagnostics pod's termination message (``memory,pcie`` or free text)."""
+    first = (message.strip().splitlines() or [""])[0].strip()
+    if first and re.fullmatch(r"[A-Za-z0-9_,. -]+", first) and len(first) <= 200:
+        return ",".join(p.strip() for p in first.split(",") if p.strip())
+    return "diagnostics"
+
+
+def diagnostics_state(annotations: Mapping[str, str]) -> dict[str, Any]:
+    return _json(annotations.get(ANN_DIAGNOSTICS, ""))
+
+
+def _json(raw: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}

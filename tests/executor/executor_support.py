@@ -1,0 +1,84 @@
+"""Helpers for the executor tests (no tests here): settings for a test namespace, signed commands,
+pods pinned to a test fleet's node, and waiting."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client
+
+from fleetmedic.config import Settings, parse_config
+from fleetmedic.devenv import fleet as fl
+from fleetmedic.executor.actions import CommandExecutor
+from fleetmedic.executor.kube import Cluster
+from fleetmedic.records import RemediationCommand
+from fleetmedic.signing import sign
+
+KEY = b"k" * 40
+GPUS = {fl.GPU: "8"}
+
+
+def settings(namespace: str, extra: str = "", bootstrap: str = "127.0.0.1:1") -> Settings:
+    """Executor settings for one test: its namespace holds the Lease, ledger and diagnostics Jobs;
+    diagnostics pods tolerate the kwok taint."""
+    u = uuid.uuid4().hex[:8]
+    text = (f"kafka: {{bootstrap_servers: '{bootstrap}', consumer_group: fm-x{u}}}\n"
+            f"topics: {{prefix: x{u}., default_partitions: 1}}\n"
+            "metrics: {port: 0}\n"
+            "executor:\n"
+            f"  diagnostics_namespace: {namespace}\n"
+            f"  lease_namespace: {namespace}\n"
+            "  diagnostics_tolerations: [{key: kwok.x-k8s.io/node, operator: Exists}]\n"
+            "  eviction_retry_backoff_s: 0.3\n"
+            "  lease_duration_s: 3.0\n"
+            + extra)
+    return parse_config(text, env={})
+
+
+def executor(api: client.ApiClient, s: Settings, identity: str = "test-executor") -> CommandExecutor:
+    return CommandExecutor(Cluster(api, instance=identity), s, KEY, identity=identity)
+
+
+def command(action: str, node: str = "", job: str = "", cid: str | None = None, ttl: float = 600.0,
+            **kw: Any) -> RemediationCommand:
+    now = time.time()
+    return sign(RemediationCommand(id=cid or f"inc-{uuid.uuid4().hex[:6]}/{action}/{node or job}/e1.1",
+                                   action=action, incident_id="inc-test", reason=f"test {action}", issued_at=now,
+                                   expires_at=now + ttl, node=node, job=job, **kw), KEY)
+
+
+def pinned_pod(name: str, node: str, labels: dict[str, str] | None = None) -> client.V1Pod:
+    return client.V1Pod.from_dict({
+        "metadata": {"name": name, "labels": labels or {"app": name}},
+        "spec": {"nodeSelector": {"kubernetes.io/hostname": node}, "tolerations": [fl.KWOK_TOLERATION],
+                 "containers": [{"name": "c", "image": "example.invalid/c:1"}]},
+    })
+
+
+def wait(what: str, check: Callable[[], Any], timeout: float = 60.0, every: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(every)
+
+
+def running(core: client.CoreV1Api, namespace: str, name: str) -> bool:
+    try:
+        pod = core.read_namespaced_pod(name, namespace)
+    except client.ApiException:
+        return False
+    return bool(pod.status and pod.status.phase == "Running")
+
+
+def node_events(core: client.CoreV1Api, node: str) -> list[str]:
+    """Reasons of the Events `kubectl describe node` shows (involvedObject kind Node, uid = name)."""
+    events = core.list_namespaced_event("default", field_selector=f"involvedObject.kind=Node,"
+                                                                  f"involvedObject.name={node},involvedObject.uid={node}")
+    return [e.reason for e in events.items]

@@ -1,0 +1,101 @@
+"""Node actions on the real API server: cordon and taint with annotations, condition and Events; the
+command id recorded on the node so any executor skips a repeat; dry run and opt-out change nothing; a
+cordon someone else made is never lifted; return to service only after passing diagnostics."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client
+
+from fleetmedic.devenv import fleet as fl
+from fleetmedic.executor import plan as p
+from tests.executor.executor_support import command, executor, node_events, settings
+
+
+def _node(core: client.CoreV1Api, name: str) -> client.V1Node:
+    return core.read_node(name)
+
+
+def _condition(node: client.V1Node) -> Any:
+    return next((c for c in (node.status.conditions or []) if c.type == p.CONDITION_TYPE), None)
+
+
+def test_cordon_and_taint_are_applied_once_explained_and_recorded_for_every_executor(
+    kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet]
+) -> None:
+    core = client.CoreV1Api(kube_api)
+    name = make_fleet(1).nodes[0]
+    s = settings(namespace)
+    ex = executor(kube_api, s)
+    cordon, taint = command("cordon", name), command("taint", name)
+    r1, r2 = ex.handle(cordon), ex.handle(taint)
+    assert (r1.outcome, r1.details["already_cordoned"], r2.outcome) == ("applied", "false", "applied")
+    n = _node(core, name)
+    assert n.spec.unschedulable is True
+    assert {(t.key, t.effect) for t in n.spec.taints} >= {("fleetmedic.io/quarantine", "NoSchedule")}
+    ann, labels = n.metadata.annotations, n.metadata.labels
+    assert ann[p.ANN_CORDONED] == "fleetmedic" and ann[p.ANN_TAINTED] == "NoSchedule"
+    assert set(p.applied_ids(ann)) == {cordon.id, taint.id} and labels["fleetmedic.io/state"] == "quarantined"
+    cond = _condition(n)
+    assert cond.status == "True" and "test taint" in cond.message
+    assert {"FleetmedicCordoned", "FleetmedicTainted"} <= set(node_events(core, name))
+    # the same command again, here or on a fresh executor (a second replica, a restart): skipped
+    again = executor(kube_api, s, identity="other").handle(cordon)
+    assert again.outcome == "skipped" and "duplicate" in again.reason
+    assert ex.handle(taint).outcome == "skipped"
+
+
+def test_dry_run_and_opt_out_change_nothing_and_say_why(
+    kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet]
+) -> None:
+    core = client.CoreV1Api(kube_api)
+    a, b = make_fleet(2).nodes
+    ex = executor(kube_api, settings(namespace))
+    dry = ex.handle(command("taint", a, dry_run=True))
+    assert dry.outcome == "skipped" and dry.dry_run
+    assert "would" in dry.reason and "fleetmedic.io/quarantine" in dry.reason
+    n = _node(core, a)
+    assert not n.spec.unschedulable and not any(t.key == "fleetmedic.io/quarantine" for t in n.spec.taints or [])
+    assert p.ANN_COMMANDS not in (n.metadata.annotations or {})
+    whole = executor(kube_api, settings(namespace, extra="safety: {dry_run: true}\n"))
+    assert whole.handle(command("cordon", a)).reason.startswith("dry run: would cordon")
+    assert not _node(core, a).spec.unschedulable
+    core.patch_node(b, {"metadata": {"labels": {"fleetmedic.io/opt-out": "true"}}})
+    out = ex.handle(command("cordon", b))
+    assert out.outcome == "skipped" and "opts out" in out.reason and not _node(core, b).spec.unschedulable
+
+
+def test_someone_elses_cordon_is_reported_and_survives_return_to_service(
+    kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet]
+) -> None:
+    core = client.CoreV1Api(kube_api)
+    name = make_fleet(1).nodes[0]
+    core.patch_node(name, {"spec": {"unschedulable": True}})  # an operator's kubectl cordon
+    ex = executor(kube_api, settings(namespace))
+    r = ex.handle(command("cordon", name))
+    assert r.outcome == "applied" and r.details["already_cordoned"] == "true"
+    assert ex.handle(command("taint", name)).outcome == "applied"
+    assert ex.handle(command("uncordon", name)).outcome == "skipped"
+    refused = ex.handle(command("return_to_service", name, params={"uncordon": "true", "untaint": "true"}))
+    assert refused.outcome == "failed" and "diagnostics" in refused.reason
+    cleared = ex.handle(command("return_to_service", name, params={"actor": "alice"}))
+    assert cleared.outcome == "applied" and "cordon (not fleetmedic's)" in cleared.reason
+    n = _node(core, name)
+    assert n.spec.unschedulable is True  # still the operator's
+    assert not any(t.key == "fleetmedic.io/quarantine" for t in n.spec.taints or [])
+    assert "fleetmedic.io/state" not in (n.metadata.labels or {}) and _condition(n).status == "False"
+
+
+def test_bad_signature_expired_and_unknown_node_are_refused_with_reasons(
+    kube_api: client.ApiClient, namespace: str
+) -> None:
+    import msgspec
+
+    ex = executor(kube_api, settings(namespace))
+    forged = msgspec.structs.replace(command("cordon", "some-node"), node="other-node")
+    assert "signature" in ex.handle(forged).reason
+    assert ex.handle(command("cordon", "n", ttl=0.0)).reason.startswith("expired")
+    missing = ex.handle(command("cordon", "no-such-node-x"))
+    assert missing.outcome == "failed" and "unknown node" in missing.reason

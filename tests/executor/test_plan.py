@@ -1,0 +1,203 @@
+"""The executor's pure planning (fleetmedic.executor.plan), without a cluster: screening and
+idempotency records, the node changes of each quick action and what they never undo, the drain plan
+per namespace policy, the diagnostics Job, verdicts from Job conditions."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from fleetmedic.config import ExecutorSettings
+from fleetmedic.executor import plan as p
+from fleetmedic.records import RemediationCommand
+from fleetmedic.signing import sign
+
+KEY = b"k" * 40
+CFG = ExecutorSettings(namespace_policies={"infer": "wait_for_completion", "batch": "evict_now"},
+                       drain_evict_after_s=60.0, drain_timeout_s=300.0)
+
+
+def cmd(action: str = "cordon", cid: str = "c1", **kw: object) -> RemediationCommand:
+    fields: dict[str, object] = dict(id=cid, action=action, incident_id="inc-1", reason="xid 79", issued_at=1000.0,
+                                     expires_at=1300.0, node="n1")
+    fields.update(kw)
+    return sign(RemediationCommand(**fields), KEY)  # type: ignore[arg-type]
+
+
+def node(**kw: object) -> p.NodeView:
+    return p.NodeView(name="n1", **kw)  # type: ignore[arg-type]
+
+
+# --- screening ------------------------------------------------------------------------------------
+
+
+def test_signed_fresh_command_is_accepted_tampered_or_expired_is_refused_with_reason() -> None:
+    c = cmd()
+    assert p.reject_reason(c, KEY, 1100.0) is None
+    tampered = RemediationCommand(**{**{f: getattr(c, f) for f in c.__struct_fields__}, "node": "n2"})
+    assert "signature" in (p.reject_reason(tampered, KEY, 1100.0) or "")
+    assert "signature" in (p.reject_reason(c, b"x" * 40, 1100.0) or "")
+    assert (p.reject_reason(c, KEY, 1301.0) or "").startswith("expired")
+
+
+def test_recorded_command_id_is_a_duplicate_inflight_id_resumes_and_expired_ids_are_forgotten() -> None:
+    c = cmd()
+    assert p.screen(c, {}) == "act"
+    ann = {p.ANN_COMMANDS: p.remember({}, c, 1000.0)}
+    assert p.screen(c, ann) == "duplicate"
+    assert p.screen(cmd(cid="c2"), ann) == "act"
+    assert p.screen(cmd(cid="c3"), {p.ANN_INFLIGHT: json.dumps({"id": "c3"})}) == "resume"
+    later = p.remember(ann, cmd(cid="c2", issued_at=1400.0, expires_at=1700.0), 1400.0)
+    assert set(p.applied_ids({p.ANN_COMMANDS: later})) == {"c2"}  # c1 expired at 1300: refused anyway
+    assert p.applied_ids({p.ANN_COMMANDS: "not json"}) == {}
+
+
+def test_the_record_of_applied_ids_is_bounded() -> None:
+    ann: dict[str, str] = {}
+    for i in range(p.MAX_REMEMBERED + 50):
+        ann = {p.ANN_COMMANDS: p.remember(ann, cmd(cid=f"c{i}", expires_at=1300.0 + i), 1000.0)}
+    ids = p.applied_ids(ann)
+    assert len(ids) == p.MAX_REMEMBERED and f"c{p.MAX_REMEMBERED + 49}" in ids and "c0" not in ids
+
+
+# --- quick node actions ---------------------------------------------------------------------------
+
+
+def test_cordon_of_a_schedulable_node_is_owned_and_explained() -> None:
+    plan = p.plan_node_action(cmd(), node(), CFG, 1000.0)
+    assert plan.outcome == "applied" and plan.unschedulable is True
+    assert plan.annotations[p.ANN_CORDONED] == "fleetmedic" and plan.details["already_cordoned"] == "false"
+    assert plan.labels == {"fleetmedic.io/state": "quarantined"}
+    assert plan.condition and plan.condition.status == "True" and plan.event and "xid 79" in plan.event.message
+    assert p.ANN_REASON in plan.annotations
+
+
+def test_cordon_of_a_node_someone_else_cordoned_reports_it_and_takes_no_ownership() -> None:
+    plan = p.plan_node_action(cmd(), node(unschedulable=True), CFG, 1000.0)
+    assert plan.outcome == "applied" and plan.details["already_cordoned"] == "true"
+    assert plan.unschedulable is None and p.ANN_CORDONED not in plan.annotations
+
+
+def test_uncordon_and_return_to_service_never_lift_a_cordon_or_taint_fleetmedic_did_not_make() -> None:
+    foreign = node(unschedulable=True, taints=(p.Taint("fleetmedic.io/quarantine", "x", "NoSchedule"),),
+                   annotations={p.ANN_DIAGNOSTICS: json.dumps({"verdict": "pass"})})
+    assert p.plan_node_action(cmd("uncordon"), foreign, CFG, 1000.0).outcome == "skipped"
+    assert p.plan_node_action(cmd("untaint"), foreign, CFG, 1000.0).outcome == "skipped"
+    back = p.plan_node_action(cmd("return_to_service"), foreign, CFG, 1000.0)
+    assert back.outcome == "applied" and back.unschedulable is None and back.taints is None
+    assert "cordon (not fleetmedic's)" in back.reason and "taint (not fleetmedic's)" in back.reason
+
+
+def test_taint_adds_the_configured_key_with_effect_from_params_and_keeps_other_taints() -> None:
+    other = p.Taint("kwok.x-k8s.io/node", "fake", "NoSchedule")
+    plan = p.plan_node_action(cmd("taint", params={"effect": "NoExecute"}), node(taints=(other,)), CFG, 1000.0)
+    assert plan.taints == (other, p.Taint("fleetmedic.io/quarantine", "true", "NoExecute"))
+    assert plan.annotations[p.ANN_TAINTED] == "NoExecute"
+    assert p.plan_node_action(cmd("taint", params={"effect": "Bogus"}), node(), CFG, 1000.0).outcome == "failed"
+    untaint = p.plan_node_action(cmd("untaint"), node(taints=(other, *plan.taints[1:]),
+                                                      annotations={p.ANN_TAINTED: "NoExecute"}), CFG, 1000.0)
+    assert untaint.taints == (other,) and untaint.annotations[p.ANN_TAINTED] is None
+
+
+def test_return_to_service_is_refused_without_passing_diagnostics_unless_an_operator_clears() -> None:
+    owned = node(unschedulable=True, taints=(p.Taint("fleetmedic.io/quarantine", "true", "NoSchedule"),),
+                 annotations={p.ANN_CORDONED: "fleetmedic", p.ANN_TAINTED: "NoSchedule"})
+    refused = p.plan_node_action(cmd("return_to_service"), owned, CFG, 1000.0)
+    assert refused.outcome == "failed" and "no diagnostics" in refused.reason
+    failed = replace(owned, annotations={**owned.annotations, p.ANN_DIAGNOSTICS: json.dumps({"verdict": "fail"})})
+    assert "diagnostics fail" in p.plan_node_action(cmd("return_to_service"), failed, CFG, 1000.0).reason
+    cleared = p.plan_node_action(cmd("return_to_service", params={"actor": "alice"}), owned, CFG, 1000.0)
+    assert cleared.outcome == "applied" and cleared.unschedulable is False and cleared.taints == ()
+    passed = replace(owned, annotations={**owned.annotations, p.ANN_DIAGNOSTICS: json.dumps({"verdict": "pass"})})
+    back = p.plan_node_action(cmd("return_to_service", params={"uncordon": "false"}), passed, CFG, 1000.0)
+    assert back.outcome == "applied" and back.unschedulable is None and back.taints == ()
+    assert back.labels == {"fleetmedic.io/state": None} and back.condition and back.condition.status == "False"
+
+
+def test_escalate_and_hooks_without_configuration_are_skipped_with_a_reason_and_an_event() -> None:
+    esc = p.plan_node_action(cmd("escalate", params={"escalation": "repair"}), node(), CFG, 1000.0)
+    assert esc.outcome == "skipped" and "no escalate hook" in esc.reason and esc.event and esc.event.warning
+    reset = p.no_hook_plan(cmd("reset_gpu"))
+    assert reset.outcome == "skipped" and "no reset_gpu hook" in reset.reason
+
+
+def test_merge_patch_carries_the_resource_version_guard_and_only_what_changes() -> None:
+    plan = p.plan_node_action(cmd(), node(), CFG, 1000.0)
+    patch = p.merge_patch(plan, node(resource_version="42"))
+    assert patch["metadata"]["resourceVersion"] == "42" and patch["spec"] == {"unschedulable": True}
+    undo = p.merge_patch(p.NodePlan("applied", unschedulable=False), node())
+    assert undo["spec"] == {"unschedulable": None}  # merge patch null: the field goes, as kubectl uncordon
+
+
+def test_dry_run_description_lists_the_changes() -> None:
+    text = ", ".join(p.plan_node_action(cmd("taint"), node(), CFG, 1000.0).changes())
+    assert "fleetmedic.io/quarantine=true:NoSchedule" in text and "label fleetmedic.io/state=quarantined" in text
+
+
+# --- drain ------------------------------------------------------------------------------------------
+
+
+def pods() -> list[p.PodView]:
+    return [p.PodView("batch", "train-0", owner_kind="Job"), p.PodView("infer", "srv-0", owner_kind="ReplicaSet"),
+            p.PodView("other", "web-0", owner_kind="ReplicaSet"),
+            p.PodView("kube-system", "ds-0", owner_kind="DaemonSet"),
+            p.PodView("kube-system", "static", mirror=True), p.PodView("batch", "done", phase="Succeeded"),
+            p.PodView("batch", "going", deleting=True)]
+
+
+def test_drain_plan_follows_namespace_policies_and_leaves_daemonset_mirror_and_finished_pods() -> None:
+    step = p.plan_drain(pods(), CFG, started_at=0.0, now=10.0)
+    assert [x.name for x in step.evict] == ["train-0"]
+    assert {x.name for x in step.wait} == {"srv-0", "web-0", "going"}
+    assert {x.name: why for x, why in step.skipped} == {"ds-0": "DaemonSet pod", "static": "mirror (static) pod",
+                                                       "done": "already Succeeded"}
+    later = p.plan_drain(pods(), CFG, started_at=0.0, now=61.0)  # evict_after_timeout: web-0 goes after 60 s
+    assert {x.name for x in later.evict} == {"train-0", "web-0"} and not later.timed_out
+    assert p.plan_drain(pods(), CFG, 0.0, 300.0).timed_out
+    assert p.plan_drain([x for x in pods() if x.owner_kind == "DaemonSet"], CFG, 0.0, 1.0).done
+
+
+def test_a_resumed_drain_keeps_its_original_start() -> None:
+    c = cmd("drain")
+    ann = {p.ANN_DRAIN: json.dumps({"command": "c1", "started": 500.0})}
+    assert p.drain_started(ann, c, 900.0) == 500.0
+    assert p.drain_started(ann, cmd("drain", cid="other"), 900.0) == 900.0
+
+
+# --- diagnostics --------------------------------------------------------------------------------------
+
+
+def test_diagnostics_job_is_pinned_tolerates_the_quarantine_and_uses_the_configured_command() -> None:
+    cfg = ExecutorSettings(diagnostics_tolerations=[{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
+                           diagnostics_pod_annotations={"a": "b"})
+    job = p.diagnostics_job(cmd("run_diagnostics", params={"level": "1"}), node(gpus=8), cfg)
+    spec = job["spec"]["template"]["spec"]
+    assert spec["nodeName"] == "n1" and job["spec"]["backoffLimit"] == 0
+    keys = [t["key"] for t in spec["tolerations"]]
+    assert keys == ["fleetmedic.io/quarantine", "node.kubernetes.io/unschedulable", "kwok.x-k8s.io/node"]
+    assert spec["containers"][0]["command"] == ["dcgmi", "diag", "-r", "1"]
+    assert spec["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert job["spec"]["template"]["metadata"]["annotations"]["a"] == "b"
+    assert job["metadata"]["name"] == p.diagnostics_job(cmd("run_diagnostics"), node(), cfg)["metadata"]["name"]
+
+
+@pytest.mark.parametrize(("conditions", "passed"), [
+    ([], None), ([("Complete", "True", "")], True), ([("Failed", "True", "BackoffLimitExceeded")], False),
+    ([("Failed", "False", ""), ("SuccessCriteriaMet", "True", "")], True)])
+def test_job_outcome_from_conditions(conditions: list[tuple[str, str, str]], passed: bool | None) -> None:
+    assert p.job_outcome(conditions).passed is passed
+
+
+def test_failed_tests_come_from_the_termination_message() -> None:
+    assert p.failed_tests("memory, pcie\nmore text") == "memory,pcie"
+    assert p.failed_tests("") == "diagnostics"
+
+
+def test_hook_template_is_substituted_and_must_be_a_job() -> None:
+    tpl = "kind: Job\napiVersion: batch/v1\nmetadata: {name: '${name}'}\nspec: {template: {spec: {nodeName: ${node}}}}"
+    doc = p.hook_job(tpl, cmd("reset_gpu", params={"gpu": "3"}), node(), CFG)
+    assert doc["spec"]["template"]["spec"]["nodeName"] == "n1" and doc["metadata"]["namespace"] == "fleetmedic-system"
+    with pytest.raises(ValueError, match=r"action_hooks\.reset_gpu"):
+        p.hook_job("kind: Pod", cmd("reset_gpu"), node(), CFG)
