@@ -53,10 +53,24 @@ _PORT_SERIES = {*NODE_EXPORTER_IB, "node_infiniband_state_id", "node_infiniband_
 _STATE = {"4": "up", "1": "down", "2": "init", "3": "init"}
 
 
+#: one sample: series name, labels, value, timestamp (Unix seconds; None = not given)
+Sample = tuple[str, dict[str, str], float, float | None]
+
+
+def is_known_series(name: str) -> bool:
+    return name in DCGM_TO_METRIC or name in _PORT_SERIES
+
+
 @dataclass
 class ExpositionReader:
+    """Maps dcgm-exporter / node-exporter samples to records. ``ignore_unknown`` leaves series
+    fleetmedic does not read out of :attr:`skipped` (a whole node-exporter scrape is mostly those);
+    ``source`` is written into the records."""
+
     ingest: IngestSettings
     skipped: Counter[str] = field(default_factory=Counter)
+    source: str = "prometheus"
+    ignore_unknown: bool = False
 
     def node_of(self, labels: dict[str, str]) -> str | None:
         for key in self.ingest.node_labels:
@@ -73,14 +87,11 @@ class ExpositionReader:
         Input is expected roughly in time order (scrapes appended to a file): groups older than
         ``flush_lag_s`` behind the newest sample are emitted as reading goes on, so memory stays
         bounded; samples arriving later than that for an emitted group are counted as skipped."""
-        gpu: dict[tuple[str, float], dict[int, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
-        meta: dict[tuple[str, float], dict[str, str]] = {}
-        ports: dict[tuple[str, float], dict[str, dict[str, float | str]]] = defaultdict(lambda: defaultdict(dict))
-        newest, flushed_before = float("-inf"), float("-inf")
+        return self.read_samples(self.parse(lines, default_ts), flush_lag_s)
+
+    def parse(self, lines: Iterable[str], default_ts: float | None = None) -> Iterator[Sample]:
+        """Samples of the series fleetmedic reads; bad lines counted in :attr:`skipped`."""
         for number, line in enumerate(lines, 1):
-            if number % 20_000 == 0 and newest - flush_lag_s > flushed_before:
-                flushed_before = newest - flush_lag_s
-                yield from self._flush(gpu, meta, ports, before=flushed_before)
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
@@ -89,8 +100,9 @@ class ExpositionReader:
                 self.skipped[f"unparsable line {number}"] += 1
                 continue
             name, value_text = m.group("name"), m.group("value")
-            if name not in DCGM_TO_METRIC and name not in _PORT_SERIES:
-                self.skipped[f"unknown series {name}"] += 1
+            if not is_known_series(name):
+                if not self.ignore_unknown:
+                    self.skipped[f"unknown series {name}"] += 1
                 continue
             try:
                 value = float(value_text)
@@ -103,7 +115,25 @@ class ExpositionReader:
             labels = {
                 k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in _LABEL.findall(m.group("labels") or "")
             }
-            ts = int(m.group("ts")) / 1000.0 if m.group("ts") else default_ts
+            yield name, labels, value, int(m.group("ts")) / 1000.0 if m.group("ts") else default_ts
+
+    def read_samples(
+        self, samples: Iterable[Sample], flush_lag_s: float = 120.0
+    ) -> Iterator[r.GpuTelemetry | r.PortTelemetry]:
+        """Records per (node, timestamp) from samples (parsed text, or a Prometheus API answer)."""
+        gpu: dict[tuple[str, float], dict[int, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+        meta: dict[tuple[str, float], dict[str, str]] = {}
+        ports: dict[tuple[str, float], dict[str, dict[str, float | str]]] = defaultdict(lambda: defaultdict(dict))
+        newest, flushed_before = float("-inf"), float("-inf")
+        device_label, port_label = self.ingest.port_device_label, self.ingest.port_label
+        for count, (name, labels, value, ts) in enumerate(samples, 1):
+            if count % 20_000 == 0 and newest - flush_lag_s > flushed_before:
+                flushed_before = newest - flush_lag_s
+                yield from self._flush(gpu, meta, ports, before=flushed_before)
+            if not is_known_series(name):
+                if not self.ignore_unknown:
+                    self.skipped[f"unknown series {name}"] += 1
+                continue
             if ts is None:
                 self.skipped[f"{name}: no timestamp"] += 1
                 continue
@@ -126,11 +156,8 @@ class ExpositionReader:
                 info.setdefault("driver", labels.get("DCGM_FI_DRIVER_VERSION", ""))
                 if labels.get("UUID"):
                     info[f"uuid{gpu_label}"] = labels["UUID"]
-            elif name in NODE_EXPORTER_IB or name in (
-                "node_infiniband_state_id",
-                "node_infiniband_rate_bytes_per_second",
-            ):
-                port = f"{labels.get('device', '?')}/{labels.get('port', '?')}"
+            else:
+                port = f"{labels.get(device_label, '?')}/{labels.get(port_label, '?')}"
                 slot = ports[(node, ts)][port]
                 if name == "node_infiniband_state_id":
                     slot["link_state"] = _STATE.get(str(int(value)), "unknown")
@@ -183,7 +210,7 @@ class ExpositionReader:
             "metrics": columns,
             "sku": info.get("sku", ""),
             "driver_version": info.get("driver", ""),
-            "source": "prometheus",
+            "source": self.source,
             "uuids": [info.get(f"uuid{g}", "") for g in gpus] if any(f"uuid{g}" in info for g in gpus) else [],
         }
         try:
@@ -203,7 +230,7 @@ class ExpositionReader:
         try:
             return r.convert(
                 r.PortTelemetry,
-                {"device": node, "device_kind": "host", "ts": ts, "ports": samples, "source": "prometheus"},
+                {"device": node, "device_kind": "host", "ts": ts, "ports": samples, "source": self.source},
             )
         except r.InvalidRecord as exc:
             self.skipped[f"PortTelemetry {exc.path}: {exc.reason}"] += 1

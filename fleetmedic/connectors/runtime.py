@@ -1,0 +1,321 @@
+"""What every connector shares: a bounded outbox, the produce loop, backoff, metrics, sinks, SIGTERM.
+
+A connector is a *source* (sampling on an interval, or consuming a Kafka topic) that puts
+:class:`Outgoing` records into an :class:`Outbox`; :func:`pump` sends them to a :class:`Sink`
+(Kafka, or a JSONL file for debugging and the device checks).
+
+- **Backpressure.** The outbox is bounded (``exporters.queue_max``). Telemetry sources *offer*: when
+  it is full the oldest record is dropped and counted (``fleetmedic_connector_dropped_total``), so
+  a slow broker never grows memory and never blocks sampling. Consuming sources *put*, which waits
+  for room: they simply stop reading their topic until Kafka catches up.
+- **Reconnects.** A failed send is retried after :class:`Backoff` delays (doubling, capped); the
+  record stays at the head of the outbox meanwhile.
+- **Metrics** (``fleetmedic_connector_*``, label ``connector``) on an injected ``CollectorRegistry``:
+  records out per topic, bad input skipped per reason, errors per kind, dropped records, queue
+  depth, the time of the last successful send.
+- **Stopping.** :func:`run_until_stopped` sets the stop event on SIGTERM/SIGINT; the pump then
+  sends what is queued for up to ``drain_timeout_s`` and the sink is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import signal
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import IO, Any, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from fleetmedic.config import Settings
+from fleetmedic.records import GpuTelemetry, JobEvent, PortTelemetry, Record, encode
+
+log = logging.getLogger("fleetmedic.connectors")
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One record bound for a topic, with its partition key."""
+
+    topic: str
+    key: str
+    record: Record
+
+
+def telemetry_outgoing(record: Record, settings: Settings) -> Outgoing:
+    """GpuTelemetry -> ``telemetry.gpu`` keyed by node; PortTelemetry -> ``telemetry.port`` by device;
+    JobEvent -> ``jobs.events`` by job."""
+    if isinstance(record, GpuTelemetry):
+        return Outgoing(settings.topics.topic("telemetry.gpu"), record.node, record)
+    if isinstance(record, PortTelemetry):
+        return Outgoing(settings.topics.topic("telemetry.port"), record.device, record)
+    if isinstance(record, JobEvent):
+        return Outgoing(settings.topics.topic("jobs.events"), record.job, record)
+    raise TypeError(f"no topic for {type(record).__name__}")
+
+
+@dataclass
+class Backoff:
+    """Delays between retries: ``min_s``, doubling per failure up to ``max_s``; :meth:`reset` on success."""
+
+    min_s: float
+    max_s: float
+    failures: int = 0
+
+    def next_delay(self) -> float:
+        delay = min(self.max_s, self.min_s * 2.0**self.failures)
+        self.failures += 1
+        return delay
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+def reason_label(reason: str) -> str:
+    """A bounded metric label from a skip reason: numbers become N, at most 80 characters."""
+    return _DIGITS.sub("N", reason)[:80]
+
+
+class ConnectorMetrics:
+    def __init__(self, registry: CollectorRegistry, connector: str) -> None:
+        self.connector = connector
+        self._out = Counter("fleetmedic_connector_records_out", "Records produced, per topic",
+                            ["connector", "topic"], registry=registry)
+        self._skipped = Counter("fleetmedic_connector_skipped", "Bad input skipped, per reason",
+                                ["connector", "reason"], registry=registry)
+        self._errors = Counter("fleetmedic_connector_errors", "Errors talking to the source or the sink, per kind",
+                               ["connector", "kind"], registry=registry)
+        self._dropped = Counter("fleetmedic_connector_dropped", "Records dropped because the outbox was full",
+                                ["connector"], registry=registry)
+        self._depth = Gauge("fleetmedic_connector_queue_depth", "Records waiting in the outbox",
+                            ["connector"], registry=registry)
+        self._last = Gauge("fleetmedic_connector_last_success_timestamp_seconds",
+                           "Unix time of the last record sent", ["connector"], registry=registry)
+
+    def out(self, topic: str, n: int = 1) -> None:
+        self._out.labels(self.connector, topic).inc(n)
+
+    def skipped(self, reason: str, n: int = 1) -> None:
+        self._skipped.labels(self.connector, reason_label(reason)).inc(n)
+
+    def error(self, kind: str) -> None:
+        self._errors.labels(self.connector, kind).inc()
+
+    def dropped(self, n: int = 1) -> None:
+        self._dropped.labels(self.connector).inc(n)
+
+    def depth(self, n: int) -> None:
+        self._depth.labels(self.connector).set(n)
+
+    def success(self, now: float) -> None:
+        self._last.labels(self.connector).set(now)
+
+
+class Outbox:
+    """A bounded FIFO of outgoing records (see the module docstring for offer vs put)."""
+
+    def __init__(self, maxlen: int, metrics: ConnectorMetrics) -> None:
+        self.maxlen = maxlen
+        self.metrics = metrics
+        self._items: deque[Outgoing] = deque()
+        self._readable = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def offer(self, item: Outgoing) -> None:
+        """Add without waiting; when full, drop the oldest record (counted)."""
+        if len(self._items) >= self.maxlen:
+            self._items.popleft()
+            self.metrics.dropped()
+        self._append(item)
+
+    async def put(self, item: Outgoing) -> None:
+        """Add, waiting for room first (for sources that can pause, like a Kafka consumer)."""
+        while len(self._items) >= self.maxlen:
+            self._room.clear()
+            await self._room.wait()
+        self._append(item)
+
+    def _append(self, item: Outgoing) -> None:
+        self._items.append(item)
+        self._readable.set()
+        self.metrics.depth(len(self._items))
+
+    def peek(self, n: int) -> list[Outgoing]:
+        return [self._items[i] for i in range(min(n, len(self._items)))]
+
+    def remove(self, items: list[Outgoing]) -> None:
+        """Drop sent items from the head (those that ``offer`` already dropped are skipped)."""
+        sent = {id(i) for i in items}
+        while self._items and id(self._items[0]) in sent:
+            self._items.popleft()
+        if len(self._items) < self.maxlen:
+            self._room.set()
+        if not self._items:
+            self._readable.clear()
+        self.metrics.depth(len(self._items))
+
+    async def wait_readable(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._readable.wait(), timeout)
+
+
+class Sink(Protocol):
+    async def start(self) -> None: ...
+
+    async def send_batch(self, items: list[Outgoing]) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class KafkaSink:
+    """Sends to Kafka with aiokafka (acks and security from the ``kafka`` section)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._producer: Any = None
+
+    async def start(self) -> None:
+        from aiokafka import AIOKafkaProducer
+
+        from fleetmedic.connectors.sim_producer import client_kwargs
+
+        k = self.settings.kafka
+        producer = AIOKafkaProducer(acks=k.acks if k.acks == "all" else int(k.acks), linger_ms=20,
+                                    request_timeout_ms=int(k.request_timeout_s * 1000), **client_kwargs(k))
+        try:
+            await producer.start()
+        except BaseException:
+            await producer.stop()
+            raise
+        self._producer = producer
+
+    async def send_batch(self, items: list[Outgoing]) -> None:
+        if self._producer is None:
+            await self.start()
+        futures = [await self._producer.send(i.topic, value=encode(i.record), key=i.key.encode()) for i in items]
+        await asyncio.gather(*futures)
+
+    async def stop(self) -> None:
+        if self._producer is not None:
+            producer, self._producer = self._producer, None
+            await producer.stop()
+
+
+class JsonlSink:
+    """Writes ``{"topic", "key", "record"}`` per line to a file (``--output FILE``; ``-`` = stdout)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fh: IO[str] | None = None
+
+    async def start(self) -> None:
+        if self._fh is None:
+            self._fh = open(self.path, "a", encoding="utf-8") if self.path != "-" else None  # noqa: SIM115
+
+    async def send_batch(self, items: list[Outgoing]) -> None:
+        lines = "".join(
+            json.dumps({"topic": i.topic, "key": i.key, "record": json.loads(encode(i.record))}) + "\n" for i in items
+        )
+        if self._fh is None:
+            print(lines, end="", flush=True)
+        else:
+            self._fh.write(lines)
+            self._fh.flush()
+
+    async def stop(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+@dataclass
+class PumpSettings:
+    batch: int = 500
+    drain_timeout_s: float = 10.0
+    backoff: Backoff = field(default_factory=lambda: Backoff(0.5, 30.0))
+
+
+async def pump(outbox: Outbox, sink: Sink, metrics: ConnectorMetrics, stop: asyncio.Event,
+               settings: PumpSettings, clock: Callable[[], float] = time.time) -> None:
+    """Send the outbox to the sink until ``stop`` is set, then drain for ``drain_timeout_s``."""
+    drain_deadline: float | None = None
+    while True:
+        if stop.is_set():
+            if drain_deadline is None:
+                drain_deadline = time.monotonic() + settings.drain_timeout_s
+            if not len(outbox) or time.monotonic() >= drain_deadline:
+                break
+        else:
+            await outbox.wait_readable(0.2)
+        items = outbox.peek(settings.batch)
+        if not items:
+            continue
+        try:
+            await sink.send_batch(items)
+        except Exception as exc:  # a broker down or slow: keep the records, retry later
+            metrics.error(type(exc).__name__)
+            delay = settings.backoff.next_delay()
+            log.warning("%s: sending failed (%s), retrying in %.1fs", metrics.connector, exc, delay)
+            with contextlib.suppress(Exception):
+                await sink.stop()
+            if drain_deadline is not None:
+                delay = min(delay, max(0.0, drain_deadline - time.monotonic()))
+            if drain_deadline is None:
+                await sleep_or_stop(stop, delay)
+            else:
+                await asyncio.sleep(delay)
+            continue
+        settings.backoff.reset()
+        outbox.remove(items)
+        for item in items:
+            metrics.out(item.topic)
+        metrics.success(clock())
+    if len(outbox):
+        log.warning("%s: stopped with %d records unsent", metrics.connector, len(outbox))
+
+
+def pump_settings(settings: Settings) -> PumpSettings:
+    e = settings.exporters
+    return PumpSettings(drain_timeout_s=e.drain_timeout_s, backoff=Backoff(e.reconnect_min_s, e.reconnect_max_s))
+
+
+async def run_until_stopped(source: Callable[[asyncio.Event], Awaitable[None]], outbox: Outbox, sink: Sink,
+                            metrics: ConnectorMetrics, settings: PumpSettings,
+                            stop: asyncio.Event | None = None, handle_signals: bool = True) -> None:
+    """Run ``source(stop)`` and the pump together until SIGTERM/SIGINT (or ``stop``), then drain."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if handle_signals:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    pumping = asyncio.create_task(pump(outbox, sink, metrics, stop, settings))
+    try:
+        await source(stop)
+    finally:
+        stop.set()
+        await pumping
+        await sink.stop()
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+
+async def sleep_or_stop(stop: asyncio.Event, seconds: float) -> bool:
+    """Sleep up to ``seconds``; True when ``stop`` was set meanwhile."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), max(0.0, seconds))
+    return stop.is_set()
+

@@ -1,0 +1,174 @@
+"""Prometheus connector: dcgm-exporter/node-exporter text scraped over HTTP, and a real Prometheus
+server's API polled, both mapped to GpuTelemetry/PortTelemetry on a real Kafka broker.
+
+The fixture exporter serves real-format dcgm-exporter and node-exporter (infiniband collector) text
+whose values change with every scrape; the tests read the produced records back from Kafka."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from fleetmedic import records as r
+from fleetmedic.config import IngestSettings, Settings
+from fleetmedic.connectors.prometheus_ingest import ApiAnswerError, PrometheusSource, Watermarks, api_samples
+from fleetmedic.connectors.prometheus_text import ExpositionReader
+from fleetmedic.connectors.runtime import ConnectorMetrics, KafkaSink, Outbox, PumpSettings, run_until_stopped
+from tests.streams.harness import Collected, collect_sync
+
+DCGM_HEAD = """# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).
+# TYPE DCGM_FI_DEV_GPU_TEMP gauge
+"""
+LABELS = ('gpu="{g}",UUID="GPU-5c2e3f1a-0000-4000-8000-00000000000{g}",pci_bus_id="00000000:{bus}:00.0",'
+          'device="nvidia{g}",modelName="NVIDIA H100 80GB HBM3",Hostname="{node}",DCGM_FI_DRIVER_VERSION="550.54.15"')
+
+
+def dcgm_text(n: int, node: str = "gpu-node-7", bad_line: bool = True) -> str:
+    """dcgm-exporter output after ``n`` scrapes: GPU 1 warms up and gains an ECC error per scrape.
+    ``bad_line`` adds a line with a broken value (Prometheus itself rejects such a scrape whole)."""
+    lines = [DCGM_HEAD.rstrip("\n")]
+    for g in range(2):
+        lab = LABELS.format(g=g, bus=18 + g, node=node)
+        lines.append(f"DCGM_FI_DEV_GPU_TEMP{{{lab}}} {40 + (n if g == 1 else 0)}")
+        lines.append(f"DCGM_FI_DEV_POWER_USAGE{{{lab}}} 312.{g}15")
+        lines.append(f"DCGM_FI_DEV_SM_CLOCK{{{lab}}} 1980")
+        lines.append(f"DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{{{lab}}} {n if g == 1 else 0}")
+        lines.append(f"DCGM_FI_DEV_CLOCK_THROTTLE_REASONS{{{lab}}} {0x20 if g == 1 and n >= 1 else 0}")
+        lines.append(f"DCGM_FI_DEV_XID_ERRORS{{{lab},err_code=\"0\",err_msg=\"\"}} 0")
+    if bad_line:
+        lines.append('DCGM_FI_DEV_FB_USED{gpu="0",UUID="x",Hostname="gpu-node-7"} not-a-number')
+    lines.append("go_goroutines 12")
+    return "\n".join(lines) + "\n"
+
+
+def node_exporter_text(n: int, node: str = "gpu-node-7") -> str:
+    lab = f'device="mlx5_0",port="1",node="{node}"'
+    return (
+        "# HELP node_infiniband_symbol_error_total Number of minor link errors detected on one or more lanes.\n"
+        "# TYPE node_infiniband_symbol_error_total counter\n"
+        f"node_infiniband_symbol_error_total{{{lab}}} {3 * n}\n"
+        f"node_infiniband_port_data_received_bytes_total{{{lab}}} {4000 * (n + 1)}\n"
+        f"node_infiniband_state_id{{{lab}}} 4\n"
+        f"node_infiniband_rate_bytes_per_second{{{lab}}} 5e+10\n"
+        "node_cpu_seconds_total{cpu=\"0\",mode=\"idle\"} 1234.5\n"
+    )
+
+
+def _run(settings: Settings, gpu_records: int, timeout: float = 60.0) -> CollectorRegistry:
+    """Run the connector until it has sent ``gpu_records`` GPU records (or ``timeout`` s)."""
+    registry = CollectorRegistry()
+    metrics = ConnectorMetrics(registry, "prometheus")
+    outbox = Outbox(settings.exporters.queue_max, metrics)
+    source = PrometheusSource(settings, outbox, metrics)
+    labels = {"connector": "prometheus", "topic": settings.topics.topic("telemetry.gpu")}
+
+    async def main() -> None:
+        stop = asyncio.Event()
+
+        async def watch() -> None:
+            deadline = time.monotonic() + timeout
+            while (registry.get_sample_value("fleetmedic_connector_records_out_total", labels) or 0) < gpu_records:
+                if time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.1)
+            stop.set()
+
+        watching = asyncio.create_task(watch())
+        await run_until_stopped(source.run, outbox, KafkaSink(settings), metrics, PumpSettings(), stop,
+                                handle_signals=False)
+        await watching
+
+    asyncio.run(main())
+    return registry
+
+
+def _records(c: Collected, settings: Settings) -> tuple[list[r.GpuTelemetry], list[r.PortTelemetry]]:
+    gpu = [r.decode(r.GpuTelemetry, v) for v in c.values(settings.topics.topic("telemetry.gpu"))]
+    ports = [r.decode(r.PortTelemetry, v) for v in c.values(settings.topics.topic("telemetry.port"))]
+    return gpu, ports
+
+
+def test_scrape_mode_maps_exporter_text_to_records_on_kafka(
+    fixture_exporter: Callable[[Callable[[int], str]], str], connector_settings: Callable[..., Settings]
+) -> None:
+    dcgm, nodeexp = fixture_exporter(dcgm_text), fixture_exporter(node_exporter_text)
+    settings = connector_settings(
+        f"exporters: {{prometheus: {{mode: scrape, interval_s: 0.5, targets: ['{dcgm}', '{nodeexp}']}}}}")
+    registry = _run(settings, gpu_records=3)
+    topics = [settings.topics.topic("telemetry.gpu"), settings.topics.topic("telemetry.port")]
+    got = collect_sync(settings.kafka.bootstrap_servers, topics, lambda c: len(c.values(topics[1])) >= 3, 30)
+    gpu, ports = _records(got, settings)
+    assert len(gpu) >= 3 and len(ports) >= 3
+    first, last = gpu[0], gpu[-1]
+    assert first.node == "gpu-node-7" and first.gpus == [0, 1] and first.source == "prometheus-scrape"
+    assert first.sku == "NVIDIA H100 80GB HBM3" and first.uuids[1].endswith("0001")
+    assert first.metrics.power_usage == [312.015, 312.115]
+    assert last.metrics.gpu_temp is not None and last.metrics.gpu_temp[1] > first.metrics.gpu_temp[1]  # type: ignore[index]
+    assert last.metrics.ecc_sbe_vol_total is not None and last.metrics.ecc_sbe_vol_total[1] >= 2
+    assert last.metrics.clocks_event_reasons == [0, 0x20]
+    port = ports[-1].ports[0]
+    assert ports[-1].device == "gpu-node-7" and port.port == "mlx5_0/1" and port.link_state == "up"
+    assert port.speed_gbps == 400.0 and port.port_rcv_data is not None and port.port_rcv_data % 1000 == 0
+    assert registry.get_sample_value("fleetmedic_connector_records_out_total",
+                                     {"connector": "prometheus", "topic": topics[0]}) >= 3  # type: ignore[operator]
+    # the bad FB_USED line is counted per scrape, the series fleetmedic does not read are not
+    assert registry.get_sample_value("fleetmedic_connector_skipped_total", {
+        "connector": "prometheus", "reason": "DCGM_FI_DEV_FB_USED: value 'not-a-number' is not a number"}) >= 3  # type: ignore[operator]
+    assert registry.get_sample_value("fleetmedic_connector_last_success_timestamp_seconds",
+                                     {"connector": "prometheus"}) > 1.7e9  # type: ignore[operator]
+
+
+def test_api_mode_polls_a_real_prometheus_server_and_publishes_each_scrape_once(
+    fixture_exporter: Callable[[Callable[[int], str]], str], prometheus: Callable[[list[str]], str],
+    connector_settings: Callable[..., Settings],
+) -> None:
+    target = fixture_exporter(lambda n: dcgm_text(n, bad_line=False) + node_exporter_text(n))
+    server = prometheus([target])
+    settings = connector_settings(f"exporters: {{prometheus: {{mode: api, interval_s: 1.0, api_url: '{server}'}}}}")
+    _run(settings, gpu_records=3)
+    topics = [settings.topics.topic("telemetry.gpu"), settings.topics.topic("telemetry.port")]
+    got = collect_sync(settings.kafka.bootstrap_servers, topics, lambda c: len(c.values(topics[1])) >= 2, 30)
+    gpu, ports = _records(got, settings)
+    assert len(gpu) >= 2 and len(ports) >= 2, "the connector ran until it had sent 3"
+    # every record is one scrape of one node, published once: timestamps strictly increase
+    stamps = [g.ts for g in gpu]
+    assert stamps == sorted(set(stamps))
+    assert all(g.node == "gpu-node-7" and g.gpus == [0, 1] and g.source == "prometheus-api" for g in gpu)
+    temps = [g.metrics.gpu_temp[1] for g in gpu if g.metrics.gpu_temp is not None]
+    assert temps == sorted(temps) and temps[-1] > temps[0], "the exporter's GPU 1 warms up scrape by scrape"
+    assert all(p.ports[0].port == "mlx5_0/1" and p.ports[0].symbol_error_counter is not None for p in ports)
+
+
+def test_api_answers_map_with_their_sample_timestamps_and_bad_points_are_counted() -> None:
+    doc = {"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": {"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": "3", "Hostname": "n1", "job": "dcgm",
+                    "instance": "10.0.0.1:9400"},
+         "values": [[1700000000.5, "41"], [1700000010.5, "43"], [1700000020.5, "NaN"], [1, "x"]]},
+        {"metric": {"gpu": "0"}, "values": [[1700000000.5, "1"]]},
+    ]}}
+    skipped: Counter[str] = Counter()
+    samples = list(api_samples(doc, skipped))
+    assert [(s[3], s[2]) for s in samples] == [(1700000000.5, 41.0), (1700000010.5, 43.0)]
+    assert skipped == Counter({"DCGM_FI_DEV_GPU_TEMP: value is NaN": 1, "api result without metric.__name__": 1,
+                               "DCGM_FI_DEV_GPU_TEMP: api value [1, 'x'] is not [time, number]": 1})
+    marks = Watermarks()
+    assert len(marks.fresh(samples)) == 2
+    assert marks.fresh(samples) == [], "a later poll over the same window publishes nothing twice"
+    recs = list(ExpositionReader(IngestSettings()).read_samples(samples))
+    assert [(x.node, x.ts, x.gpus) for x in recs if isinstance(x, r.GpuTelemetry)] == [
+        ("n1", 1700000000.5, [3]), ("n1", 1700000010.5, [3])]
+    with pytest.raises(ApiAnswerError, match="bad_data"):
+        list(api_samples({"status": "error", "errorType": "bad_data", "error": "parse error"}, skipped))
+
+
+def test_port_labels_follow_the_ingest_mapping() -> None:
+    ingest = IngestSettings(node_labels=["host"], port_device_label="hca", port_label="p")
+    text = 'node_infiniband_link_downed_total{hca="mlx5_3",p="2",host="n9"} 4 1700000000000\n'
+    (rec,) = ExpositionReader(ingest).read(text.splitlines())
+    assert isinstance(rec, r.PortTelemetry)
+    assert rec.device == "n9" and rec.ports[0].port == "mlx5_3/2" and rec.ports[0].link_downed_counter == 4
