@@ -1,0 +1,195 @@
+"""The executor process: lead (Lease), consume commands, act, publish results, commit offsets.
+
+- Only the Lease holder consumes ``remediation.commands`` (consumer group
+  ``<kafka.consumer_group>-executor``, auto-commit off). A standby polls the Lease every
+  ``lease_duration_s / 3`` and, once it leads, resumes from the group's committed offset.
+- Commands for one target (node, or job) run in order, one at a time; different targets run in
+  parallel (worker threads: the ``kubernetes`` client is synchronous). A long action (drain,
+  diagnostics) does not hold up other nodes.
+- A result is published (key: command id) before its offset may be committed, and the committed
+  offset is the lowest one whose result is not yet out, so a crash re-delivers every command that has
+  no result; the ids recorded on the objects turn re-deliveries of applied commands into ``skipped``
+  duplicates, and an in-flight drain or diagnostics into a resume.
+- Losing the Lease stops everything at once: long actions are interrupted without a result (the next
+  leader resumes them), nothing more is committed.
+- A message that does not decode is dead-lettered with the reason and counted; it never stops the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from fleetmedic import records as r
+from fleetmedic.config import Settings
+from fleetmedic.executor.actions import CommandExecutor
+from fleetmedic.executor.kube import Cluster
+from fleetmedic.executor.leader import LeaseElector
+from fleetmedic.executor.long_actions import Interrupted
+from fleetmedic.executor.metrics import ExecutorMetrics
+from fleetmedic.executor.plan import JOB_ACTIONS
+from fleetmedic.streams.app import kafka_client_options
+
+log = logging.getLogger("fleetmedic.executor")
+MAX_THREADS = 64
+
+
+def consumer_group(settings: Settings) -> str:
+    return f"{settings.kafka.consumer_group}-executor"
+
+
+@dataclass
+class _Offsets:
+    """Offsets handed out and finished; ``committable`` is the lowest unfinished one."""
+
+    pending: set[int] = field(default_factory=set)
+    high: int = -1
+
+    def start(self, offset: int) -> None:
+        self.pending.add(offset)
+        self.high = max(self.high, offset)
+
+    def finish(self, offset: int) -> None:
+        self.pending.discard(offset)
+
+    def committable(self) -> int:
+        return min(self.pending) if self.pending else self.high + 1
+
+
+class ExecutorService:
+    def __init__(self, settings: Settings, key: bytes, cluster: Cluster, identity: str,
+                 metrics: ExecutorMetrics | None = None) -> None:
+        self.settings = settings
+        self.key = key
+        self.cluster = cluster
+        self.identity = identity
+        self.metrics = metrics
+        e = settings.executor
+        self.elector = LeaseElector(cluster.api, e.lease_namespace, e.lease_name, identity, e.lease_duration_s)
+        self.pool = ThreadPoolExecutor(max_workers=MAX_THREADS, thread_name_prefix="executor")
+        self.results_published = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Until ``stop``: campaign for the Lease, and lead while holding it."""
+        loop = asyncio.get_running_loop()
+        try:
+            while not stop.is_set():
+                leading = await loop.run_in_executor(self.pool, self.elector.try_acquire_or_renew)
+                if self.metrics:
+                    self.metrics.leader.set(1 if leading else 0)
+                if leading:
+                    await self._lead(stop)
+                else:
+                    await _wait(stop, self.elector.renew_every_s)
+        finally:
+            await loop.run_in_executor(self.pool, self.elector.release)
+            if self.metrics:
+                self.metrics.leader.set(0)
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _lead(self, stop: asyncio.Event) -> None:
+        """Consume and act until ``stop`` or the Lease is lost."""
+        loop = asyncio.get_running_loop()
+        halt = threading.Event()
+        executor = CommandExecutor(self.cluster, self.settings, self.key, identity=self.identity,
+                                   metrics=self.metrics, stop=halt)
+        topic = self.settings.topics.topic("remediation.commands")
+        opts = kafka_client_options(self.settings)
+        consumer = AIOKafkaConsumer(topic, group_id=consumer_group(self.settings), enable_auto_commit=False,
+                                    auto_offset_reset="earliest", metadata_max_age_ms=5000,
+                                    client_id=f"{self.settings.kafka.client_id}-executor", **opts)
+        producer = AIOKafkaProducer(acks="all", client_id=f"{self.settings.kafka.client_id}-executor", **opts)
+        await consumer.start()
+        await producer.start()
+        offsets: dict[TopicPartition, _Offsets] = {}
+        queues: dict[str, asyncio.Queue[tuple[TopicPartition, int, r.RemediationCommand] | None]] = {}
+        workers: list[asyncio.Task[None]] = []
+        results = self.settings.topics.topic("remediation.results")
+
+        async def target_worker(q: asyncio.Queue[tuple[TopicPartition, int, r.RemediationCommand] | None]) -> None:
+            while (item := await q.get()) is not None:
+                tp, offset, cmd = item
+                try:
+                    result = await loop.run_in_executor(self.pool, executor.handle, cmd)
+                except Interrupted:
+                    return  # leadership lost: no result, no commit; the next leader resumes it
+                except Exception as exc:  # a bug or an unexpected API failure: report, keep going
+                    log.exception("command %s failed unexpectedly", cmd.id)
+                    result = r.RemediationResult(command_id=cmd.id, action=cmd.action, outcome="failed",
+                                                 ts=time.time(), reason=f"executor error: {exc}"[:4096],
+                                                 node=cmd.node, job=cmd.job, executor=self.identity,
+                                                 dry_run=cmd.dry_run)
+                await producer.send_and_wait(results, key=cmd.id.encode(), value=r.encode(result))
+                self.results_published += 1
+                offsets[tp].finish(offset)
+
+        async def commit() -> None:
+            done = {tp: o.committable() for tp, o in offsets.items() if o.high >= 0}
+            if done:
+                await consumer.commit(done)
+
+        renew_at = time.monotonic() + self.elector.renew_every_s
+        try:
+            while not stop.is_set():
+                if time.monotonic() >= renew_at:
+                    if not await loop.run_in_executor(self.pool, self.elector.try_acquire_or_renew):
+                        break
+                    renew_at = time.monotonic() + self.elector.renew_every_s
+                batches = await consumer.getmany(timeout_ms=200, max_records=100)
+                for tp, recs in batches.items():
+                    for rec in recs:
+                        offsets.setdefault(tp, _Offsets()).start(rec.offset)
+                        cmd = await self._decode(producer, tp, rec.offset, rec.key, rec.value)
+                        if cmd is None:
+                            offsets[tp].finish(rec.offset)
+                            continue
+                        on_node = cmd.node and cmd.action not in JOB_ACTIONS
+                        target = f"node:{cmd.node}" if on_node else f"job:{cmd.job}"
+                        if target not in queues:
+                            queues[target] = asyncio.Queue()
+                            workers.append(asyncio.create_task(target_worker(queues[target])))
+                        queues[target].put_nowait((tp, rec.offset, cmd))
+                await commit()
+        finally:
+            halt.set()
+            for q in queues.values():
+                q.put_nowait(None)
+            for w in workers:  # quick actions finish; long ones see `halt` and stop
+                try:
+                    await asyncio.wait_for(asyncio.shield(w), timeout=10.0)
+                except (TimeoutError, asyncio.CancelledError):
+                    w.cancel()
+            if self.elector.leading:
+                await commit()
+            await consumer.stop()
+            await producer.stop()
+            if self.metrics:
+                self.metrics.leader.set(1 if self.elector.leading else 0)
+
+    async def _decode(self, producer: AIOKafkaProducer, tp: TopicPartition, offset: int, key: bytes | None,
+                      value: bytes | None) -> r.RemediationCommand | None:
+        try:
+            return r.decode(r.RemediationCommand, value or b"")
+        except r.InvalidRecord as exc:
+            log.warning("undecodable command at %s:%d: %s", tp.topic, offset, exc)
+            if self.metrics:
+                self.metrics.rejected.labels(reason="invalid").inc()
+            dead = r.DeadLetter(ts=time.time(), topic=tp.topic, stage="executor", error=str(exc)[:4096],
+                                original=value or b"", partition=tp.partition, offset=offset,
+                                key=key.decode(errors="replace") if key else None)
+            await producer.send_and_wait(self.settings.topics.topic("deadletter"), key=tp.topic.encode(),
+                                         value=r.encode(dead))
+            return None
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+

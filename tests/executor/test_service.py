@@ -1,0 +1,109 @@
+"""Two executor replicas on the real broker and API server: one leads (Lease), acts on each command
+exactly once and publishes one result per command; an invalid message is dead-lettered; when the
+leader stops, the standby takes the Lease over and goes on from the committed offsets; the metrics
+count commands by action and outcome and show the leader."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import msgspec
+from kubernetes import client
+from prometheus_client import CollectorRegistry
+
+from fleetmedic import records as r
+from fleetmedic.devenv import fleet as fl
+from fleetmedic.executor import plan as p
+from fleetmedic.executor.kube import Cluster
+from fleetmedic.executor.metrics import ExecutorMetrics
+from fleetmedic.executor.service import ExecutorService
+from fleetmedic.streams.app import ensure_topics
+from tests.executor.executor_support import KEY, command, settings, wait
+from tests.streams.harness import collect_sync, produce
+
+
+class Replica:
+    """An ExecutorService on its own thread and event loop."""
+
+    def __init__(self, api: client.ApiClient, s: object, identity: str) -> None:
+        self.registry = CollectorRegistry()
+        self.service = ExecutorService(s, KEY, Cluster(api, instance=identity), identity,  # type: ignore[arg-type]
+                                       ExecutorMetrics(self.registry))
+        self.loop = asyncio.new_event_loop()
+        self.stop = asyncio.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self.service.run(self.stop))
+
+    def leading(self) -> bool:
+        return self.registry.get_sample_value("fleetmedic_executor_leader") == 1.0
+
+    def count(self, action: str, outcome: str) -> float:
+        v = self.registry.get_sample_value("fleetmedic_executor_commands_total", {"action": action, "outcome": outcome})
+        return v or 0.0
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.stop.set)
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive(), f"{self.service.identity} did not stop"
+
+
+def test_two_replicas_apply_each_command_exactly_once_and_the_standby_takes_over(
+    kube_api: client.ApiClient, kafka_bootstrap: str, namespace: str, make_fleet: Callable[..., fl.Fleet]
+) -> None:
+    core = client.CoreV1Api(kube_api)
+    nodes = make_fleet(4).nodes
+    s = settings(namespace, bootstrap=kafka_bootstrap)
+    asyncio.run(ensure_topics(s))
+    commands_topic, results_topic = s.topics.topic("remediation.commands"), s.topics.topic("remediation.results")
+    a, b = Replica(kube_api, s, "replica-a"), Replica(kube_api, s, "replica-b")
+    replicas = {"replica-a": a, "replica-b": b}
+    try:
+        leader = wait("a leader", lambda: next((x for x in (a, b) if x.leading()), None), timeout=30)
+        standby = b if leader is a else a
+        assert not standby.leading()
+        first = [command(action, n) for n in nodes[:2] for action in ("cordon", "taint")]
+        forged = msgspec.structs.replace(command("cordon", nodes[3]), reason="edited in transit")
+        batch = [(commands_topic, c.node.encode(), r.encode(c)) for c in [*first, first[0], forged]]
+        batch.append((commands_topic, b"junk", b'{"type": "remediation_command", "id": 7}'))
+        asyncio.run(produce(kafka_bootstrap, batch))
+        wait("the first batch's results", lambda: leader.service.results_published >= 6, timeout=60)
+
+        leader.close()  # graceful: the Lease is handed back, offsets committed
+        wait("the standby to lead", standby.leading, timeout=30)
+        second = [command(action, n) for n in nodes[2:] for action in ("cordon", "taint")]
+        asyncio.run(produce(kafka_bootstrap, [(commands_topic, c.node.encode(), r.encode(c))
+                                              for c in [*second, first[1]]]))
+        wait("the second batch's results", lambda: standby.service.results_published >= 5, timeout=60)
+        time.sleep(1.0)
+    finally:
+        for x in replicas.values():
+            if x.thread.is_alive():
+                x.close()
+
+    got = collect_sync(kafka_bootstrap, [results_topic], lambda c: False, timeout=5)
+    results = [r.decode(r.RemediationResult, v) for v in got.values(results_topic)]
+    applied = Counter(x.command_id for x in results if x.outcome == "applied")
+    assert applied == Counter({c.id: 1 for c in first + second})  # each applied exactly once
+    skipped = [x for x in results if x.outcome == "skipped"]
+    assert sorted(x.reason.split(":")[0] for x in skipped) == [
+        "duplicate command id (already applied)", "duplicate command id (already applied)", "signature rejected"]
+    by = {x.command_id: x.executor for x in results if x.outcome == "applied"}
+    assert {by[c.id] for c in first} == {leader.service.identity}
+    assert {by[c.id] for c in second} == {standby.service.identity}
+    assert leader.count("cordon", "applied") == 2 and standby.count("taint", "applied") == 2
+    for n in nodes[:3]:
+        node = core.read_node(n)
+        assert node.spec.unschedulable and len(p.applied_ids(node.metadata.annotations)) == 2
+    dead = collect_sync(kafka_bootstrap, [s.topics.topic("deadletter")], lambda c: bool(c.by_topic), timeout=10)
+    letters = [r.decode(r.DeadLetter, v) for v in dead.values(s.topics.topic("deadletter"))]
+    assert len(letters) == 1 and letters[0].stage == "executor" and "$.id" in letters[0].error
+    lease = client.CoordinationV1Api(kube_api).read_namespaced_lease(s.executor.lease_name, namespace)
+    assert lease.spec.lease_transitions >= 1
