@@ -1,0 +1,115 @@
+"""deploy/rbac/executor.yaml on the real API server (RBAC authorizer): the executor's ServiceAccount
+may do what the executor does (SubjectAccessReviews, then the executor itself running under an
+impersonating client: cordon, taint, drain, diagnostics, Lease, ledger, return to service) and
+may not read Secrets, delete or create Nodes, or create Jobs and Leases outside its namespace."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, utils
+
+from fleetmedic.devenv import fleet as fl
+from fleetmedic.devenv.kclient import connect
+from fleetmedic.executor.actions import CommandExecutor
+from fleetmedic.executor.kube import Cluster
+from fleetmedic.executor.leader import LeaseElector
+from tests.executor.executor_support import KEY, command, pinned_pod, running, settings, wait
+
+MANIFEST = Path(__file__).parents[2] / "deploy" / "rbac" / "executor.yaml"
+
+
+def _docs(namespace: str, suffix: str) -> list[dict[str, Any]]:
+    docs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
+    for d in docs:
+        if d["metadata"].get("namespace"):
+            d["metadata"]["namespace"] = namespace
+        if d["kind"].startswith("Cluster"):
+            d["metadata"]["name"] += suffix
+        if "roleRef" in d and d["roleRef"]["kind"] == "ClusterRole":
+            d["roleRef"]["name"] += suffix
+        for subject in d.get("subjects", []):
+            subject["namespace"] = namespace
+    return docs
+
+
+@pytest.fixture
+def executor_rbac(kube_api: client.ApiClient, namespace: str) -> Iterator[str]:
+    """The manifests applied for ``namespace``; yields the ServiceAccount's user name."""
+    docs = _docs(namespace, f"-{namespace}")
+    for d in docs:
+        utils.create_from_dict(kube_api, d)
+    yield f"system:serviceaccount:{namespace}:fleetmedic-executor"
+    rbac = client.RbacAuthorizationV1Api(kube_api)
+    for d in docs:
+        if d["kind"] == "ClusterRole":
+            rbac.delete_cluster_role(d["metadata"]["name"])
+        elif d["kind"] == "ClusterRoleBinding":
+            rbac.delete_cluster_role_binding(d["metadata"]["name"])
+
+
+def _allowed(api: client.ApiClient, user: str, verb: str, resource: str, namespace: str = "", group: str = "",
+             subresource: str = "") -> bool:
+    review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
+        user=user, groups=["system:serviceaccounts", "system:authenticated"],
+        resource_attributes=client.V1ResourceAttributes(verb=verb, resource=resource, namespace=namespace or None,
+                                                        group=group, subresource=subresource or None)))
+    out = client.AuthorizationV1Api(api).create_subject_access_review(review)
+    return bool(out.status and out.status.allowed)
+
+
+def test_the_service_account_can_do_what_the_executor_does_and_nothing_it_must_not(
+    kube_api: client.ApiClient, namespace: str, executor_rbac: str
+) -> None:
+    user = executor_rbac
+    may = [("patch", "nodes", "", ""), ("list", "pods", "", ""), ("create", "pods", "", "eviction"),
+           ("patch", "nodes", "", "status"), ("create", "events", "default", ""),
+           ("list", "poddisruptionbudgets", "", ""), ("create", "leases", namespace, ""),
+           ("update", "leases", namespace, ""), ("patch", "configmaps", namespace, ""),
+           ("create", "jobs", namespace, ""), ("patch", "jobs", "team-a", ""), ("patch", "pytorchjobs", "team-a", ""),
+           ("patch", "jobsets", "team-a", "")]
+    groups = {"leases": "coordination.k8s.io", "jobs": "batch", "poddisruptionbudgets": "policy",
+              "pytorchjobs": "kubeflow.org", "jobsets": "jobset.x-k8s.io"}
+    wait("RBAC to take effect", lambda: _allowed(kube_api, user, "patch", "nodes"), timeout=30)
+    for verb, res, ns, sub in may:
+        assert _allowed(kube_api, user, verb, res, ns, groups.get(res, ""), sub), (verb, res, ns, sub)
+    must_not = [("get", "secrets", ""), ("list", "secrets", ""), ("get", "secrets", namespace),
+                ("list", "secrets", namespace), ("delete", "nodes", ""), ("create", "nodes", ""),
+                ("update", "nodes", ""), ("create", "jobs", "default"), ("create", "leases", "default"),
+                ("delete", "leases", namespace), ("patch", "configmaps", "default"), ("create", "pods", namespace)]
+    for verb, res, ns in must_not:
+        assert not _allowed(kube_api, user, verb, res, ns, groups.get(res, "")), (verb, res, ns)
+
+
+def test_the_executor_runs_under_the_service_account(
+    kube_api: client.ApiClient, kube_config: Path, namespace: str, executor_rbac: str,
+    make_fleet: Callable[..., fl.Fleet]
+) -> None:
+    core = client.CoreV1Api(kube_api)
+    name = make_fleet(1).nodes[0]
+    core.create_namespaced_pod(namespace, pinned_pod("victim", name))
+    wait("Running", lambda: running(core, namespace, "victim"))
+    s = settings(namespace, extra=f"  namespace_policies: {{{namespace}: evict_now}}\n"
+                                  "  diagnostics_pod_annotations: {fleetmedic.io/kwok-complete: 'true'}\n")
+    wait("RBAC to take effect", lambda: _allowed(kube_api, executor_rbac, "patch", "nodes"), timeout=30)
+    with connect(kube_config) as sa_api:
+        sa_api.set_default_header("Impersonate-User", executor_rbac)
+        with pytest.raises(client.ApiException) as denied:
+            client.CoreV1Api(sa_api).list_namespaced_secret(namespace)
+        assert denied.value.status == 403
+        with pytest.raises(client.ApiException) as refused:
+            client.CoreV1Api(sa_api).delete_node(name)
+        assert refused.value.status == 403
+        assert LeaseElector(sa_api, namespace, "fleetmedic-executor", "sa", 5.0).try_acquire_or_renew()
+        ex = CommandExecutor(Cluster(sa_api), s, KEY, identity="sa")
+        outcomes = [ex.handle(command(a, name)) for a in ("cordon", "taint", "drain", "run_diagnostics")]
+        assert [o.outcome for o in outcomes] == ["applied"] * 4, outcomes
+        assert outcomes[3].details["verdict"] == "pass"
+        back = ex.handle(command("return_to_service", name, params={"uncordon": "true", "untaint": "true"}))
+        assert back.outcome == "applied", back
+        assert ex.handle(command("escalate", job=f"{namespace}/some-job")).outcome == "skipped"  # via the ledger
+    assert not core.read_node(name).spec.unschedulable
