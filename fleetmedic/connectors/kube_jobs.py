@@ -1,0 +1,315 @@
+"""Job-events watcher: Kubernetes Pods, Jobs, PyTorchJobs and JobSets -> ``jobs.events`` on Kafka.
+
+One thread per watched resource (and namespace) lists it, then watches from the list's
+``resourceVersion`` (bookmarks on), renews the watch when it times out, lists again when the
+server says the version is too old (410 Gone) and reconnects with exponential backoff after any
+other error. A workload kind whose API is not served (CRD missing) is looked for again every
+``missing_kind_retry_s``. Watch events are raw JSON dicts (no model decoding, so a malformed
+object cannot break a stream) and go through a bounded queue (watches block when it is full) to
+:class:`fleetmedic.connectors.kube_jobs_map.JobTracker`, whose ``JobEvent`` records are produced
+to ``jobs.events`` keyed by job ("namespace/name"). After a re-list the tracker is told of objects
+that disappeared meanwhile. Everything is counted in ``fleetmedic_jobwatch_*`` metrics on the
+registry passed in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from fleetmedic.config import JobWatchSettings, Settings
+from fleetmedic.connectors.kube_jobs_map import JobTracker
+from fleetmedic.records import JobEvent, encode
+
+log = logging.getLogger(__name__)
+RESOURCES: dict[str, tuple[str, str]] = {  # kind -> (API prefix, plural)
+    "Pod": ("/api/v1", "pods"),
+    "Job": ("/apis/batch/v1", "jobs"),
+    "PyTorchJob": ("/apis/kubeflow.org/v1", "pytorchjobs"),
+    "JobSet": ("/apis/jobset.x-k8s.io/v1alpha2", "jobsets"),
+}
+
+
+class Gone(Exception):
+    """The watch's resourceVersion is too old (HTTP 410): list again."""
+
+
+class NotServed(Exception):
+    """The API server does not serve this resource (its CRD is not installed)."""
+
+
+class JobWatchMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        p = "fleetmedic_jobwatch_"
+        self.objects = Counter(f"{p}objects_total", "Watch events received", ["kind"], registry=registry)
+        self.events = Counter(f"{p}job_events_total", "JobEvent records produced", ["event"], registry=registry)
+        self.skipped = Counter(f"{p}skipped_total", "Objects skipped as unreadable", ["kind", "reason"],
+                               registry=registry)
+        self.relists = Counter(f"{p}relists_total", "Full lists (start, 410 Gone, reconnect)", ["kind", "cause"],
+                               registry=registry)
+        self.errors = Counter(f"{p}watch_errors_total", "Failed lists or watches", ["kind"], registry=registry)
+        self.produce_errors = Counter(f"{p}produce_errors_total", "JobEvents Kafka did not take", registry=registry)
+        self.tracked = Gauge(f"{p}tracked_jobs", "Training jobs being tracked", registry=registry)
+        self.queue = Gauge(f"{p}queue_depth", "Watch events waiting for the tracker", registry=registry)
+
+
+def resource_path(kind: str, namespace: str = "") -> str:
+    prefix, plural = RESOURCES[kind]
+    return f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"
+
+
+def _get(api: client.ApiClient, path: str, query: dict[str, str], timeout: tuple[float, float]) -> Any:
+    method, url, headers, body, post = api.param_serialize(
+        "GET", path, query_params=list(query.items()), auth_settings=["BearerToken"])
+    return api.call_api(method, url, headers, body, post, _request_timeout=timeout)
+
+
+def list_objects(api: client.ApiClient, path: str, selector: str) -> tuple[list[dict[str, Any]], str]:
+    """All objects at ``path`` (pages of 500) and the list's resourceVersion."""
+    items: list[dict[str, Any]] = []
+    query = {"limit": "500", **({"labelSelector": selector} if selector else {})}
+    while True:
+        resp = _get(api, path, query, (10.0, 60.0))
+        data = resp.read()
+        if resp.status == 404:
+            raise NotServed(path)
+        if resp.status == 410:
+            raise Gone(path)
+        if resp.status >= 400:
+            raise client.ApiException(status=resp.status, reason=data[:200].decode(errors="replace"))
+        doc = json.loads(data)
+        items += [i for i in doc.get("items") or [] if isinstance(i, dict)]
+        meta = doc.get("metadata") or {}
+        if not meta.get("continue"):
+            return items, str(meta.get("resourceVersion") or "")
+        query["continue"] = meta["continue"]
+
+
+def watch_lines(api: client.ApiClient, path: str, selector: str, rv: str, timeout_s: int) -> Iterator[bytes]:
+    query = {"watch": "1", "resourceVersion": rv, "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_s),
+             **({"labelSelector": selector} if selector else {})}
+    resp = _get(api, path, query, (10.0, timeout_s + 30.0))
+    if resp.status == 410:
+        raise Gone(path)
+    if resp.status >= 400:
+        raise client.ApiException(status=resp.status, reason=resp.read()[:200].decode(errors="replace"))
+    buffer = b""
+    try:
+        for chunk in resp.response.stream(amt=None, decode_content=False):
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            yield from (line for line in lines if line.strip())
+    finally:
+        resp.response.release_conn()
+
+
+Sink = Callable[[str, str, Any], None]  # (kind, event type, object or raw bytes)
+
+
+@dataclass
+class ResourceWatch:
+    """List + watch one resource in one namespace ("" = all) until ``stop`` is set."""
+
+    api: client.ApiClient
+    kind: str
+    namespace: str
+    selector: str
+    sink: Sink
+    metrics: JobWatchMetrics
+    settings: JobWatchSettings
+    stop: threading.Event
+    resume_version: str = ""  # watch from here first instead of listing (410 Gone: list after all)
+
+    def run(self) -> None:
+        path = resource_path(self.kind, self.namespace)
+        known: dict[str, dict[str, Any]] = {}
+        cause, backoff = "start", self.settings.reconnect_backoff_s
+        while not self.stop.is_set():
+            try:
+                rv, self.resume_version = self.resume_version or self._relist(path, known, cause), ""
+                backoff = self.settings.reconnect_backoff_s
+                while not self.stop.is_set():
+                    rv = self._watch(path, known, rv)
+            except Gone:
+                cause = "gone"
+            except NotServed:
+                log.info("%s: not served by the API server; looking again in %.0fs", path,
+                         self.settings.missing_kind_retry_s)
+                cause = "not_served"
+                self.stop.wait(self.settings.missing_kind_retry_s)
+            except Exception as exc:  # network, TLS, API errors: reconnect with backoff
+                self.metrics.errors.labels(self.kind).inc()
+                log.warning("%s: %s; reconnecting in %.1fs", path, exc, backoff)
+                cause = "error"
+                self.stop.wait(backoff)
+                backoff = min(backoff * 2, self.settings.max_backoff_s)
+
+    def _relist(self, path: str, known: dict[str, dict[str, Any]], cause: str) -> str:
+        items, rv = list_objects(self.api, path, self.selector)
+        self.metrics.relists.labels(self.kind, cause).inc()
+        seen = set()
+        for obj in items:
+            key = _key(obj)
+            seen.add(key)
+            known[key] = _stub(obj)
+            self.sink(self.kind, "ADDED", obj)
+        for key in set(known) - seen:  # deleted while we were not watching
+            self.sink(self.kind, "DELETED", known.pop(key))
+        return rv
+
+    def _watch(self, path: str, known: dict[str, dict[str, Any]], rv: str) -> str:
+        for line in watch_lines(self.api, path, self.selector, rv, self.settings.watch_timeout_s):
+            if self.stop.is_set():
+                break
+            try:
+                ev = json.loads(line)
+                etype, obj = str(ev["type"]), ev["object"]
+            except (ValueError, KeyError, TypeError):
+                self.sink(self.kind, "BAD", line[:200])
+                continue
+            if etype == "ERROR":
+                if isinstance(obj, dict) and obj.get("code") == 410:
+                    raise Gone(path)
+                raise client.ApiException(status=(obj or {}).get("code", 500), reason=str(obj)[:200])
+            new_rv = str(((obj or {}).get("metadata") or {}).get("resourceVersion") or "")
+            rv = new_rv or rv
+            if etype == "BOOKMARK":
+                continue
+            if isinstance(obj, dict) and isinstance(obj.get("metadata"), dict):
+                if etype == "DELETED":
+                    known.pop(_key(obj), None)
+                else:
+                    known[_key(obj)] = _stub(obj)
+            self.sink(self.kind, etype, obj)
+        return rv
+
+
+def _key(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def _stub(obj: dict[str, Any]) -> dict[str, Any]:
+    """Enough of an object to report its deletion later."""
+    meta = obj.get("metadata") or {}
+    keep = ("name", "namespace", "uid", "labels", "ownerReferences")
+    return {"metadata": {k: meta[k] for k in keep if k in meta}}
+
+
+class JobWatcher:
+    """The watches, the tracker and the Kafka producer of ``fleetmedic watch-jobs``."""
+
+    def __init__(self, api: client.ApiClient, settings: Settings, registry: CollectorRegistry,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.api, self.settings, self.clock = api, settings, clock
+        self.jw = settings.jobwatch
+        self.metrics = JobWatchMetrics(registry)
+        self.tracker = JobTracker(gpu_only=self.jw.gpu_only, gpu_resource=self.jw.gpu_resource)
+        self.queue: queue.Queue[tuple[str, str, Any]] = queue.Queue(maxsize=self.jw.queue_size)
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self._skipped_seen: dict[tuple[str, str], int] = {}
+
+    def start_watches(self) -> None:
+        namespaces = self.jw.namespaces or [""]
+        for kind in [*self.jw.kinds, "Pod"]:  # workloads first: their sizes frame the first placements
+            selector = self.jw.pod_label_selector if kind == "Pod" else self.jw.workload_label_selector
+            for ns in namespaces:
+                w = ResourceWatch(self.api, kind, ns, selector, self._enqueue, self.metrics, self.jw, self.stop)
+                t = threading.Thread(target=w.run, name=f"watch-{kind}-{ns or 'all'}", daemon=True)
+                t.start()
+                self.threads.append(t)
+
+    def _enqueue(self, kind: str, etype: str, obj: Any) -> None:
+        while not self.stop.is_set():
+            try:
+                self.queue.put((kind, etype, obj), timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
+    def handle(self, kind: str, etype: str, obj: Any) -> list[JobEvent]:
+        """One watch event through the tracker (also used directly by tests)."""
+        self.metrics.objects.labels(kind).inc()
+        now = self.clock()
+        if etype == "BAD" or not isinstance(obj, dict):
+            self.tracker.skip(kind, "bad_json", repr(obj)[:200])
+            events: list[JobEvent] = []
+        elif kind == "Pod":
+            events = self.tracker.observe_pod(etype, obj, now)
+        else:
+            events = self.tracker.observe_workload(kind, etype, obj, now)
+        for key, n in self.tracker.skipped.items():
+            if n != self._skipped_seen.get(key, 0):
+                self.metrics.skipped.labels(*key).inc(n - self._skipped_seen.get(key, 0))
+                self._skipped_seen[key] = n
+                log.warning("skipped %s", self.tracker.last_skip)
+        self.metrics.tracked.set(len(self.tracker.jobs))
+        return events
+
+    async def run(self, until: asyncio.Event | None = None) -> None:
+        """Watch and produce until ``until`` is set (or forever)."""
+        from aiokafka import AIOKafkaProducer
+
+        from fleetmedic.connectors.sim_producer import client_kwargs
+
+        topic = self.settings.topics.topic("jobs.events")
+        acks: Any = "all" if self.settings.kafka.acks == "all" else int(self.settings.kafka.acks)
+        producer = AIOKafkaProducer(acks=acks, linger_ms=20, **client_kwargs(self.settings.kafka))
+        await _start_with_retry(producer, self.jw.reconnect_backoff_s, self.jw.max_backoff_s, until)
+        loop = asyncio.get_running_loop()
+        self.start_watches()
+        try:
+            while until is None or not until.is_set():
+                item = await loop.run_in_executor(None, self._next, 0.5)
+                self.metrics.queue.set(self.queue.qsize())
+                if item is None:
+                    continue
+                for event in self.handle(*item):
+                    fut = await producer.send(topic, key=event.job.encode(), value=encode(event))
+                    fut.add_done_callback(self._sent(event.event))
+        finally:
+            self.stop.set()
+            await producer.stop()
+            for t in self.threads:
+                t.join(timeout=5)
+
+    def _next(self, timeout: float) -> tuple[str, str, Any] | None:
+        try:
+            return self.queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def _sent(self, event: str) -> Callable[[asyncio.Future[Any]], None]:
+        def done(fut: asyncio.Future[Any]) -> None:
+            if fut.cancelled() or fut.exception() is not None:
+                self.metrics.produce_errors.inc()
+                log.warning("jobs.events: %s not produced: %s", event, None if fut.cancelled() else fut.exception())
+            else:
+                self.metrics.events.labels(event).inc()
+        return done
+
+
+async def _start_with_retry(producer: Any, backoff: float, max_backoff: float, until: asyncio.Event | None) -> None:
+    from aiokafka.errors import KafkaError
+
+    while True:
+        try:
+            await producer.start()
+            return
+        except KafkaError as exc:
+            if until is not None and until.is_set():
+                raise
+            log.warning("Kafka: %s; retrying in %.1fs", exc, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, max_backoff)

@@ -1,0 +1,331 @@
+"""Kubernetes objects -> ``JobEvent`` records, emitted only on change (pure: dicts in, records out).
+
+:class:`JobTracker` is fed the watch events of Pods and of the training workloads (batch Job,
+Kubeflow PyTorchJob, JobSet) as JSON dicts, with the time from an injected clock, and returns the
+``JobEvent`` records each change produces:
+
+- ``placement``: the ranks' nodes, once every expected rank is scheduled (the workload's size
+  known: parallelism / replicas) and whenever that map changes. A rank comes from the Indexed Job
+  completion index, the PyTorchJob replica type and index (master first), or the JobSet replicated
+  job, job index and completion index: ranks are numbered densely in that order.
+- ``start``: every expected rank Running, once per placement.
+- ``failure``: a container that terminated with a non-zero exit code (or a pod that Failed), with
+  rank, node, exit code, reason and the restart count as ``attempt``, once per termination; and a
+  workload whose ``Failed`` condition turned True.
+- ``completion``: a workload whose Complete/Succeeded condition turned True, once.
+- ``restart``: the workload's restart count grew (fleetmedic's ``restart-attempts`` annotation,
+  JobSet ``status.restarts``).
+
+Which pods belong to a training job: the JobSet label, then the Kubeflow label, then the batch Job
+label (a JobSet's pods carry both: they belong to the JobSet), cross-checked with a controller
+owner reference where a pod has one. Pods without GPU requests are ignored when ``gpu_only``.
+A malformed object is counted in ``skipped`` under its reason and ignored.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from fleetmedic.records import JobEvent, RankPlacement
+
+JOBSET_LABEL: Final = "jobset.sigs.k8s.io/jobset-name"
+RJOB_LABEL: Final = "jobset.sigs.k8s.io/replicatedjob-name"
+JOB_INDEX_LABEL: Final = "jobset.sigs.k8s.io/job-index"
+PYTORCH_LABEL: Final = "training.kubeflow.org/job-name"
+REPLICA_TYPE_LABEL: Final = "training.kubeflow.org/replica-type"
+REPLICA_INDEX_LABEL: Final = "training.kubeflow.org/replica-index"
+JOB_LABELS: Final = ("batch.kubernetes.io/job-name", "job-name")
+COMPLETION_INDEX: Final = "batch.kubernetes.io/job-completion-index"
+ATTEMPTS_ANNOTATION: Final = "fleetmedic.io/restart-attempts"
+DONE_CONDITIONS: Final = frozenset({"Complete", "Succeeded", "Completed"})
+WORKLOAD_KINDS: Final = ("Job", "PyTorchJob", "JobSet")
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the tracker keeps of one pod."""
+
+    uid: str
+    name: str
+    order: tuple[Any, ...]  # sorts the pods of a job into rank order
+    node: str
+    phase: str
+    terminations: tuple[tuple[str, int, int, str], ...]  # (container, restart count, exit code, reason)
+
+
+@dataclass
+class JobState:
+    kind: str
+    pods: dict[str, PodView] = field(default_factory=dict)
+    world_size: int | None = None
+    rjob_order: tuple[str, ...] = ()
+    placement: tuple[tuple[int, str], ...] = ()
+    started: tuple[tuple[int, str], ...] = ()
+    reported: set[tuple[str, str, int]] = field(default_factory=set)
+    conditions: frozenset[str] = frozenset()
+    attempt: int = 0
+    owner_uid: str = ""
+
+
+class BadObject(ValueError):
+    """An object the tracker cannot read: ``code`` (a metric label) and the detail."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        self.code = code
+        super().__init__(f"{code}: {detail}")
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping) or not meta.get("name") or not meta.get("namespace"):
+        raise BadObject("no_metadata", "metadata.name or metadata.namespace missing")
+    return meta
+
+
+def gpu_request(pod: Mapping[str, Any], resource: str) -> int:
+    total = 0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        value = (res.get("requests") or {}).get(resource) or (res.get("limits") or {}).get(resource) or 0
+        try:
+            total += int(value)
+        except (TypeError, ValueError):
+            detail = f"spec.containers.resources.{resource}: not an integer: {value!r}"
+            raise BadObject("bad_gpu_request", detail) from None
+    return total
+
+
+def job_of_pod(pod: Mapping[str, Any]) -> tuple[str, str, tuple[Any, ...]] | None:
+    """(job "ns/name", workload kind, rank order key) of a training pod, or None."""
+    meta = _meta(pod)
+    labels: Mapping[str, str] = meta.get("labels") or {}
+    ns = str(meta["namespace"])
+    index = _int(labels.get(COMPLETION_INDEX) or (meta.get("annotations") or {}).get(COMPLETION_INDEX), 0)
+    if labels.get(JOBSET_LABEL):
+        js_key = (labels.get(RJOB_LABEL, ""), _int(labels.get(JOB_INDEX_LABEL), 0), index, meta["name"])
+        return f"{ns}/{labels[JOBSET_LABEL]}", "JobSet", js_key
+    if labels.get(PYTORCH_LABEL):
+        rtype = str(labels.get(REPLICA_TYPE_LABEL, "")).lower()
+        key = (0 if rtype == "master" else 1, rtype, _int(labels.get(REPLICA_INDEX_LABEL), 0), meta["name"])
+        return f"{ns}/{labels[PYTORCH_LABEL]}", "PyTorchJob", key
+    for label in JOB_LABELS:
+        if labels.get(label):
+            return f"{ns}/{labels[label]}", "Job", (index, str(meta.get("creationTimestamp") or ""), meta["name"])
+    return None
+
+
+def _int(text: Any, default: int) -> int:
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return default
+
+
+def _terminations(pod: Mapping[str, Any]) -> tuple[tuple[str, int, int, str], ...]:
+    out = []
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        restarts = _int(cs.get("restartCount"), 0)
+        current = (cs.get("state") or {}).get("terminated")
+        last = (cs.get("lastState") or {}).get("terminated")
+        if current:
+            out.append((str(cs.get("name", "")), restarts, _int(current.get("exitCode"), -1), _why(current)))
+        if last and restarts > 0:
+            out.append((str(cs.get("name", "")), restarts - 1, _int(last.get("exitCode"), -1), _why(last)))
+    return tuple(out)
+
+
+def _why(term: Mapping[str, Any]) -> str:
+    reason, message = str(term.get("reason") or ""), str(term.get("message") or "")
+    return f"{reason}: {message}"[:4096] if message else reason
+
+
+@dataclass
+class JobTracker:
+    """Feed it watch events; it returns the JobEvents they produce. ``skipped`` counts bad objects
+    by (kind, code); ``last_skip`` holds the latest one's full reason (for the log)."""
+
+    gpu_only: bool = True
+    gpu_resource: str = "nvidia.com/gpu"
+    jobs: dict[str, JobState] = field(default_factory=dict)
+    pod_jobs: dict[str, str] = field(default_factory=dict)  # pod uid -> job
+    skipped: Counter[tuple[str, str]] = field(default_factory=Counter)
+    last_skip: str = ""
+
+    def observe_pod(self, event_type: str, pod: Mapping[str, Any], now: float) -> list[JobEvent]:
+        try:
+            return self._pod(event_type, pod, now)
+        except BadObject as exc:
+            return self._skip("Pod", exc)
+
+    def observe_workload(self, kind: str, event_type: str, obj: Mapping[str, Any], now: float) -> list[JobEvent]:
+        try:
+            return self._workload(kind, event_type, obj, now)
+        except BadObject as exc:
+            return self._skip(kind, exc)
+
+    def skip(self, kind: str, code: str, detail: str) -> None:
+        """Count an object that could not even be decoded (the adapter's JSON errors)."""
+        self._skip(kind, BadObject(code, detail))
+
+    def _skip(self, kind: str, exc: BadObject) -> list[JobEvent]:
+        self.skipped[(kind, exc.code)] += 1
+        self.last_skip = f"{kind}: {exc}"
+        return []
+
+    # --- pods ---------------------------------------------------------------------------------
+
+    def _pod(self, event_type: str, pod: Mapping[str, Any], now: float) -> list[JobEvent]:
+        meta = _meta(pod)
+        uid = str(meta.get("uid") or f"{meta['namespace']}/{meta['name']}")
+        found = job_of_pod(pod)
+        if found is None or (self.gpu_only and gpu_request(pod, self.gpu_resource) <= 0):
+            return self._forget_pod(uid, now) if uid in self.pod_jobs else []
+        job, kind, order = found
+        if event_type == "DELETED" or meta.get("deletionTimestamp"):
+            return self._forget_pod(uid, now)
+        state = self.jobs.setdefault(job, JobState(kind))
+        view = PodView(uid, str(meta["name"]), order, str((pod.get("spec") or {}).get("nodeName") or ""),
+                       str((pod.get("status") or {}).get("phase") or ""), _terminations(pod))
+        state.pods[uid] = view
+        self.pod_jobs[uid] = job
+        events = self._failures(job, state, view, pod, now)
+        return events + self._placement_and_start(job, state, now)
+
+    def _forget_pod(self, uid: str, now: float) -> list[JobEvent]:
+        job = self.pod_jobs.pop(uid, "")
+        state = self.jobs.get(job)
+        if state is None:
+            return []
+        state.pods.pop(uid, None)
+        return self._placement_and_start(job, state, now)
+
+    def _ranked(self, state: JobState) -> list[PodView]:
+        rank_of_rjob = {name: i for i, name in enumerate(state.rjob_order)}
+
+        def key(p: PodView) -> tuple[Any, ...]:
+            if state.kind == "JobSet":
+                return (rank_of_rjob.get(p.order[0], len(rank_of_rjob)), *p.order)
+            return p.order
+
+        live = [p for p in state.pods.values() if p.phase not in ("Succeeded", "Failed")]
+        return sorted(live, key=key)
+
+    def _rank(self, state: JobState, uid: str) -> int | None:
+        for rank, p in enumerate(self._ranked(state)):
+            if p.uid == uid:
+                return rank
+        return None
+
+    def _placement_and_start(self, job: str, state: JobState, now: float) -> list[JobEvent]:
+        ranked = self._ranked(state)
+        if not ranked or any(not p.node for p in ranked):
+            return []
+        if state.world_size is not None and len(ranked) != state.world_size:
+            return []
+        placement = tuple((rank, p.node) for rank, p in enumerate(ranked))
+        events = []
+        if placement != state.placement:
+            state.placement = placement
+            events.append(self._event(job, state, "placement", now, world_size=len(ranked),
+                                      placement=[RankPlacement(rank=r, node=n) for r, n in placement]))
+        if placement != state.started and all(p.phase == "Running" for p in ranked):
+            state.started = placement
+            events.append(self._event(job, state, "start", now, world_size=len(ranked)))
+        return events
+
+    def _failures(self, job: str, state: JobState, view: PodView, pod: Mapping[str, Any],
+                  now: float) -> list[JobEvent]:
+        events = []
+        failures = [t for t in view.terminations if t[2] != 0]
+        if not failures and view.phase == "Failed":
+            reason = str((pod.get("status") or {}).get("reason") or "pod failed")
+            failures = [("", 0, -1, reason)]
+        for container, restarts, code, reason in failures:
+            key = (view.uid, container, restarts)
+            if key in state.reported:
+                continue
+            state.reported.add(key)
+            ranked = self._ranked(state)
+            rank = next((r for r, p in enumerate(ranked) if p.uid == view.uid), None)
+            if rank is None:  # a Failed pod left the ranking: place it by its order among all pods
+                everyone = sorted(state.pods.values(), key=lambda p: p.order)
+                rank = next(r for r, p in enumerate(everyone) if p.uid == view.uid)
+            events.append(self._event(job, state, "failure", now, rank=rank, node=view.node,
+                                      exit_code=max(-1024, min(1024, code)),
+                                      reason=f"{view.name}/{container}: {reason}" if container else reason,
+                                      attempt=restarts))
+        return events
+
+    # --- workloads ----------------------------------------------------------------------------
+
+    def _workload(self, kind: str, event_type: str, obj: Mapping[str, Any], now: float) -> list[JobEvent]:
+        if kind not in WORKLOAD_KINDS:
+            raise BadObject("unknown_kind", f"unknown workload kind {kind!r}")
+        meta = _meta(obj)
+        job = f"{meta['namespace']}/{meta['name']}"
+        if kind == "Job" and any(r.get("controller") and r.get("kind") == "JobSet"
+                                 for r in meta.get("ownerReferences") or []):
+            return []  # a JobSet's child: the JobSet is the training job
+        if event_type == "DELETED":
+            state = self.jobs.pop(job, None)
+            for uid in list(state.pods) if state else []:
+                self.pod_jobs.pop(uid, None)
+            return []
+        spec, status = obj.get("spec") or {}, obj.get("status") or {}
+        if not isinstance(spec, Mapping) or not isinstance(status, Mapping):
+            raise BadObject("bad_spec", "spec or status is not an object")
+        state = self.jobs.setdefault(job, JobState(kind))
+        uid = str(meta.get("uid") or "")
+        if state.owner_uid and uid and uid != state.owner_uid:  # deleted and recreated under the same name
+            state.reported.clear()
+            state.conditions = frozenset()
+            state.attempt = 0
+        state.owner_uid = uid or state.owner_uid
+        state.kind = kind
+        state.world_size, state.rjob_order = _size(kind, spec)
+        events: list[JobEvent] = []
+        attempt = max(_int((meta.get("annotations") or {}).get(ATTEMPTS_ANNOTATION), 0),
+                      _int(status.get("restarts"), 0))
+        if attempt > state.attempt:
+            state.attempt = attempt
+            events.append(self._event(job, state, "restart", now, reason=f"restart {attempt}"))
+        conditions = frozenset(str(c.get("type")) for c in status.get("conditions") or []
+                               if isinstance(c, Mapping) and c.get("status") == "True")
+        new = conditions - state.conditions
+        state.conditions = conditions
+        for c in status.get("conditions") or []:
+            if not isinstance(c, Mapping) or c.get("type") not in new:
+                continue
+            why = str(c.get("reason") or c.get("type"))
+            if c.get("message"):
+                why = f"{why}: {c['message']}"
+            if c.get("type") in DONE_CONDITIONS:
+                events.append(self._event(job, state, "completion", now, reason=why[:4096]))
+            elif c.get("type") == "Failed":
+                events.append(self._event(job, state, "failure", now, reason=why[:4096]))
+        return events + self._placement_and_start(job, state, now)
+
+    def _event(self, job: str, state: JobState, event: str, now: float, **fields: Any) -> JobEvent:
+        fields.setdefault("attempt", state.attempt)
+        return JobEvent(job=job, event=event, ts=now, workload_kind=state.kind, **fields)  # type: ignore[arg-type]
+
+
+def _size(kind: str, spec: Mapping[str, Any]) -> tuple[int | None, tuple[str, ...]]:
+    """How many ranks the workload runs (None when unknown), and the JobSet replicated-job order."""
+    try:
+        if kind == "Job":
+            parallelism = _int(spec.get("parallelism"), 1)
+            completions = spec.get("completions")
+            return (min(parallelism, _int(completions, parallelism)) if completions is not None else parallelism), ()
+        if kind == "PyTorchJob":
+            replicas = spec.get("pytorchReplicaSpecs") or {}
+            return sum(_int((r or {}).get("replicas"), 1) for r in replicas.values()) or None, ()
+        rjobs = spec.get("replicatedJobs") or []
+        total = sum(_int(r.get("replicas"), 1) * _int(((r.get("template") or {}).get("spec") or {})
+                                                    .get("parallelism"), 1) for r in rjobs)
+        return total or None, tuple(str(r.get("name", "")) for r in rjobs)
+    except AttributeError:
+        raise BadObject("bad_spec", f"{kind}: spec has an unexpected shape") from None

@@ -1,0 +1,148 @@
+"""The job-events watcher against the real control plane and the real broker: a 4-pod x 8-GPU
+Indexed Job on a 6-node kwok fleet is read back from Kafka as a placement (rank = completion index
+-> node), a start, and, after one pod is failed the way a kubelet reports an OOM-killed container
+(kwok has no failure stage, so the test writes that pod status), a failure naming rank, node, exit
+code and reason. A CPU-only Job in the same namespace produces nothing (GPU pods only). The watches
+renew after their timeout and list again after 410 Gone."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client
+from prometheus_client import CollectorRegistry
+
+from fleetmedic.config import JobWatchSettings, KafkaSettings, Settings, TopicSettings
+from fleetmedic.connectors.kube_jobs import Gone, JobWatcher, JobWatchMetrics, ResourceWatch, resource_path
+from fleetmedic.devenv import fleet as fl
+from fleetmedic.records import JobEvent, decode
+
+INDEX = "batch.kubernetes.io/job-completion-index"
+
+
+def _job(name: str, fleet: fl.Fleet, pods: int, gpus: int) -> client.V1Job:
+    res = {fl.GPU: str(gpus)} if gpus else {"cpu": "1"}
+    return client.V1Job.from_dict({"metadata": {"name": name}, "spec": {
+        "parallelism": pods, "completions": pods, "completionMode": "Indexed", "backoffLimit": 10,
+        "template": {"spec": {"restartPolicy": "Never", "nodeSelector": {fl.LABEL_FLEET: fleet.name},
+                              "tolerations": [fl.KWOK_TOLERATION],
+                              "containers": [{"name": "trainer", "image": "example.invalid/t:1",
+                                              "resources": {"requests": res, "limits": res}}]}}}})
+
+
+def _fail_pod_like_a_kubelet(core: client.CoreV1Api, namespace: str, pod: client.V1Pod) -> None:
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    core.patch_namespaced_pod_status(pod.metadata.name, namespace, {"status": {
+        "phase": "Failed",
+        "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now}],
+        "containerStatuses": [{"name": "trainer", "image": "example.invalid/t:1", "imageID": "", "ready": False,
+                               "restartCount": 0, "state": {"terminated": {
+                                   "exitCode": 137, "reason": "OOMKilled", "startedAt": now, "finishedAt": now}}}]}})
+
+
+def test_watcher_publishes_placement_start_and_failure_of_a_gpu_job_to_kafka(
+    kafka_bootstrap: str, kube_api: client.ApiClient, namespace: str, crds: list[str],
+    make_fleet: Callable[..., fl.Fleet]
+) -> None:
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    fleet = make_fleet(6)
+    prefix = f"jw-{uuid.uuid4().hex[:8]}."
+    settings = Settings(kafka=KafkaSettings(bootstrap_servers=kafka_bootstrap), topics=TopicSettings(prefix=prefix),
+                        jobwatch=JobWatchSettings(namespaces=[namespace], watch_timeout_s=2))
+    registry = CollectorRegistry()
+    core, batch = client.CoreV1Api(kube_api), client.BatchV1Api(kube_api)
+
+    async def read_until(consumer: AIOKafkaConsumer, got: list[JobEvent], done: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 90
+        while not done():
+            assert time.monotonic() < deadline, f"timed out; got {[(e.job, e.event) for e in got]}"
+            batches = await consumer.getmany(timeout_ms=500)
+            for records in batches.values():
+                for rec in records:
+                    event = decode(JobEvent, rec.value)
+                    assert rec.key == event.job.encode()
+                    got.append(event)
+
+    async def go() -> tuple[list[JobEvent], list[client.V1Pod], client.V1Pod]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        await admin.create_topics([NewTopic(f"{prefix}jobs.events", 1, 1)])
+        await admin.close()
+        until = asyncio.Event()
+        task = asyncio.create_task(JobWatcher(kube_api, settings, registry).run(until))
+        consumer = AIOKafkaConsumer(f"{prefix}jobs.events", bootstrap_servers=kafka_bootstrap,
+                                    auto_offset_reset="earliest", group_id=f"{prefix}test")
+        await consumer.start()
+        got: list[JobEvent] = []
+        try:
+            await asyncio.to_thread(batch.create_namespaced_job, namespace, _job("cpu", fleet, 1, 0))
+            await asyncio.to_thread(batch.create_namespaced_job, namespace, _job("train", fleet, 4, 8))
+            job = f"{namespace}/train"
+            await read_until(consumer, got, lambda: any(e.job == job and e.event == "start" for e in got))
+            await asyncio.sleep(3)  # past the watches' 2 s timeout: they renew
+            pods = await asyncio.to_thread(core.list_namespaced_pod, namespace, label_selector="job-name=train")
+            victim = next(p for p in pods.items if p.metadata.annotations[INDEX] == "2")
+            await asyncio.to_thread(_fail_pod_like_a_kubelet, core, namespace, victim)
+            await read_until(consumer, got, lambda: any(e.job == job and e.event == "failure" for e in got))
+        finally:
+            until.set()
+            await task
+            await consumer.stop()
+        return got, pods.items, victim
+
+    got, pods, victim = asyncio.run(go())
+    mine = [e for e in got if e.job == f"{namespace}/train"]
+    placement = next(e for e in mine if e.event == "placement")
+    assert placement.world_size == 4 and placement.workload_kind == "Job"
+    by_index = {int(p.metadata.annotations[INDEX]): p.spec.node_name for p in pods}
+    assert {r.rank: r.node for r in placement.placement} == by_index
+    assert [e.event for e in mine].count("start") == 1
+    failure = next(e for e in mine if e.event == "failure")
+    assert (failure.rank, failure.node, failure.exit_code) == (2, victim.spec.node_name, 137)
+    assert "OOMKilled" in failure.reason
+    assert not [e for e in got if e.job == f"{namespace}/cpu"]  # no GPUs: not a training job
+    assert registry.get_sample_value("fleetmedic_jobwatch_job_events_total", {"event": "failure"}) == 1
+    assert registry.get_sample_value("fleetmedic_jobwatch_relists_total", {"kind": "Pod", "cause": "start"}) == 1
+    assert (registry.get_sample_value("fleetmedic_jobwatch_objects_total", {"kind": "Pod"}) or 0) >= 6
+
+
+def test_a_watch_from_a_compacted_version_is_gone_and_the_loop_lists_again(
+    kube_api: client.ApiClient, namespace: str
+) -> None:
+    seen: list[tuple[str, str, Any]] = []
+    stop = threading.Event()
+    settings = JobWatchSettings(watch_timeout_s=1, reconnect_backoff_s=0.1)
+    registry = CollectorRegistry()
+    metrics = JobWatchMetrics(registry)
+    w = ResourceWatch(kube_api, "Pod", namespace, "", lambda *a: seen.append(a), metrics, settings, stop)
+    try:
+        w._watch(resource_path("Pod", namespace), {}, "1")
+        gone = False
+    except Gone:
+        gone = True
+    assert gone, "the API server replayed from resourceVersion 1 instead of answering 410 Gone"
+
+    w.resume_version = "1"  # as if resuming from a version saved long ago: 410, then a full list
+    thread = threading.Thread(target=w.run, daemon=True)
+    thread.start()
+    time.sleep(2.5)  # two watch timeouts: the watch was renewed from its resourceVersion
+    client.CoreV1Api(kube_api).create_namespaced_pod(namespace, client.V1Pod.from_dict({
+        "metadata": {"name": "late"}, "spec": {"containers": [{"name": "c", "image": "i"}],
+                                               "nodeSelector": {"none": "none"}}}))
+    deadline = time.monotonic() + 20
+    while not any(kind == "Pod" and etype == "ADDED" and obj["metadata"]["name"] == "late"
+                  for kind, etype, obj in seen):
+        assert time.monotonic() < deadline, seen
+        time.sleep(0.1)
+    stop.set()
+    thread.join(timeout=5)
+    relists = "fleetmedic_jobwatch_relists_total"
+    assert registry.get_sample_value(relists, {"kind": "Pod", "cause": "gone"}) == 1
+    assert registry.get_sample_value(relists, {"kind": "Pod", "cause": "start"}) is None  # renewals: no list
