@@ -1,0 +1,149 @@
+"""The pure job tracker: which pods belong to which training job and rank, events only on change,
+failures once per termination, completion/restart from the workload, bad objects counted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleetmedic.connectors.kube_jobs_map import JobTracker, job_of_pod
+
+GPU = {"nvidia.com/gpu": "8"}
+
+
+def pod(name: str, labels: dict[str, str], node: str = "", phase: str = "Pending", gpus: bool = True,
+        uid: str = "", statuses: list[dict[str, Any]] | None = None, annotations: dict[str, str] | None = None,
+        ) -> dict[str, Any]:
+    res = {"limits": GPU} if gpus else {"requests": {"cpu": "1"}}
+    return {"metadata": {"name": name, "namespace": "ml", "uid": uid or f"uid-{name}", "labels": labels,
+                         "annotations": annotations or {}},
+            "spec": {"nodeName": node, "containers": [{"name": "t", "resources": res}]},
+            "status": {"phase": phase, "containerStatuses": statuses or []}}
+
+
+def job_pod(i: int, node: str = "", phase: str = "Pending", **kw: Any) -> dict[str, Any]:
+    labels = {"batch.kubernetes.io/job-name": "train", "batch.kubernetes.io/job-completion-index": str(i)}
+    return pod(f"train-{i}", labels, node, phase, **kw)
+
+
+def workload(spec: dict[str, Any], status: dict[str, Any] | None = None, uid: str = "w1",
+             annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"metadata": {"name": "train", "namespace": "ml", "uid": uid, "annotations": annotations or {}},
+            "spec": spec, "status": status or {}}
+
+
+def kinds(events: list[Any]) -> list[str]:
+    return [e.event for e in events]
+
+
+def test_placement_waits_for_every_rank_then_start_once_and_nothing_repeats() -> None:
+    t = JobTracker()
+    assert t.observe_workload("Job", "ADDED", workload({"parallelism": 3, "completions": 3}), 1.0) == []
+    assert t.observe_pod("ADDED", job_pod(0, "n0"), 2.0) == []
+    assert t.observe_pod("ADDED", job_pod(1, "n1"), 2.0) == []
+    placed = t.observe_pod("ADDED", job_pod(2, "n2"), 3.0)
+    assert kinds(placed) == ["placement"]
+    assert [(r.rank, r.node) for r in placed[0].placement] == [(0, "n0"), (1, "n1"), (2, "n2")]
+    assert placed[0].job == "ml/train" and placed[0].world_size == 3 and placed[0].ts == 3.0
+    for i in range(2):
+        assert t.observe_pod("MODIFIED", job_pod(i, f"n{i}", "Running"), 4.0) == []
+    assert kinds(t.observe_pod("MODIFIED", job_pod(2, "n2", "Running"), 5.0)) == ["start"]
+    assert t.observe_pod("MODIFIED", job_pod(2, "n2", "Running"), 6.0) == []  # no change, no event
+
+
+def test_a_replaced_pod_on_another_node_gives_a_new_placement_and_start() -> None:
+    t = JobTracker()
+    t.observe_workload("Job", "ADDED", workload({"parallelism": 2}), 0.0)
+    for i in range(2):
+        t.observe_pod("ADDED", job_pod(i, f"n{i}", "Running"), 1.0)
+    assert t.observe_pod("DELETED", job_pod(1, "n1", "Running"), 2.0) == []
+    new = job_pod(1, "n9", "Running", uid="uid-new")
+    assert kinds(t.observe_pod("ADDED", new, 3.0)) == ["placement", "start"]
+
+
+def test_failures_are_reported_once_per_termination_with_rank_node_exit_code() -> None:
+    t = JobTracker()
+    t.observe_workload("Job", "ADDED", workload({"parallelism": 2}), 0.0)
+    t.observe_pod("ADDED", job_pod(0, "n0", "Running"), 1.0)
+    crashed = {"name": "t", "restartCount": 0, "state": {"terminated": {"exitCode": 139, "reason": "Error",
+                                                                        "message": "segfault"}}}
+    out = t.observe_pod("MODIFIED", job_pod(1, "n1", "Running", statuses=[crashed]), 2.0)
+    failure = next(e for e in out if e.event == "failure")
+    assert (failure.rank, failure.node, failure.exit_code, failure.attempt) == (1, "n1", 139, 0)
+    assert failure.reason == "train-1/t: Error: segfault"
+    # restarted by the kubelet: the same termination now shows as lastState -> not reported again
+    again = {"name": "t", "restartCount": 1, "state": {"running": {}},
+             "lastState": {"terminated": {"exitCode": 139, "reason": "Error"}}}
+    assert "failure" not in kinds(t.observe_pod("MODIFIED", job_pod(1, "n1", "Running", statuses=[again]), 3.0))
+    ok = {"name": "t", "restartCount": 1, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
+    assert "failure" not in kinds(t.observe_pod("MODIFIED", job_pod(0, "n0", "Running", statuses=[ok]), 4.0))
+    failed = t.observe_pod("MODIFIED", job_pod(0, "n0", "Failed"), 5.0)
+    assert [(e.event, e.rank, e.exit_code) for e in failed] == [("failure", 0, -1)]
+
+
+def test_pytorchjob_ranks_master_first_and_jobset_by_replicated_job_then_index() -> None:
+    def ptj(rtype: str, i: int, node: str) -> dict[str, Any]:
+        return pod(f"p-{rtype}-{i}", {"training.kubeflow.org/job-name": "train",
+                                      "training.kubeflow.org/replica-type": rtype,
+                                      "training.kubeflow.org/replica-index": str(i)}, node)
+
+    t = JobTracker()
+    t.observe_workload("PyTorchJob", "ADDED", workload({"pytorchReplicaSpecs": {
+        "Master": {"replicas": 1}, "Worker": {"replicas": 2}}}), 0.0)
+    t.observe_pod("ADDED", ptj("worker", 1, "w1"), 1.0)
+    t.observe_pod("ADDED", ptj("worker", 0, "w0"), 1.0)
+    out = t.observe_pod("ADDED", ptj("master", 0, "m0"), 1.0)
+    assert [(r.rank, r.node) for r in out[0].placement] == [(0, "m0"), (1, "w0"), (2, "w1")]
+    assert out[0].workload_kind == "PyTorchJob"
+
+    def js(rjob: str, job_index: int, node: str) -> dict[str, Any]:
+        return pod(f"js-{rjob}-{job_index}", {"jobset.sigs.k8s.io/jobset-name": "train",
+                                              "jobset.sigs.k8s.io/replicatedjob-name": rjob,
+                                              "jobset.sigs.k8s.io/job-index": str(job_index),
+                                              "batch.kubernetes.io/job-name": f"train-{rjob}-{job_index}"}, node)
+
+    t = JobTracker()
+    t.observe_workload("JobSet", "ADDED", workload({"replicatedJobs": [
+        {"name": "driver", "replicas": 1, "template": {"spec": {"parallelism": 1}}},
+        {"name": "workers", "replicas": 2, "template": {"spec": {"parallelism": 1}}}]}), 0.0)
+    t.observe_pod("ADDED", js("workers", 1, "b"), 1.0)
+    t.observe_pod("ADDED", js("workers", 0, "a"), 1.0)
+    out = t.observe_pod("ADDED", js("driver", 0, "d"), 1.0)
+    assert [(r.rank, r.node) for r in out[0].placement] == [(0, "d"), (1, "a"), (2, "b")]
+    child = {"metadata": {"name": "train-workers-0", "namespace": "ml",
+                          "ownerReferences": [{"kind": "JobSet", "name": "train", "controller": True}]},
+             "spec": {"parallelism": 1}}
+    assert t.observe_workload("Job", "ADDED", child, 2.0) == [] and "ml/train-workers-0" not in t.jobs
+
+
+def test_completion_failure_and_restart_come_from_the_workload_once() -> None:
+    t = JobTracker()
+    t.observe_workload("JobSet", "ADDED", workload({"replicatedJobs": []}), 0.0)
+    restarted = t.observe_workload("JobSet", "MODIFIED", workload({"replicatedJobs": []}, {"restarts": 2}), 1.0)
+    assert [(e.event, e.attempt) for e in restarted] == [("restart", 2)]
+    ours = t.observe_workload("JobSet", "MODIFIED", workload(
+        {"replicatedJobs": []}, {"restarts": 2}, annotations={"fleetmedic.io/restart-attempts": "3"}), 2.0)
+    assert [(e.event, e.attempt) for e in ours] == [("restart", 3)]
+    failed = {"restarts": 2, "conditions": [{"type": "Failed", "status": "True", "reason": "FailurePolicy",
+                                             "message": "maxRestarts reached"}]}
+    out = t.observe_workload("JobSet", "MODIFIED", workload({"replicatedJobs": []}, failed), 3.0)
+    assert [(e.event, e.reason) for e in out] == [("failure", "FailurePolicy: maxRestarts reached")]
+    assert t.observe_workload("JobSet", "MODIFIED", workload({"replicatedJobs": []}, failed), 4.0) == []
+    done = {"conditions": [{"type": "Complete", "status": "True"}]}
+    assert kinds(t.observe_workload("Job", "MODIFIED", workload({}, done, uid="w2"), 5.0)) == ["completion"]
+
+
+def test_cpu_pods_unlabelled_pods_and_bad_objects_are_skipped() -> None:
+    t = JobTracker()
+    assert t.observe_pod("ADDED", job_pod(0, "n0", gpus=False), 1.0) == [] and not t.jobs
+    assert t.observe_pod("ADDED", pod("web", {"app": "web"}, "n0"), 1.0) == []
+    assert job_of_pod(pod("web", {"app": "web"})) is None
+    assert t.observe_pod("ADDED", {"metadata": {"name": "x"}}, 1.0) == []
+    bad = job_pod(0, "n0")
+    bad["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "eight"}}
+    assert t.observe_pod("ADDED", bad, 1.0) == []
+    assert t.observe_workload("PyTorchJob", "ADDED", {"metadata": {"name": "a", "namespace": "b"},
+                                                      "spec": {"pytorchReplicaSpecs": ["not", "a", "map"]}}, 1.0) == []
+    assert t.skipped == {("Pod", "no_metadata"): 1, ("Pod", "bad_gpu_request"): 1, ("PyTorchJob", "bad_spec"): 1}
+    assert t.last_skip.startswith("PyTorchJob: bad_spec")
+    untracked = JobTracker(gpu_only=False)
+    assert kinds(untracked.observe_pod("ADDED", job_pod(0, "n0", gpus=False), 1.0)) == ["placement"]
