@@ -35,10 +35,6 @@ CONNECTORS = {
 Source = Callable[[asyncio.Event], Awaitable[None]]
 
 
-class SourceUnavailable(RuntimeError):
-    """The connector's source cannot be used at all (the message says why and what to do)."""
-
-
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("exporter", help="run a connector: NVML, Prometheus, Kafka telemetry, InfiniBand, logs",
                        description="Run one connector that turns an outside source into fleetmedic records on "
@@ -60,6 +56,8 @@ def run_exporter(args: argparse.Namespace) -> int:
     if settings is None:
         return EXIT_INVALID
     logging.basicConfig(level=args.loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from fleetmedic.connectors.runtime import SourceUnavailable
+
     try:
         return asyncio.run(_run(args.connector, settings, args.output, args.duration, args.metrics_port))
     except SourceUnavailable as exc:
@@ -107,12 +105,9 @@ def build_source(connector: str, settings: Settings, outbox: Outbox, metrics: Co
 
         return PrometheusSource(settings, outbox, metrics).run
     if connector == "nvml":
-        from fleetmedic.connectors.nvml_exporter import NvmlSource, NvmlUnavailable, import_pynvml
+        from fleetmedic.connectors.nvml_exporter import NvmlSource, import_pynvml
 
-        try:
-            return NvmlSource(import_pynvml(), settings, outbox, metrics).run
-        except NvmlUnavailable as exc:
-            raise SourceUnavailable(str(exc)) from None
+        return NvmlSource(import_pynvml(), settings, outbox, metrics).run
     if connector == "kafka":
         from fleetmedic.connectors.kafka_telemetry import KafkaTelemetrySource
 
@@ -126,3 +121,19 @@ def build_source(connector: str, settings: Settings, outbox: Outbox, metrics: Co
 
         return LogSource(settings, outbox, metrics).run
     raise ValueError(f"unknown connector {connector!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fleetmedic.exporter_cli nvml ...``: the exporters without the rest of the CLI's
+    imports (what a slim node image or scripts/device/nvml_check.sh needs: msgspec, PyYAML,
+    prometheus-client, nvidia-ml-py)."""
+    parser = argparse.ArgumentParser(prog="fleetmedic-exporter")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    add_parser(sub)
+    args = parser.parse_args(["exporter", *(sys.argv[1:] if argv is None else argv)])
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -39,6 +39,11 @@ from fleetmedic.records import GpuTelemetry, JobEvent, PortTelemetry, Record, en
 log = logging.getLogger("fleetmedic.connectors")
 
 
+class SourceUnavailable(RuntimeError):
+    """A connector's source cannot be used at all (no driver, no permission); the message says why
+    and what to do. ``fleetmedic exporter`` exits 3 with it."""
+
+
 @dataclass(frozen=True)
 class Outgoing:
     """One record bound for a topic, with its partition key."""
@@ -229,11 +234,14 @@ class JsonlSink:
         lines = "".join(
             json.dumps({"topic": i.topic, "key": i.key, "record": json.loads(encode(i.record))}) + "\n" for i in items
         )
-        if self._fh is None:
+        if self.path == "-":
             print(lines, end="", flush=True)
-        else:
-            self._fh.write(lines)
-            self._fh.flush()
+            return
+        if self._fh is None:
+            await self.start()
+        assert self._fh is not None
+        self._fh.write(lines)
+        self._fh.flush()
 
     async def stop(self) -> None:
         if self._fh is not None:
