@@ -179,15 +179,15 @@ class ExpositionReader:
         keys = sorted((k for k in set(gpu) | set(ports) if k[1] < before), key=lambda k: (k[1], k[0]))
         for key in keys:
             if key in gpu:
-                rec = self._gpu_record(key, gpu.pop(key), meta.pop(key, {}))
+                rec = self.gpu_record(key, gpu.pop(key), meta.pop(key, {}))
                 if rec is not None:
                     yield rec
             if key in ports:
-                rec_p = self._port_record(key, ports.pop(key))
+                rec_p = self.port_record(key, ports.pop(key))
                 if rec_p is not None:
                     yield rec_p
 
-    def _gpu_record(
+    def gpu_record(
         self, key: tuple[str, float], by_gpu: dict[int, dict[str, float]], info: dict[str, str]
     ) -> r.GpuTelemetry | None:
         node, ts = key
@@ -219,7 +219,7 @@ class ExpositionReader:
             self.skipped[f"GpuTelemetry {exc.path}: {exc.reason}"] += 1
             return None
 
-    def _port_record(
+    def port_record(
         self, key: tuple[str, float], by_port: dict[str, dict[str, float | str]]
     ) -> r.PortTelemetry | None:
         node, ts = key
