@@ -4,6 +4,8 @@
   Maven Central into ``<cache>/kafka-<v>/libs`` (Maven's own repository: ``<cache>/m2``).
 - Kubernetes: ``build-k8s.sh`` builds kube-apiserver, kube-scheduler, kube-controller-manager,
   etcd and kwok with Go from the module proxy into ``<cache>/k8s-<v>-kwok-<v>/bin``.
+- Helm: ``go install helm.sh/helm/v3/cmd/helm`` into ``<cache>/helm-<v>/bin`` (the deployment tests
+  lint and render deploy/helm with it).
 
 Idempotent: what is already there is left alone. A lock file keeps two builds from racing.
 """
@@ -108,6 +110,19 @@ def build_k8s(lay: settings.Layout, log: Path) -> None:
     _run(["bash", str(settings.HERE / "build-k8s.sh")], log, timeout=3600, env=env, echo=("building",))
 
 
+def build_helm(lay: settings.Layout, log: Path) -> None:
+    go = _tool("go", "", extra_dirs=("/usr/local/go/bin",))
+    env = {
+        "PATH": f"{Path(go).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "GOBIN": str(lay.helm.parent), "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod", "CGO_ENABLED": "0",
+    }
+    lay.helm.parent.mkdir(parents=True, exist_ok=True)
+    _run([go, "install", "-trimpath", "-ldflags", "-s -w", f"helm.sh/helm/v3/cmd/helm@v{lay.helm_version}"], log,
+         timeout=1800, env=env, cwd=lay.cache)
+    if not os.access(lay.helm, os.X_OK):
+        raise BuildError(f"go install finished but {lay.helm} is missing")
+
+
 def _run(
     argv: list[str],
     log: Path,
@@ -168,4 +183,11 @@ def build(kafka: bool = True, kube: bool = True) -> int:
                 t = time.monotonic()
                 build_k8s(lay, logs / "build-k8s.log")
                 print(f"Kubernetes binaries: built in {time.monotonic() - t:.0f}s -> {lay.k8s_bin}")
+            if os.access(lay.helm, os.X_OK):
+                print(f"Helm {lay.helm_version}: present in {lay.helm.parent}")
+            else:
+                print(f"Helm {lay.helm_version}: building with Go (a few minutes the first time) ...", flush=True)
+                t = time.monotonic()
+                build_helm(lay, logs / "build-helm.log")
+                print(f"Helm: built in {time.monotonic() - t:.0f}s -> {lay.helm}")
     return 0

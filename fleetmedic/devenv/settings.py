@@ -35,6 +35,7 @@ class Layout:
     k8s_version: str
     kwok_version: str
     kafka_version: str
+    helm_version: str = "3.22.0"
 
     @property
     def k8s_dir(self) -> Path:
@@ -57,6 +58,11 @@ class Layout:
         return self.kafka_dir / "libs"
 
     @property
+    def helm(self) -> Path:
+        """The helm binary that renders and lints deploy/helm (built from the Go module proxy)."""
+        return self.cache / f"helm-{self.helm_version}" / "bin" / "helm"
+
+    @property
     def maven_repo(self) -> Path:
         return self.cache / "m2"
 
@@ -69,6 +75,7 @@ def layout() -> Layout:
         k8s_version=versions["K8S_VERSION"],
         kwok_version=versions["KWOK_VERSION"],
         kafka_version=versions["KAFKA_VERSION"],
+        helm_version=versions["HELM_VERSION"],
     )
 
 

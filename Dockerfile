@@ -1,0 +1,22 @@
+# fleetmedic: one image for the worker, the executor, the connectors and the demo.
+#   docker build -t fleetmedic:0.1.0 .
+#   docker run --rm fleetmedic:0.1.0 demo            # the demo needs nothing else
+# The NVML exporter needs the NVIDIA container runtime (runtimeClassName: nvidia) or the driver's
+# libnvidia-ml.so mounted; nvidia-ml-py is installed here (the `nvml` extra).
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY fleetmedic ./fleetmedic
+RUN python -m pip install --no-cache-dir --upgrade pip \
+ && python -m pip wheel --no-cache-dir --wheel-dir /wheels '.[nvml]'
+
+FROM python:3.11-slim
+RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin fleetmedic
+COPY --from=build /wheels /wheels
+RUN python -m pip install --no-cache-dir --no-index --find-links /wheels 'fleetmedic[nvml]' && rm -rf /wheels
+COPY deploy/config/fleetmedic.yaml /etc/fleetmedic/fleetmedic.yaml
+USER 10001
+ENV PYTHONUNBUFFERED=1
+EXPOSE 9108
+ENTRYPOINT ["fleetmedic"]
+CMD ["--help"]
