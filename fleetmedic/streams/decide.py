@@ -91,8 +91,6 @@ class DecideStage:
         self.commands_from = snapshot.commands_from if snapshot else 0
         self.already_sent = set(already_sent)
         self.clock = EventClock(self.engine.state.clock)
-        self.snapshot_every_s = snapshot_every_s
-        self._last_snapshot = time.monotonic()
         self._lock = asyncio.Lock()
         self._command_acks: list[asyncio.Future[RecordMetadata]] = []
         self._decode_batch = msgspec.msgpack.Decoder(SummaryBatch).decode
@@ -102,6 +100,7 @@ class DecideStage:
         raw: dict[str, Any] = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
         app.agent(app.topic(*decide_inputs(settings), **raw), name="fleetmedic.decide")(self._decide)
         app.timer(tick_every_s, name="fleetmedic.tick")(self._tick)
+        app.timer(snapshot_every_s, name="fleetmedic.engine_snapshot")(self._periodic_snapshot)
 
     # --- agent -------------------------------------------------------------------------------------
 
@@ -163,8 +162,6 @@ class DecideStage:
             await self.outputs.findings(self.fleet_stage.tick(now))
             await self._send_decisions(self.engine.tick(now))
         self.metrics.latency.labels("tick").observe(time.perf_counter() - started)
-        if time.monotonic() - self._last_snapshot >= self.snapshot_every_s:
-            await self.snapshot()
 
     # --- output ------------------------------------------------------------------------------------
 
@@ -187,6 +184,9 @@ class DecideStage:
 
     # --- state -------------------------------------------------------------------------------------
 
+    async def _periodic_snapshot(self) -> None:
+        await self.snapshot()
+
     async def snapshot(self) -> int:
         """Write the state with the offsets it reflects, once everything before it is on the broker."""
         async with self._lock:
@@ -200,7 +200,6 @@ class DecideStage:
         snap.commands_from = self.commands_from
         value = msgspec.msgpack.encode(snap)
         await (await self.outputs.send_raw(state_topic(self.settings), SNAPSHOT_KEY, value))
-        self._last_snapshot = time.monotonic()
         self.metrics.snapshots.inc()
         self.metrics.state_bytes.labels("decide").inc(len(value))
         return len(value)

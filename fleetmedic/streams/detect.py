@@ -65,7 +65,7 @@ class DetectStage:
         raw: dict[str, Any] = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
         app.agent(app.topic(self.gpu_topic, **raw), name="fleetmedic.detect_gpu")(self._detect_gpu)
         app.agent(app.topic(self.port_topic, **raw), name="fleetmedic.detect_port")(self._detect_port)
-        app.timer(snapshot_every_s, name="fleetmedic.detect_snapshot")(self.snapshot)
+        app.timer(snapshot_every_s, name="fleetmedic.detect_snapshot")(self._periodic_snapshot)
         app.on_partitions_assigned.connect(self._on_assigned)  # type: ignore[arg-type]  # mode's stub
         app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
 
@@ -102,6 +102,9 @@ class DetectStage:
             self.metrics.latency.labels("detect").observe(time.perf_counter() - started)
 
     # --- state -------------------------------------------------------------------------------------
+
+    async def _periodic_snapshot(self) -> None:
+        await self.snapshot()
 
     async def snapshot(self, nodes: set[str] | None = None) -> int:
         """Write the state of ``nodes`` (default: those changed since the last write); return bytes."""

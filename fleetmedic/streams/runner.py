@@ -45,7 +45,7 @@ async def prepare(settings: Settings, role: Role, options: WorkerOptions) -> tup
 def run(settings: Settings, key: bytes, datadir: str, loglevel: str, role: Role = "all",
         options: WorkerOptions | None = None) -> int:
     """Prepare, serve metrics, run the Faust worker of ``role`` until a signal."""
-    options = options or WorkerOptions()
+    options = options or WorkerOptions.of(settings)
     snapshot, already = asyncio.run(prepare(settings, role, options))
     registry = CollectorRegistry()
     server, _ = start_http_server(settings.metrics.port, addr=settings.metrics.bind_address, registry=registry)

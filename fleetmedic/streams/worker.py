@@ -52,6 +52,13 @@ class WorkerOptions:
     detect_snapshot_every_s: float = 60.0  # stage 1, per node
     session_timeout_s: float = 10.0
 
+    @classmethod
+    def of(cls, settings: Settings) -> WorkerOptions:
+        """The ``streams`` section of the config."""
+        s = settings.streams
+        return cls(batch_size=s.batch_size, batch_within_s=s.batch_within_s, snapshot_every_s=s.engine_snapshot_every_s,
+                   detect_snapshot_every_s=s.detect_snapshot_every_s, session_timeout_s=s.session_timeout_s)
+
 
 class Pipeline:
     """Registers the agents of ``role`` on ``app``; holds the stages."""
@@ -60,7 +67,7 @@ class Pipeline:
                  snapshot: DecideSnapshot | None = None, already_sent: set[str] | None = None,
                  options: WorkerOptions | None = None) -> None:
         self.app = app
-        self.options = o = options or WorkerOptions()
+        self.options = o = options or WorkerOptions.of(settings)
         self.outputs = Outputs(settings, metrics)
         self.detect: DetectStage | None = None
         self.decide: DecideStage | None = None

@@ -34,48 +34,61 @@ class Run:
         return self.settings.topics.topic(name)
 
 
-def new_run(bootstrap: str, tmp: Path) -> Run:
+def new_run(bootstrap: str, tmp: Path, extra: str = "", partitions: int = 2) -> Run:
     """Unique topic prefix and consumer group; 2 partitions per topic (the README's singles stay 1)."""
     u = uuid.uuid4().hex[:8]
     text = (f"kafka: {{bootstrap_servers: '{bootstrap}', consumer_group: fm-t{u}}}\n"
-            f"topics: {{prefix: t{u}., default_partitions: 2}}\n"
-            "metrics: {port: 0}\n")
+            f"topics: {{prefix: t{u}., default_partitions: {partitions}}}\n"
+            "metrics: {port: 0}\n" + extra)
+    tmp.mkdir(parents=True, exist_ok=True)
     config = tmp / "fleetmedic.yaml"
     config.write_text(text)
     return Run(parse_config(text, env={}), config, tmp / "worker.log", tmp)
 
 
-@contextlib.contextmanager
-def worker(run: Run) -> Iterator[subprocess.Popen[bytes]]:
-    """The worker as a subprocess; SIGTERM at the end, and it must exit 0 within 30 s."""
+def start_worker(run: Run, role: str = "all", log: Path | None = None) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETMEDIC__")}
     env["FLEETMEDIC_SIGNING_KEY"] = KEY
-    with run.log.open("ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "fleetmedic.cli", "worker", "--config", str(run.config),
-             "--datadir", str(run.tmp / "faust"), "--loglevel", "info"],
+    with (log or run.log).open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "fleetmedic.cli", "worker", "--config", str(run.config), "--role", role,
+             "--datadir", str(run.tmp / f"faust-{role}-{uuid.uuid4().hex[:6]}"), "--loglevel", "info"],
             env=env, cwd=run.tmp, stdout=out, stderr=subprocess.STDOUT,
         )
+
+
+def stop_worker(proc: subprocess.Popen[bytes], log: Path) -> None:
+    """SIGTERM; it must exit 0 within 30 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        rc = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"worker ignored SIGTERM; log:\n{tail(log, 60)}") from None
+    assert rc == 0, f"worker exited {rc}; log:\n{tail(log, 60)}"
+
+
+@contextlib.contextmanager
+def worker(run: Run, role: str = "all", log: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """The worker as a subprocess; SIGTERM at the end, and it must exit 0 within 30 s."""
+    proc = start_worker(run, role, log)
     try:
         yield proc
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            rc = proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise AssertionError(f"worker ignored SIGTERM; log:\n{tail(run.log, 60)}") from None
-    assert rc == 0, f"worker exited {rc}; log:\n{tail(run.log, 60)}"
+        if proc.returncode is None or proc.returncode >= 0:  # not killed by the test itself
+            stop_worker(proc, log or run.log)
 
 
-def wait_for_log(run: Run, proc: subprocess.Popen[bytes], text: str, count: int = 1, timeout: float = 30) -> None:
+def wait_for_log(run: Run, proc: subprocess.Popen[bytes], text: str, count: int = 1, timeout: float = 30,
+                 log: Path | None = None) -> None:
     """Wait until the worker log holds ``text`` ``count`` times (the log is shared by restarts)."""
+    path = log or run.log
     deadline = time.monotonic() + timeout
-    while run.log.read_text(errors="replace").count(text) < count:
-        assert proc.poll() is None, f"worker exited {proc.returncode}; log:\n{tail(run.log, 60)}"
-        assert time.monotonic() < deadline, f"no {text!r} in the worker log after {timeout}s:\n{tail(run.log, 60)}"
+    while path.read_text(errors="replace").count(text) < count:
+        assert proc.poll() is None, f"worker exited {proc.returncode}; log:\n{tail(path, 60)}"
+        assert time.monotonic() < deadline, f"no {text!r} in the worker log after {timeout}s:\n{tail(path, 60)}"
         time.sleep(0.2)
 
 

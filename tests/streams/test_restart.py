@@ -1,0 +1,244 @@
+"""Restarts and scale-out of the Faust workers on the real broker (workers as subprocesses).
+
+- a worker killed with SIGKILL after its first commands and restarted while more telemetry waits
+  emits exactly the command ids of a run that was not killed: none twice, none lost. Once with no
+  snapshot before the kill (the restarted worker replays its inputs from the start and finds the
+  first commands already on the topic), once with a snapshot every second (it restores the
+  engine and replays from the snapshot's offsets).
+- a broker stopped and started again (a dedicated broker on free ports) is survived: the worker
+  reconnects and turns the telemetry produced after the restart into commands.
+- two ``--role detect`` workers split the telemetry partitions (each processes messages) and,
+  with one ``--role decide`` worker, produce the same findings as one ``--role all`` worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import re
+import signal
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fleetmedic import records as r
+from fleetmedic.devenv import proc
+from fleetmedic.devenv.kafka import Kafka
+from fleetmedic.streams.app import ensure_topics
+from tests.models.synth import gpu_message
+from tests.streams.harness import (
+    Collected,
+    Run,
+    collect_sync,
+    new_run,
+    produce,
+    start_worker,
+    stop_worker,
+    wait_for_log,
+    worker,
+)
+
+T0 = 1_700_000_000.0
+JOBS = {"team/a": [f"gpu-node-{i}" for i in range(4)], "team/b": [f"gpu-node-{i}" for i in range(4, 8)]}
+NODES = [n for nodes in JOBS.values() for n in nodes]
+# (first sample, last sample, node with an XID 79, at sample)
+PHASES = [(1, 6, "gpu-node-2", 3), (7, 12, "gpu-node-5", 9)]
+
+
+def _job_messages(run: Run) -> list[tuple[str, bytes, bytes]]:
+    out = []
+    for job, nodes in JOBS.items():
+        placement = r.JobEvent(job=job, event="placement", ts=T0, world_size=len(nodes),
+                               placement=[r.RankPlacement(rank=i, node=n, gpus=list(range(8)))
+                                          for i, n in enumerate(nodes)])
+        out += [(run.topic("jobs.events"), job.encode(), r.encode(e))
+                for e in (placement, r.JobEvent(job=job, event="start", ts=T0))]
+    return out
+
+
+def _telemetry(run: Run, phase: int, final_xid_everywhere: bool = False) -> list[tuple[str, bytes, bytes]]:
+    first, last, sick, at = PHASES[phase]
+    rng = np.random.default_rng(phase)
+    out = []
+    for k in range(first, last + 1):
+        t = T0 + 10 * k
+        for n in NODES:
+            xid = (n == sick and k == at) or (final_xid_everywhere and k == last)
+            msg = gpu_message(n, t, rng, xids=[r.XidEvent(gpu=3, xid=79, ts=t)] if xid else None)
+            out.append((run.topic("telemetry.gpu"), n.encode(), r.encode(msg)))
+    return out
+
+
+def _job_of(node: str) -> str:
+    return next(j for j, nodes in JOBS.items() if node in nodes)
+
+
+def _phase_done(run: Run, phase: int):  # type: ignore[no-untyped-def]
+    sick = PHASES[phase][2]
+    commands, audit = run.topic("remediation.commands"), run.topic("remediation.audit")
+
+    def done(c: Collected) -> bool:
+        cmds = [r.decode(r.RemediationCommand, v) for v in c.values(commands)]
+        audited = {cid for a in (r.decode(r.AuditRecord, v) for v in c.values(audit)) for cid in a.command_ids}
+        # the job restarted; the node cordoned, or (the budget holds one node: no topology) escalated
+        return (any(x.action == "restart_job" and x.job == _job_of(sick) for x in cmds)
+                and any(x.node == sick for x in cmds) and {x.id for x in cmds} <= audited)
+    return done
+
+
+def _wait_phase(run: Run, bootstrap: str, phase: int, timeout: float = 60) -> None:
+    topics = [run.topic("remediation.commands"), run.topic("remediation.audit")]
+    got = collect_sync(bootstrap, topics, _phase_done(run, phase), timeout=timeout)
+    assert _phase_done(run, phase)(got), f"phase {phase}: no commands after {timeout}s"
+
+
+def _command_ids(run: Run, bootstrap: str) -> list[str]:
+    topic = run.topic("remediation.commands")
+    got = collect_sync(bootstrap, [topic], lambda c: False, timeout=4)
+    return [r.decode(r.RemediationCommand, v).id for v in got.values(topic)]
+
+
+def _reference_commands(bootstrap: str, tmp: Path, extra: str) -> list[str]:
+    run = new_run(bootstrap, tmp, extra)
+    asyncio.run(ensure_topics(run.settings))
+    asyncio.run(produce(bootstrap, _job_messages(run)))
+    with worker(run):
+        for phase in (0, 1):
+            asyncio.run(produce(bootstrap, _telemetry(run, phase)))
+            _wait_phase(run, bootstrap, phase)
+        time.sleep(2)
+    return _command_ids(run, bootstrap)
+
+
+@pytest.mark.parametrize("snapshot_every_s", [3600.0, 1.0], ids=["no-snapshot-before-kill", "snapshot-every-1s"])
+def test_a_worker_killed_mid_stream_emits_no_duplicate_and_no_lost_command(kafka_bootstrap: str, tmp_path: Path,
+                                                                           snapshot_every_s: float) -> None:
+    extra = f"streams: {{engine_snapshot_every_s: {snapshot_every_s}}}\n"
+    expected = _reference_commands(kafka_bootstrap, tmp_path / "reference", extra)
+    assert len(expected) == len(set(expected)) >= 4
+
+    run = new_run(kafka_bootstrap, tmp_path / "killed", extra)
+    asyncio.run(ensure_topics(run.settings))
+    asyncio.run(produce(kafka_bootstrap, _job_messages(run)))
+    first = start_worker(run)
+    try:
+        asyncio.run(produce(kafka_bootstrap, _telemetry(run, 0)))
+        _wait_phase(run, kafka_bootstrap, 0)
+        if snapshot_every_s < 10:
+            time.sleep(3 * snapshot_every_s)  # a snapshot holds the first commands
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    before = _command_ids(run, kafka_bootstrap)
+    asyncio.run(produce(kafka_bootstrap, _telemetry(run, 1)))  # waits on the broker for the next worker
+    with worker(run) as second:
+        wait_for_log(run, second, "[^Worker]: Ready", timeout=90)
+        _wait_phase(run, kafka_bootstrap, 1, timeout=90)
+        time.sleep(2)
+    got = _command_ids(run, kafka_bootstrap)
+    log = run.log.read_text()
+
+    duplicates = [i for i, n in collections.Counter(got).items() if n > 1]
+    assert not duplicates, f"commands emitted twice: {duplicates}"
+    assert set(got) == set(expected), f"lost: {set(expected) - set(got)}; extra: {set(got) - set(expected)}"
+    assert set(before) < set(got)
+    if snapshot_every_s < 10:
+        assert "decision engine: restored (" in log
+    else:  # no snapshot: everything replayed, and the first commands found on the topic, not sent again
+        assert "decision engine: fresh state" in log and f"{len(before)} command ids already on the topic" in log
+        assert "is already on the commands topic; not sent again" in log
+
+
+def test_a_broker_restart_is_survived(tmp_path: Path) -> None:
+    port, controller_port = proc.free_ports(2)
+    broker = Kafka(tmp_path / "broker", port=port, controller_port=controller_port)
+    try:
+        broker.start(timeout=180)
+    except (proc.ServiceError, OSError) as exc:
+        broker.stop()
+        pytest.skip(f"a dedicated broker did not start: {exc}")
+    try:
+        bootstrap = broker.bootstrap
+        run = new_run(bootstrap, tmp_path / "run")
+        asyncio.run(ensure_topics(run.settings))
+        asyncio.run(produce(bootstrap, _job_messages(run)))
+        with worker(run) as w:
+            asyncio.run(produce(bootstrap, _telemetry(run, 0)))
+            _wait_phase(run, bootstrap, 0, timeout=90)
+            assert broker.stop()
+            time.sleep(5)  # the worker sees the broker gone
+            assert w.poll() is None, "the worker died with the broker"
+            broker.start(timeout=180)
+            asyncio.run(produce(bootstrap, _telemetry(run, 1)))
+            _wait_phase(run, bootstrap, 1, timeout=120)
+            assert w.poll() is None
+        ids = _command_ids(run, bootstrap)
+        assert len(ids) == len(set(ids))
+    finally:
+        broker.stop()
+
+
+def _scrape(log: Path) -> str:
+    url = re.search(r"metrics on (http://127\.0\.0\.1:\d+/metrics)", log.read_text())
+    assert url, "the worker did not log its metrics address"
+    with urllib.request.urlopen(url.group(1), timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+FLEET_DETECTORS = {"job_peers", "sku_peers", "straggler", "job_step_time"}  # the decision stage's, on ticks
+
+
+def _findings(run: Run, bootstrap: str) -> set[str]:
+    """Stage 1's finding ids once the last sample's XIDs (on every node) are in: all telemetry is processed."""
+    topic = run.topic("findings")
+    last = T0 + 10 * PHASES[0][1]
+
+    def done(c: Collected) -> bool:
+        fs = [r.decode(r.Finding, v) for v in c.values(topic)]
+        return {f.node for f in fs if f.ts == last and f.detector == "xid_rules"} == set(NODES)
+    got = collect_sync(bootstrap, [topic], done, timeout=90)
+    assert done(got), "not every node's last sample was processed"
+    return {f.id for f in (r.decode(r.Finding, v) for v in got.values(topic)) if f.detector not in FLEET_DETECTORS}
+
+
+def _partitions(log: Path) -> str:
+    found = re.findall(r"detect: partitions (\[[\d, ]*\])", log.read_text(errors="replace"))
+    return found[-1] if found else ""
+
+
+def test_two_detect_workers_split_the_partitions_and_find_what_one_worker_finds(kafka_bootstrap: str,
+                                                                                tmp_path: Path) -> None:
+    one = new_run(kafka_bootstrap, tmp_path / "one")
+    asyncio.run(ensure_topics(one.settings))
+    asyncio.run(produce(kafka_bootstrap, _job_messages(one)))
+    with worker(one):
+        asyncio.run(produce(kafka_bootstrap, _telemetry(one, 0, final_xid_everywhere=True)))
+        expected = _findings(one, kafka_bootstrap)
+
+    two = new_run(kafka_bootstrap, tmp_path / "two")
+    asyncio.run(ensure_topics(two.settings))
+    asyncio.run(produce(kafka_bootstrap, _job_messages(two)))
+    logs = [two.tmp / "detect-1.log", two.tmp / "detect-2.log"]
+    decide = start_worker(two, "decide", two.tmp / "decide.log")
+    detect = [start_worker(two, "detect", log) for log in logs]
+    try:
+        deadline = time.monotonic() + 90
+        while sorted(_partitions(log) for log in logs) != ["[0]", "[1]"]:  # after the rebalance, one each
+            for p, log in zip(detect, logs, strict=True):
+                assert p.poll() is None, f"detect worker exited {p.returncode}:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"the detect workers did not split: {[_partitions(x) for x in logs]}"
+            time.sleep(0.5)
+        asyncio.run(produce(kafka_bootstrap, _telemetry(two, 0, final_xid_everywhere=True)))
+        got = _findings(two, kafka_bootstrap)
+        gpu = two.topic("telemetry.gpu")
+        pattern = rf'fleetmedic_messages_in_total{{stage="detect",topic="{re.escape(gpu)}"}} (\S+)'
+        processed = [re.search(pattern, _scrape(log)) for log in logs]
+    finally:
+        for p, log in [*zip(detect, logs, strict=True), (decide, two.tmp / "decide.log")]:
+            stop_worker(p, log)
+    counts = [float(m.group(1)) if m else 0.0 for m in processed]
+    assert all(c > 0 for c in counts) and sum(counts) == len(NODES) * PHASES[0][1], counts
+    assert got == expected and len(got) >= len(NODES) + 1
