@@ -45,7 +45,29 @@ def run_seed(seed: int, nodes: int, hours: float, faults: str) -> dict[str, Any]
         "cpu_s": round(time.process_time() - started, 1),
         "findings": len(out.findings),
         "report": msgspec.to_builtins(report),
+        "false_incidents": false_incident_rows(run.truth, out.incidents, report),
     }
+
+
+def false_incident_rows(truth: list[Any], incidents: list[Any], report: Any) -> list[dict[str, Any]]:
+    """The false incidents with what raised them (detectors, metrics) and the truth near their nodes,
+    to find which detector or triage rule produces them."""
+    matched = {i for ids in report.matches.values() for i in ids}
+    latest = {i.id: i for i in incidents}
+    neg = {t.id for t in truth if t.is_negative_control}
+    neg_matched = {i for fid, ids in report.matches.items() if fid in neg for i in ids}
+    rows = []
+    for inc in sorted(latest.values(), key=lambda i: (i.first_seen, i.id)):
+        infra = inc.incident_class in ("hardware", "degradation", "network")
+        if inc.id in matched and not (inc.id in neg_matched and infra):
+            continue
+        nodes = {s.name.split("/")[0].split(":")[0] for s in inc.suspects if s.kind in ("node", "gpu", "link")}
+        near = sorted({f"{t.kind}@{t.onset:.0f}" for t in truth if set(t.nodes) & nodes})
+        rows.append({"id": inc.id, "class": inc.incident_class, "first_seen": inc.first_seen,
+                     "suspects": [f"{s.kind}:{s.name}" for s in inc.suspects],
+                     "signals": sorted({f"{e.detector}/{e.metric}" for e in inc.evidence}),
+                     "summary": inc.summary, "truth_on_nodes": near[:6]})
+    return rows
 
 
 def _ratio(a: float, b: float) -> float | None:

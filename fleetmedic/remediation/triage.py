@@ -249,7 +249,10 @@ class Triage:
 
     def _gather_network(self, f: Finding, now: float) -> None:
         if self._is_device(f.node):
-            key = f"leaf:{f.node}"
+            # a spine's port facing a leaf is about that leaf's uplink: file it with the leaf
+            peer = next((e.port.partition("/")[0] for e in f.evidence if e.detector == "link_peer"), "")
+            on_leaf = self.topology.is_switch(f.node) or not self.topology.is_switch(peer)
+            key = f"leaf:{f.node if on_leaf else peer}"
         else:
             leaf = self.topology.leaf_for_port(f.node, f.port)
             key = f"leaf:{leaf}" if leaf else f"node:{f.node}"
@@ -613,6 +616,11 @@ def _finding_class(f: Finding) -> IncidentClass | None:
     if f.kind in ("degradation", "job"):
         return "degradation"
     return None
+
+
+def is_hardware_finding(f: Finding) -> bool:
+    """Evidence of a hardware fault (isolate at once), as opposed to degradation or network symptoms."""
+    return _is_hardware(f)
 
 
 def _is_hardware(f: Finding) -> bool:

@@ -93,6 +93,7 @@ class NodeState:
     cordoned: bool = False
     tainted: bool = False
     down_fault: bool = False  # down because of a fault (crash) or planned maintenance
+    operator_cordon: bool = False  # cordoned by a person (planned maintenance), not by fleetmedic
     action: str = ""  # diagnostics | reset_gpu | reboot | repair
     action_until: float = 0.0
     action_cmd: RemediationCommand | None = None
@@ -190,9 +191,9 @@ class ClosedLoop:
 
     def _get_masks(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if self._masks is None:
-            sched = np.array([not (s.cordoned or s.tainted or s.action) for s in self.nodes])
+            sched = np.array([not (s.cordoned or s.operator_cordon or s.tainted or s.action) for s in self.nodes])
             up = np.array([not (s.down_fault or s.action in ("reboot", "repair")) for s in self.nodes])
-            down_fault = np.array([s.down_fault for s in self.nodes])
+            down_fault = np.array([s.down_fault or s.operator_cordon for s in self.nodes])  # not ours
             self._masks = (sched, up, down_fault)
         return self._masks
 

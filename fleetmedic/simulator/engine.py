@@ -65,6 +65,16 @@ class SimConfig:
         return self.fleet if self.fleet is not None else FleetSpec(nodes=self.nodes)
 
 
+@dataclass(frozen=True)
+class NodeObservation:
+    """What an executor watching Kubernetes sees change on a node: its cordon and who made it
+    (feed it to :meth:`fleetmedic.remediation.engine.DecisionEngine.node_observed`)."""
+
+    node: str
+    cordoned: bool
+    cordoned_by_fleetmedic: bool
+
+
 @dataclass
 class TickOutput:
     t: float
@@ -72,6 +82,7 @@ class TickOutput:
     ports: PortBatch | None
     job_events: list[JobEvent]
     results: list[RemediationResult]
+    nodes: list[NodeObservation] = field(default_factory=list)
 
 
 class Simulator:
@@ -105,6 +116,7 @@ class Simulator:
         self.faults = FaultSet(faults)
         self.now = self.start
         self._ticks = 0
+        self._observed: list[NodeObservation] = []
 
     # --- FaultHost -----------------------------------------------------------------------------
 
@@ -129,6 +141,13 @@ class Simulator:
                                     [f"pod's node {self.fleet.node_names[node]} is NotReady "
                                      "(node.kubernetes.io/unreachable)"])
                 self.workload.fail(job, t, rep, self.fault_cause(node, t) or "node_down", node)
+
+    def set_operator_cordon(self, node: int, t: float, cordoned: bool) -> None:
+        """A person cordons (uncordons) the node, e.g. for planned maintenance."""
+        s = self.loop.nodes[node]
+        s.operator_cordon = cordoned
+        self.loop.mark_dirty()
+        self._observed.append(NodeObservation(self.fleet.node_names[node], cordoned or s.cordoned, s.cordoned))
 
     def skew(self, node: int) -> float:
         return float(self.gpu.delivery.skew[node])
@@ -210,7 +229,8 @@ class Simulator:
         self.loop.account(t1 - t0, faulty, sched)
         self.now = t1
         results, self.loop.results = self.loop.results, []
-        return TickOutput(t1, gpu, ports, self.workload.drain_events(), results)
+        observed, self._observed = self._observed, []
+        return TickOutput(t1, gpu, ports, self.workload.drain_events(), results, observed)
 
     def _faults(self, t0: float, t1: float) -> None:
         for f in self.faults.faults:

@@ -66,6 +66,7 @@ class FaultHost(Protocol):
     def kill(self, job: Job, t: float, report: FailureReport, fault: Fault) -> None: ...
     def hang(self, job: Job, t: float, report: FailureReport, fault: Fault) -> None: ...
     def set_node_down(self, node: int, t: float, down: bool) -> None: ...
+    def set_operator_cordon(self, node: int, t: float, cordoned: bool) -> None: ...
     def skew(self, node: int) -> float: ...
 
 
@@ -1014,10 +1015,16 @@ class PlannedRestart(JobFault):
 
 
 class PlannedReboot(Fault):
-    """Planned maintenance on an idle node (kernel update): it goes down for a few minutes and comes
-    back with a new boot id and counters restarted from zero."""
+    """Planned maintenance on an idle node (kernel update), as an operator does it: cordon the node,
+    drain what runs there, reboot (down for a few minutes, back with a new boot id and counters
+    restarted from zero), uncordon a couple of minutes after it is back (``params.uncordon_after_s``).
+    fleetmedic sees the cordon, made by someone else, through its node observations."""
 
     def on_start(self, host: FaultHost, t: float) -> None:
+        after = float(self.params.setdefault("uncordon_after_s", 120.0))
+        self.params["up_at"] = self.end
+        self.end += after
+        host.set_operator_cordon(self.node, t, True)
         job = host.workload.job_on(self.node)
         if job is not None and job.active():  # the operator drains it first: a planned restart elsewhere
             self.affected.append(job.ref)
@@ -1025,7 +1032,18 @@ class PlannedReboot(Fault):
                                   "maintenance", exclude={self.node})
         host.set_node_down(self.node, t, True)
 
+    def on_tick(self, host: FaultHost, t0: float, t1: float) -> None:
+        if "booted" not in self.params and t1 >= float(self.params["up_at"]):
+            self.params["booted"] = True
+            self._boot(host, t1)
+
     def on_stop(self, host: FaultHost, t: float) -> None:
+        if "booted" not in self.params:
+            self.params["booted"] = True
+            self._boot(host, t)
+        host.set_operator_cordon(self.node, t, False)
+
+    def _boot(self, host: FaultHost, t: float) -> None:
         host.gpu.reboot(self.node)
         host.ports.reboot_device(self.node)
         host.set_node_down(self.node, t, False)

@@ -49,6 +49,35 @@ class TestPorts:
         down = det.observe(port_msg(30, 0, state="down"))
         assert [(f.detector, f.severity) for f in down] == [("link_state", "critical")]
 
+    def test_a_nic_trained_below_its_speed_or_width_is_a_network_finding_once(self) -> None:
+        def nics(ts: float, speed0: float, width0: int = 4) -> r.PortTelemetry:
+            return r.PortTelemetry(device="gpu-node-3", device_kind="host", ts=ts, boot_id="b", ports=[
+                r.PortSample(port=f"mlx5_{k}", node="gpu-node-3", link_state="up",
+                             speed_gbps=speed0 if k == 0 else 400.0, width=width0 if k == 0 else 4) for k in range(4)])
+
+        det = PortDetector(S)
+        assert det.observe(nics(0, 400.0)) == [] and det.observe(nics(10, 400.0)) == []
+        slow = det.observe(nics(20, 200.0, 2))
+        assert [(f.detector, f.port, f.evidence[0].metric, f.evidence[0].baseline) for f in slow] == [
+            ("link_speed", "gpu-node-3/mlx5_0", "speed_gbps", 400.0)]
+        assert det.observe(nics(30, 200.0, 2)) == []  # reported once while it lasts
+        # a NIC that comes up degraded is judged against the node's other NICs
+        fresh = PortDetector(S)
+        assert [f.detector for f in fresh.observe(nics(0, 200.0))] == ["link_speed"]
+        narrow = PortDetector(S)
+        narrow.observe(nics(0, 400.0))
+        assert [f.evidence[0].metric for f in narrow.observe(nics(10, 400.0, 2))] == ["width"]
+
+    def test_an_inter_switch_port_names_the_other_end_of_its_cable(self) -> None:
+        det = PortDetector(S)
+        msg = r.PortTelemetry(device="spine-0", device_kind="switch", ts=0, boot_id="b", ports=[
+            r.PortSample(port="swp2", peer="leaf-1:swp33", link_state="up")])
+        det.observe(msg)
+        down = det.observe(msgspec.structs.replace(msg, ts=10, ports=[
+            msgspec.structs.replace(msg.ports[0], link_state="down")]))
+        assert [(f.node, [(e.detector, e.port) for e in f.evidence]) for f in down] == [
+            ("spine-0", [("link_state", "spine-0/swp2"), ("link_peer", "leaf-1/swp33")])]
+
     def test_state_round_trips(self) -> None:
         det = PortDetector(S)
         det.observe(port_msg(0, 100))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+from fleetmedic.records import Evidence, Finding
 from tests.remediation.world import CHILD, ILLEGAL, KEYERROR, OOM, SEGV, SIGTERM, XID79, World, timeout_line
 
 JOB = "ml/llama-70b"
@@ -181,3 +182,42 @@ def test_every_true_fault_is_attributed_and_no_healthy_node_is_isolated() -> Non
     assert w.isolated() == faulty
     hardware = [i for i in w.incidents if i.incident_class == "hardware" and i.status == "open"]
     assert {i.suspects[0].name for i in hardware} == faulty
+
+
+def _port_finding(w: World, device: str, port: str, node: str, peer: str = "") -> None:
+    """A link-down finding as the port detector writes it (with the cable's other end for inter-switch links)."""
+    w._fid += 1
+    evidence = [Evidence(detector="link_state", metric="link_state", port=f"{device}/{port}", ts=w.now)]
+    if peer:
+        evidence.append(Evidence(detector="link_peer", port=peer, ts=w.now))
+    f = Finding(id=f"p{w._fid}", ts=w.now, node=node, detector="link_state", kind="network", severity="critical",
+                summary=f"link {device}/{port} went down", evidence=evidence, port=f"{device}/{port}")
+    w._take(w.engine.on_finding(f, w.now))
+
+
+def test_spine_ports_facing_a_dead_leaf_join_the_leafs_incident_not_one_of_their_own() -> None:
+    w = World(n=32)
+    for n in nodes(8, 16):
+        _port_finding(w, "leaf-1", f"swp{n[5:]}", n)
+    for spine in ("spine-0", "spine-1"):
+        _port_finding(w, spine, "swp2", spine, peer="leaf-1/swp33")  # the spine's side of leaf-1's uplink
+    w.advance(40)
+    switches = {s.name for i in w.incidents for s in i.suspects if s.kind == "switch"}
+    assert switches == {"leaf-1"}
+    assert len({i.id for i in w.incidents}) == 1
+    assert {"spine-0/swp2", "spine-1/swp2"} <= {s.name for s in w.incidents[-1].suspects if s.kind == "link"}
+
+
+def test_a_node_cordoned_by_someone_else_for_maintenance_raises_no_incident_while_it_reboots() -> None:
+    w = World(n=32)
+    w.observe("node-3", cordoned=True, by_fleetmedic=False)  # the operator's cordon before planned maintenance
+    _port_finding(w, "leaf-0", "swp3", "node-3")  # the reboot takes its links down
+    for _ in range(4):  # and the burn-in after it looks odd
+        w.finding("node-3", kind="degradation", severity="warning", detector="gpu_baseline")
+        w.advance(120)
+    assert w.incidents == [] and not w.isolated()
+    assert any("cordoned by someone else" in a.explanation for a in w.decisions("skipped"))
+    w.observe("node-3", cordoned=False, by_fleetmedic=False)  # back from maintenance: watched again
+    _port_finding(w, "leaf-0", "swp3", "node-3")
+    w.advance(40)
+    assert [s.name for s in w.last_incident(node="node-3").suspects][:1] == ["node-3"]

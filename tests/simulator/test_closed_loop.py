@@ -243,3 +243,20 @@ def test_commands_apply_once_and_expired_or_dry_run_commands_are_skipped() -> No
     assert ("late", "skipped") in by and ("dry", "skipped") in by and ("unk", "failed") in by
     sched = r.sim.loop.schedulable()
     assert not sched[1] and sched[2] and sched[3]
+
+
+def test_planned_reboot_is_cordoned_by_the_operator_first_and_uncordoned_after_it_is_back() -> None:
+    sim = Simulator(_config("planned_reboot@20m/3", minutes=45))
+    seen: list[tuple[float, str, bool, bool]] = []
+    sched: list[tuple[float, list[bool]]] = []
+    for out in sim.run():
+        seen += [(out.t, o.node, o.cordoned, o.cordoned_by_fleetmedic) for o in out.nodes]
+        sched.append((out.t, sim.schedulable().tolist()))
+    fault = next(f for f in sim.faults.faults if f.kind == "planned_reboot")
+    node = sim.fleet.node_names[fault.node]
+    assert [(n, c, ours) for _, n, c, ours in seen] == [(node, True, False), (node, False, False)]
+    cordoned, uncordoned = seen[0][0], seen[1][0]
+    assert cordoned == pytest.approx(fault.onset, abs=sim.config.gpu_interval_s)
+    assert uncordoned - float(fault.params["up_at"]) >= 100.0  # uncordoned a while after it is back up
+    assert not any(row[fault.node] for t, row in sched if cordoned <= t < uncordoned)
+    assert all(row[fault.node] for t, row in sched if t >= uncordoned)
