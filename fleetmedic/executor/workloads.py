@@ -55,6 +55,13 @@ EVENT_REASONS = {"restart_job": "FleetmedicReplaceJob", "requeue_job": "Fleetmed
                  "retry_in_place": "FleetmedicRetryInPlace"}
 
 
+CONFLICT_RETRIES = 5
+
+
+class _Changed(Exception):
+    """The first write's resourceVersion precondition failed (409): nothing was changed yet."""
+
+
 @dataclass(frozen=True)
 class WorkloadOutcome:
     outcome: Literal["applied", "skipped", "failed"]
@@ -66,7 +73,12 @@ def restart_workload(api: client.ApiClient, job: str, *, action: str, exclude_no
                      params: Mapping[str, str], dry_run: bool, actor: str) -> WorkloadOutcome:
     """Carry out ``action`` on workload ``job`` ("namespace/name"); see the module docstring."""
     try:
-        return _restart(api, job, action, exclude_nodes, params, dry_run, actor)
+        for _ in range(CONFLICT_RETRIES):
+            try:
+                return _restart(api, job, action, exclude_nodes, params, dry_run, actor)
+            except _Changed:  # the workload changed between our read and our first write: plan again
+                continue
+        return WorkloadOutcome("failed", f"workload {job} kept changing ({CONFLICT_RETRIES} conflicts)")
     except WorkloadError as exc:
         return WorkloadOutcome("failed", str(exc))
     except ApiException as exc:
@@ -157,10 +169,18 @@ def workload_pods(api: client.ApiClient, kind: WorkloadKind, obj: Mapping[str, A
 
 
 def _patch(api: client.ApiClient, kind: WorkloadKind, namespace: str, name: str,
-           ops: list[dict[str, Any]]) -> dict[str, Any]:
+           ops: list[dict[str, Any]], if_version: str = "") -> dict[str, Any]:
+    """A JSON patch; with ``if_version``, only if the object is still at that resourceVersion."""
     custom = client.CustomObjectsApi(api)
-    result = custom.patch_namespaced_custom_object(
-        kind.group, kind.version, namespace, kind.plural, name, ops, _content_type=JSON_PATCH)
+    if if_version:
+        ops = [{"op": "replace", "path": "/metadata/resourceVersion", "value": if_version}, *ops]
+    try:
+        result = custom.patch_namespaced_custom_object(
+            kind.group, kind.version, namespace, kind.plural, name, ops, _content_type=JSON_PATCH)
+    except ApiException as exc:
+        if if_version and exc.status == 409:
+            raise _Changed() from None
+        raise
     return cast(dict[str, Any], result)
 
 
@@ -169,9 +189,8 @@ def _suspend_resume(api: client.ApiClient, plan: RestartPlan, obj: Mapping[str, 
     rv = str((obj.get("metadata") or {}).get("resourceVersion"))
     if ANNOTATION_IN_PROGRESS not in annotations:
         marker = annotation_patch(annotations, {ANNOTATION_IN_PROGRESS: plan.summary})
-        _patch(api, JOB, plan.namespace, plan.name, [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
-            {"op": "add", "path": "/spec/suspend", "value": True}, *marker])
+        _patch(api, JOB, plan.namespace, plan.name, [{"op": "add", "path": "/spec/suspend", "value": True}, *marker],
+               if_version=rv)
         annotations = {**annotations, ANNOTATION_IN_PROGRESS: plan.summary}
     wait_for(lambda: _suspended_and_empty(api, plan.namespace, plan.name), timeout,
              f"Job {plan.namespace}/{plan.name}: the Job controller did not remove its pods")
@@ -201,8 +220,7 @@ def _patch_then_delete(api: client.ApiClient, plan: RestartPlan, obj: Mapping[st
     meta = obj.get("metadata") or {}
     rv, uid = str(meta.get("resourceVersion")), str(meta.get("uid"))
     ops = [*plan.template_ops, *plan.annotation_ops(meta.get("annotations") or {})]
-    _patch(api, plan.kind, plan.namespace, plan.name,
-           [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}, *ops])
+    _patch(api, plan.kind, plan.namespace, plan.name, ops, if_version=rv)
     selector = f"{plan.kind.job_label}={plan.name}"
     deleted = 0
     if plan.kind is PYTORCHJOB:
