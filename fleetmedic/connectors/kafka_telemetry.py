@@ -136,7 +136,8 @@ class PointMapper:
         if not isinstance(tags, dict):
             raise BadMessage(f"{name}: tags: not an object", "tags: not an object")
         ts = _seconds(m.get("timestamp"))
-        out = []
+        out: list[Point] = []
+        str_tags: dict[str, str] | None = None
         for key, value in fields.items():
             target = self.mapping.get(f"{name}.{key}") or self.mapping.get(key)
             if target is None and key in _PROM_FIELDS:
@@ -144,7 +145,9 @@ class PointMapper:
             if target is None:
                 continue
             source = name if key in _PROM_FIELDS else key
-            out.append(self._point(source, target, value, ts, {str(k): str(v) for k, v in tags.items()}))
+            if str_tags is None:
+                str_tags = {str(k): str(v) for k, v in tags.items()}
+            out.append(self._point(source, target, value, ts, str_tags))
         return out
 
     def _adapter(self, doc: dict[str, Any]) -> list[Point]:
@@ -166,12 +169,14 @@ class PointMapper:
             raise BadMessage(f"{source}: value {raw!r} is not a number", f"{source}: value is not a number") from None
         if not math.isfinite(value):
             raise BadMessage(f"{source}: value is {raw}")
-        node = next((tags[t] for t in self.cfg.node_tags if tags.get(t)), "")
+        node = ""
+        for t in self.cfg.node_tags:
+            node = tags.get(t, "")
+            if node:
+                node = node.rsplit(":", 1)[0] if t == "instance" else node
+                break
         if not node:
             raise BadMessage(f"{source}: no node tag ({', '.join(self.cfg.node_tags)})")
-        if "instance" in self.cfg.node_tags and node == tags.get("instance") and not any(
-                tags.get(t) for t in self.cfg.node_tags if t != "instance"):
-            node = node.rsplit(":", 1)[0]
         if target.startswith("port."):
             port = f"{tags.get(self.cfg.port_device_tag, '?')}/{tags.get(self.cfg.port_tag, '?')}"
             fieldname, out_value = target[5:], _port_value(source, target[5:], value)

@@ -103,13 +103,11 @@ class PrometheusSource:
         self.metrics = metrics
         self.clock = clock
         self.watermarks = Watermarks()
+        self.reader = ExpositionReader(settings.ingest, source=f"prometheus-{self.p.mode}", ignore_unknown=True)
         if self.p.mode == "scrape" and not self.p.targets:
             raise ValueError("exporters.prometheus.targets: scrape mode needs at least one target URL")
         if self.p.mode == "api" and not self.p.api_url:
             raise ValueError("exporters.prometheus.api_url: api mode needs the Prometheus server's URL")
-
-    def _reader(self) -> ExpositionReader:
-        return ExpositionReader(self.settings.ingest, source=f"prometheus-{self.p.mode}", ignore_unknown=True)
 
     def _headers(self) -> dict[str, str]:
         if not self.p.bearer_token_file:
@@ -130,7 +128,8 @@ class PrometheusSource:
 
     async def tick(self, session: Any) -> int:
         """One scrape or poll; returns the number of records queued."""
-        reader = self._reader()
+        reader = self.reader  # kept across ticks: it caches the exporters' label sets
+        reader.skipped.clear()
         records: list[GpuTelemetry | PortTelemetry] = []
         if self.p.mode == "scrape":
             texts = await asyncio.gather(*(self._get_text(session, url) for url in self.p.targets))

@@ -71,6 +71,7 @@ class ExpositionReader:
     skipped: Counter[str] = field(default_factory=Counter)
     source: str = "prometheus"
     ignore_unknown: bool = False
+    _label_cache: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
 
     def node_of(self, labels: dict[str, str]) -> str | None:
         for key in self.ingest.node_labels:
@@ -112,10 +113,21 @@ class ExpositionReader:
             if not math.isfinite(value):
                 self.skipped[f"{name}: value is {value_text}"] += 1
                 continue
-            labels = {
-                k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in _LABEL.findall(m.group("labels") or "")
+            ts = m.group("ts")
+            yield name, self._labels(m.group("labels") or ""), value, int(ts) / 1000.0 if ts else default_ts
+
+    def _labels(self, text: str) -> dict[str, str]:
+        """Parsed label set; exporters repeat the same sets every series and scrape, so they are
+        cached (callers must not modify the dict)."""
+        got = self._label_cache.get(text)
+        if got is None:
+            if len(self._label_cache) > 200_000:
+                self._label_cache.clear()
+            got = self._label_cache[text] = {
+                k: (v.replace('\\"', '"').replace("\\\\", "\\") if "\\" in v else v)
+                for k, v in _LABEL.findall(text)
             }
-            yield name, labels, value, int(m.group("ts")) / 1000.0 if m.group("ts") else default_ts
+        return got
 
     def read_samples(
         self, samples: Iterable[Sample], flush_lag_s: float = 120.0
