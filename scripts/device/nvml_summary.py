@@ -97,7 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "probe":
         import pynvml
 
-        return probe(pynvml, sys.stdout)
+        from fleetmedic.connectors.runtime import SourceUnavailable
+
+        try:
+            return probe(pynvml, sys.stdout)
+        except SourceUnavailable as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 3
     with open(args.file, encoding="utf-8") as fh:
         return summary(fh, sys.stdout)
 
