@@ -33,7 +33,7 @@ import msgspec
 from fleetmedic import records as r
 from fleetmedic.config import IngestSettings, KafkaTelemetrySettings, Settings
 from fleetmedic.connectors.prometheus_text import DCGM_TO_METRIC, NODE_EXPORTER_IB, ExpositionReader
-from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox, Outgoing, telemetry_outgoing
+from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox, Outgoing, run_consumer, telemetry_outgoing
 
 _TELEGRAF_NVIDIA_SMI = {
     "temperature_gpu": "gpu_temp", "power_draw": "power_usage", "clocks_current_sm": "sm_clock",
@@ -257,23 +257,9 @@ class KafkaTelemetrySource:
         self.windows = Windows(self.cfg.window_s, self.cfg.grace_s, settings.ingest, f"kafka-{self.cfg.format}")
 
     async def run(self, stop: asyncio.Event) -> None:
-        from aiokafka import AIOKafkaConsumer
-
-        from fleetmedic.connectors.sim_producer import client_kwargs
-
-        consumer = AIOKafkaConsumer(*self.cfg.topics, group_id=self.cfg.group_id, auto_offset_reset="earliest",
-                                    enable_auto_commit=True, **client_kwargs(self.settings.kafka))
-        await consumer.start()
-        try:
-            while not stop.is_set():
-                batches = await consumer.getmany(timeout_ms=500, max_records=2000)
-                for tp, messages in batches.items():
-                    for msg in messages:
-                        await self.handle(tp.topic, msg.value, msg.partition, msg.offset)
-                await self.emit(self.clock())
-            await self.emit(math.inf)
-        finally:
-            await consumer.stop()
+        await run_consumer(self.settings, self.cfg.topics, self.cfg.group_id, stop, self.metrics, self.handle,
+                           lambda: self.emit(self.clock()))
+        await self.emit(math.inf)  # stopping: what is gathered goes out with the drain
 
     async def handle(self, topic: str, value: bytes | None, partition: int | None = None,
                      offset: int | None = None) -> None:

@@ -30,7 +30,7 @@ import msgspec
 
 from fleetmedic import records as r
 from fleetmedic.config import LogExporterSettings, Settings
-from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox, telemetry_outgoing
+from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox, run_consumer, telemetry_outgoing
 from fleetmedic.remediation.log_patterns import LineMatch, PatternLibrary, default_library, load_library
 
 _JOB_PART = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -165,22 +165,11 @@ class LogSource:
         self.gate = FailureLogGate(self.cfg.excerpt_lines, self.cfg.settle_s, self.cfg.per_job_interval_s)
 
     async def run(self, stop: asyncio.Event) -> None:
-        from aiokafka import AIOKafkaConsumer
+        await run_consumer(self.settings, self.cfg.topics, self.cfg.group_id, stop, self.metrics, self._handle,
+                           lambda: self.emit(self.clock()), max_records=5000)
 
-        from fleetmedic.connectors.sim_producer import client_kwargs
-
-        consumer = AIOKafkaConsumer(*self.cfg.topics, group_id=self.cfg.group_id, auto_offset_reset="earliest",
-                                    enable_auto_commit=True, **client_kwargs(self.settings.kafka))
-        await consumer.start()
-        try:
-            while not stop.is_set():
-                batches = await consumer.getmany(timeout_ms=500, max_records=5000)
-                for messages in batches.values():
-                    for msg in messages:
-                        self.handle(msg.value or b"")
-                await self.emit(self.clock())
-        finally:
-            await consumer.stop()
+    async def _handle(self, topic: str, value: bytes | None, partition: int, offset: int) -> None:
+        self.handle(value or b"")
 
     def handle(self, message: bytes) -> None:
         now = self.clock()

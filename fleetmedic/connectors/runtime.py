@@ -327,3 +327,37 @@ async def sleep_or_stop(stop: asyncio.Event, seconds: float) -> bool:
         await asyncio.wait_for(stop.wait(), max(0.0, seconds))
     return stop.is_set()
 
+
+
+async def run_consumer(settings: Settings, topics: list[str], group_id: str, stop: asyncio.Event,
+                       metrics: ConnectorMetrics, handle: Callable[[str, bytes | None, int, int], Awaitable[None]],
+                       tick: Callable[[], Awaitable[None]], max_records: int = 2000) -> None:
+    """Consume ``topics`` (from the earliest offset for a new group) until ``stop``: ``handle`` each
+    message, then ``tick`` after every poll. A broker that cannot be reached at start or fails
+    later is counted and retried with backoff; the offsets are committed automatically."""
+    from aiokafka import AIOKafkaConsumer
+
+    from fleetmedic.connectors.sim_producer import client_kwargs
+
+    e = settings.exporters
+    backoff = Backoff(e.reconnect_min_s, e.reconnect_max_s)
+    while not stop.is_set():
+        consumer = AIOKafkaConsumer(*topics, group_id=group_id, auto_offset_reset="earliest",
+                                    enable_auto_commit=True, **client_kwargs(settings.kafka))
+        try:
+            await consumer.start()
+            backoff.reset()
+            while not stop.is_set():
+                batches = await consumer.getmany(timeout_ms=500, max_records=max_records)
+                for tp, messages in batches.items():
+                    for msg in messages:
+                        await handle(tp.topic, msg.value, msg.partition, msg.offset)
+                await tick()
+        except Exception as exc:  # broker unreachable or gone: count, back off, reconnect
+            metrics.error(f"consumer_{type(exc).__name__}")
+            delay = backoff.next_delay()
+            log.warning("%s: consuming %s failed (%s), retrying in %.1fs", metrics.connector, topics, exc, delay)
+            await sleep_or_stop(stop, delay)
+        finally:
+            with contextlib.suppress(Exception):
+                await consumer.stop()

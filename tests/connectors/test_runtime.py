@@ -162,3 +162,26 @@ def test_the_cli_exporter_serves_metrics_and_drains_on_sigterm(
     assert p.returncode == 0, log
     records = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(records) >= 2 and records[0]["record"]["node"] == "gpu-node-7"
+
+
+def test_a_consumer_that_cannot_reach_its_broker_retries_and_stops_cleanly() -> None:
+    from fleetmedic.connectors.runtime import run_consumer
+
+    (port,) = proc.free_ports(1)
+    settings = parse_config(f"kafka: {{bootstrap_servers: '127.0.0.1:{port}', request_timeout_s: 1}}\n"
+                            "exporters: {reconnect_min_s: 0.05, reconnect_max_s: 0.1}")
+    registry = CollectorRegistry()
+    metrics = ConnectorMetrics(registry, "x")
+
+    async def nothing(*_: object) -> None:
+        return None
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(2.0, stop.set)
+        await asyncio.wait_for(run_consumer(settings, ["t"], "g", stop, metrics, nothing, nothing), 60)
+
+    asyncio.run(main())
+    errors = sum(s.value for m in registry.collect() if m.name == "fleetmedic_connector_errors"
+                 for s in m.samples if s.name.endswith("_total") and s.labels["kind"].startswith("consumer_"))
+    assert errors >= 2, "every failed connection is counted and retried"
