@@ -1,0 +1,98 @@
+"""restart_workload on a JobSet with the **real JobSet controller** (sigs.k8s.io/jobset v0.12.0, the
+version of the committed CRD, built from the Go module proxy) running against the test cluster.
+
+The controller binary is not part of ``fleetmedic dev build`` yet, so this test runs only where
+``FLEETMEDIC_JOBSET_MANAGER`` names a built ``manager`` binary (``go build`` of the module root;
+see docs/workloads.md) and is skipped otherwise. It runs the controller out of cluster with its
+webhooks registered nowhere (certificates self-signed, internal cert management off), which leaves
+its reconciler, the part fleetmedic depends on, exactly as upstream ships it.
+
+Proves that the operator the other JobSet tests play behaves like the real one: the controller
+creates the child Jobs, and after restart_workload patches the replicated-job template (node
+anti-affinity: the pods tolerate every taint) and deletes the child Jobs, it recreates them from
+the patched template, and no replacement pod is bound to the quarantined node.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from fleetmedic.devenv import fleet as fl
+from fleetmedic.devenv import proc
+from fleetmedic.executor.workloads import restart_workload
+from fleetmedic.executor.workloads_plan import excluded_nodes
+from tests.executor.test_workloads_support import TOLERATE_ALL, BindingWatch, pod_spec, quarantine, running, wait
+
+MANAGER = os.environ.get("FLEETMEDIC_JOBSET_MANAGER", "")
+pytestmark = pytest.mark.skipif(not (MANAGER and Path(MANAGER).is_file()),
+                                reason="FLEETMEDIC_JOBSET_MANAGER does not name a built JobSet controller binary")
+JS = "jobset.sigs.k8s.io"
+# what the JobSet defaulting webhook (pkg/webhooks/jobset_webhook.go Default) adds; no webhook runs here
+WEBHOOK_DEFAULTS = {"successPolicy": {"operator": "All"}, "startupPolicy": {"startupPolicyOrder": "AnyOrder"},
+                    "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True}}
+
+
+@pytest.fixture
+def jobset_controller(kube_config: Path, crds: list[str], tmp_path: Path) -> Iterator[Path]:
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=jobset",
+                    "-keyout", str(certs / "tls.key"), "-out", str(certs / "tls.crt")],
+                   check=True, capture_output=True)
+    webhook, health = proc.free_ports(2)
+    config = tmp_path / "jobset.yaml"
+    config.write_text(f"""apiVersion: config.jobset.x-k8s.io/v1alpha1
+kind: Configuration
+internalCertManagement: {{enable: false}}
+webhook: {{port: {webhook}, host: 127.0.0.1, certDir: {certs}}}
+metrics: {{bindAddress: "0"}}
+health: {{healthProbeBindAddress: "127.0.0.1:{health}"}}
+leaderElection: {{leaderElect: false}}
+""")
+    log = tmp_path / "jobset-controller.log"
+    with log.open("wb") as out:
+        manager = subprocess.Popen([MANAGER, f"--config={config}"], stdout=out, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "KUBECONFIG": str(kube_config)})
+    try:
+        yield log
+    finally:
+        manager.terminate()
+        manager.wait(timeout=10)
+
+
+def test_real_jobset_controller_recreates_child_jobs_from_the_patched_template(
+    kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet], jobset_controller: Path
+) -> None:
+    fleet = make_fleet(6)
+    custom = client.CustomObjectsApi(kube_api)
+    custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "real"},
+        "spec": {**WEBHOOK_DEFAULTS, "replicatedJobs": [{"name": "workers", "replicas": 4, "template": {"spec": {
+            "parallelism": 1, "completions": 1, "backoffLimit": 0, "completionMode": "Indexed",
+            "template": {"spec": pod_spec(fleet, TOLERATE_ALL, restart_policy="OnFailure")}}}}]}})
+    selector = f"{JS}/jobset-name=real"
+    before = wait("4 Running pods from the real controller's child Jobs",
+                  lambda: running(kube_api, namespace, selector, 4), timeout=90)
+    suspect = before[0].spec.node_name
+    quarantine(kube_api, suspect)
+    old = {p.metadata.uid for p in before}
+    watcher = BindingWatch(kube_api, namespace).start()
+
+    out = restart_workload(kube_api, f"{namespace}/real", action="restart_job", exclude_nodes=[suspect],
+                           params={}, dry_run=False, actor="t")
+
+    assert out.outcome == "applied", out.reason
+    assert out.details["deleted"] == "4" and out.details["template_changed"] == "true"
+    after = wait("4 new Running pods", lambda: running(kube_api, namespace, selector, 4, old), timeout=120)
+    assert suspect not in {p.spec.node_name for p in after}
+    seen = [node for uid, _, node in watcher.stop() if uid not in old]
+    assert seen and suspect not in seen
+    for job in client.BatchV1Api(kube_api).list_namespaced_job(namespace, label_selector=selector).items:
+        affinity = client.ApiClient().sanitize_for_serialization(job.spec.template.spec.affinity)
+        assert excluded_nodes(affinity) == {suspect}, jobset_controller.read_text()[-2000:]
