@@ -117,6 +117,10 @@ class NvmlSeam:
             value = self._get(reading, metric, read)
             if value is not None:
                 reading.values[metric] = value
+        for group, read_many in self._group_readers(handle).items():
+            values = self._get(reading, group, read_many)
+            if values is not None:
+                reading.values.update(values)
         self._ecc(reading, handle)
         self._nvlink(reading, handle)
         return reading
@@ -129,10 +133,6 @@ class NvmlSeam:
             "power_usage": lambda: n.nvmlDeviceGetPowerUsage(h) / 1000.0,
             "sm_clock": lambda: float(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)),
             "mem_clock": lambda: float(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM)),
-            "gpu_util": lambda: float(n.nvmlDeviceGetUtilizationRates(h).gpu),
-            "mem_copy_util": lambda: float(n.nvmlDeviceGetUtilizationRates(h).memory),
-            "fb_used": lambda: n.nvmlDeviceGetMemoryInfo(h).used / 2**20,
-            "fb_free": lambda: n.nvmlDeviceGetMemoryInfo(h).free / 2**20,
             "clocks_event_reasons": lambda: int(self._clock_reasons(h)),
             "power_violation": lambda: int(n.nvmlDeviceGetViolationStatus(h, n.NVML_PERF_POLICY_POWER).violationTime
                                            // 1000),
@@ -143,20 +143,41 @@ class NvmlSeam:
             "retired_dbe": lambda: len(n.nvmlDeviceGetRetiredPages(
                 h, n.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)),
             "retired_pending": lambda: int(n.nvmlDeviceGetRetiredPagesPendingStatus(h)),
-            "correctable_remapped_rows": lambda: int(n.nvmlDeviceGetRemappedRows(h)[0]),
-            "uncorrectable_remapped_rows": lambda: int(n.nvmlDeviceGetRemappedRows(h)[1]),
-            "row_remap_pending": lambda: int(n.nvmlDeviceGetRemappedRows(h)[2]),
-            "row_remap_failure": lambda: int(n.nvmlDeviceGetRemappedRows(h)[3]),
             "pcie_replay_counter": lambda: int(n.nvmlDeviceGetPcieReplayCounter(h)),
             "pcie_link_gen": lambda: int(n.nvmlDeviceGetCurrPcieLinkGeneration(h)),
             "pcie_link_width": lambda: int(n.nvmlDeviceGetCurrPcieLinkWidth(h)),
         }
 
+    def _group_readers(self, h: Any) -> dict[str, Callable[[], dict[str, float | int]]]:
+        """Calls that answer several metrics at once (one NVML call each)."""
+        n = self.nvml
+
+        def utilization() -> dict[str, float | int]:
+            u = n.nvmlDeviceGetUtilizationRates(h)
+            return {"gpu_util": float(u.gpu), "mem_copy_util": float(u.memory)}
+
+        def memory() -> dict[str, float | int]:
+            m = n.nvmlDeviceGetMemoryInfo(h)
+            return {"fb_used": m.used / 2**20, "fb_free": m.free / 2**20}
+
+        def remapped_rows() -> dict[str, float | int]:
+            corr, unc, pending, failure = n.nvmlDeviceGetRemappedRows(h)
+            return {"correctable_remapped_rows": int(corr), "uncorrectable_remapped_rows": int(unc),
+                    "row_remap_pending": int(pending), "row_remap_failure": int(failure)}
+
+        return {"utilization": utilization, "memory": memory, "remapped_rows": remapped_rows}
+
     def _clock_reasons(self, h: Any) -> int:
+        """Clock event reasons (drivers >= 535), else the older throttle-reasons call."""
         n = self.nvml
         getter = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None)
-        getter = getter or n.nvmlDeviceGetCurrentClocksThrottleReasons
-        return int(getter(h))
+        if getter is not None:
+            try:
+                return int(getter(h))
+            except n.NVMLError as exc:
+                if getattr(exc, "value", None) != _FUNCTION_NOT_FOUND:
+                    raise
+        return int(n.nvmlDeviceGetCurrentClocksThrottleReasons(h))
 
     def _field_value(self, h: Any, field_id: int) -> float:
         n = self.nvml

@@ -7,6 +7,7 @@ state; tests change it between samples (warm a GPU, add ECC errors, lose it, rai
 from __future__ import annotations
 
 import queue
+from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -19,6 +20,7 @@ NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_UNKNOWN = 999
 NVML_TEMPERATURE_GPU = 0
@@ -51,6 +53,7 @@ _MESSAGES = {
     NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
     NVML_ERROR_TIMEOUT: "Timeout",
     NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
+    NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
     NVML_ERROR_GPU_IS_LOST: "GPU is lost",
     NVML_ERROR_UNKNOWN: "Unknown Error",
 }
@@ -94,6 +97,7 @@ class FakeGpu:
     lost: bool = False
     unsupported: set[str] = field(default_factory=set)  # function names answering NOT_SUPPORTED
     forbidden: set[str] = field(default_factory=set)  # function names answering NO_PERMISSION
+    missing: set[str] = field(default_factory=set)  # functions an older driver lacks (FUNCTION_NOT_FOUND)
 
     def __post_init__(self) -> None:
         self.uuid = self.uuid or f"GPU-00000000-0000-4000-8000-{self.index:012d}"
@@ -110,6 +114,7 @@ class FakeNvml:
         self.event_sets: list[queue.Queue[tuple[FakeGpu, int]]] = []
         self.registered: dict[int, list[queue.Queue[tuple[FakeGpu, int]]]] = {}
         self.handle_errors: dict[int, int] = {}
+        self.calls: Counter[str] = Counter()
         for name, value in globals().items():
             if name.startswith(("NVML_", "nvmlEventType")):
                 setattr(self, name, value)
@@ -129,6 +134,9 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         if fn in gpu.forbidden:
             raise NVMLError(NVML_ERROR_NO_PERMISSION)
+        if fn in gpu.missing:
+            raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+        self.calls[fn] += 1
         return gpu
 
     # --- the pynvml functions ---------------------------------------------------------------------

@@ -102,6 +102,15 @@ def test_unsupported_fields_are_omitted_per_gpu_not_errors() -> None:
     assert _sample(only_pcie).metrics.nvlink_links_down is None, "no GPU has NVLink: no column at all"
 
 
+def test_each_nvml_call_is_made_once_per_gpu_and_older_drivers_fall_back() -> None:
+    nvml = FakeNvml([FakeGpu(0, reasons=0x4, missing={"nvmlDeviceGetCurrentClocksEventReasons"}), FakeGpu(1)])
+    src, _ = _source(nvml)
+    rec = _sample(src)
+    assert rec.metrics.clocks_event_reasons == [0x4, 0], "a driver before 535 answers the throttle-reasons call"
+    assert nvml.calls["nvmlDeviceGetRemappedRows"] == 2 and nvml.calls["nvmlDeviceGetUtilizationRates"] == 2
+    assert nvml.calls["nvmlDeviceGetMemoryInfo"] == 2
+
+
 def test_a_field_without_permission_is_left_out_and_counted(caplog: pytest.LogCaptureFixture) -> None:
     src, registry = _source(FakeNvml([FakeGpu(0, forbidden={"nvmlDeviceGetRetiredPages"})]))
     rec = _sample(src)
