@@ -51,7 +51,7 @@ def chain_config(tmp: Path, bootstrap: str, kubeconfig: Path, namespace: str, ex
     text = (f"kafka: {{bootstrap_servers: '{bootstrap}', consumer_group: fm-e{u}}}\n"
             f"topics: {{prefix: e{u}., default_partitions: 1}}\n"
             "metrics: {port: 0}\n"
-            "triage: {failure_settle_s: 1.0, network_settle_s: 1.0}\n"
+            "triage: {failure_settle_s: 1.0, network_settle_s: 1.0, incident_merge_s: 1.0}\n"
             "policy: {flap_max_returns: 1000, probation_s: 1.0, transient_retry_backoff_s: 0.0}\n"
             "safety: {max_quarantined_fraction: 1.0, max_new_isolations: 1000, max_per_rack: 100,\n"
             "         max_per_switch: 100, node_cooldown_s: 0.0, breaker: {trip_min_nodes: 1000}}\n"
