@@ -172,3 +172,31 @@ def test_port_labels_follow_the_ingest_mapping() -> None:
     (rec,) = ExpositionReader(ingest).read(text.splitlines())
     assert isinstance(rec, r.PortTelemetry)
     assert rec.device == "n9" and rec.ports[0].port == "mlx5_3/2" and rec.ports[0].link_downed_counter == 4
+
+
+def test_an_unreachable_target_is_counted_and_the_others_still_publish(
+    fixture_exporter: Callable[[Callable[[int], str]], str],
+) -> None:
+    import aiohttp
+
+    from fleetmedic.config import parse_config
+    from fleetmedic.devenv import proc
+
+    live = fixture_exporter(dcgm_text)
+    (dead_port,) = proc.free_ports(1)
+    settings = parse_config(f"exporters: {{prometheus: {{targets: ['{live}', 'http://127.0.0.1:{dead_port}/metrics']}}}}")
+    registry = CollectorRegistry()
+    metrics = ConnectorMetrics(registry, "prometheus")
+    outbox = Outbox(10, metrics)
+    source = PrometheusSource(settings, outbox, metrics, clock=lambda: 1_700_000_000.0)
+
+    async def tick() -> int:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            return await source.tick(session)
+
+    assert asyncio.run(tick()) == 1
+    (out,) = outbox.peek(10)
+    assert isinstance(out.record, r.GpuTelemetry) and out.record.ts == 1_700_000_000.0, "stamped with the scrape time"
+    errors = {s.labels["kind"]: s.value for m in registry.collect() if m.name == "fleetmedic_connector_errors"
+              for s in m.samples if s.name.endswith("_total")}
+    assert errors == {"ClientConnectorError": 1.0}
