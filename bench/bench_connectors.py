@@ -19,7 +19,7 @@ from collections.abc import Callable
 import msgspec
 
 from fleetmedic.config import IngestSettings, KafkaTelemetrySettings
-from fleetmedic.connectors.kafka_telemetry import PointMapper, Windows
+from fleetmedic.connectors.kafka_telemetry_map import PointMapper, Windows
 from fleetmedic.connectors.prometheus_text import _LINE, ExpositionReader
 
 SERIES = ["GPU_TEMP", "MEMORY_TEMP", "POWER_USAGE", "SM_CLOCK", "MEM_CLOCK", "GPU_UTIL", "FB_USED", "FB_FREE",

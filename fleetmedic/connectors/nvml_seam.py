@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from fleetmedic.connectors.runtime import SourceUnavailable
+from fleetmedic.connectors.errors import SourceUnavailable
 
 # NVML_ERROR_FUNCTION_NOT_FOUND: an older driver without the call (pynvml's value)
 _FUNCTION_NOT_FOUND = 13

@@ -34,14 +34,12 @@ from typing import IO, Any, Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from fleetmedic.config import Settings
+from fleetmedic.connectors.errors import SourceUnavailable
 from fleetmedic.records import GpuTelemetry, JobEvent, PortTelemetry, Record, encode
 
 log = logging.getLogger("fleetmedic.connectors")
 
-
-class SourceUnavailable(RuntimeError):
-    """A connector's source cannot be used at all (no driver, no permission); the message says why
-    and what to do. ``fleetmedic exporter`` exits 3 with it."""
+__all__ = ["SourceUnavailable"]  # re-exported: the CLI and scripts catch it from here
 
 
 @dataclass(frozen=True)

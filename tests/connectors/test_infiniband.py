@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from fleetmedic import records as r
 from fleetmedic.config import InfinibandPortLink, IngestSettings, parse_config
-from fleetmedic.connectors.infiniband import PerfquerySource, Topology, parse_perfquery, port_records
+from fleetmedic.connectors.infiniband import PerfquerySource
+from fleetmedic.connectors.perfquery import Topology, parse_perfquery, port_records
 from fleetmedic.connectors.prometheus_text import ExpositionReader
 from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox
 

@@ -14,7 +14,8 @@ from prometheus_client import CollectorRegistry
 
 from fleetmedic import records as r
 from fleetmedic.config import IngestSettings, KafkaTelemetrySettings, Settings, parse_config
-from fleetmedic.connectors.kafka_telemetry import BadMessage, KafkaTelemetrySource, PointMapper, Windows
+from fleetmedic.connectors.kafka_telemetry import KafkaTelemetrySource
+from fleetmedic.connectors.kafka_telemetry_map import BadMessage, PointMapper, Windows
 from fleetmedic.connectors.runtime import ConnectorMetrics, KafkaSink, Outbox, PumpSettings, run_until_stopped
 from tests.streams.harness import collect_sync, produce
 

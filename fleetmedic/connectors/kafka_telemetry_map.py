@@ -1,0 +1,225 @@
+"""Pure mapping for the Kafka telemetry connector: Telegraf / prometheus-kafka-adapter JSON -> points
+-> per-node window records (see :mod:`fleetmedic.connectors.kafka_telemetry` for the behaviour).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from fleetmedic import records as r
+from fleetmedic.config import IngestSettings, KafkaTelemetrySettings
+from fleetmedic.connectors.prometheus_text import DCGM_TO_METRIC, NODE_EXPORTER_IB, ExpositionReader
+
+_TELEGRAF_NVIDIA_SMI = {
+    "temperature_gpu": "gpu_temp", "power_draw": "power_usage", "clocks_current_sm": "sm_clock",
+    "clocks_current_memory": "mem_clock", "utilization_gpu": "gpu_util", "utilization_memory": "mem_copy_util",
+    "memory_used": "fb_used", "memory_free": "fb_free", "pcie_link_gen_current": "pcie_link_gen",
+    "pcie_link_width_current": "pcie_link_width",
+}
+_TELEGRAF_INFINIBAND = {  # sysfs counter names; data counters are 4-byte words there, as in PortSample
+    "symbol_error": "symbol_error_counter", "link_error_recovery": "link_error_recovery_counter",
+    "link_downed": "link_downed_counter", "port_rcv_errors": "port_rcv_errors",
+    "port_rcv_remote_physical_errors": "port_rcv_remote_physical_errors", "port_xmit_discards": "port_xmit_discards",
+    "local_link_integrity_errors": "local_link_integrity_errors", "port_xmit_wait": "port_xmit_wait",
+    "excessive_buffer_overrun_errors": "excessive_buffer_overrun_errors", "port_xmit_data": "port_xmit_data",
+    "port_rcv_data": "port_rcv_data",
+}
+#: metric (or ``name.field``) -> GPU metric, or ``port.<PortSample field>``
+BUILTIN_MAP: dict[str, str] = {
+    **DCGM_TO_METRIC,
+    **{name: f"port.{f}" for name, f in NODE_EXPORTER_IB.items()},
+    "node_infiniband_state_id": "port.link_state",
+    "node_infiniband_rate_bytes_per_second": "port.speed_gbps",
+    **{f"nvidia_smi.{k}": v for k, v in _TELEGRAF_NVIDIA_SMI.items()},
+    **{f"infiniband.{k}": f"port.{v}" for k, v in _TELEGRAF_INFINIBAND.items()},
+}
+_PROM_FIELDS = ("gauge", "counter", "value", "untyped")
+_STATE = {1: "down", 2: "init", 3: "init", 4: "up"}
+
+
+class BadMessage(ValueError):
+    """A message that cannot be read; the text names the field and the reason, ``label`` is the
+    same without the offending value (a bounded metric label)."""
+
+    def __init__(self, text: str, label: str = "") -> None:
+        super().__init__(text)
+        self.label = label or text
+
+
+@dataclass(frozen=True)
+class Point:
+    """One value: for a GPU (``gpu`` set) or a port (``port`` = ``device/port``) of ``node``."""
+
+    node: str
+    target: str
+    value: float | str
+    ts: float
+    gpu: int | None = None
+    port: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def _seconds(ts: Any) -> float:
+    if isinstance(ts, bool) or not isinstance(ts, int | float):
+        raise BadMessage(f"timestamp: {ts!r} is not a number", "timestamp: not a number")
+    t = float(ts)
+    for limit, scale in ((1e17, 1e9), (1e14, 1e6), (1e11, 1e3)):
+        if t > limit:
+            return t / scale
+    return t
+
+
+def _rfc3339(ts: Any) -> float:
+    if not isinstance(ts, str):
+        raise BadMessage(f"timestamp: {ts!r} is not an RFC 3339 string", "timestamp: not an RFC 3339 string")
+    try:
+        return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise BadMessage(f"timestamp: {ts!r} is not an RFC 3339 time", "timestamp: not an RFC 3339 time") from None
+
+
+class PointMapper:
+    """Pure: a decoded message -> points, by the mapping and tag names in the settings."""
+
+    def __init__(self, cfg: KafkaTelemetrySettings) -> None:
+        self.cfg = cfg
+        self.mapping = {**BUILTIN_MAP, **cfg.metric_map}
+
+    def points(self, message: bytes) -> list[Point]:
+        try:
+            doc = msgspec.json.decode(message)
+        except msgspec.DecodeError as exc:
+            raise BadMessage(f"not valid JSON ({exc})", "not valid JSON") from None
+        if not isinstance(doc, dict):
+            raise BadMessage("the message is not a JSON object")
+        if self.cfg.format == "prometheus_kafka_adapter":
+            return self._adapter(doc)
+        metrics = doc["metrics"] if isinstance(doc.get("metrics"), list) else [doc]
+        out: list[Point] = []
+        for m in metrics:
+            out += self._telegraf(m)
+        return out
+
+    def _telegraf(self, m: Any) -> list[Point]:
+        if not isinstance(m, dict):
+            raise BadMessage("metrics[]: not an object")
+        name, tags, fields = m.get("name"), m.get("tags", {}), m.get("fields")
+        if not isinstance(name, str) or not name:
+            raise BadMessage("name: missing or not a string")
+        if not isinstance(fields, dict):
+            raise BadMessage(f"{name}: fields: missing or not an object", "fields: missing or not an object")
+        if not isinstance(tags, dict):
+            raise BadMessage(f"{name}: tags: not an object", "tags: not an object")
+        ts = _seconds(m.get("timestamp"))
+        out: list[Point] = []
+        str_tags: dict[str, str] | None = None
+        for key, value in fields.items():
+            target = self.mapping.get(f"{name}.{key}") or self.mapping.get(key)
+            if target is None and key in _PROM_FIELDS:
+                target = self.mapping.get(name)
+            if target is None:
+                continue
+            source = name if key in _PROM_FIELDS else key
+            if str_tags is None:
+                str_tags = {str(k): str(v) for k, v in tags.items()}
+            out.append(self._point(source, target, value, ts, str_tags))
+        return out
+
+    def _adapter(self, doc: dict[str, Any]) -> list[Point]:
+        name, labels = doc.get("name"), doc.get("labels", {})
+        if not isinstance(name, str) or not name:
+            raise BadMessage("name: missing or not a string")
+        if not isinstance(labels, dict):
+            raise BadMessage(f"{name}: labels: not an object", "labels: not an object")
+        target = self.mapping.get(name)
+        if target is None:
+            return []
+        return [self._point(name, target, doc.get("value"), _rfc3339(doc.get("timestamp")),
+                            {str(k): str(v) for k, v in labels.items()})]
+
+    def _point(self, source: str, target: str, raw: Any, ts: float, tags: dict[str, str]) -> Point:
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            raise BadMessage(f"{source}: value {raw!r} is not a number", f"{source}: value is not a number") from None
+        if not math.isfinite(value):
+            raise BadMessage(f"{source}: value is {raw}")
+        node = ""
+        for t in self.cfg.node_tags:
+            node = tags.get(t, "")
+            if node:
+                node = node.rsplit(":", 1)[0] if t == "instance" else node
+                break
+        if not node:
+            raise BadMessage(f"{source}: no node tag ({', '.join(self.cfg.node_tags)})")
+        if target.startswith("port."):
+            port = f"{tags.get(self.cfg.port_device_tag, '?')}/{tags.get(self.cfg.port_tag, '?')}"
+            fieldname, out_value = target[5:], _port_value(source, target[5:], value)
+            return Point(node, fieldname, out_value, ts, port=port, labels=tags)
+        gpu = next((tags[t] for t in self.cfg.gpu_tags if tags.get(t)), "")
+        if not gpu.isdigit():
+            raise BadMessage(f"{source}: no GPU index tag ({', '.join(self.cfg.gpu_tags)})")
+        return Point(node, target, value, ts, gpu=int(gpu), labels=tags)
+
+
+def _port_value(source: str, fieldname: str, value: float) -> float | str:
+    if fieldname == "link_state":
+        return _STATE.get(int(value), "unknown")
+    if fieldname == "speed_gbps" and source.endswith("bytes_per_second"):
+        return value * 8 / 1e9
+    if source.endswith("_bytes_total"):
+        return value / 4  # node-exporter counts bytes; PortSample counts 4-byte words
+    return value
+
+
+@dataclass
+class Windows:
+    """Points grouped per node and ``window_s`` window; :meth:`due` hands back closed windows."""
+
+    window_s: float
+    grace_s: float
+    ingest: IngestSettings
+    source: str
+    skipped: Counter[str] = field(default_factory=Counter)
+    _open: dict[tuple[str, float], list[Point]] = field(default_factory=lambda: defaultdict(list))
+
+    def add(self, point: Point) -> None:
+        start = math.floor(point.ts / self.window_s) * self.window_s
+        self._open[(point.node, start)].append(point)
+
+    def due(self, now: float) -> Iterator[r.GpuTelemetry | r.PortTelemetry]:
+        """Records of windows that ended more than ``grace_s`` before ``now`` (math.inf: all)."""
+        for key in sorted(k for k in self._open if k[1] + self.window_s + self.grace_s <= now):
+            yield from self._records(key[0], self._open.pop(key))
+
+    def _records(self, node: str, points: list[Point]) -> Iterator[r.GpuTelemetry | r.PortTelemetry]:
+        reader = ExpositionReader(self.ingest, skipped=self.skipped, source=self.source)
+        ts = max(p.ts for p in points)
+        by_gpu: dict[int, dict[str, float]] = defaultdict(dict)
+        by_port: dict[str, dict[str, float | str]] = defaultdict(dict)
+        info: dict[str, str] = {}
+        for p in sorted(points, key=lambda p: p.ts):  # the newest value of a metric wins
+            if p.gpu is not None:
+                assert isinstance(p.value, float)
+                by_gpu[p.gpu][p.target] = p.value
+                info.setdefault("sku", p.labels.get("modelName", p.labels.get("name", "")))
+                uuid = p.labels.get("UUID", p.labels.get("uuid", ""))
+                if uuid:
+                    info[f"uuid{p.gpu}"] = uuid
+            else:
+                by_port[p.port][p.target] = p.value
+        if by_gpu:
+            gpu = reader.gpu_record((node, ts), by_gpu, info)
+            if gpu is not None:
+                yield gpu
+        if by_port:
+            port = reader.port_record((node, ts), by_port)
+            if port is not None:
+                yield port
