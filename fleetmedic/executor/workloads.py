@@ -103,8 +103,9 @@ def _restart(api: client.ApiClient, job: str, action: str, exclude_nodes: Sequen
     if over:
         return WorkloadOutcome("skipped", over, {"kind": kind.kind})
     resuming = ANNOTATION_IN_PROGRESS in (meta.get("annotations") or {})
-    if kind is JOB and (obj.get("spec") or {}).get("suspend") and not resuming:
-        return WorkloadOutcome("skipped", f"Job {job} is suspended by someone else (not by fleetmedic)",
+    spec = obj.get("spec") or {}
+    if (spec.get("suspend") or (spec.get("runPolicy") or {}).get("suspend")) and not resuming:
+        return WorkloadOutcome("skipped", f"{kind.kind} {job} is suspended by someone else (not by fleetmedic)",
                                {"kind": kind.kind})
     pods = workload_pods(api, kind, obj)
     nodes = sorted({p.spec.node_name for p in pods if p.spec and p.spec.node_name})
@@ -116,6 +117,8 @@ def _restart(api: client.ApiClient, job: str, action: str, exclude_nodes: Sequen
     timeout = float(params.get("timeout_s", DEFAULT_TIMEOUT_S))
     if kind is JOB:
         _suspend_resume(api, plan, obj, timeout)
+    elif kind is JOBSET and (resuming or plan.template_ops):
+        _jobset_with_exclusion(api, plan, obj, params, timeout, actor, details)
     else:
         details["deleted"] = str(_patch_then_delete(api, plan, obj))
     _record_event(api, kind, obj, EVENT_REASONS[action], plan.summary, actor)
@@ -214,6 +217,25 @@ def _suspended_and_empty(api: client.ApiClient, namespace: str, name: str) -> bo
     status = job.get("status") or {}
     suspended = any(c.get("type") == "Suspended" and c.get("status") == "True" for c in status.get("conditions") or [])
     return suspended and not status.get("active") and not status.get("startTime")
+
+
+def _jobset_with_exclusion(api: client.ApiClient, plan: RestartPlan, obj: Mapping[str, Any],
+                           params: Mapping[str, str], timeout: float, actor: str, details: dict[str, str]) -> None:
+    """Patch the JobSet's template and recreate its children; where the JobSet webhook refuses the
+    template change (or a suspension of ours is to be finished), go through the child Jobs."""
+    from fleetmedic.executor.workloads_jobset import suspend_and_patch_children
+
+    if ANNOTATION_IN_PROGRESS not in ((obj.get("metadata") or {}).get("annotations") or {}):
+        try:
+            details["deleted"] = str(_patch_then_delete(api, plan, obj))
+            return
+        except ApiException as exc:
+            if exc.status not in (400, 403, 422):
+                raise
+            details["template_refused"] = _message(exc)[:300]
+    details["mechanism"] = "suspend_patch_children"
+    details["children_patched"] = str(suspend_and_patch_children(api, plan, obj, params, timeout, actor))
+    details["note"] = "exclusion is on the child Jobs: a JobSet-level restart recreates them without it"
 
 
 def _patch_then_delete(api: client.ApiClient, plan: RestartPlan, obj: Mapping[str, Any]) -> int:

@@ -15,13 +15,16 @@ the patched template, and no replacement pod is bound to the quarantined node.
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client import ApiException
 
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv import proc
@@ -43,9 +46,11 @@ def jobset_controller(kube_config: Path, crds: list[str], tmp_path: Path) -> Ite
     certs = tmp_path / "certs"
     certs.mkdir()
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=jobset",
+                    "-addext", "subjectAltName=IP:127.0.0.1",
                     "-keyout", str(certs / "tls.key"), "-out", str(certs / "tls.crt")],
                    check=True, capture_output=True)
     webhook, health = proc.free_ports(2)
+    (tmp_path / "webhook-port").write_text(str(webhook))
     config = tmp_path / "jobset.yaml"
     config.write_text(f"""apiVersion: config.jobset.x-k8s.io/v1alpha1
 kind: Configuration
@@ -96,3 +101,75 @@ def test_real_jobset_controller_recreates_child_jobs_from_the_patched_template(
     for job in client.BatchV1Api(kube_api).list_namespaced_job(namespace, label_selector=selector).items:
         affinity = client.ApiClient().sanitize_for_serialization(job.spec.template.spec.affinity)
         assert excluded_nodes(affinity) == {suspect}, jobset_controller.read_text()[-2000:]
+
+
+def _register_webhooks(api: client.ApiClient, namespace: str, controller_dir: Path) -> list[str]:
+    """The controller's JobSet defaulting and validating webhooks, as its manifests register them,
+    but by URL (it runs out of cluster) and for the test namespace only."""
+    port = (controller_dir / "webhook-port").read_text()
+    ca = base64.b64encode((controller_dir / "certs" / "tls.crt").read_bytes()).decode()
+    reg = client.AdmissionregistrationV1Api(api)
+    common = {"sideEffects": "None", "admissionReviewVersions": ["v1"], "failurePolicy": "Fail", "timeoutSeconds": 10,
+              "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}
+    rule = {"apiGroups": ["jobset.x-k8s.io"], "apiVersions": ["v1alpha2"], "resources": ["jobsets"]}
+    name = f"fleetmedic-test-{namespace}"
+    reg.create_mutating_webhook_configuration(client.V1MutatingWebhookConfiguration.from_dict({
+        "metadata": {"name": name}, "webhooks": [{**common, "name": "mjobset.kb.io", "rules": [
+            {**rule, "operations": ["CREATE"]}], "clientConfig": {
+            "url": f"https://127.0.0.1:{port}/mutate-jobset-x-k8s-io-v1alpha2-jobset", "caBundle": ca}}]}))
+    reg.create_validating_webhook_configuration(client.V1ValidatingWebhookConfiguration.from_dict({
+        "metadata": {"name": name}, "webhooks": [{**common, "name": "vjobset.kb.io", "rules": [
+            {**rule, "operations": ["CREATE", "UPDATE"]}], "clientConfig": {
+            "url": f"https://127.0.0.1:{port}/validate-jobset-x-k8s-io-v1alpha2-jobset", "caBundle": ca}}]}))
+    return [name]
+
+
+def test_with_the_real_jobset_webhooks_the_exclusion_goes_onto_the_suspended_child_jobs(
+    kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet], jobset_controller: Path
+) -> None:
+    names = _register_webhooks(kube_api, namespace, jobset_controller.parent)
+    reg = client.AdmissionregistrationV1Api(kube_api)
+    try:
+        fleet = make_fleet(6)
+        custom = client.CustomObjectsApi(kube_api)
+        manifest = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "hooked"},
+                    "spec": {"replicatedJobs": [{"name": "workers", "replicas": 4, "template": {"spec": {
+                        "parallelism": 1, "completions": 1, "backoffLimit": 0,
+                        "template": {"spec": pod_spec(fleet, TOLERATE_ALL, restart_policy="OnFailure")}}}}]}}
+        created = wait("the webhook server to answer", lambda: _create_when_served(custom, namespace, manifest))
+        assert created["spec"]["network"]["enableDNSHostnames"] is True  # defaulted by the real webhook
+        selector = f"{JS}/jobset-name=hooked"
+        before = wait("4 Running pods", lambda: running(kube_api, namespace, selector, 4), timeout=90)
+        suspect = before[0].spec.node_name
+        quarantine(kube_api, suspect)
+        old = {p.metadata.uid for p in before}
+        watcher = BindingWatch(kube_api, namespace).start()
+
+        out = restart_workload(kube_api, f"{namespace}/hooked", action="restart_job", exclude_nodes=[suspect],
+                               params={"command_id": "c-1"}, dry_run=False, actor="t")
+
+        assert out.outcome == "applied", out.reason
+        assert out.details["mechanism"] == "suspend_patch_children", out.details
+        assert 'webhook "vjobset.kb.io" denied' in out.details["template_refused"]
+        assert out.details["children_patched"] == "4"
+        after = wait("4 new Running pods", lambda: running(kube_api, namespace, selector, 4, old), timeout=120)
+        assert suspect not in {p.spec.node_name for p in after}
+        seen = [node for uid, _, node in watcher.stop() if uid not in old]
+        assert seen and suspect not in seen
+        js = custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", "hooked")
+        assert not js["spec"].get("suspend")
+        assert "fleetmedic.io/restart-in-progress" not in js["metadata"]["annotations"]
+        assert js["metadata"]["annotations"]["fleetmedic.io/excluded-nodes"] == suspect
+    finally:
+        for name in names:
+            reg.delete_mutating_webhook_configuration(name)
+            reg.delete_validating_webhook_configuration(name)
+
+
+def _create_when_served(custom: client.CustomObjectsApi, namespace: str, manifest: dict[str, Any]) -> Any:
+    try:
+        return custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", manifest)
+    except ApiException as exc:
+        if exc.status >= 500:  # the webhook server is not listening yet
+            return None
+        raise

@@ -1,0 +1,75 @@
+"""Node exclusion for a JobSet whose template the API server will not change.
+
+The JobSet validating webhook keeps ``spec.replicatedJobs`` immutable; only while the JobSet is
+(being) suspended may the pod templates' labels, annotations, nodeSelector, tolerations and
+scheduling gates change, for Kueue. Node affinity is not among them. So when the webhook refuses
+the template patch, :func:`suspend_and_patch_children` takes the route the controller leaves
+open: suspend the JobSet (the controller suspends its child Jobs, the Job controller removes their
+pods), put the node affinity on each suspended child Job (batch/v1 allows scheduling directives of
+a suspended Job to change), resume the JobSet. On resume the controller merges only the fields
+above into the children, so their affinity stays and the recreated pods honour it. A later
+JobSet-level restart (its failure policy recreates the children from the template) drops it: the
+result says so, and the quarantine taint still applies to pods that do not tolerate it.
+
+Crash-safe like the batch Job path: the JobSet carries ``fleetmedic.io/restart-in-progress`` while
+suspended by fleetmedic, and the next call finishes the job.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any, cast
+
+from kubernetes import client
+
+from fleetmedic.executor.workloads_plan import (
+    ANNOTATION_IN_PROGRESS,
+    JOB,
+    JOBSET,
+    RestartPlan,
+    annotation_patch,
+    plan_restart,
+)
+
+
+def suspend_and_patch_children(api: client.ApiClient, plan: RestartPlan, obj: Mapping[str, Any],
+                               params: Mapping[str, str], timeout: float, actor: str) -> int:
+    """Suspend, patch the child Jobs' node affinity, resume; returns how many children were patched."""
+    from fleetmedic.executor.workloads import _patch, wait_for
+
+    meta = obj.get("metadata") or {}
+    annotations: dict[str, str] = dict(meta.get("annotations") or {})
+    if ANNOTATION_IN_PROGRESS not in annotations:
+        marker = annotation_patch(annotations, {ANNOTATION_IN_PROGRESS: plan.summary})
+        _patch(api, JOBSET, plan.namespace, plan.name, [{"op": "add", "path": "/spec/suspend", "value": True},
+                                                        *marker], if_version=str(meta.get("resourceVersion")))
+        annotations[ANNOTATION_IN_PROGRESS] = plan.summary
+    uid = str(meta.get("uid"))
+    wait_for(lambda: _all_suspended(_children(api, plan, uid)), timeout,
+             f"JobSet {plan.namespace}/{plan.name}: its child Jobs were not suspended")
+    patched = 0
+    for child in _children(api, plan, uid):
+        child_plan = plan_restart(JOB, child, action=plan.action, exclude_nodes=plan.excluded,
+                                  current_nodes=plan.preferred, params=params, now=time.time(), actor=actor)
+        if child_plan.template_ops:
+            _patch(api, JOB, plan.namespace, str(child["metadata"]["name"]), child_plan.template_ops)
+            patched += 1
+    resume = [{"op": "add", "path": "/spec/suspend", "value": False},
+              *plan.annotation_ops(annotations, remove=[ANNOTATION_IN_PROGRESS])]
+    _patch(api, JOBSET, plan.namespace, plan.name, resume)
+    return patched
+
+
+def _children(api: client.ApiClient, plan: RestartPlan, uid: str) -> list[dict[str, Any]]:
+    listed = cast(dict[str, Any], client.CustomObjectsApi(api).list_namespaced_custom_object(
+        "batch", "v1", plan.namespace, "jobs", label_selector=f"{JOBSET.job_label}={plan.name}"))
+    return [j for j in listed.get("items") or []
+            if not j["metadata"].get("deletionTimestamp")
+            and any(r.get("uid") == uid for r in j["metadata"].get("ownerReferences") or [])]
+
+
+def _all_suspended(children: list[dict[str, Any]]) -> bool:
+    return bool(children) and all(
+        (j.get("spec") or {}).get("suspend") and not (j.get("status") or {}).get("active")
+        and not (j.get("status") or {}).get("startTime") for j in children)
