@@ -22,6 +22,7 @@ from collections.abc import Callable
 from fleetmedic.config import Settings
 from fleetmedic.executor import long_actions as la
 from fleetmedic.executor import plan as p
+from fleetmedic.executor import plan_long as pl
 from fleetmedic.executor.kube import ApiError, Cluster, Conflict
 from fleetmedic.executor.metrics import ExecutorMetrics
 from fleetmedic.records import RemediationCommand, RemediationResult
@@ -60,6 +61,8 @@ class CommandExecutor:
     def _handle(self, cmd: RemediationCommand) -> RemediationResult:
         now = self.clock()
         rejected = p.reject_reason(cmd, self.key, now)
+        if rejected and rejected.startswith("expired") and self._in_flight_here(cmd):
+            rejected = None  # a long action this command started (before a crash or takeover) is finished
         if rejected:
             if self.metrics:
                 self.metrics.rejected.labels(reason="expired" if rejected.startswith("expired") else "signature").inc()
@@ -77,6 +80,12 @@ class CommandExecutor:
         if dry:
             self._dry_seen.add(cmd.id)
         return result
+
+    def _in_flight_here(self, cmd: RemediationCommand) -> bool:
+        if not cmd.node or cmd.action not in p.NODE_LONG:
+            return False
+        node = self.cluster.read_node(cmd.node)
+        return node is not None and p.screen(cmd, node.annotations) == "resume"
 
     def _result(self, cmd: RemediationCommand, outcome: str, reason: str = "", details: dict[str, str] | None = None,
                 dry: bool = False) -> RemediationResult:
@@ -135,12 +144,12 @@ class CommandExecutor:
                 return f"not act ({plan.outcome}: {plan.reason})"
             return ", ".join(plan.changes()) or "change nothing"
         if cmd.action == "drain":
-            step = p.plan_drain(self.cluster.pods_on(node.name), cfg, self.clock(), self.clock())
+            step = pl.plan_drain(self.cluster.pods_on(node.name), cfg, self.clock(), self.clock())
             return (f"cordon and drain {node.name}: evict {len(step.evict)} pod(s) now "
                     f"({', '.join(x.ref for x in step.evict[:5])}), wait for {len(step.wait)}, leave "
                     f"{len(step.skipped)} (DaemonSet/mirror/finished)")
         if cmd.action == "run_diagnostics":
-            job = p.diagnostics_job(cmd, node, cfg)
+            job = pl.diagnostics_job(cmd, node, cfg)
             return f"create diagnostics Job {job['metadata']['namespace']}/{job['metadata']['name']} on {node.name}"
         if hook_file:
             return f"run the {cmd.action} hook Job from {hook_file} for {node.name}"

@@ -18,6 +18,7 @@ from typing import Any
 
 from fleetmedic.config import Settings
 from fleetmedic.executor import plan as p
+from fleetmedic.executor import plan_long as pl
 from fleetmedic.executor.kube import Cluster
 from fleetmedic.executor.metrics import ExecutorMetrics
 from fleetmedic.records import RemediationCommand
@@ -52,8 +53,8 @@ def drain(ctx: Context, cmd: RemediationCommand, node: p.NodeView) -> p.NodePlan
     permitting; give up at ``drain_timeout_s`` naming the blocking PodDisruptionBudgets."""
     cfg = ctx.settings.executor
     now = ctx.clock()
-    started = p.drain_started(node.annotations, cmd, now)
-    state = p.drain_state(node.annotations)
+    started = pl.drain_started(node.annotations, cmd, now)
+    state = pl.drain_state(node.annotations)
     evicted: list[str] = list(state.get("evicted", [])) if state.get("command") == cmd.id else []
     begin: dict[str, str | None] = {p.ANN_INFLIGHT: _inflight(cmd, started),
                                     p.ANN_DRAIN: json.dumps({"command": cmd.id, "started": started,
@@ -74,7 +75,7 @@ def drain(ctx: Context, cmd: RemediationCommand, node: p.NodeView) -> p.NodePlan
         blocked: dict[str, tuple[str, ...]] = {}
         while True:
             now = ctx.clock()
-            step = p.plan_drain(ctx.cluster.pods_on(node.name), cfg, started, now)
+            step = pl.plan_drain(ctx.cluster.pods_on(node.name), cfg, started, now)
             if step.done:
                 break
             if step.timed_out:
@@ -95,7 +96,7 @@ def drain(ctx: Context, cmd: RemediationCommand, node: p.NodeView) -> p.NodePlan
 
 
 def _drain_end(ctx: Context, cmd: RemediationCommand, node: p.NodeView, started: float, evicted: list[str],
-               blocked: dict[str, tuple[str, ...]], step: p.DrainStep | None) -> p.NodePlan:
+               blocked: dict[str, tuple[str, ...]], step: pl.DrainStep | None) -> p.NodePlan:
     cfg = ctx.settings.executor
     took = ctx.clock() - started
     details = {"evicted_pods": ",".join(evicted)[:4000], "drain_s": f"{took:.1f}"} if evicted else \
@@ -131,7 +132,7 @@ def run_job(ctx: Context, cmd: RemediationCommand, node: p.NodeView, doc: dict[s
     """Create (or find again) the Job and wait for it: (passed, message, job ref); None: timed out."""
     meta = doc["metadata"]
     ref = f"{meta['namespace']}/{meta['name']}"
-    state = p._json(node.annotations.get(state_key, ""))
+    state = p.annotation_json(node.annotations.get(state_key, ""))
     started = float(state["started"]) if state.get("command") == cmd.id and "started" in state else ctx.clock()
     ctx.commit(node, cmd, p.NodePlan(
         "applied", annotations={p.ANN_INFLIGHT: _inflight(cmd, started),
@@ -140,7 +141,7 @@ def run_job(ctx: Context, cmd: RemediationCommand, node: p.NodeView, doc: dict[s
         labels={ctx.settings.executor.lifecycle_label: "diagnosing"} if cmd.action == "run_diagnostics" else {},
         condition=p.Condition("True", "DiagnosticsRunning" if cmd.action == "run_diagnostics" else "HookRunning",
                               f"fleetmedic {cmd.action}: Job {ref}"),
-        event=p.Note(f"Fleetmedic{p._camel(cmd.action)}Started", f"{cmd.action}: Job {ref} ({cmd.reason})")))
+        event=p.Note(f"Fleetmedic{p.camel(cmd.action)}Started", f"{cmd.action}: Job {ref} ({cmd.reason})")))
     ctx.cluster.create_job(doc)
     while True:
         outcome = ctx.cluster.job_outcome(meta["namespace"], meta["name"])
@@ -155,12 +156,12 @@ def run_job(ctx: Context, cmd: RemediationCommand, node: p.NodeView, doc: dict[s
 
 def diagnostics(ctx: Context, cmd: RemediationCommand, node: p.NodeView) -> p.NodePlan:
     cfg = ctx.settings.executor
-    doc = p.diagnostics_job(cmd, node, cfg)
+    doc = pl.diagnostics_job(cmd, node, cfg)
     passed, message, ref = run_job(ctx, cmd, node, doc, p.ANN_DIAGNOSTICS, cfg.diagnostics_timeout_s + 60.0)
     verdict = "pass" if passed else "fail"
     details = {"verdict": verdict, "diagnostics": verdict, "job": ref, "level": cmd.params.get("level", "3")}
     if not passed:
-        details["failed_tests"] = p.failed_tests(message) if passed is False else "timeout"
+        details["failed_tests"] = pl.failed_tests(message) if passed is False else "timeout"
     why = f"diagnostics {verdict}" + (f" ({details['failed_tests']}): {message}" if not passed else "")
     ann = {p.ANN_INFLIGHT: None, p.ANN_DIAGNOSTICS: json.dumps({"command": cmd.id, "job": ref, "verdict": verdict,
                                                                 "failed_tests": details.get("failed_tests", "")})}
@@ -175,16 +176,16 @@ def diagnostics(ctx: Context, cmd: RemediationCommand, node: p.NodeView) -> p.No
 def hook(ctx: Context, cmd: RemediationCommand, node: p.NodeView, template_file: str) -> p.NodePlan:
     cfg = ctx.settings.executor
     try:
-        doc = p.hook_job(Path(template_file).read_text(), cmd, node, cfg)
+        doc = pl.hook_job(Path(template_file).read_text(), cmd, node, cfg)
     except (OSError, ValueError) as exc:
         return p.NodePlan("failed", f"executor.action_hooks.{cmd.action}: {exc}")
     passed, message, ref = run_job(ctx, cmd, node, doc, "fleetmedic.io/hook", cfg.diagnostics_timeout_s)
     ann: dict[str, str | None] = {p.ANN_INFLIGHT: None, "fleetmedic.io/hook": None}
     if passed:
         return p.NodePlan("applied", details={"job": ref, "hook": cmd.action}, annotations=ann,
-                          event=p.Note(f"Fleetmedic{p._camel(cmd.action)}Done",
+                          event=p.Note(f"Fleetmedic{p.camel(cmd.action)}Done",
                                        f"{cmd.action} hook Job {ref} succeeded"))
     why = f"{cmd.action} hook Job {ref} " + ("failed: " + message if passed is False else message)
     return p.NodePlan("failed", why, {"job": ref}, annotations=ann,
-                      event=p.Note(f"Fleetmedic{p._camel(cmd.action)}Failed", why, warning=True))
+                      event=p.Note(f"Fleetmedic{p.camel(cmd.action)}Failed", why, warning=True))
 

@@ -74,6 +74,7 @@ class ExecutorService:
         e = settings.executor
         self.elector = LeaseElector(cluster.api, e.lease_namespace, e.lease_name, identity, e.lease_duration_s)
         self.pool = ThreadPoolExecutor(max_workers=MAX_THREADS, thread_name_prefix="executor")
+        self.lease_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease")  # never behind actions
         self.results_published = 0
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -81,7 +82,7 @@ class ExecutorService:
         loop = asyncio.get_running_loop()
         try:
             while not stop.is_set():
-                leading = await loop.run_in_executor(self.pool, self.elector.try_acquire_or_renew)
+                leading = await loop.run_in_executor(self.lease_pool, self.elector.try_acquire_or_renew)
                 if self.metrics:
                     self.metrics.leader.set(1 if leading else 0)
                 if leading:
@@ -89,10 +90,11 @@ class ExecutorService:
                 else:
                     await _wait(stop, self.elector.renew_every_s)
         finally:
-            await loop.run_in_executor(self.pool, self.elector.release)
+            await loop.run_in_executor(self.lease_pool, self.elector.release)
             if self.metrics:
                 self.metrics.leader.set(0)
             self.pool.shutdown(wait=False, cancel_futures=True)
+            self.lease_pool.shutdown(wait=False)
 
     async def _lead(self, stop: asyncio.Event) -> None:
         """Consume and act until ``stop`` or the Lease is lost."""
@@ -126,7 +128,13 @@ class ExecutorService:
                                                  ts=time.time(), reason=f"executor error: {exc}"[:4096],
                                                  node=cmd.node, job=cmd.job, executor=self.identity,
                                                  dry_run=cmd.dry_run)
-                await producer.send_and_wait(results, key=cmd.id.encode(), value=r.encode(result))
+                try:
+                    await producer.send_and_wait(results, key=cmd.id.encode(), value=r.encode(result))
+                except Exception:  # the offset stays uncommitted: the next leader handles it again
+                    log.exception("result of %s not published", cmd.id)
+                    if self.metrics:
+                        self.metrics.failures.labels(action=cmd.action).inc()
+                    continue
                 self.results_published += 1
                 offsets[tp].finish(offset)
 
@@ -139,7 +147,7 @@ class ExecutorService:
         try:
             while not stop.is_set():
                 if time.monotonic() >= renew_at:
-                    if not await loop.run_in_executor(self.pool, self.elector.try_acquire_or_renew):
+                    if not await loop.run_in_executor(self.lease_pool, self.elector.try_acquire_or_renew):
                         break
                     renew_at = time.monotonic() + self.elector.renew_every_s
                 batches = await consumer.getmany(timeout_ms=200, max_records=100)

@@ -1,6 +1,7 @@
 """Drain and diagnostics on the real control plane: evictions honour a PodDisruptionBudget (429 ->
 retry -> give up naming the budget), DaemonSet pods stay, namespace policies hold pods back; a drain
-interrupted half-way is resumed by another executor from the node's annotations; the diagnostics
+interrupted half-way is resumed by another executor from the node's annotations (even when the
+command has expired meanwhile: fleetmedic finishes what it started); the diagnostics
 Job runs on the quarantined node and its verdict (kwok completes it = pass; the pod failed as a
 kubelet reports it = fail) decides whether return to service is allowed."""
 
@@ -16,6 +17,7 @@ from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.executor import plan as p
+from fleetmedic.executor import plan_long as pl
 from fleetmedic.executor.long_actions import Interrupted
 from tests.executor.executor_support import command, executor, node_events, pinned_pod, running, settings, wait
 
@@ -81,7 +83,7 @@ def test_wait_for_completion_namespace_holds_the_drain_until_its_pod_finishes(
     assert running(core, namespace, "serving")  # never evicted
 
 
-def test_an_interrupted_drain_is_resumed_by_another_executor_from_the_node_annotations(
+def test_an_interrupted_drain_is_resumed_by_another_executor_from_the_annotations_even_once_expired(
     kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet]
 ) -> None:
     core = client.CoreV1Api(kube_api)
@@ -91,13 +93,14 @@ def test_an_interrupted_drain_is_resumed_by_another_executor_from_the_node_annot
     # evict_after_timeout with 3 s: the first executor waits, and is stopped while waiting
     s = settings(namespace, extra="  drain_evict_after_s: 3.0\n  drain_timeout_s: 60.0\n")
     first = executor(kube_api, s, identity="first")
-    cmd = command("drain", name)
+    cmd = command("drain", name, ttl=2.0)  # expires before the second executor sees it: resumed anyway
     threading.Timer(1.0, first.stop.set).start()
     with pytest.raises(Interrupted):
         first.handle(cmd)
     ann = core.read_node(name).metadata.annotations
     assert json.loads(ann[p.ANN_INFLIGHT])["id"] == cmd.id and json.loads(ann[p.ANN_DRAIN])["state"] == "in_progress"
     started = json.loads(ann[p.ANN_DRAIN])["started"]
+    time.sleep(max(0.0, cmd.expires_at - time.time() + 0.1))
     t = time.time()
     second = executor(kube_api, s, identity="second").handle(cmd)
     assert second.outcome == "applied" and second.details["evicted_pods"] == f"{namespace}/slow"
@@ -105,7 +108,8 @@ def test_an_interrupted_drain_is_resumed_by_another_executor_from_the_node_annot
     ann = core.read_node(name).metadata.annotations
     assert json.loads(ann[p.ANN_DRAIN])["started"] == started and p.ANN_INFLIGHT not in ann
     assert "FleetmedicDrainResumed" in node_events(core, name)
-    assert executor(kube_api, s).handle(cmd).outcome == "skipped"
+    assert executor(kube_api, s).handle(cmd).outcome == "skipped"  # done now: expired (or a duplicate)
+    assert executor(kube_api, s).handle(command("drain", name, ttl=0.0)).reason.startswith("expired")
 
 
 def _quarantine(ex: object, name: str) -> None:
@@ -150,7 +154,7 @@ def test_failing_diagnostics_report_the_failed_tests_and_block_return_to_service
     ex = executor(kube_api, settings(namespace))
     _quarantine(ex, name)
     cmd = command("run_diagnostics", name)
-    job = p.diagnostics_job(cmd, p.NodeView(name=name), ex.settings.executor)["metadata"]["name"]
+    job = pl.diagnostics_job(cmd, p.NodeView(name=name), ex.settings.executor)["metadata"]["name"]
 
     def fail_like_a_kubelet() -> None:  # no kubelet under kwok: report the failed container as one would
         pod = wait("the diagnostics pod Running", lambda: next(

@@ -11,6 +11,7 @@ import pytest
 
 from fleetmedic.config import ExecutorSettings
 from fleetmedic.executor import plan as p
+from fleetmedic.executor import plan_long as pl
 from fleetmedic.records import RemediationCommand
 from fleetmedic.signing import sign
 
@@ -139,31 +140,31 @@ def test_dry_run_description_lists_the_changes() -> None:
 # --- drain ------------------------------------------------------------------------------------------
 
 
-def pods() -> list[p.PodView]:
-    return [p.PodView("batch", "train-0", owner_kind="Job"), p.PodView("infer", "srv-0", owner_kind="ReplicaSet"),
-            p.PodView("other", "web-0", owner_kind="ReplicaSet"),
-            p.PodView("kube-system", "ds-0", owner_kind="DaemonSet"),
-            p.PodView("kube-system", "static", mirror=True), p.PodView("batch", "done", phase="Succeeded"),
-            p.PodView("batch", "going", deleting=True)]
+def pods() -> list[pl.PodView]:
+    return [pl.PodView("batch", "train-0", owner_kind="Job"), pl.PodView("infer", "srv-0", owner_kind="ReplicaSet"),
+            pl.PodView("other", "web-0", owner_kind="ReplicaSet"),
+            pl.PodView("kube-system", "ds-0", owner_kind="DaemonSet"),
+            pl.PodView("kube-system", "static", mirror=True), pl.PodView("batch", "done", phase="Succeeded"),
+            pl.PodView("batch", "going", deleting=True)]
 
 
 def test_drain_plan_follows_namespace_policies_and_leaves_daemonset_mirror_and_finished_pods() -> None:
-    step = p.plan_drain(pods(), CFG, started_at=0.0, now=10.0)
+    step = pl.plan_drain(pods(), CFG, started_at=0.0, now=10.0)
     assert [x.name for x in step.evict] == ["train-0"]
     assert {x.name for x in step.wait} == {"srv-0", "web-0", "going"}
     assert {x.name: why for x, why in step.skipped} == {"ds-0": "DaemonSet pod", "static": "mirror (static) pod",
                                                        "done": "already Succeeded"}
-    later = p.plan_drain(pods(), CFG, started_at=0.0, now=61.0)  # evict_after_timeout: web-0 goes after 60 s
+    later = pl.plan_drain(pods(), CFG, started_at=0.0, now=61.0)  # evict_after_timeout: web-0 goes after 60 s
     assert {x.name for x in later.evict} == {"train-0", "web-0"} and not later.timed_out
-    assert p.plan_drain(pods(), CFG, 0.0, 300.0).timed_out
-    assert p.plan_drain([x for x in pods() if x.owner_kind == "DaemonSet"], CFG, 0.0, 1.0).done
+    assert pl.plan_drain(pods(), CFG, 0.0, 300.0).timed_out
+    assert pl.plan_drain([x for x in pods() if x.owner_kind == "DaemonSet"], CFG, 0.0, 1.0).done
 
 
 def test_a_resumed_drain_keeps_its_original_start() -> None:
     c = cmd("drain")
     ann = {p.ANN_DRAIN: json.dumps({"command": "c1", "started": 500.0})}
-    assert p.drain_started(ann, c, 900.0) == 500.0
-    assert p.drain_started(ann, cmd("drain", cid="other"), 900.0) == 900.0
+    assert pl.drain_started(ann, c, 900.0) == 500.0
+    assert pl.drain_started(ann, cmd("drain", cid="other"), 900.0) == 900.0
 
 
 # --- diagnostics --------------------------------------------------------------------------------------
@@ -172,7 +173,7 @@ def test_a_resumed_drain_keeps_its_original_start() -> None:
 def test_diagnostics_job_is_pinned_tolerates_the_quarantine_and_uses_the_configured_command() -> None:
     cfg = ExecutorSettings(diagnostics_tolerations=[{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
                            diagnostics_pod_annotations={"a": "b"})
-    job = p.diagnostics_job(cmd("run_diagnostics", params={"level": "1"}), node(gpus=8), cfg)
+    job = pl.diagnostics_job(cmd("run_diagnostics", params={"level": "1"}), node(gpus=8), cfg)
     spec = job["spec"]["template"]["spec"]
     assert spec["nodeName"] == "n1" and job["spec"]["backoffLimit"] == 0
     keys = [t["key"] for t in spec["tolerations"]]
@@ -180,24 +181,24 @@ def test_diagnostics_job_is_pinned_tolerates_the_quarantine_and_uses_the_configu
     assert spec["containers"][0]["command"] == ["dcgmi", "diag", "-r", "1"]
     assert spec["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8"}
     assert job["spec"]["template"]["metadata"]["annotations"]["a"] == "b"
-    assert job["metadata"]["name"] == p.diagnostics_job(cmd("run_diagnostics"), node(), cfg)["metadata"]["name"]
+    assert job["metadata"]["name"] == pl.diagnostics_job(cmd("run_diagnostics"), node(), cfg)["metadata"]["name"]
 
 
 @pytest.mark.parametrize(("conditions", "passed"), [
     ([], None), ([("Complete", "True", "")], True), ([("Failed", "True", "BackoffLimitExceeded")], False),
     ([("Failed", "False", ""), ("SuccessCriteriaMet", "True", "")], True)])
 def test_job_outcome_from_conditions(conditions: list[tuple[str, str, str]], passed: bool | None) -> None:
-    assert p.job_outcome(conditions).passed is passed
+    assert pl.job_outcome(conditions).passed is passed
 
 
 def test_failed_tests_come_from_the_termination_message() -> None:
-    assert p.failed_tests("memory, pcie\nmore text") == "memory,pcie"
-    assert p.failed_tests("") == "diagnostics"
+    assert pl.failed_tests("memory, pcie\nmore text") == "memory,pcie"
+    assert pl.failed_tests("") == "diagnostics"
 
 
 def test_hook_template_is_substituted_and_must_be_a_job() -> None:
     tpl = "kind: Job\napiVersion: batch/v1\nmetadata: {name: '${name}'}\nspec: {template: {spec: {nodeName: ${node}}}}"
-    doc = p.hook_job(tpl, cmd("reset_gpu", params={"gpu": "3"}), node(), CFG)
+    doc = pl.hook_job(tpl, cmd("reset_gpu", params={"gpu": "3"}), node(), CFG)
     assert doc["spec"]["template"]["spec"]["nodeName"] == "n1" and doc["metadata"]["namespace"] == "fleetmedic-system"
     with pytest.raises(ValueError, match=r"action_hooks\.reset_gpu"):
-        p.hook_job("kind: Pod", cmd("reset_gpu"), node(), CFG)
+        pl.hook_job("kind: Pod", cmd("reset_gpu"), node(), CFG)
