@@ -8,7 +8,7 @@ controller of kube-controller-manager, kwok GPU nodes): a 4-pod x 8-GPU Job on a
   would not keep it off), keeps its completion indices, and stays off the node.
 - retry_in_place brings the pods back on the same nodes; requeue_job recreates them all.
 - dry-run changes nothing; a missing job fails with a reason; a Job suspended by someone else is
-  left alone.
+  left alone; a Job a crashed executor left suspended (its marker on it) is resumed.
 """
 
 from __future__ import annotations
@@ -171,3 +171,23 @@ def test_missing_job_fails_with_a_reason_and_a_foreign_suspension_is_left_alone(
                             dry_run=False, actor="t")
     assert held.outcome == "skipped" and "suspended by someone else" in held.reason
     assert _job(kube_api, namespace, "held").spec.suspend is True
+
+
+def test_a_job_left_suspended_by_a_crashed_executor_is_resumed_by_the_next_command(
+    kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet]
+) -> None:
+    fleet = make_fleet(6)
+    before = _start(kube_api, namespace, fleet, "crash")
+    # what the executor had done when it died: suspended the Job with its in-progress marker
+    client.BatchV1Api(kube_api).patch_namespaced_job("crash", namespace, {
+        "metadata": {"annotations": {"fleetmedic.io/restart-in-progress": "re-place Job (attempt 1)"}},
+        "spec": {"suspend": True}})
+    wait("the pods gone", lambda: not live_pods(kube_api, namespace, "app=crash"))
+
+    out = restart_workload(kube_api, f"{namespace}/crash", action="restart_job", exclude_nodes=[],
+                           params={}, dry_run=False, actor="executor-1")
+
+    assert out.outcome == "applied", out.reason
+    wait("4 new Running pods", lambda: running(kube_api, namespace, "app=crash", 4, {p.metadata.uid for p in before}))
+    job = _job(kube_api, namespace, "crash")
+    assert not job.spec.suspend and "fleetmedic.io/restart-in-progress" not in job.metadata.annotations
