@@ -21,7 +21,7 @@ import msgspec
 import yaml
 from msgspec import Meta, Struct
 
-from fleetmedic.records import IncidentClass, Severity, SuspectKind
+from fleetmedic.records import GPU_METRICS, IncidentClass, PortSample, Severity, SuspectKind
 from fleetmedic.topics import BY_NAME
 
 ENV_PREFIX = "FLEETMEDIC__"
@@ -190,6 +190,7 @@ class DetectionSettings(Section, frozen=True, kw_only=True):
     xid: XidSettings = XidSettings()
     ib_thresholds: dict[str, NonNegInt] = msgspec.field(default_factory=_default_ib_thresholds)
     effective_ber_threshold: Fraction = 1.0e-12
+    link_speed_min_ratio: Fraction = 0.9  # an up link below this share of its expected speed is degraded
     dbe_threshold: PosInt = 1
     thermal_throttle_fraction: Fraction = 0.2
 
@@ -398,16 +399,130 @@ class ExecutorSettings(Section, frozen=True, kw_only=True):
     lease_name: str = "fleetmedic-executor"
     lease_namespace: str = "fleetmedic-system"
     lease_duration_s: PosFloat = 15.0
+    drain_evict_after_s: NonNegFloat = 600.0
+    diagnostics_tolerations: list[dict[str, str]] = []
+    diagnostics_pod_annotations: dict[str, str] = {}
+    action_hooks: dict[Literal["reset_gpu", "reboot_node", "escalate"], str] = {}
 
 
 class IngestSettings(Section, frozen=True, kw_only=True):
     node_labels: list[str] = msgspec.field(default_factory=lambda: ["Hostname", "node", "instance"])
     gpu_label: str = "gpu"
+    port_device_label: str = "device"
+    port_label: str = "port"
+
+
+# --- exporters / connectors (``fleetmedic exporter ...``; docs/connectors.md) --------------------
+
+
+class NvmlExporterSettings(Section, frozen=True, kw_only=True):
+    interval_s: PosFloat = 10.0
+    node_name: str = ""  # "" = $NODE_NAME, else the host name
+    xid_wait_ms: Annotated[int, Meta(ge=10, le=60_000)] = 500
+
+
+class PrometheusExporterSettings(Section, frozen=True, kw_only=True):
+    mode: Literal["scrape", "api"] = "scrape"
+    targets: list[str] = []  # scrape: exporter URLs (http://host:9400/metrics)
+    api_url: str = ""  # api: Prometheus server base URL (http://prometheus:9090)
+    api_selector: str = '{__name__=~"DCGM_FI_.*|node_infiniband_.*"}'
+    bearer_token_file: str = ""
+    interval_s: PosFloat = 30.0
+    timeout_s: PosFloat = 10.0
+
+
+class KafkaTelemetrySettings(Section, frozen=True, kw_only=True):
+    topics: list[str] = []
+    format: Literal["telegraf", "prometheus_kafka_adapter"] = "telegraf"
+    group_id: str = "fleetmedic-telemetry-import"
+    window_s: PosFloat = 10.0
+    grace_s: NonNegFloat = 5.0
+    node_tags: list[str] = msgspec.field(default_factory=lambda: ["host", "Hostname", "node", "instance"])
+    gpu_tags: list[str] = msgspec.field(default_factory=lambda: ["gpu", "index"])
+    port_device_tag: str = "device"
+    port_tag: str = "port"
+    metric_map: dict[str, str] = {}
+    dead_letter: bool = True
+
+    def __post_init__(self) -> None:
+        for source, target in self.metric_map.items():
+            port_field = target.startswith("port.") and target[5:] in PortSample.__struct_fields__
+            if target not in GPU_METRICS and not port_field:
+                raise ValueError(f"metric_map.{source}: `{target}` is not a GPU metric nor port.<PortSample field>")
+
+
+class InfinibandPortLink(Section, frozen=True, kw_only=True):
+    lid: NonNegInt | None = None  # perfquery's LID, or
+    device: str = ""  # switch name / HCA (mlx5_0)
+    port: PosInt
+    node: str = ""  # the node this port belongs to or faces
+    peer: str = ""  # "device:port" at the other end
+    device_kind: Literal["switch", "host"] = "switch"
+
+
+class InfinibandExporterSettings(Section, frozen=True, kw_only=True):
+    interval_s: PosFloat = 60.0
+    perfquery_command: list[str] = msgspec.field(default_factory=lambda: ["perfquery", "-x"])
+    timeout_s: PosFloat = 10.0
+    topology: list[InfinibandPortLink] = []
+
+
+class LogExporterSettings(Section, frozen=True, kw_only=True):
+    topics: list[str] = []
+    group_id: str = "fleetmedic-log-import"
+    job_labels: list[str] = msgspec.field(default_factory=lambda: [
+        "jobset.sigs.k8s.io/jobset-name", "training.kubeflow.org/job-name", "batch.kubernetes.io/job-name", "job-name"])
+    attempt_label: str = "jobset.sigs.k8s.io/restart-attempt"
+    excerpt_lines: Annotated[int, Meta(ge=1, le=100)] = 5
+    settle_s: NonNegFloat = 5.0
+    per_job_interval_s: NonNegFloat = 60.0
+    patterns_file: str = ""
+
+
+class ExporterSettings(Section, frozen=True, kw_only=True):
+    queue_max: PosInt = 10_000
+    reconnect_min_s: PosFloat = 0.5
+    reconnect_max_s: PosFloat = 30.0
+    drain_timeout_s: NonNegFloat = 10.0
+    nvml: NvmlExporterSettings = NvmlExporterSettings()
+    prometheus: PrometheusExporterSettings = PrometheusExporterSettings()
+    kafka: KafkaTelemetrySettings = KafkaTelemetrySettings()
+    infiniband: InfinibandExporterSettings = InfinibandExporterSettings()
+    logs: LogExporterSettings = LogExporterSettings()
+
+
+class JobWatchSettings(Section, frozen=True, kw_only=True):
+    """``fleetmedic watch-jobs``: Kubernetes training jobs -> ``jobs.events`` (connectors/kube_jobs.py)."""
+
+    kubeconfig: str = ""
+    in_cluster: bool = False
+    namespaces: list[str] = []
+    kinds: list[Literal["Job", "PyTorchJob", "JobSet"]] = msgspec.field(
+        default_factory=lambda: ["Job", "PyTorchJob", "JobSet"])
+    pod_label_selector: str = ""
+    workload_label_selector: str = ""
+    gpu_only: bool = True
+    gpu_resource: str = "nvidia.com/gpu"
+    watch_timeout_s: Annotated[int, Meta(ge=1, le=3600)] = 300
+    reconnect_backoff_s: PosFloat = 1.0
+    max_backoff_s: PosFloat = 30.0
+    missing_kind_retry_s: PosFloat = 60.0
+    queue_size: PosInt = 10_000
 
 
 class MetricsSettings(Section, frozen=True, kw_only=True):
     bind_address: str = "127.0.0.1"
     port: Annotated[int, Meta(ge=0, le=65535)] = 9108
+
+
+class StreamsSettings(Section, frozen=True, kw_only=True):
+    """``fleetmedic worker`` (docs/streams.md)."""
+
+    batch_size: PosInt = 256  # stage 1 micro-batch, messages
+    batch_within_s: PosFloat = 0.5  # a micro-batch waits at most this long to fill
+    engine_snapshot_every_s: PosFloat = 30.0  # decision stage: state + input offsets
+    detect_snapshot_every_s: PosFloat = 60.0  # stage 1: the nodes that changed since the last write
+    session_timeout_s: Annotated[float, Meta(ge=6.0, le=300.0)] = 10.0  # a dead worker's partitions move after this
 
 
 class Settings(Section, frozen=True, kw_only=True):
@@ -420,7 +535,10 @@ class Settings(Section, frozen=True, kw_only=True):
     safety: SafetySettings = SafetySettings()
     executor: ExecutorSettings = ExecutorSettings()
     ingest: IngestSettings = IngestSettings()
+    exporters: ExporterSettings = ExporterSettings()
     metrics: MetricsSettings = MetricsSettings()
+    streams: StreamsSettings = StreamsSettings()
+    jobwatch: JobWatchSettings = JobWatchSettings()
 
 
 # --- loading ------------------------------------------------------------------------------------
