@@ -99,6 +99,13 @@ def test_two_replicas_apply_each_command_exactly_once_and_the_standby_takes_over
     assert {by[c.id] for c in first} == {leader.service.identity}
     assert {by[c.id] for c in second} == {standby.service.identity}
     assert leader.count("cordon", "applied") == 2 and standby.count("taint", "applied") == 2
+    assert leader.count("cordon", "skipped") == 2  # the repeat and the forgery
+    reg = leader.registry
+    assert reg.get_sample_value("fleetmedic_executor_rejected_total", {"reason": "signature"}) == 1
+    assert reg.get_sample_value("fleetmedic_executor_rejected_total", {"reason": "invalid"}) == 1
+    assert reg.get_sample_value("fleetmedic_executor_action_seconds_count", {"action": "cordon"}) == 4
+    assert reg.get_sample_value("fleetmedic_executor_drains_in_progress") == 0
+    assert not leader.leading() and not standby.leading()  # both stopped
     for n in nodes[:3]:
         node = core.read_node(n)
         assert node.spec.unschedulable and len(p.applied_ids(node.metadata.annotations)) == 2
