@@ -4,9 +4,14 @@ cordon someone else made is never lifted; return to service only after passing d
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import pytest
 from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
@@ -99,3 +104,18 @@ def test_bad_signature_expired_and_unknown_node_are_refused_with_reasons(
     assert ex.handle(command("cordon", "n", ttl=0.0)).reason.startswith("expired")
     missing = ex.handle(command("cordon", "no-such-node-x"))
     assert missing.outcome == "failed" and "unknown node" in missing.reason
+
+
+def test_kubectl_describe_node_shows_the_condition_and_the_event(
+    kube_api: client.ApiClient, kube_config: Path, namespace: str, make_fleet: Callable[..., fl.Fleet]
+) -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not installed")
+    name = make_fleet(1).nodes[0]
+    assert executor(kube_api, settings(namespace)).handle(command("cordon", name)).outcome == "applied"
+    out = subprocess.run([kubectl, "--kubeconfig", str(kube_config), "describe", "node", name],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert re.search(r"FleetmedicQuarantine\s+True\s.*Cordoned\s+fleetmedic cordon \(incident inc-test\)", out), out
+    assert re.search(r"Warning\s+FleetmedicCordoned\s+.*fleetmedic-executor\s+cordoned by fleetmedic", out), out
+    assert "fleetmedic.io/cordoned-by: fleetmedic" in out
