@@ -18,12 +18,22 @@ Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], No
 def _registrars() -> list[Registrar]:
     import fleetmedic.executor_cli as executor_cli
     import fleetmedic.watch_jobs_cli as watch_jobs_cli
-    from fleetmedic import backtest, config_cli, demo, exporter_cli, schema_cli, simulator_cli, triage_cli, worker_cli
+    from fleetmedic import (
+        backtest,
+        config_cli,
+        ctl_cli,
+        demo,
+        exporter_cli,
+        schema_cli,
+        simulator_cli,
+        triage_cli,
+        worker_cli,
+    )
     from fleetmedic.devenv import cli as dev_cli
 
     return [demo.add_parser, config_cli.add_parser, schema_cli.add_parser, backtest.add_parser, triage_cli.add_parser,
             dev_cli.add_parser, simulator_cli.add_parser, worker_cli.add_parser, exporter_cli.add_parser,
-            executor_cli.add_parser, watch_jobs_cli.add_parser]
+            executor_cli.add_parser, watch_jobs_cli.add_parser, ctl_cli.add_parser]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -387,6 +387,32 @@ class RemediationResult(Record, frozen=True, kw_only=True, tag="remediation_resu
     details: dict[str, str] = {}
 
 
+OperatorAction = Literal["resume_breaker", "clear_node", "node_repaired"]
+NODE_OPERATOR_ACTIONS: Final[frozenset[str]] = frozenset({"clear_node", "node_repaired"})
+
+
+class OperatorCommand(Record, frozen=True, kw_only=True, tag="operator_command", tag_field="type"):
+    """A person's instruction to the decision stage (``fleetmedic ctl``), signed like a
+    :class:`RemediationCommand`: resume the circuit breaker, clear a node (return it to service
+    without diagnostics), or report a node repaired (validate it with diagnostics, then return it).
+    Every one is audited with its ``actor`` and ``reason``; ``id`` is the idempotency key."""
+
+    id: Name
+    action: OperatorAction
+    actor: Name
+    reason: Annotated[str, Meta(min_length=1, max_length=4096)]
+    issued_at: Timestamp
+    expires_at: Timestamp
+    node: str = ""
+    signature: str = ""
+
+    def __post_init__(self) -> None:
+        if self.action in NODE_OPERATOR_ACTIONS and not self.node:
+            raise ValueError(f"`node` is required for {self.action}")
+        if self.expires_at < self.issued_at:
+            raise ValueError("`expires_at` is before `issued_at`")
+
+
 class DeadLetter(Record, frozen=True, kw_only=True, tag="dead_letter", tag_field="type"):
     """A message a stage could not process, with the reason and the original bytes (base64)."""
 
@@ -408,6 +434,7 @@ RECORD_TYPES: Final[tuple[type[Record], ...]] = (
     Incident,
     RemediationCommand,
     RemediationResult,
+    OperatorCommand,
     DeadLetter,
 )
 

@@ -1,4 +1,6 @@
-"""Signing and verifying remediation commands (HMAC-SHA256 over a canonical encoding).
+"""Signing and verifying commands (HMAC-SHA256 over a canonical encoding): the decision stage's
+:class:`~fleetmedic.records.RemediationCommand` and an operator's
+:class:`~fleetmedic.records.OperatorCommand`.
 
 The canonical encoding is the command's JSON with ``signature`` set to ``""``, values normalised to
 their schema types and every object's keys sorted, so any implementation that can sort keys and
@@ -17,7 +19,11 @@ import hmac
 
 import msgspec
 
-from fleetmedic.records import RemediationCommand
+from typing import TypeVar
+
+from fleetmedic.records import OperatorCommand, RemediationCommand
+
+C = TypeVar("C", RemediationCommand, OperatorCommand)
 
 MIN_KEY_BYTES = 32
 
@@ -39,23 +45,23 @@ def load_key(text: str | bytes) -> bytes:
     return key
 
 
-def canonical_bytes(command: RemediationCommand) -> bytes:
+def canonical_bytes(command: RemediationCommand | OperatorCommand) -> bytes:
     unsigned = msgspec.structs.replace(command, signature="")
     # Normalise through the wire types first, so a command built in Python with ``issued_at=1``
     # signs the same bytes as the one a consumer decodes from ``"issued_at":1`` (as ``1.0``).
-    normalised = msgspec.convert(msgspec.to_builtins(unsigned), RemediationCommand)
+    normalised = msgspec.convert(msgspec.to_builtins(unsigned), type(command))
     return msgspec.json.encode(normalised, order="sorted")
 
 
-def signature_of(command: RemediationCommand, key: bytes) -> str:
+def signature_of(command: RemediationCommand | OperatorCommand, key: bytes) -> str:
     return hmac.new(key, canonical_bytes(command), hashlib.sha256).hexdigest()
 
 
-def sign(command: RemediationCommand, key: bytes) -> RemediationCommand:
+def sign(command: C, key: bytes) -> C:
     return msgspec.structs.replace(command, signature=signature_of(command, key))
 
 
-def verify(command: RemediationCommand, key: bytes, now: float) -> None:
+def verify(command: RemediationCommand | OperatorCommand, key: bytes, now: float) -> None:
     """Raise :class:`SignatureError` or :class:`CommandExpired`; return ``None`` if it may be acted on."""
     if not command.signature:
         raise SignatureError(f"command {command.id}: unsigned")

@@ -19,6 +19,7 @@ from fleetmedic.records import (
     JobEvent,
     PortTelemetry,
     Record,
+    OperatorCommand,
     RemediationCommand,
     RemediationResult,
 )
@@ -102,6 +103,14 @@ TOPICS: Final[tuple[TopicSpec, ...]] = (
         "single partition (one ordered log of decisions)",
         "decision stage",
         "operators, ticketing, dashboards, compliance",
+    ),
+    TopicSpec(
+        "remediation.operator",
+        OperatorCommand,
+        "node name, or `fleet` for fleet-wide commands",
+        "single partition (read by the one decision stage, in order)",
+        "operators (`fleetmedic ctl`)",
+        "decision stage",
     ),
     TopicSpec(
         "deadletter",
