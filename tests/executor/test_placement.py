@@ -1,0 +1,151 @@
+"""The pure placement core: domains of the surviving ranks, weighted preferences, isolation, capacity."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fleetmedic.config import PlacementSettings
+from fleetmedic.executor import placement as pm
+from fleetmedic.executor.workloads_plan import excluded_nodes, with_node_exclusion
+
+RACK, LEAF, NVL, POOL, SPINE = ("fleetmedic.io/rack", "fleetmedic.io/leaf", "fleetmedic.io/nvlink-domain",
+                                "fleetmedic.io/pool", "fleetmedic.io/spine")
+KWOK = {"key": "kwok.x-k8s.io/node", "operator": "Equal", "value": "fake", "effect": "NoSchedule"}
+
+
+def _node(i: int, free: int = 8, **kw: Any) -> pm.NodeState:
+    """Node i: rack i//2, leaf i//4, NVLink domain i//2, spine i//8, pool h100."""
+    labels = {RACK: f"rack-{i // 2}", LEAF: f"leaf-{i // 4}", NVL: f"nvl-{i // 2}", SPINE: f"spine-{i // 8}",
+              POOL: "h100", "fleet": "f", **kw.pop("labels", {})}
+    return pm.NodeState(name=f"n{i}", labels=labels, allocatable=8, requested=8 - free, **kw)
+
+
+def _spec(gpus: int = 8, **kw: Any) -> dict[str, Any]:
+    return {"nodeSelector": {"fleet": "f"}, "tolerations": [KWOK],
+            "containers": [{"resources": {"requests": {"nvidia.com/gpu": str(gpus)}}}], **kw}
+
+
+def _topo(nodes: list[pm.NodeState], **settings: Any) -> pm.FleetTopology:
+    return pm.FleetTopology(nodes, PlacementSettings(**settings))
+
+
+def test_the_domain_is_what_most_surviving_ranks_share_and_ignores_the_suspect() -> None:
+    nodes = [_node(i) for i in range(16)]
+    topo = _topo(nodes)
+    # ranks on n4, n5, n6 (leaf-1) and n8 (leaf-2); n4 is the suspect
+    domain = pm.job_domain(topo, ["n4", "n5", "n6", "n8"], excluded=["n4"])
+    assert domain["leaf"] == "leaf-1" and domain["pool"] == "h100" and domain["spine"] == "spine-0"
+    assert domain["rack"] == "rack-2" and domain["nvlink_domain"] == "nvl-2"  # n5 alone; ties -> smallest
+    # a one-pod job on the suspect keeps the suspect's neighbourhood
+    assert pm.job_domain(topo, ["n4"], excluded=["n4"])["leaf"] == "leaf-1"
+
+
+def test_preferences_are_weighted_nvlink_over_leaf_over_rack_over_spine_over_pool() -> None:
+    topo = _topo([_node(i) for i in range(8)])
+    terms = pm.preferred_terms(topo, {"nvlink_domain": "nvl-0", "leaf": "leaf-0", "rack": "rack-0",
+                                      "spine": "spine-0", "pool": "h100"})
+    weights = [(t["preference"]["matchExpressions"][0]["key"], t["weight"]) for t in terms]
+    assert weights == [(NVL, 80), (LEAF, 40), (RACK, 20), (SPINE, 10), (POOL, 5)]
+    # each level outweighs every level below it together (a node in the leaf beats a node in the rack alone)
+    for i, (_, w) in enumerate(weights):
+        assert w > sum(x for _, x in weights[i + 1:])
+    # a label switched off ("") or a level without a value gives no term; the standby pool comes first
+    topo = _topo([_node(0)], spine_label="", standby_label="fleetmedic.io/standby")
+    terms = pm.preferred_terms(topo, {"leaf": "leaf-0", "spine": "spine-0"})
+    assert [t["preference"]["matchExpressions"][0]["key"] for t in terms] == ["fleetmedic.io/standby", LEAF]
+
+
+def test_place_keeps_the_required_exclusion_and_replaces_only_fleetmedics_earlier_preference() -> None:
+    owner_pref = {"weight": 7, "preference": {"matchExpressions": [{"key": "zone", "operator": "In",
+                                                                    "values": ["a"]}]}}
+    affinity = with_node_exclusion({"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [owner_pref]}},
+                                   ["n4"])
+    old = [{"weight": 40, "preference": {"matchExpressions": [{"key": LEAF, "operator": "In",
+                                                                 "values": ["leaf-9"]}]}}]
+    affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] += old
+    new = [{"weight": 40, "preference": {"matchExpressions": [{"key": LEAF, "operator": "In", "values": ["leaf-1"]}]}}]
+    placed = pm.place(_spec(), affinity, new, [], {"preferences": old})
+    assert placed.affinity is not None
+    prefs = placed.affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert prefs == [owner_pref, *new]
+    assert excluded_nodes(placed.affinity) == {"n4"}
+    # the same placement again changes nothing
+    assert pm.place(_spec(affinity=placed.affinity), placed.affinity, new, [], {"preferences": new}).affinity is None
+
+
+def test_place_forces_the_exclusion_into_every_required_term_and_adds_standby_tolerations() -> None:
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}]}}}
+    tol = pm.standby_tolerations(PlacementSettings(standby_label="fleetmedic.io/standby"))
+    placed = pm.place(_spec(), affinity, [], tol, {}, force_exclude=["n3"])
+    assert placed.affinity is not None and excluded_nodes(placed.affinity) == {"n3"}
+    assert placed.tolerations == [KWOK, {"key": "fleetmedic.io/standby", "operator": "Exists",
+                                         "effect": "NoSchedule"}]
+    assert pm.standby_tolerations(PlacementSettings()) == []
+
+
+@pytest.mark.parametrize(("node", "spec", "exposed"), [
+    (_node(1), _spec(), True),  # healthy, nothing keeps the pods off: not isolated yet
+    (_node(1, unschedulable=True), _spec(), False),  # cordoned
+    (_node(1, taints=(("fleetmedic.io/quarantine", "NoSchedule"),)), _spec(), False),  # tainted
+    (_node(1, taints=(("fleetmedic.io/quarantine", "PreferNoSchedule"),)), _spec(), True),  # only a preference
+    (_node(1, unschedulable=True, taints=(("fleetmedic.io/quarantine", "NoSchedule"),)),
+     _spec(tolerations=[{"operator": "Exists"}]), True),  # the pods tolerate everything
+    (_node(1), _spec(affinity=with_node_exclusion({}, ["n1"])), False),  # required anti-affinity
+    (None, _spec(), False),  # the node is gone
+])
+def test_unisolated_names_the_excluded_nodes_pods_could_still_land_on(
+        node: pm.NodeState | None, spec: dict[str, Any], exposed: bool) -> None:
+    assert pm.unisolated(["n1"], {"n1": node}, [spec]) == (["n1"] if exposed else [])
+
+
+def test_capacity_counts_free_gpus_on_healthy_nodes_in_the_domain_and_anywhere() -> None:
+    nodes = [_node(i) for i in range(8)]
+    nodes[5] = _node(5, free=4)  # half used by someone else
+    nodes[6] = _node(6, unschedulable=True)  # cordoned
+    nodes[7] = _node(7, taints=(("fleetmedic.io/quarantine", "NoSchedule"),))
+    topo = _topo(nodes)
+    domain = pm.job_domain(topo, ["n4", "n5"], excluded=["n4"])
+    demands = [pm.Demand(8, _spec())] * 2
+    v = pm.capacity_verdict(demands, nodes, ["n4"], topo, domain)
+    # leaf-1 = n4..n7: n4 excluded, n5 has 4 free, n6 cordoned, n7 tainted -> nothing fits there
+    assert v.sufficient and not v.fits_in_domain and v.placed_in_domain == 0
+    assert v.domain_level == "nvlink_domain"
+    assert v.details()["capacity"] == "sufficient"
+    # 4-GPU pods fit n5's half
+    v4 = pm.capacity_verdict([pm.Demand(4, _spec(4))], nodes, ["n4"], topo, {"leaf": "leaf-1"})
+    assert v4.fits_in_domain
+    # more than the fleet holds: insufficient, and says what is missing
+    big = pm.capacity_verdict([pm.Demand(8, _spec())] * 6, nodes, ["n4"], topo, domain)
+    assert not big.sufficient and big.placed_anywhere == 4
+    assert big.details()["capacity"] == "insufficient"
+    assert big.details()["capacity_missing"].startswith("2 of 6 pod(s) (48 GPU(s) in all) do not fit")
+
+
+def test_capacity_honours_the_node_selector_required_affinity_and_standby_taint() -> None:
+    standby = _node(3, labels={"fleetmedic.io/standby": "true"}, taints=(("fleetmedic.io/standby", "NoSchedule"),))
+    nodes = [_node(0), _node(1, labels={"fleet": "other"}), _node(2), standby]
+    spec = _spec(affinity=with_node_exclusion({}, ["n2"]))
+    topo = _topo(nodes)
+    v = pm.capacity_verdict([pm.Demand(8, spec)] * 3, nodes, [], topo, {})
+    assert v.placed_anywhere == 1  # n1: other fleet, n2: excluded by the template, n3: standby taint
+    with_pool = _topo(nodes, standby_label="fleetmedic.io/standby")
+    v = pm.capacity_verdict([pm.Demand(8, spec)] * 3, nodes, [], with_pool, {})
+    assert v.placed_anywhere == 2 and v.placed_on_standby == 1
+
+
+def test_pod_gpus_reads_requests_then_limits_and_init_containers() -> None:
+    spec = {"containers": [{"resources": {"limits": {"nvidia.com/gpu": 4}}}, {"resources": {}}],
+            "initContainers": [{"resources": {"requests": {"nvidia.com/gpu": "8"}}}]}
+    assert pm.pod_gpus(spec, "nvidia.com/gpu") == 8
+    assert pm.pod_gpus({"containers": [{"resources": {"requests": {"nvidia.com/gpu": "x"}}}]}, "nvidia.com/gpu") == 0
+
+
+def test_previous_placement_reads_what_placement_record_wrote() -> None:
+    terms = [{"weight": 40, "preference": {"matchExpressions": [{"key": LEAF, "operator": "In", "values": ["l"]}]}}]
+    record = pm.placement_record(terms, [], {"leaf": "l"})
+    assert pm.previous_placement({pm.ANNOTATION_PLACEMENT: record}) == {"preferences": terms, "tolerations": []}
+    assert pm.previous_placement({pm.ANNOTATION_PLACEMENT: "not json"}) == {}
