@@ -49,6 +49,7 @@ from tests.executor.e2e_support import (
     stop_all,
     telemetry,
     wait,
+    wait_ready,
 )
 from tests.streams.harness import produce
 
@@ -136,6 +137,7 @@ def main() -> int:
             ranks = wait("4 ranks Running", lambda: (x := running_ranks(core, ns, JOB)) and len(x) == 4 and x, 60)
             start(chain, "worker", "--datadir", str(Path(tmp) / "faust"))
             start(chain, "executor", "--identity", "bench-executor")
+            wait_ready(chain)
             warm = telemetry([x.node for x in ranks], time.time(), 3, rng)  # the worker knows the nodes
             asyncio.run(produce(bootstrap, [(chain.topic("telemetry.gpu"), m.node.encode(), r.encode(m))
                                             for m in warm]))

@@ -82,6 +82,14 @@ def start(chain: Chain, role: str, *args: str) -> subprocess.Popen[bytes]:
     return proc
 
 
+def wait_ready(chain: Chain, settle_s: float = 1.0) -> None:
+    """Until the worker's Faust app is Ready, then ``settle_s`` more: what is already on its input
+    topics (the job's placement) is consumed before the test produces the fault (Faust interleaves
+    topics in no fixed order)."""
+    wait("the worker Ready", lambda: "[^Worker]: Ready" in chain.log("worker").read_text(errors="replace"), 60, chain)
+    time.sleep(settle_s)
+
+
 def stop_all(chain: Chain) -> None:
     for proc in chain.procs.values():
         if proc.poll() is None:

@@ -35,6 +35,7 @@ from tests.executor.e2e_support import (
     stop_all,
     telemetry,
     wait,
+    wait_ready,
 )
 from tests.streams.harness import collect_sync, produce
 
@@ -70,6 +71,7 @@ def test_hard_fault_isolates_the_node_replaces_the_job_diagnoses_and_returns_the
     try:
         start(chain, "worker", "--datadir", str(tmp_path / "faust"))
         start(chain, "executor", "--identity", "e2e-executor")
+        wait_ready(chain)
         msgs = telemetry([x.node for x in ranks], time.time(), 3, np.random.default_rng(5), xid_node=sick)
         fault_at = time.time()
         asyncio.run(produce(kafka_bootstrap, [(chain.topic("telemetry.gpu"), m.node.encode(), r.encode(m))
@@ -126,6 +128,7 @@ def test_transient_software_error_restarts_the_pods_and_isolates_no_node(
     try:
         start(chain, "worker", "--datadir", str(tmp_path / "faust"))
         start(chain, "executor", "--identity", "e2e-executor")
+        wait_ready(chain)
         msgs = telemetry([x.node for x in ranks], now, 3, np.random.default_rng(6))
         asyncio.run(produce(kafka_bootstrap, [(chain.topic("telemetry.gpu"), m.node.encode(), r.encode(m))
                                               for m in msgs]
