@@ -1,0 +1,151 @@
+"""Topology-aware restart_job on the real control plane (kube-scheduler, Job controller, kwok nodes
+labelled with racks and leaves), through :class:`~fleetmedic.executor.capacity.PlacementRestarter`.
+
+- Leaf locality: 16 nodes in 4 leaves, one 2-pod x 8-GPU Job started in each leaf, 5 recoveries
+  (each quarantines one node of a job, then restarts it): every replacement pod runs in the job's
+  original leaf (capacity exists there) and none ever binds to a quarantined node.
+- Isolation not yet acknowledged: restart_job arrives before the cordon/taint; the replacements get a
+  required anti-affinity for the suspect in the same write that resumes the Job, and stay off it.
+- Scarce capacity: no healthy node left for one pod -> ``capacity: insufficient`` with what is
+  missing, a Warning Event, the metric, the pod Pending; a second restart is refused as thrashing;
+  a node joining the fleet ends the wait, which is measured.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from kubernetes import client
+from prometheus_client import CollectorRegistry
+
+from fleetmedic.config import PlacementSettings, Settings
+from fleetmedic.devenv import fleet as fl
+from fleetmedic.executor.capacity import PlacementRestarter
+from fleetmedic.executor.placement import ANNOTATION_PLACEMENT
+from fleetmedic.executor.placement_metrics import PlacementMetrics
+from fleetmedic.executor.workloads_plan import excluded_nodes
+from tests.executor.test_placement_support import (
+    leaves_of,
+    recover,
+    recover_round,
+    start_one_job_per_leaf,
+)
+from tests.executor.test_workloads_support import BindingWatch, gpu_job, live_pods, quarantine, running, wait
+
+
+def _restarter(api: client.ApiClient, **placement: object) -> tuple[PlacementRestarter, CollectorRegistry]:
+    registry = CollectorRegistry()
+    settings = Settings(placement=PlacementSettings(**placement))  # type: ignore[arg-type]
+    return PlacementRestarter(api, settings, PlacementMetrics(registry)), registry
+
+
+def test_replacements_stay_in_the_original_leaf_and_never_on_a_suspect(
+    kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet]
+) -> None:
+    fleet = make_fleet(16, nodes_per_rack=2, racks_per_leaf=2)
+    leaf_of = leaves_of(kube_api, fleet)
+    assert len(set(leaf_of.values())) == 4
+    jobs = start_one_job_per_leaf(kube_api, namespace, fleet, pods=2)
+    watcher = BindingWatch(kube_api, namespace).start()
+    restarter, registry = _restarter(kube_api)
+    suspects: set[str] = set()
+
+    existing = {p.metadata.uid for p in live_pods(kube_api, namespace, "")}
+    recoveries = recover_round(kube_api, restarter, namespace, jobs, 2, leaf_of, suspects)
+    first_suspects, first_existing = set(suspects), existing
+    existing = {p.metadata.uid for p in live_pods(kube_api, namespace, "")}
+    recoveries += recover_round(kube_api, restarter, namespace, {"job-0": jobs["job-0"]}, 2, leaf_of, suspects, 1)
+    later_suspects = suspects - first_suspects
+
+    assert len(recoveries) == 5
+    for r in recoveries:
+        assert r.outcome == "applied", r.reason
+        assert r.details["capacity"] == "sufficient" and r.leaf_had_capacity, r.details
+        assert r.details["preferred_domain"] == f"leaf={r.leaf}"
+        assert r.in_leaf == 2, f"{r.job}: replacements on {r.nodes_after}, leaf {r.leaf}"
+    # no pod created after a node's quarantine is ever bound to it
+    repeats = [(name, node) for uid, name, node in watcher.stop()
+               if (node in first_suspects and uid not in first_existing)
+               or (node in later_suspects and uid not in existing)]
+    assert not repeats, f"pods bound to quarantined nodes: {repeats}"
+    template = client.BatchV1Api(kube_api).read_namespaced_job("job-0", namespace)
+    prefs = template.spec.template.spec.affinity.node_affinity.preferred_during_scheduling_ignored_during_execution
+    assert [(p.weight, p.preference.match_expressions[0].key) for p in prefs] == [
+        (40, fl.LABEL_LEAF), (20, fl.LABEL_RACK), (5, fl.LABEL_POOL)]  # replaced, not accumulated
+    assert ANNOTATION_PLACEMENT in template.metadata.annotations
+    assert registry.get_sample_value("fleetmedic_executor_placements_total", {"capacity": "sufficient"}) == 5
+
+
+def test_restart_before_the_cordon_keeps_the_replacements_off_the_suspect(
+    kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet]
+) -> None:
+    fleet = make_fleet(8, nodes_per_rack=2, racks_per_leaf=2)
+    leaf_of = leaves_of(kube_api, fleet)
+    jobs = start_one_job_per_leaf(kube_api, namespace, fleet, pods=3, leaves=[min(leaf_of.values())])
+    pods = live_pods(kube_api, namespace, "app=job-0")
+    suspect = sorted(p.spec.node_name for p in pods)[0]
+    watcher = BindingWatch(kube_api, namespace).start()
+    restarter, registry = _restarter(kube_api)
+
+    r = recover(kube_api, restarter, namespace, "job-0", jobs["job-0"], 3, suspect, leaf_of, {suspect})
+
+    assert r.outcome == "applied", r.reason
+    assert r.details["isolation_forced"] == suspect and r.details["isolated_by"] == f"{suspect}:anti-affinity-added"
+    assert suspect not in r.nodes_after and r.in_leaf == 3
+    old = {p.metadata.uid for p in pods}
+    assert all(node != suspect for uid, _, node in watcher.stop() if uid not in old)
+    job = client.BatchV1Api(kube_api).read_namespaced_job("job-0", namespace)
+    assert excluded_nodes(client.ApiClient().sanitize_for_serialization(job.spec.template.spec.affinity)) == {suspect}
+    assert registry.get_sample_value("fleetmedic_executor_isolation_forced_total") == 1
+
+
+def test_no_healthy_capacity_is_reported_waited_for_and_not_thrashed(
+    kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet]
+) -> None:
+    fleet = make_fleet(4)
+    client.BatchV1Api(kube_api).create_namespaced_job(namespace, client.V1Job.from_dict(gpu_job("big", fleet, 4)))
+    before = wait("4 Running pods", lambda: running(kube_api, namespace, "app=big", 4))
+    first = sorted(p.spec.node_name for p in before)[0]
+    quarantine(kube_api, first)
+    restarter, registry = _restarter(kube_api, capacity_wait_s=60.0, capacity_poll_s=0.2)
+    threading.Timer(2.0, _add_node, (kube_api, fleet, 4)).start()  # capacity arrives during the wait
+
+    out = restarter.restart(f"{namespace}/big", action="restart_job", exclude_nodes=[first], params={},
+                            dry_run=False, actor="t")
+
+    assert out.outcome == "applied", out.reason
+    assert out.details["capacity"] == "insufficient", out.details
+    assert out.details["capacity_missing"].startswith("1 of 4 pod(s) (32 GPU(s) in all) do not fit on the 3 healthy")
+    assert "no healthy capacity" in out.reason
+    assert out.details["capacity_still_waiting"] == "false" and float(out.details["capacity_wait_s"]) >= 1.5
+    assert registry.get_sample_value("fleetmedic_executor_capacity_wait_seconds_count") == 1
+    events = client.CoreV1Api(kube_api).list_namespaced_event(
+        namespace, field_selector="involvedObject.kind=Job,involvedObject.name=big").items
+    assert any(e.reason == "FleetmedicCapacityWait" and e.type == "Warning" for e in events)
+    now = wait("4 Running pods", lambda: running(kube_api, namespace, "app=big", 4))
+    assert first not in {p.spec.node_name for p in now}
+
+    # another node fails and nothing joins: the pod waits Pending, the executor stops waiting after 0.5 s
+    second = sorted(p.spec.node_name for p in now)[0]
+    quarantine(kube_api, second)
+    short, registry = _restarter(kube_api, capacity_wait_s=0.5, capacity_poll_s=0.1)
+    out = short.restart(f"{namespace}/big", action="restart_job", exclude_nodes=[second], params={},
+                        dry_run=False, actor="t")
+    assert out.outcome == "applied" and out.details["capacity_still_waiting"] == "true", out.details
+    assert registry.get_sample_value("fleetmedic_executor_capacity_waits_total", {"action": "restart_job"}) == 1
+    pending = wait("1 Pending pod", lambda: [p for p in live_pods(kube_api, namespace, "app=big")
+                                             if p.status.phase == "Pending" and not p.spec.node_name])
+    assert len(pending) == 1
+    # the same command again would only recreate the pending pods: refused
+    again = short.restart(f"{namespace}/big", action="restart_job", exclude_nodes=[second], params={},
+                          dry_run=False, actor="t")
+    assert again.outcome == "skipped" and again.details["capacity"] == "waiting", again.reason
+    assert [p.metadata.uid for p in live_pods(kube_api, namespace, "app=big") if not p.spec.node_name] == \
+        [pending[0].metadata.uid]
+
+
+def _add_node(api: client.ApiClient, fleet: fl.Fleet, index: int) -> None:
+    body = fl.node_manifest(fleet.name, index)
+    client.CoreV1Api(api).create_node(client.V1Node.from_dict(body))
+    client.CoreV1Api(api).patch_node_status(body["metadata"]["name"], {"status": body["status"]})
