@@ -1,7 +1,9 @@
 """restart_workload on Kubeflow PyTorchJobs and JobSets against the real control plane.
 
-No training-operator or JobSet controller runs in the test cluster (see docs/workloads.md for why),
-so these tests **play the operator's part**, faithfully and only that part, in a background thread:
+The test cluster runs no training operator or JobSet controller: ``fleetmedic dev build`` does not
+build them. The real ones run in test_workloads_pytorch_controller.py and
+test_workloads_jobset_controller.py where they have been built; docs/workloads.md has the recipe.
+So these tests **play the operator's part**, faithfully and only that part, in a background thread:
 
 - PyTorchJob (training-operator v1): for every replica type and index of ``pytorchReplicaSpecs``
   without a live pod, create pod ``<job>-<type>-<index>`` from the replica template, with the
