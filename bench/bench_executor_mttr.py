@@ -81,7 +81,7 @@ def _trial(chain: Chain, core: client.CoreV1Api, ns: str, bootstrap: str, attemp
                                           job=job_ref if a == "restart_job" else "",
                                           track="job" if a == "restart_job" else "node",
                                           exclude_nodes=[sick] if a == "restart_job" else []), key)
-                for a in ("restart_job", "cordon", "taint")]
+                for a in ("cordon", "taint", "restart_job")]  # the order the decision engine publishes
         msgs = [(chain.topic("remediation.commands"), (c.node or c.job).encode(), r.encode(c)) for c in cmds]
     else:
         fault = telemetry([sick], t0, 1, rng, xid_node=sick)

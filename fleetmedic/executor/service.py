@@ -5,7 +5,9 @@
   ``lease_duration_s / 3`` and, once it leads, resumes from the group's committed offset.
 - Commands for one target (node, or job) run in order, one at a time; different targets run in
   parallel (worker threads: the ``kubernetes`` client is synchronous). A long action (drain,
-  diagnostics) does not hold up other nodes.
+  diagnostics) does not hold up other nodes. A job command waits for the quick commands (cordon,
+  taint) received before it for the nodes it excludes, so re-placed pods never meet a node that is
+  about to be tainted but is not yet.
 - A result is published (key: command id) before its offset may be committed, and the committed
   offset is the lowest one whose result is not yet out, so a crash re-delivers every command that has
   no result; the ids recorded on the objects turn re-deliveries of applied commands into ``skipped``
@@ -34,11 +36,12 @@ from fleetmedic.executor.kube import Cluster
 from fleetmedic.executor.leader import LeaseElector
 from fleetmedic.executor.long_actions import Interrupted
 from fleetmedic.executor.metrics import ExecutorMetrics
-from fleetmedic.executor.plan import JOB_ACTIONS
+from fleetmedic.executor.plan import JOB_ACTIONS, NODE_QUICK
 from fleetmedic.streams.app import kafka_client_options
 
 log = logging.getLogger("fleetmedic.executor")
 MAX_THREADS = 64
+_Item = tuple[TopicPartition, int, r.RemediationCommand, list["asyncio.Future[None]"], "asyncio.Future[None] | None"]
 
 
 def consumer_group(settings: Settings) -> str:
@@ -111,14 +114,16 @@ class ExecutorService:
         await consumer.start()
         await producer.start()
         offsets: dict[TopicPartition, _Offsets] = {}
-        queues: dict[str, asyncio.Queue[tuple[TopicPartition, int, r.RemediationCommand] | None]] = {}
+        queues: dict[str, asyncio.Queue[_Item | None]] = {}
         workers: list[asyncio.Task[None]] = []
+        isolating: dict[str, list[asyncio.Future[None]]] = {}  # node -> its quick commands not yet done
         results = self.settings.topics.topic("remediation.results")
 
-        async def target_worker(q: asyncio.Queue[tuple[TopicPartition, int, r.RemediationCommand] | None]) -> None:
+        async def target_worker(q: asyncio.Queue[_Item | None]) -> None:
             while (item := await q.get()) is not None:
-                tp, offset, cmd = item
+                tp, offset, cmd, after, done = item
                 try:
+                    await asyncio.gather(*after)  # a re-placement waits for the isolation issued before it
                     result = await loop.run_in_executor(self.pool, executor.handle, cmd)
                 except Interrupted:
                     return  # leadership lost: no result, no commit; the next leader resumes it
@@ -128,6 +133,9 @@ class ExecutorService:
                                                  ts=time.time(), reason=f"executor error: {exc}"[:4096],
                                                  node=cmd.node, job=cmd.job, executor=self.identity,
                                                  dry_run=cmd.dry_run)
+                finally:
+                    if done is not None and not done.done():
+                        done.set_result(None)
                 try:
                     await producer.send_and_wait(results, key=cmd.id.encode(), value=r.encode(result))
                 except Exception:  # the offset stays uncommitted: the next leader handles it again
@@ -139,9 +147,9 @@ class ExecutorService:
                 offsets[tp].finish(offset)
 
         async def commit() -> None:
-            done = {tp: o.committable() for tp, o in offsets.items() if o.high >= 0}
-            if done:
-                await consumer.commit(done)
+            upto = {tp: o.committable() for tp, o in offsets.items() if o.high >= 0}
+            if upto:
+                await consumer.commit(upto)
 
         renew_at = time.monotonic() + self.elector.renew_every_s
         try:
@@ -163,7 +171,15 @@ class ExecutorService:
                         if target not in queues:
                             queues[target] = asyncio.Queue()
                             workers.append(asyncio.create_task(target_worker(queues[target])))
-                        queues[target].put_nowait((tp, rec.offset, cmd))
+                        after: list[asyncio.Future[None]] = []
+                        done: asyncio.Future[None] | None = None
+                        if on_node and cmd.action in NODE_QUICK:
+                            done = loop.create_future()
+                            pending = [f for f in isolating.get(cmd.node, []) if not f.done()]
+                            isolating[cmd.node] = [*pending, done]
+                        elif not on_node:
+                            after = [f for n in cmd.exclude_nodes for f in isolating.get(n, []) if not f.done()]
+                        queues[target].put_nowait((tp, rec.offset, cmd, after, done))
                 await commit()
         finally:
             halt.set()
