@@ -24,6 +24,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -64,6 +65,23 @@ class _Offsets:
 
     def committable(self) -> int:
         return min(self.pending) if self.pending else self.high + 1
+
+
+class IsolationOrder:
+    """Quick node commands (cordon, taint) not yet done, per node: a job command that excludes a node
+    waits for those received before it."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, list[asyncio.Future[None]]] = {}
+
+    def quick(self, node: str) -> asyncio.Future[None]:
+        """A quick command for ``node`` was received: the future to resolve when it is done."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending[node] = [*(f for f in self._pending.get(node, []) if not f.done()), done]
+        return done
+
+    def before_replacing(self, exclude_nodes: Sequence[str]) -> list[asyncio.Future[None]]:
+        return [f for n in exclude_nodes for f in self._pending.get(n, []) if not f.done()]
 
 
 class ExecutorService:
@@ -116,7 +134,7 @@ class ExecutorService:
         offsets: dict[TopicPartition, _Offsets] = {}
         queues: dict[str, asyncio.Queue[_Item | None]] = {}
         workers: list[asyncio.Task[None]] = []
-        isolating: dict[str, list[asyncio.Future[None]]] = {}  # node -> its quick commands not yet done
+        order = IsolationOrder()
         results = self.settings.topics.topic("remediation.results")
 
         async def target_worker(q: asyncio.Queue[_Item | None]) -> None:
@@ -171,14 +189,8 @@ class ExecutorService:
                         if target not in queues:
                             queues[target] = asyncio.Queue()
                             workers.append(asyncio.create_task(target_worker(queues[target])))
-                        after: list[asyncio.Future[None]] = []
-                        done: asyncio.Future[None] | None = None
-                        if on_node and cmd.action in NODE_QUICK:
-                            done = loop.create_future()
-                            pending = [f for f in isolating.get(cmd.node, []) if not f.done()]
-                            isolating[cmd.node] = [*pending, done]
-                        elif not on_node:
-                            after = [f for n in cmd.exclude_nodes for f in isolating.get(n, []) if not f.done()]
+                        done = order.quick(cmd.node) if on_node and cmd.action in NODE_QUICK else None
+                        after = order.before_replacing(cmd.exclude_nodes) if not on_node else []
                         queues[target].put_nowait((tp, rec.offset, cmd, after, done))
                 await commit()
         finally:
