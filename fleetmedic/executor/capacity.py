@@ -42,6 +42,7 @@ from fleetmedic.executor import placement as pm
 from fleetmedic.executor import workloads as wl
 from fleetmedic.executor.placement_metrics import PlacementMetrics
 from fleetmedic.executor.workloads_plan import (
+    ANNOTATION_EXCLUDED,
     JOB,
     JOBSET,
     PYTORCHJOB,
@@ -99,15 +100,21 @@ class PlacementRestarter:
         if waiting is not None:
             return waiting
         seen: dict[str, Any] = {}
+
+        def adjust(kind: WorkloadKind, obj: dict[str, Any], pods: list[client.V1Pod], plan: RestartPlan) -> RestartPlan:
+            return self._adjust(kind, obj, pods, plan, exclude_nodes, params, seen)
+
         out = wl.restart_workload(self.api, job, action=action, exclude_nodes=exclude_nodes, params=params,
-                                  dry_run=dry_run, actor=actor,
-                                  adjust_plan=lambda k, o, p, plan: self._adjust(k, o, p, plan, exclude_nodes, seen))
+                                  dry_run=dry_run, actor=actor, adjust_plan=adjust)
         verdict: pm.CapacityVerdict | None = seen.get("verdict")
         details = {**out.details, **seen.get("details", {})}
         if verdict is None or out.outcome != "applied":
             return dataclasses.replace(out, details=details)
-        if self.metrics:
+        if self.metrics:  # counted once the restart is applied (a 409 re-plans: _adjust runs again)
             self.metrics.placements.labels(capacity=details["capacity"]).inc()
+            forced = [n for n in details.get("isolation_forced", "").split(",") if n]
+            if forced:
+                self.metrics.forced_exclusions.inc(len(forced))
         if verdict.sufficient:
             return dataclasses.replace(out, details=details)
         return self._capacity_wait(out, details, verdict, seen["kind"], seen["obj"], action, actor)
@@ -115,7 +122,7 @@ class PlacementRestarter:
     # --- planning ---------------------------------------------------------------------------------
 
     def _adjust(self, kind: WorkloadKind, obj: Mapping[str, Any], pods: Sequence[client.V1Pod], plan: RestartPlan,
-                exclude: Sequence[str], seen: dict[str, Any]) -> RestartPlan:
+                exclude: Sequence[str], params: Mapping[str, str], seen: dict[str, Any]) -> RestartPlan:
         cfg = self.settings.placement
         seen.update(kind=kind, obj=obj)
         if kind is JOBSET:  # the JobSet webhook refuses template changes: exclusion only (docs/placement.md)
@@ -128,6 +135,8 @@ class PlacementRestarter:
                    if op["path"].endswith("/affinity")}
         specs_now = [{**spec, "affinity": planned.get(ptr, spec.get("affinity"))} for ptr, spec in paths]
         force = pm.unisolated(exclude, fresh, specs_now)
+        never = params.get("anti_affinity") == "never"
+        keep_off = sorted(set(force) | set(exclude)) if cfg.exclude_suspects and not never else force
         topo = pm.FleetTopology(states.values(), cfg)
         current = [p.spec.node_name for p in pods if p.spec and p.spec.node_name]
         domain = pm.job_domain(topo, current, exclude)
@@ -138,7 +147,7 @@ class PlacementRestarter:
         ops = [op for op in plan.template_ops if not op["path"].endswith("/affinity")]
         new_specs = []
         for (ptr, spec), affinity in zip(paths, (s["affinity"] for s in specs_now), strict=True):
-            placed = pm.place(spec, affinity, terms, tolerations, previous, force)
+            placed = pm.place(spec, affinity, terms, tolerations, previous, keep_off)
             final_aff = placed.affinity if placed.affinity is not None else affinity
             if final_aff != spec.get("affinity"):
                 ops.append({"op": "add", "path": ptr + "/affinity", "value": final_aff or {}})
@@ -156,18 +165,15 @@ class PlacementRestarter:
         verdict = pm.capacity_verdict(demands, list(states.values()), exclude, topo, domain)
         annotations = {**plan.annotations,
                        pm.ANNOTATION_PLACEMENT: pm.placement_record(terms, tolerations, domain)}
-        if force:
-            excluded_all = set(plan.excluded) | set(force)
-            annotations["fleetmedic.io/excluded-nodes"] = ",".join(sorted(excluded_all))
-            if self.metrics:
-                self.metrics.forced_exclusions.inc(len(force))
+        if keep_off:
+            annotations[ANNOTATION_EXCLUDED] = ",".join(sorted(set(plan.excluded) | set(keep_off)))
         words = ", ".join(f"{lvl}={v}" for lvl, v in domain.items() if topo.label_of[lvl])
         summary = plan.summary + (f"; prefer {words}" if words and terms else "")
         seen["verdict"] = verdict
         seen["details"] = {**verdict.details(), "isolation_forced": ",".join(force),
                            "isolated_by": _isolation_words(exclude, fresh, force)}
         return dataclasses.replace(plan, template_ops=ops, annotations=annotations, summary=summary,
-                                   excluded=tuple(sorted(set(plan.excluded) | set(force))))
+                                   excluded=tuple(sorted(set(plan.excluded) | set(keep_off))))
 
     def _demands(self, kind: WorkloadKind, obj: Mapping[str, Any], specs: Sequence[Mapping[str, Any]],
                  live: int) -> list[pm.Demand]:
