@@ -37,6 +37,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--faults", default="mix", help="fault plan, as `fleetmedic simulate --faults` (default: mix)")
     p.add_argument("--config", help="YAML config (default: built-in defaults + FLEETMEDIC__* env)")
     p.add_argument("--json", metavar="FILE", help="also write timeline and summary as JSON ('-' for stdout)")
+    p.add_argument("--kafka", metavar="BOOTSTRAP",
+                   help="run the pipeline on this Kafka broker, in a `fleetmedic worker` process, not in-process")
     p.set_defaults(handler=_main)
 
 
@@ -47,7 +49,11 @@ def _main(args: argparse.Namespace) -> int:
     settings = settings_or_none(args.config)
     if settings is None:
         return EXIT_INVALID
-    result = run_demo(settings, args.nodes, parse_duration(args.duration), args.seed, args.faults)
+    if args.kafka:
+        result = run_demo_on_kafka(settings, args.nodes, parse_duration(args.duration), args.seed, args.faults,
+                                   args.kafka)
+    else:
+        result = run_demo(settings, args.nodes, parse_duration(args.duration), args.seed, args.faults)
     out = sys.stdout
     if args.json != "-":
         print_timeline(result, out)
@@ -62,21 +68,42 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def run_demo(settings: Any, nodes: int, duration_s: float, seed: int, faults: str) -> dict[str, Any]:
-    import msgspec
-
     from fleetmedic.simulator.engine import SimConfig, Simulator
-    from fleetmedic.simulator.scoring import score
     from fleetmedic.streams.embedded import run_simulation
 
     started = time.monotonic()
     sim = Simulator(SimConfig(nodes=nodes, duration_s=duration_s, seed=seed, faults=faults))
     run = run_simulation(sim, settings, key=DEMO_KEY)
-    elapsed = time.monotonic() - started
-    out = run.pipeline.out
-    accounting = msgspec.to_builtins(run.accounting)
-    report = score(run.truth, out.incidents, out.commands, None, accounting)
-    stories = [_story(t, out, report.matches.get(t.id, [])) for t in sorted(run.truth, key=lambda t: t.onset)]
-    engine = run.pipeline.engine.report(sim.config.start + duration_s)
+    return _result(sim, run.pipeline.out, run.truth, run.accounting, run.pipeline.engine, time.monotonic() - started,
+                   faults)
+
+
+def run_demo_on_kafka(settings: Any, nodes: int, duration_s: float, seed: int, faults: str,
+                      bootstrap: str) -> dict[str, Any]:
+    """The same demo through a real broker and a ``fleetmedic worker`` (:mod:`fleetmedic.streams.kafka_demo`)."""
+    from fleetmedic.simulator.engine import SimConfig, Simulator
+    from fleetmedic.streams.kafka_demo import run_on_kafka
+
+    started = time.monotonic()
+    sim = Simulator(SimConfig(nodes=nodes, duration_s=duration_s, seed=seed, faults=faults))
+    run = run_on_kafka(sim, settings, bootstrap, DEMO_KEY)
+    result = _result(sim, run.out, list(sim.truth()), sim.accounting(), run.engine, time.monotonic() - started,
+                     faults)
+    result["fleet"]["kafka"] = {"bootstrap": bootstrap, "messages": run.messages, "ticks": run.ticks}
+    return result
+
+
+def _result(sim: Any, out: Any, truth: list[Any], accounting_: Any, engine_: Any, elapsed: float,
+            faults: str) -> dict[str, Any]:
+    import msgspec
+
+    from fleetmedic.simulator.scoring import score
+
+    nodes, duration_s, seed = sim.config.nodes, sim.config.duration_s, sim.config.seed
+    accounting = msgspec.to_builtins(accounting_)
+    report = score(truth, out.incidents, out.commands, None, accounting)
+    stories = [_story(t, out, report.matches.get(t.id, [])) for t in sorted(truth, key=lambda t: t.onset)]
+    engine = engine_.report(sim.config.start + duration_s)
     return {
         "fleet": {"nodes": nodes, "gpus": nodes * sim.fleet.g, "simulated_h": duration_s / 3600, "seed": seed,
                   "faults": faults, "wall_s": round(elapsed, 1)},

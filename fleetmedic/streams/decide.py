@@ -13,8 +13,9 @@ moves are recorded with it. A snapshot (every ``snapshot_every_s``, and at a cle
 the engine's and fleet stage's state and those offsets together, waits until every output queued
 before is acknowledged, then writes them with ``commands_from``, the offset on
 ``remediation.commands`` after the last command the snapshot's engine had issued. A restarted
-worker resumes the inputs at the snapshot's offsets (the runner commits them for the group before
-Faust starts), so the decisions lost with the crash are made again from the same inputs; command
+worker first replays the inputs from the snapshot's offsets to their ends (:meth:`DecideStage.replay`,
+merged by record time, before Faust starts; the runner then commits the offsets reached for the
+group), so the decisions lost with the crash are made again from the same inputs in the same order; command
 ids are deterministic (``<incident>/<action>/<node>/<attempt>``) and a command whose id is on the
 topic since ``commands_from`` is not sent again (nor its audit record).
 
@@ -25,23 +26,25 @@ seen, advanced by the wall time that passed since it was seen.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import time
 from typing import Any
 
 import faust
 import msgspec
-from aiokafka.structs import RecordMetadata
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.structs import ConsumerRecord, RecordMetadata
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings
 from fleetmedic.models.stages import FleetDetection
 from fleetmedic.remediation.engine import DecisionEngine, Decisions
 from fleetmedic.signing import sign
-from fleetmedic.streams.app import state_topic, summaries_topic
+from fleetmedic.streams.app import kafka_client_options, partitions_of, state_topic, summaries_topic
 from fleetmedic.streams.detect import PORT_KEY_PREFIX, SUMMARY_KEY, SummaryBatch
 from fleetmedic.streams.metrics import PipelineMetrics
-from fleetmedic.streams.outputs import Outputs
+from fleetmedic.streams.outputs import Outputs, Source
 from fleetmedic.streams.state import SNAPSHOT_KEY, DecideSnapshot
 
 log = logging.getLogger(__name__)
@@ -49,9 +52,10 @@ log = logging.getLogger(__name__)
 INPUTS = ("findings", "jobs.events", "remediation.results")
 
 
-def decide_inputs(settings: Settings) -> list[str]:
-    """The topics the decision agent reads (their offsets are part of its snapshot)."""
-    return [settings.topics.topic(n) for n in INPUTS] + [summaries_topic(settings)]
+def decide_inputs(settings: Settings) -> dict[str, int]:
+    """The topics the decision agent reads, with their partition counts (their offsets are part of
+    its snapshot)."""
+    return {**{settings.topics.topic(n): partitions_of(settings, n) for n in INPUTS}, summaries_topic(settings): 1}
 
 
 class EventClock:
@@ -73,9 +77,8 @@ class EventClock:
 
 
 class DecideStage:
-    def __init__(self, app: faust.App, settings: Settings, key: bytes, outputs: Outputs, metrics: PipelineMetrics,
-                 snapshot: DecideSnapshot | None, already_sent: set[str], tick_every_s: float,
-                 snapshot_every_s: float) -> None:
+    def __init__(self, settings: Settings, key: bytes, outputs: Outputs, metrics: PipelineMetrics,
+                 snapshot: DecideSnapshot | None, already_sent: set[str]) -> None:
         self.settings = settings
         self.key = key
         self.outputs = outputs
@@ -97,12 +100,52 @@ class DecideStage:
         t = settings.topics.topic
         self.logical = {t(n): n for n in INPUTS}
         self.summaries = summaries_topic(settings)
+
+    def attach(self, app: faust.App, tick_every_s: float, snapshot_every_s: float) -> None:
+        """Register the agent and the timers on ``app`` (after :meth:`replay`)."""
         raw: dict[str, Any] = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
-        app.agent(app.topic(*decide_inputs(settings), **raw), name="fleetmedic.decide")(self._decide)
+        app.agent(app.topic(*decide_inputs(self.settings), **raw), name="fleetmedic.decide")(self._decide)
         app.timer(tick_every_s, name="fleetmedic.tick")(self._tick)
         app.timer(snapshot_every_s, name="fleetmedic.engine_snapshot")(self._periodic_snapshot)
 
-    # --- agent -------------------------------------------------------------------------------------
+    # --- inputs ------------------------------------------------------------------------------------
+
+    async def replay(self, ends: dict[TopicPartition, int], timeout: float = 60.0) -> int:
+        """Handle the inputs from the snapshot's offsets (the beginning without one) up to ``ends``,
+        merged in record-timestamp order (per partition in offset order): as they arrived, not
+        in whatever order a consumer with a backlog on every partition would hand them out (a
+        finding before the job event that preceded it would make other decisions)."""
+        todo = {tp: (self.offsets.get(tp.topic, {}).get(tp.partition, 0), end) for tp, end in ends.items()}
+        todo = {tp: (start, end) for tp, (start, end) in todo.items() if end > start}
+        if not todo:
+            return 0
+        consumer = AIOKafkaConsumer(**kafka_client_options(self.settings), enable_auto_commit=False,
+                                    max_partition_fetch_bytes=8 << 20, request_timeout_ms=int(timeout * 1000))
+        await consumer.start()
+        by_partition: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]] = {tp: [] for tp in todo}
+        try:
+            consumer.assign(list(todo))
+            begins = await consumer.beginning_offsets(list(todo))
+            for tp, (start, _) in todo.items():
+                consumer.seek(tp, max(start, begins[tp]))
+            remaining = {tp for tp, (start, end) in todo.items() if max(start, begins[tp]) < end}
+            while remaining:
+                batch = await consumer.getmany(*remaining, timeout_ms=int(timeout * 1000))
+                if not batch:
+                    raise TimeoutError(f"replay: no records within {timeout}s from {sorted(map(str, remaining))}")
+                for tp, recs in batch.items():
+                    by_partition[tp] += [rec for rec in recs if rec.offset < todo[tp][1]]
+                    if await consumer.position(tp) >= todo[tp][1]:
+                        remaining.discard(tp)
+        finally:
+            await consumer.stop()
+        count = 0
+        for rec in heapq.merge(*by_partition.values(), key=lambda rec: rec.timestamp):
+            self.metrics.messages_in.labels(rec.topic, "decide").inc()
+            await self._handle(Source.of_record(rec))
+            self.offsets.setdefault(rec.topic, {})[rec.partition] = rec.offset + 1
+            count += 1
+        return count
 
     async def _decide(self, stream: Any) -> None:
         async for event in stream.events():
@@ -110,45 +153,44 @@ class DecideStage:
             m = event.message
             self.metrics.messages_in.labels(m.topic, "decide").inc()
             async with self._lock:
-                await self._handle(event)
+                await self._handle(Source.of_event(event))
                 self.offsets.setdefault(m.topic, {})[m.partition] = m.offset + 1
             self.metrics.latency.labels("decide").observe(time.perf_counter() - started)
 
-    async def _handle(self, event: Any) -> None:
-        topic = event.message.topic
-        if topic == self.summaries:
-            await self._fleet_input(event)
+    async def _handle(self, src: Source) -> None:
+        if src.topic == self.summaries:
+            await self._fleet_input(src)
             return
-        name = self.logical.get(topic, "")
+        name = self.logical.get(src.topic, "")
         if name == "findings":
-            finding = await self.outputs.decode(r.Finding, event, "decide")
+            finding = await self.outputs.decode(r.Finding, src, "decide")
             if finding is not None:
                 await self._send_decisions(self.engine.on_finding(finding, self.clock.observe(finding.ts)))
         elif name == "jobs.events":
-            job = await self.outputs.decode(r.JobEvent, event, "decide")
+            job = await self.outputs.decode(r.JobEvent, src, "decide")
             if job is not None:
                 now = self.clock.observe(job.ts)
                 await self.outputs.findings(self.fleet_stage.on_job(job))
                 await self._send_decisions(self.engine.on_job_event(job, now))
         elif name == "remediation.results":
-            result = await self.outputs.decode(r.RemediationResult, event, "decide")
+            result = await self.outputs.decode(r.RemediationResult, src, "decide")
             if result is not None:
                 await self._send_decisions(self.engine.on_result(result, self.clock.observe(result.ts)))
 
-    async def _fleet_input(self, event: Any) -> None:
-        key = event.message.key or b""
+    async def _fleet_input(self, src: Source) -> None:
+        key = src.key or b""
         if key == SUMMARY_KEY:
             try:
-                batch = self._decode_batch(event.value)
+                batch = self._decode_batch(src.value)
             except msgspec.DecodeError as exc:
-                await self.outputs.dead_letter(event, "decide", f"$: {exc}")
+                await self.outputs.dead_letter(src, "decide", f"$: {exc}")
                 return
             for s in batch.summaries:
                 self.fleet_stage.on_summary(s)
             if batch.summaries:
                 self.clock.observe(max(s.ts for s in batch.summaries))
         elif key.startswith(PORT_KEY_PREFIX):
-            port = await self.outputs.decode(r.PortTelemetry, event, "decide")
+            port = await self.outputs.decode(r.PortTelemetry, src, "decide")
             if port is not None:
                 self.clock.observe(port.ts)
                 await self.outputs.findings(self.fleet_stage.on_port(port))

@@ -1,37 +1,46 @@
-"""Stage 1, detection per node, as Faust agents: any number of workers share the telemetry partitions.
+"""Stage 1, detection per node: a consumer-group loop that any number of workers share.
 
-- ``detect_gpu`` reads ``telemetry.gpu`` in micro-batches and runs
-  :class:`~fleetmedic.models.stages.NodeDetection`; findings go to ``findings`` (key: node). Each
-  batch also yields one :class:`SummaryBatch` (per-node medians and load band,
-  :func:`~fleetmedic.models.stages.summarise`) on the fleet-inputs topic, which is all the decision
-  stage's peer comparisons need: it never reads raw telemetry.
-- ``detect_port`` runs the host NICs of ``telemetry.port`` through the node's port detector and
-  forwards the switch ports, unchanged, to the fleet-inputs topic (key ``port:<device>``).
-- State: every ``detect_snapshot_every_s`` the nodes that received telemetry since the last write
-  are written (:class:`~fleetmedic.streams.state.NodeStageState`, key: node) to the compacted
-  ``<group>-detect-state`` topic, in the partition their telemetry comes from. When partitions are
-  revoked (a rebalance, a stop) their nodes are written at once; when partitions are assigned,
-  their nodes are loaded before the first message is processed. A worker that dies loses the
-  baseline updates since its last write (at most ``detect_snapshot_every_s`` of them): the
-  telemetry after Faust's last commit is processed again on the older baselines.
+Consumer group ``<group>-detect`` over ``telemetry.gpu`` and ``telemetry.port`` (key: node; the
+range assignor gives a worker the same partition numbers of both topics). Each poll returns up to
+``streams.batch_size`` messages; GPU telemetry goes through
+:class:`~fleetmedic.models.stages.NodeDetection` as one micro-batch, and findings go to
+``findings`` (key: node). Each batch also yields one :class:`SummaryBatch` (per-node medians and
+load band, :func:`~fleetmedic.models.stages.summarise`) on the fleet-inputs topic, which is all
+the decision stage's peer comparisons need: it never reads raw telemetry. Host NICs of
+``telemetry.port`` go through the node's port detector; switch ports are forwarded unchanged to
+the fleet-inputs topic (key ``port:<device>``).
+
+This loop is plain aiokafka, not a Faust agent: Faust's per-event machinery cost several times the
+detectors themselves (docs/streams.md has the figures), and the loop controls its commits.
+
+State and offsets, together: every ``streams.detect_snapshot_every_s`` (and when partitions are
+revoked, and at a stop) the loop writes the state of every node changed since the last write
+(:class:`~fleetmedic.streams.state.NodeStageState`, key: node) to the compacted
+``<group>-detect-state`` topic, in the node's partition of ``telemetry.gpu``, waits for the
+broker's acknowledgement of everything, and only then commits the input offsets. A worker that
+is assigned a partition loads its nodes' states and resumes at the committed offset: the state
+is exactly that of the committed offset, and the telemetry after it is processed again (a crash
+replays at most one snapshot interval; findings of that interval can appear twice).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from typing import Any
+from collections.abc import Iterable
 
-import faust
 import msgspec
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.structs import ConsumerRecord
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings
 from fleetmedic.models.stages import NodeDetection, NodeSummary, summarise
-from fleetmedic.streams.app import detect_state_topic, summaries_topic
+from fleetmedic.streams.app import detect_group, detect_state_topic, kafka_client_options, summaries_topic
 from fleetmedic.streams.metrics import PipelineMetrics
-from fleetmedic.streams.outputs import Outputs
+from fleetmedic.streams.outputs import Outputs, Source
 from fleetmedic.streams.state import NodeStageState, load_node_states
 
 log = logging.getLogger(__name__)
@@ -44,96 +53,128 @@ class SummaryBatch(msgspec.Struct, array_like=True):
     summaries: list[NodeSummary]
 
 
-_encode_batch = msgspec.msgpack.Encoder().encode
+_encode = msgspec.msgpack.Encoder().encode
 
 
 class DetectStage:
-    def __init__(self, app: faust.App, settings: Settings, outputs: Outputs, metrics: PipelineMetrics,
-                 batch_size: int, batch_within_s: float, snapshot_every_s: float) -> None:
+    def __init__(self, settings: Settings, outputs: Outputs, metrics: PipelineMetrics, batch_size: int,
+                 batch_within_s: float, snapshot_every_s: float, session_timeout_s: float) -> None:
         self.settings = settings
         self.outputs = outputs
         self.metrics = metrics
         self.batch_size, self.batch_within_s = batch_size, batch_within_s
+        self.snapshot_every_s, self.session_timeout_s = snapshot_every_s, session_timeout_s
         self.node_stage = NodeDetection(settings.detection)
+        self.decode_gpu = r.decoder_for(r.GpuTelemetry)
         self.partition_of: dict[str, int] = {}  # node -> its partition of telemetry.gpu
         self.dirty: set[str] = set()
         self.owned: set[int] = set()
+        self.next_offsets: dict[TopicPartition, int] = {}  # processed, not yet committed
         self.gpu_topic = settings.topics.topic("telemetry.gpu")
         self.port_topic = settings.topics.topic("telemetry.port")
         self.state_topic = detect_state_topic(settings)
         self.summaries = summaries_topic(settings)
-        raw: dict[str, Any] = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
-        app.agent(app.topic(self.gpu_topic, **raw), name="fleetmedic.detect_gpu")(self._detect_gpu)
-        app.agent(app.topic(self.port_topic, **raw), name="fleetmedic.detect_port")(self._detect_port)
-        app.timer(snapshot_every_s, name="fleetmedic.detect_snapshot")(self._periodic_snapshot)
-        app.on_partitions_assigned.connect(self._on_assigned)  # type: ignore[arg-type]  # mode's stub
-        app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
+        self.consumer: AIOKafkaConsumer | None = None
 
-    # --- agents ------------------------------------------------------------------------------------
+    # --- the loop ----------------------------------------------------------------------------------
 
-    async def _detect_gpu(self, stream: Any) -> None:
-        async for events in stream.take_events(self.batch_size, within=self.batch_within_s):
-            started = time.perf_counter()
-            self.metrics.messages_in.labels(self.gpu_topic, "detect").inc(len(events))
-            msgs: list[r.GpuTelemetry] = []
-            for event in events:
-                msg = await self.outputs.decode(r.GpuTelemetry, event, "detect")
-                if msg is not None:
-                    msgs.append(msg)
-                    self.partition_of[msg.node] = event.message.partition
-            if msgs:
-                self.dirty.update(m.node for m in msgs)
-                await self.outputs.findings(self.node_stage.on_gpu(msgs))
-                batch = SummaryBatch([summarise(m) for m in msgs])
-                await self.outputs.send_raw(self.summaries, SUMMARY_KEY, _encode_batch(batch))
-            self.metrics.latency.labels("detect").observe(time.perf_counter() - started)
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume until ``stop`` is set; then write the state, commit and leave the group."""
+        timeout_ms = int(self.session_timeout_s * 1000)
+        consumer = self.consumer = AIOKafkaConsumer(
+            **kafka_client_options(self.settings), group_id=detect_group(self.settings),
+            client_id=f"{self.settings.kafka.client_id}-detect", enable_auto_commit=False,
+            auto_offset_reset="earliest", partition_assignment_strategy=(RangePartitionAssignor,),
+            session_timeout_ms=timeout_ms, heartbeat_interval_ms=max(1000, timeout_ms // 3),
+            max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
+        await consumer.start()
+        consumer.subscribe([self.gpu_topic, self.port_topic], listener=_Rebalance(self))
+        log.info("detect: consumer group %s, waiting for partitions", detect_group(self.settings))
+        last_write = time.monotonic()
+        try:
+            while not stop.is_set():
+                polled = await consumer.getmany(timeout_ms=int(self.batch_within_s * 1000),
+                                                max_records=self.batch_size)
+                for tp, records in polled.items():
+                    if records:
+                        await self._process(tp, records)
+                if time.monotonic() - last_write >= self.snapshot_every_s:
+                    await self.checkpoint()
+                    last_write = time.monotonic()
+            await self.checkpoint()
+        finally:
+            await consumer.stop()
+            self.consumer = None
 
-    async def _detect_port(self, stream: Any) -> None:
-        async for event in stream.events():
-            started = time.perf_counter()
-            self.metrics.messages_in.labels(self.port_topic, "detect").inc()
-            msg = await self.outputs.decode(r.PortTelemetry, event, "detect")
-            if msg is not None and msg.device_kind == "host":
-                self.partition_of.setdefault(msg.device, event.message.partition)
-                self.dirty.add(msg.device)
-                await self.outputs.findings(self.node_stage.on_port(msg))
-            elif msg is not None:
-                await self.outputs.send_raw(self.summaries, PORT_KEY_PREFIX + msg.device.encode(), event.value)
-            self.metrics.latency.labels("detect").observe(time.perf_counter() - started)
+    async def _process(self, tp: TopicPartition, records: list[ConsumerRecord[bytes, bytes]]) -> None:
+        started = time.perf_counter()
+        self.metrics.messages_in.labels(tp.topic, "detect").inc(len(records))
+        if tp.topic == self.gpu_topic:
+            await self._gpu(tp.partition, records)
+        else:
+            for rec in records:
+                await self._port(rec)
+        self.next_offsets[tp] = records[-1].offset + 1
+        self.metrics.latency.labels("detect").observe(time.perf_counter() - started)
+
+    async def _gpu(self, partition: int, records: list[ConsumerRecord[bytes, bytes]]) -> None:
+        msgs: list[r.GpuTelemetry] = []
+        for rec in records:
+            try:
+                msgs.append(self.decode_gpu.decode(rec.value or b""))
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                await self.outputs.decode(r.GpuTelemetry, Source.of_record(rec), "detect")  # the reason, dead-lettered
+        if not msgs:
+            return
+        for m in msgs:
+            self.partition_of[m.node] = partition
+        self.dirty.update(m.node for m in msgs)
+        await self.outputs.findings(self.node_stage.on_gpu(msgs))
+        await self.outputs.send_raw(self.summaries, SUMMARY_KEY, _encode(SummaryBatch([summarise(m) for m in msgs])))
+
+    async def _port(self, rec: ConsumerRecord[bytes, bytes]) -> None:
+        msg = await self.outputs.decode(r.PortTelemetry, Source.of_record(rec), "detect")
+        if msg is None:
+            return
+        if msg.device_kind == "host":
+            self.partition_of.setdefault(msg.device, rec.partition)
+            self.dirty.add(msg.device)
+            await self.outputs.findings(self.node_stage.on_port(msg))
+        else:
+            await self.outputs.send_raw(self.summaries, PORT_KEY_PREFIX + msg.device.encode(), rec.value or b"")
 
     # --- state -------------------------------------------------------------------------------------
 
-    async def _periodic_snapshot(self) -> None:
-        await self.snapshot()
-
-    async def snapshot(self, nodes: set[str] | None = None) -> int:
-        """Write the state of ``nodes`` (default: those changed since the last write); return bytes."""
-        todo = self.dirty if nodes is None else nodes
-        if not todo:
-            return 0
+    async def checkpoint(self, partitions: Iterable[int] | None = None) -> int:
+        """Write the changed nodes' state (of ``partitions``, default all), wait for every output,
+        then commit the input offsets processed so far; return the state bytes written."""
+        only = None if partitions is None else set(partitions)
+        nodes = {n for n in self.dirty if only is None or self.partition_of.get(n) in only}
         written, now = 0, time.time()
-        for node in sorted(todo):
+        for node in sorted(nodes):
             partition = self.partition_of.get(node)
             if partition is None:
                 continue
-            value = msgspec.msgpack.encode(NodeStageState(gpu=self.node_stage.gpu.export_state(node),
-                                                          ports=self.node_stage.ports.export_device(node),
-                                                          written_at=now))
+            value = _encode(NodeStageState(gpu=self.node_stage.gpu.export_state(node),
+                                           ports=self.node_stage.ports.export_device(node), written_at=now))
             await self.outputs.send_raw(self.state_topic, node.encode(), value, partition=partition)
             written += len(value) + len(node)
-        self.dirty -= todo
+        self.dirty -= nodes
         await self.outputs.flush()
+        offsets = {tp: o for tp, o in self.next_offsets.items() if only is None or tp.partition in only}
+        if offsets and self.consumer is not None:
+            await self.consumer.commit(offsets)
+            for tp in offsets:
+                self.next_offsets.pop(tp, None)
         self.metrics.state_bytes.labels("detect").inc(written)
         return written
 
-    async def _on_revoked(self, sender: Any, *args: Any, signal: Any = None, **_: Any) -> None:
-        revoked: set[TopicPartition] = args[0]
-        gone = {tp.partition for tp in revoked if tp.topic == self.gpu_topic}
+    async def on_revoked(self, revoked: set[TopicPartition]) -> None:
+        gone = {tp.partition for tp in revoked}
         if gone:
-            await self.snapshot({n for n, p in self.partition_of.items() if p in gone} & self.dirty)
+            await self.checkpoint(gone)
 
-    async def _on_assigned(self, sender: Any, *args: Any, signal: Any = None, **_: Any) -> None:
-        assigned: set[TopicPartition] = args[0]
+    async def on_assigned(self, assigned: set[TopicPartition]) -> None:
         now_owned = {tp.partition for tp in assigned if tp.topic == self.gpu_topic}
         for node in [n for n, p in self.partition_of.items() if p not in now_owned]:
             self.node_stage.gpu.forget(node)  # another worker carries on with it
@@ -153,3 +194,14 @@ class DetectStage:
         self.metrics.nodes_restored.inc(restored)
         log.info("detect: partitions %s of %s; restored %d node states in %.2fs", sorted(now_owned),
                  self.gpu_topic, restored, time.monotonic() - started)
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, stage: DetectStage) -> None:
+        self.stage = stage
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self.stage.on_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self.stage.on_assigned(assigned)

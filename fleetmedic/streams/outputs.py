@@ -1,8 +1,8 @@
 """What the agents write, through one idempotent producer (``acks=all``, ``enable_idempotence``).
 
-The agents consume with Faust and produce with this aiokafka producer: Faust 0.15 makes its
-producer idempotent only inside transactions, and the decision stage needs a flush it can wait
-for before it writes a snapshot (:meth:`Outputs.flush`). Decoding with dead-lettering lives here
+Both stages produce with this aiokafka producer: Faust 0.15 makes its producer idempotent only
+inside transactions, and both stages need a flush they can wait for before they write a snapshot
+(:meth:`Outputs.flush`). Decoding with dead-lettering lives here
 too: a message that does not decode goes to ``deadletter`` (key: source topic) with the field path
 and reason, the original bytes, partition, offset and key.
 """
@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.structs import RecordMetadata
+from aiokafka.structs import ConsumerRecord, RecordMetadata
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings
@@ -28,6 +29,29 @@ TOPICS = ("telemetry.gpu", "telemetry.port", "jobs.events", "findings", "inciden
 
 def _text(key: bytes | None) -> str | None:
     return key.decode("utf-8", "replace") if key is not None else None
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a consumed message came from (for dead letters)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+
+    @classmethod
+    def of_event(cls, event: Any) -> Source:
+        """From a Faust event."""
+        m = event.message
+        value = event.value if isinstance(event.value, bytes) else bytes(event.value or b"")
+        return cls(m.topic, m.partition, m.offset, m.key, value)
+
+    @classmethod
+    def of_record(cls, rec: ConsumerRecord[bytes, bytes]) -> Source:
+        """From an aiokafka record."""
+        return cls(rec.topic, rec.partition, rec.offset, rec.key, rec.value or b"")
 
 
 class Outputs:
@@ -71,20 +95,18 @@ class Outputs:
             await self._producer.stop()
             self._producer = None
 
-    async def decode(self, record_type: type[r.R], event: Any, stage: str) -> r.R | None:
+    async def decode(self, record_type: type[r.R], src: Source, stage: str) -> r.R | None:
         try:
-            return r.decode(record_type, event.value)
+            return r.decode(record_type, src.value)
         except r.InvalidRecord as exc:
-            await self.dead_letter(event, stage, f"{exc.path}: {exc.reason}")
+            await self.dead_letter(src, stage, f"{exc.path}: {exc.reason}")
             return None
 
-    async def dead_letter(self, event: Any, stage: str, error: str) -> None:
-        m = event.message
-        value = event.value if isinstance(event.value, bytes) else bytes(event.value or b"")
-        dl = r.DeadLetter(ts=time.time(), topic=m.topic, stage=stage, error=error[:MAX_ERROR], original=value,
-                          partition=m.partition, offset=m.offset, key=_text(m.key))
-        self.metrics.dead_letters.labels(m.topic, stage).inc()
-        await self.send_raw(self.names["deadletter"], m.topic.encode(), r.encode(dl))
+    async def dead_letter(self, src: Source, stage: str, error: str) -> None:
+        dl = r.DeadLetter(ts=time.time(), topic=src.topic, stage=stage, error=error[:MAX_ERROR], original=src.value,
+                          partition=src.partition, offset=src.offset, key=_text(src.key))
+        self.metrics.dead_letters.labels(src.topic, stage).inc()
+        await self.send_raw(self.names["deadletter"], src.topic.encode(), r.encode(dl))
 
     async def findings(self, findings: list[r.Finding]) -> None:
         for f in findings:

@@ -3,64 +3,141 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import signal
+import threading
+import time
 
 import faust
 from prometheus_client import CollectorRegistry, start_http_server
 
 from fleetmedic.config import Settings
-from fleetmedic.streams.app import build_app, detect_group, ensure_topics
-from fleetmedic.streams.decide import decide_inputs
+from fleetmedic.streams.app import build_app, ensure_topics
+from fleetmedic.streams.decide import DecideStage, decide_inputs
 from fleetmedic.streams.metrics import PipelineMetrics
-from fleetmedic.streams.state import (
-    DecideSnapshot,
-    command_ids_since,
-    decode_snapshot,
-    load_snapshot,
-    reset_group_offsets,
-)
+from fleetmedic.streams.outputs import Outputs
+from fleetmedic.streams.state import command_ids_since, decode_snapshot, end_offsets, load_snapshot, reset_group_offsets
 from fleetmedic.streams.worker import Pipeline, Role, WorkerOptions
 
 log = logging.getLogger("fleetmedic.worker")
 
+GC_GEN0_THRESHOLD = 50_000
 
-async def prepare(settings: Settings, role: Role, options: WorkerOptions) -> tuple[DecideSnapshot | None, set[str]]:
-    """Create topics; for the decision stage, restore its snapshot and point its group at its offsets."""
-    created = await ensure_topics(settings)
-    if created:
-        log.info("created topics: %s", ", ".join(created))
-    if role == "detect":
-        return None, set()
+
+async def prepare_decide(settings: Settings, key: bytes, metrics: PipelineMetrics,
+                         options: WorkerOptions) -> DecideStage:
+    """The decision stage, restored and caught up: its snapshot, the command ids on the topic since,
+    the inputs replayed from the snapshot's offsets to their ends; its group's offsets set there."""
+    group, inputs = settings.kafka.consumer_group, decide_inputs(settings)
     raw = await load_snapshot(settings)
     snapshot = decode_snapshot(raw) if raw else None
-    reset = await reset_group_offsets(settings, settings.kafka.consumer_group, decide_inputs(settings),
-                                      snapshot.offsets if snapshot else {}, wait_s=3 * options.session_timeout_s + 10)
+    wait_s = 3 * options.session_timeout_s + 10
+    # first: the group must have no live member (a crashed predecessor's session must end)
+    await reset_group_offsets(settings, group, inputs, snapshot.offsets if snapshot else {}, wait_s)
     already = await command_ids_since(settings, snapshot.commands_from if snapshot else 0)
-    log.info("decision engine: %s; inputs from %s; %d command ids already on the topic",
-             f"restored ({len(raw or b'')} bytes, clock {snapshot.written_at:.3f})" if snapshot else "fresh state",
-             ", ".join(f"{tp.topic}[{tp.partition}]@{off}" for tp, off in sorted(reset.items())), len(already))
-    return snapshot, already
+    stage = DecideStage(settings, key, Outputs(settings, metrics), metrics, snapshot, already)
+    started = time.monotonic()
+    try:
+        replayed = await stage.replay(await end_offsets(settings, inputs))
+        await stage.outputs.flush()
+    finally:
+        await stage.outputs.stop()
+    reset = await reset_group_offsets(settings, group, inputs, stage.offsets, wait_s)
+    log.info("decision engine: %s; %d command ids already on the topic; replayed %d messages in %.2fs; "
+             "inputs from %s", f"restored ({len(raw or b'')} bytes, written at {snapshot.written_at:.3f})"
+             if snapshot else "fresh state", len(already), replayed, time.monotonic() - started,
+             ", ".join(f"{tp.topic}[{tp.partition}]@{off}" for tp, off in sorted(reset.items())))
+    return stage
 
 
 def run(settings: Settings, key: bytes, datadir: str, loglevel: str, role: Role = "all",
         options: WorkerOptions | None = None) -> int:
-    """Prepare, serve metrics, run the Faust worker of ``role`` until a signal."""
+    """Prepare, serve metrics, run the worker of ``role`` until SIGINT/SIGTERM."""
     options = options or WorkerOptions.of(settings)
-    snapshot, already = asyncio.run(prepare(settings, role, options))
     registry = CollectorRegistry()
+    metrics = PipelineMetrics(registry)
+
+    async def prepare() -> DecideStage | None:
+        created = await ensure_topics(settings)
+        if created:
+            log.info("created topics: %s", ", ".join(created))
+        return None if role == "detect" else await prepare_decide(settings, key, metrics, options)
+
+    decide = asyncio.run(prepare())
     server, _ = start_http_server(settings.metrics.port, addr=settings.metrics.bind_address, registry=registry)
     log.info("metrics on http://%s:%d/metrics", *server.server_address[:2])
+    # a micro-batch allocates tens of thousands of small objects (decoded records): with the default
+    # gen-0 threshold (700) the collector runs dozens of times per batch over the long-lived state
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_GEN0_THRESHOLD, 20, 50)
+    try:
+        if decide is None:
+            return _run_detect_only(Pipeline(None, settings, metrics, None, True, options))
+        return _run_faust(settings, datadir, loglevel, role, metrics, decide, options)
+    finally:
+        server.shutdown()
+
+
+def _run_detect_only(pipeline: Pipeline) -> int:
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        log.info("role detect: ready")
+        await pipeline.run_detect(stop)
+
+    asyncio.run(main())
+    log.info("role detect: stopped")
+    return 0
+
+
+def _run_faust(settings: Settings, datadir: str, loglevel: str, role: Role, metrics: PipelineMetrics,
+               decide: DecideStage, options: WorkerOptions) -> int:
     asyncio.set_event_loop(asyncio.new_event_loop())
-    app_id = detect_group(settings) if role == "detect" else settings.kafka.consumer_group
-    app = build_app(settings, datadir=datadir, app_id=app_id, broker_session_timeout=options.session_timeout_s)
-    Pipeline(app, settings, key, PipelineMetrics(registry), role, snapshot, already, options)
-    log.info("role %s, consumer group %s", role, app_id)
+    app = build_app(settings, datadir=datadir, broker_session_timeout=options.session_timeout_s)
+    pipeline = Pipeline(app, settings, metrics, decide, role == "all", options)
+    log.info("role %s, consumer group %s", role, settings.kafka.consumer_group)
+    detect = _DetectThread(pipeline) if role == "all" else None
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)
     code = 0
     try:
+        if detect is not None:
+            detect.start()
         worker.execute_from_commandline()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
-        server.shutdown()
-    return code
+        if detect is not None:
+            detect.stop()
+    return code if detect is None or detect.error is None else 1
+
+
+class _DetectThread:
+    """Stage 1 in a thread with its own event loop, beside the Faust worker (``--role all``)."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self.loop = asyncio.new_event_loop()
+        self.stop_event = asyncio.Event()  # bound to the thread's loop at its first use there
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, name="fleetmedic-detect", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _main(self) -> None:
+        try:
+            self.loop.run_until_complete(self.pipeline.run_detect(self.stop_event))
+        except BaseException as exc:  # reported by stop(); the worker exits non-zero
+            self.error = exc
+            log.exception("stage 1 failed")
+        finally:
+            self.loop.close()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.stop_event.set)
+        self.thread.join(timeout)

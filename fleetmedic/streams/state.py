@@ -110,13 +110,14 @@ async def save_snapshot(settings: Settings, state: bytes) -> None:
         await producer.stop()
 
 
-async def end_offset(settings: Settings, topic: str, timeout: float = 30.0) -> int:
+async def end_offsets(settings: Settings, topics: dict[str, int], timeout: float = 30.0) -> dict[TopicPartition, int]:
+    """The end offset of every partition of ``topics`` (name -> partition count)."""
     consumer = AIOKafkaConsumer(**kafka_client_options(settings), enable_auto_commit=False,
                                 request_timeout_ms=int(timeout * 1000))
     await consumer.start()
     try:
-        tp = TopicPartition(topic, 0)
-        return int((await consumer.end_offsets([tp]))[tp])
+        tps = [TopicPartition(t, p) for t, n in topics.items() for p in range(n)]
+        return {tp: int(o) for tp, o in (await consumer.end_offsets(tps)).items()}
     finally:
         await consumer.stop()
 
@@ -151,9 +152,10 @@ async def command_ids_since(settings: Settings, offset: int, timeout: float = 30
         await consumer.stop()
 
 
-async def reset_group_offsets(settings: Settings, group: str, topics: list[str],
+async def reset_group_offsets(settings: Settings, group: str, topics: dict[str, int],
                               offsets: dict[str, dict[int, int]], wait_s: float) -> dict[TopicPartition, int]:
-    """Commit, for ``group``, the snapshot's offsets of ``topics`` (the beginning where it has none).
+    """Commit, for ``group``, the snapshot's offsets of ``topics`` (name -> partitions; the beginning
+    where it has none).
 
     Kafka takes such a commit only while the group has no live member, so this also makes a
     restarted decision worker wait until its predecessor has left the group (at most one session
@@ -162,8 +164,7 @@ async def reset_group_offsets(settings: Settings, group: str, topics: list[str],
     consumer = AIOKafkaConsumer(**kafka_client_options(settings), group_id=group, enable_auto_commit=False)
     await consumer.start()
     try:
-        tps = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or
-                                                                   await _partitions(consumer, t))]
+        tps = [TopicPartition(t, p) for t, n in topics.items() for p in range(n)]
         begin = await consumer.beginning_offsets(tps)
         target = {tp: max(offsets.get(tp.topic, {}).get(tp.partition, 0), begin[tp]) for tp in tps}
         consumer.assign(tps)
@@ -180,13 +181,3 @@ async def reset_group_offsets(settings: Settings, group: str, topics: list[str],
                 await asyncio.sleep(1.0)
     finally:
         await consumer.stop()
-
-
-async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
-    for _ in range(50):
-        parts = consumer.partitions_for_topic(topic)
-        if parts:
-            return set(parts)
-        await consumer._client.force_metadata_update()  # a topic just created
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"topic {topic} has no partitions in the metadata")

@@ -3,26 +3,28 @@
 Two stages, each its own consumer group, so that detection scales out and decisions stay single:
 
 - stage 1, detection per node (:mod:`fleetmedic.streams.detect`), group ``<group>-detect``:
-  ``detect_gpu``/``detect_port`` over ``telemetry.gpu``/``telemetry.port``, partitioned by node;
-  run as many ``--role detect`` workers as there are partitions. It writes ``findings`` and, on a
-  one-partition fleet-inputs topic, per-batch node summaries and the switch ports.
+  a consumer-group loop (plain aiokafka) over ``telemetry.gpu``/``telemetry.port``, partitioned by
+  node; run up to as many ``--role detect`` workers as there are partitions. It writes ``findings``
+  and, on a one-partition fleet-inputs topic, per-batch node summaries and the switch ports.
 - the decision stage (:mod:`fleetmedic.streams.decide`), group ``<group>``: ``decide`` over
   ``findings``, ``jobs.events``, ``remediation.results`` and the fleet inputs, with the global
   state (peers, budgets, breaker, node lifecycle). Exactly one ``--role decide`` worker: a second
   one cannot start while the first is in the group (:func:`~fleetmedic.streams.state.reset_group_offsets`).
 
-``--role all`` (the default) runs both stages in one worker and one group ``<group>``, for a
-single-process deployment. Every value is raw bytes, decoded and validated by
+``--role all`` (the default) runs both in one process (stage 1 in a thread with its own event
+loop, still in its own group), for a single-process deployment. Every value is raw bytes, decoded and validated by
 :mod:`fleetmedic.records`; what does not decode is dead-lettered (:mod:`fleetmedic.streams.outputs`).
 
-Restarts: stage 1 writes each node's baselines to a compacted topic every
-``streams.detect_snapshot_every_s`` and when it loses a partition, and loads them when it is
-assigned one; the decision stage snapshots its state with its input offsets and replays from there,
+Restarts: stage 1 writes the changed nodes' baselines to a compacted topic every
+``streams.detect_snapshot_every_s`` (and when it loses a partition), then commits its offsets, and
+loads them when it is assigned a partition: a restarted stage 1 has exactly the state of its
+committed offsets; the decision stage snapshots its state with its input offsets and replays from there,
 sending no command twice (docs/streams.md has the guarantees and the measured costs).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -34,7 +36,6 @@ from fleetmedic.streams.decide import DecideStage, EventClock
 from fleetmedic.streams.detect import DetectStage
 from fleetmedic.streams.metrics import PipelineMetrics
 from fleetmedic.streams.outputs import Outputs
-from fleetmedic.streams.state import DecideSnapshot
 
 __all__ = ["EventClock", "Pipeline", "Role", "WorkerOptions"]
 
@@ -61,31 +62,38 @@ class WorkerOptions:
 
 
 class Pipeline:
-    """Registers the agents of ``role`` on ``app``; holds the stages."""
+    """The stages of one worker: ``decide`` (prepared, and replayed, by the runner) is attached to
+    ``app``; stage 1 runs in :meth:`run_detect` when ``detect``."""
 
-    def __init__(self, app: faust.App, settings: Settings, key: bytes, metrics: PipelineMetrics, role: Role = "all",
-                 snapshot: DecideSnapshot | None = None, already_sent: set[str] | None = None,
-                 options: WorkerOptions | None = None) -> None:
-        self.app = app
+    def __init__(self, app: faust.App | None, settings: Settings, metrics: PipelineMetrics,
+                 decide: DecideStage | None, detect: bool, options: WorkerOptions | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics
         self.options = o = options or WorkerOptions.of(settings)
-        self.outputs = Outputs(settings, metrics)
+        self.decide = decide
         self.detect: DetectStage | None = None
-        self.decide: DecideStage | None = None
-        if role in ("detect", "all"):
-            self.detect = DetectStage(app, settings, self.outputs, metrics, o.batch_size, o.batch_within_s,
-                                      o.detect_snapshot_every_s)
-        if role in ("decide", "all"):
-            self.decide = DecideStage(app, settings, key, self.outputs, metrics, snapshot, already_sent or set(),
-                                      o.tick_every_s or settings.detection.sample_interval_s, o.snapshot_every_s)
-        app.on_before_shutdown.connect(self._on_shutdown)  # type: ignore[arg-type]
+        if decide is not None:
+            assert app is not None
+            decide.outputs = Outputs(settings, metrics)  # a producer of the Faust worker's event loop
+            decide.attach(app, o.tick_every_s or settings.detection.sample_interval_s, o.snapshot_every_s)
+            app.on_before_shutdown.connect(self._on_shutdown)  # type: ignore[arg-type]
+        if detect:
+            self.detect = DetectStage(settings, Outputs(settings, metrics), metrics, o.batch_size, o.batch_within_s,
+                                      o.detect_snapshot_every_s, o.session_timeout_s)
+
+    async def run_detect(self, stop: asyncio.Event) -> None:
+        """Stage 1 until ``stop`` (in its own event loop: a thread beside Faust's, or the main one)."""
+        assert self.detect is not None
+        try:
+            await self.detect.run(stop)
+        finally:
+            await self.detect.outputs.stop()
 
     async def _on_shutdown(self, sender: Any, *_: Any, signal: Any = None, **__: Any) -> None:
-        """Faust has stopped consuming: write the last state, then close the producer."""
+        """Faust has stopped consuming: write the decision stage's last snapshot, close its producer."""
+        assert self.decide is not None
         try:
-            if self.detect is not None:
-                await self.detect.snapshot()
-            if self.decide is not None:
-                size = await self.decide.snapshot()
-                log.info("engine state written (%d bytes)", size)
+            size = await self.decide.snapshot()
+            log.info("engine state written (%d bytes)", size)
         finally:
-            await self.outputs.stop()
+            await self.decide.outputs.stop()

@@ -1,0 +1,372 @@
+"""The Faust pipeline on a real broker: stage-1 throughput, scale-out, ingest -> command latency, state costs.
+
+    .venv/bin/python bench/bench_pipeline.py [--messages 48000] [--nodes 1000] [--latency-s 25]
+
+Uses ``$FLEETMEDIC_KAFKA_BOOTSTRAP`` or starts its own broker (fleetmedic.devenv.kafka, free ports).
+Pre-produces ``--messages`` GpuTelemetry messages (8 GPUs each, every dcgm field; bench_detection's
+generator) on a 2-partition ``telemetry.gpu``, then measures, in the same run:
+
+1. a plain aiokafka consumer reading and decoding them (msgspec, into GpuTelemetry): the baseline;
+2. one ``fleetmedic worker --role detect`` process: GPU samples/s through stage 1 (decode,
+   detectors, findings, node summaries) from its first message until it has read them all, in wall
+   time and per CPU second of the worker (other load on a shared machine slows the former only);
+   ratio against (1). Targets: >= 100k GPU samples/s, >= 0.5x;
+3. two ``--role detect`` workers on the two partitions, from the moment both consume: ratio against
+   (2) (target >= 1.7x), with the CPU share each worker got;
+4. ingest -> command latency: one ``--role all`` worker under a steady telemetry load (the target
+   100k GPU samples/s, or 70 % of what (2) sustained if less), a hard fault (XID 79 on a fresh node)
+   every second; latency = the fault message's produce time -> the first command for it on
+   ``remediation.commands`` (its record timestamp). Target p99 <= 1 s;
+5. without the broker, what the designs cost per telemetry message: stage-1 state written per
+   message (a node's whole state per message, as a Faust table would, vs a per-node snapshot every
+   ``streams.detect_snapshot_every_s``), and the decision stage's peer input (raw telemetry vs
+   stage 1's node summaries: bytes and decode CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import numpy as np
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_detection import make_messages
+
+from fleetmedic import records as r
+from fleetmedic.config import Settings, parse_config
+from fleetmedic.devenv import proc
+from fleetmedic.models.stages import NodeDetection, summarise
+from fleetmedic.streams.app import ensure_topics
+from fleetmedic.streams.detect import SummaryBatch
+from fleetmedic.streams.state import NodeStageState
+
+KEY = "bench-signing-key-" + "x" * 32
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.contextmanager
+def broker(workdir: Path) -> Iterator[str]:
+    given = os.environ.get("FLEETMEDIC_KAFKA_BOOTSTRAP")
+    if given:
+        yield given
+        return
+    from fleetmedic.devenv.kafka import Kafka
+
+    port, controller = proc.free_ports(2)
+    kafka = Kafka(workdir / "kafka", port=port, controller_port=controller, heap="1g")
+    print(f"starting a broker on 127.0.0.1:{port} ...", flush=True)
+    kafka.start(timeout=180)
+    try:
+        yield kafka.bootstrap
+    finally:
+        kafka.stop()
+
+
+def config(workdir: Path, bootstrap: str, prefix: str, group: str, extra: str = "") -> tuple[Path, Settings]:
+    text = (f"kafka: {{bootstrap_servers: '{bootstrap}', consumer_group: {group}}}\n"
+            f"topics: {{prefix: {prefix}, default_partitions: 2}}\nmetrics: {{port: 0}}\n" + extra)
+    path = workdir / f"{group}.yaml"
+    path.write_text(text)
+    return path, parse_config(text, env={})
+
+
+async def produce_all(bootstrap: str, topic: str, wire: list[bytes], keys: list[bytes]) -> float:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20, max_batch_size=1 << 20)
+    await producer.start()
+    t0 = time.perf_counter()
+    try:
+        for k, v in zip(keys, wire, strict=True):
+            await producer.send(topic, value=v, key=k)
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return time.perf_counter() - t0
+
+
+async def plain_consumer(bootstrap: str, topic: str, total: int) -> tuple[float, float]:
+    """Read and decode ``total`` messages; (wall s, CPU s of this process)."""
+    dec = r.decoder_for(r.GpuTelemetry)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
+                                max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or {0, 1})]
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, 0)
+        seen, t0, c0 = 0, time.perf_counter(), time.process_time()
+        while seen < total:
+            for recs in (await consumer.getmany(timeout_ms=1000, max_records=5000)).values():
+                for rec in recs:
+                    dec.decode(rec.value)
+                seen += len(recs)
+        return time.perf_counter() - t0, time.process_time() - c0
+    finally:
+        await consumer.stop()
+
+
+class Worker:
+    """``fleetmedic worker`` as a subprocess; its metrics page and CPU time."""
+
+    def __init__(self, cfg: Path, role: str, workdir: Path, name: str) -> None:
+        self.log = workdir / f"{name}.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETMEDIC__")}
+        env["FLEETMEDIC_SIGNING_KEY"] = KEY
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "fleetmedic.cli", "worker", "--config", str(cfg),
+                                          "--role", role, "--loglevel", "info"],
+                                         env=env, stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
+        self.url: str | None = None
+
+    def counter(self, name: str, labels: str) -> float:
+        if self.url is None:
+            found = re.search(r"metrics on (http://\S+/metrics)", self.log.read_text(errors="replace"))
+            if not found:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"worker exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+                return 0.0
+            self.url = found.group(1)
+        with urllib.request.urlopen(self.url, timeout=10) as resp:
+            page = resp.read().decode()
+        m = re.search(re.escape(f"{name}{{{labels}}}") + r" (\S+)", page)
+        return float(m.group(1)) if m else 0.0
+
+    def cpu_s(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def stage1_rate(workers: list[Worker], topic: str, total: int,
+                timeout: float = 600) -> tuple[float, float, list[float]]:
+    """Messages/s from the moment every worker consumes until all ``total`` are read: (wall rate,
+    rate per worker CPU second, CPU share of each worker over the window)."""
+    labels = f'stage="detect",topic="{topic}"'
+    deadline = time.monotonic() + timeout
+    start: tuple[float, float, list[float]] | None = None
+    while True:
+        counts = [w.counter("fleetmedic_messages_in_total", labels) for w in workers]
+        now = time.perf_counter()
+        if start is None and all(c > 0 for c in counts):
+            start = (now, sum(counts), [w.cpu_s() for w in workers])
+        if sum(counts) >= total and start is not None:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"stage 1 read {sum(counts)} of {total} in {timeout}s")
+        time.sleep(0.1)
+    cpu = [w.cpu_s() - c for w, c in zip(workers, start[2], strict=True)]
+    wall = now - start[0]
+    done = sum(counts) - start[1]
+    return done / wall, done / max(sum(cpu), 1e-9), [c / wall for c in cpu]
+
+
+async def latency_run(bootstrap: str, settings: Settings, rate: float, seconds: float,
+                      template: list[r.GpuTelemetry]) -> list[float]:
+    """Steady load at ``rate`` messages/s and a fault a second; latencies in seconds."""
+    gpu, commands = settings.topics.topic("telemetry.gpu"), settings.topics.topic("remediation.commands")
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_batch_size=1 << 20)
+    consumer = AIOKafkaConsumer(commands, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                                enable_auto_commit=False, metadata_max_age_ms=1000)
+    await producer.start()
+    await consumer.start()
+    faults: dict[str, float] = {}
+    first_cmd: dict[str, float] = {}
+
+    async def read_commands() -> None:
+        while True:
+            for recs in (await consumer.getmany(timeout_ms=200)).values():
+                for rec in recs:
+                    m = re.search(r":node:(fault-node-\d+):", r.decode(r.RemediationCommand, rec.value).incident_id)
+                    if m and m.group(1) not in first_cmd:
+                        first_cmd[m.group(1)] = rec.timestamp / 1000
+
+    reader = asyncio.create_task(read_commands())
+    try:
+        t_start, sent, tick, _nodes = time.perf_counter(), 0, 0, len(template)
+        next_fault = t_start + 2.0
+        ts0 = 1.8e9
+        while time.perf_counter() - t_start < seconds:
+            tick += 1
+            for msg in template:
+                await producer.send(gpu, key=msg.node.encode(),
+                                    value=r.encode(msgspec.structs.replace(msg, ts=ts0 + 10 * tick)))
+                sent += 1
+                if sent % 200 == 0:
+                    ahead = sent / rate - (time.perf_counter() - t_start)
+                    if ahead > 0:
+                        await asyncio.sleep(ahead)
+                    if time.perf_counter() >= next_fault:
+                        node = f"fault-node-{len(faults)}"
+                        fault = msgspec.structs.replace(template[0], node=node, ts=ts0 + 10 * tick,
+                                                        xids=[r.XidEvent(gpu=3, xid=79, ts=ts0 + 10 * tick)])
+                        faults[node] = time.time()
+                        await producer.send(gpu, key=node.encode(), value=r.encode(fault))
+                        next_fault += 1.0
+        achieved = sent / (time.perf_counter() - t_start)
+        deadline = time.perf_counter() + 30
+        while len(first_cmd) < len(faults) and time.perf_counter() < deadline:
+            await asyncio.sleep(0.2)
+    finally:
+        reader.cancel()
+        await producer.stop()
+        await consumer.stop()
+    print(f"  load {achieved:,.0f} messages/s = {8 * achieved:,.0f} GPU samples/s for {seconds:.0f} s; "
+          f"{len(faults)} faults, {len(first_cmd)} answered")
+    missing = len(faults) - len(first_cmd)
+    return [first_cmd[n] - t for n, t in faults.items() if n in first_cmd] + [float("inf")] * missing
+
+
+def state_costs(wire: list[bytes], settings: Settings) -> None:
+    dec = r.decoder_for(r.GpuTelemetry)
+    msgs = [dec.decode(b) for b in wire]
+    stage = NodeDetection(settings.detection)
+    for i in range(0, len(msgs), 256):
+        stage.on_gpu(msgs[i:i + 256])
+    nodes = stage.gpu.nodes()
+    sizes = [len(msgspec.msgpack.encode(NodeStageState(gpu=stage.gpu.export_state(n),
+                                                       ports=stage.ports.export_device(n), written_at=0.0))) + len(n)
+             for n in nodes]
+    per_node = float(np.mean(sizes))
+    telemetry = float(np.mean([len(b) for b in wire]))
+    every = settings.streams.detect_snapshot_every_s / settings.detection.sample_interval_s  # messages per write
+    print("stage-1 state written per telemetry message (telemetry itself: "
+          f"{telemetry:,.0f} bytes/message)")
+    print(f"  whole node state per message (table)  {per_node:10,.0f} bytes   {per_node / telemetry:5.2f}x telemetry")
+    print(f"  per-node snapshot every {settings.streams.detect_snapshot_every_s:.0f} s         "
+          f"{per_node / every:10,.0f} bytes   {per_node / every / telemetry:5.2f}x telemetry")
+
+    enc = msgspec.msgpack.Encoder()
+    batches = [SummaryBatch([summarise(m) for m in msgs[i:i + 256]]) for i in range(0, len(msgs), 256)]
+    summary_bytes = sum(len(enc.encode(b)) for b in batches) / len(msgs)
+    decode_batch = msgspec.msgpack.Decoder(SummaryBatch).decode
+    wire_batches = [enc.encode(b) for b in batches]
+    c0 = time.process_time()
+    for b in wire:
+        summarise(dec.decode(b))
+    raw_cpu = (time.process_time() - c0) / len(wire)
+    c0 = time.process_time()
+    for wb in wire_batches:
+        decode_batch(wb)
+    sum_cpu = (time.process_time() - c0) / len(wire)
+    print("decision stage's peer input per node sample")
+    print(f"  raw telemetry (decode + summarise)    {telemetry:10,.0f} bytes   {raw_cpu * 1e6:6.1f} us CPU")
+    print(f"  stage 1's node summaries (batched)    {summary_bytes:10,.0f} bytes   {sum_cpu * 1e6:6.1f} us CPU   "
+          f"({telemetry / summary_bytes:.0f}x fewer bytes, {raw_cpu / max(sum_cpu, 1e-12):.0f}x less CPU)")
+
+
+def throughput(work: Path, bootstrap: str, u: str, wire: list[bytes], keys: list[bytes]) -> float:
+    """Parts 1-3; returns one worker's messages/s."""
+    total = len(wire)
+    prefix = f"bench{u}."
+    cfg1, s1 = config(work, bootstrap, prefix, f"bench{u}-one")
+    asyncio.run(ensure_topics(s1))
+    topic = s1.topics.topic("telemetry.gpu")
+    took = asyncio.run(produce_all(bootstrap, topic, wire, keys))
+    print(f"pre-produced in {took:.1f} s ({total / took:,.0f} messages/s)\n")
+
+    wall, cpu = asyncio.run(plain_consumer(bootstrap, topic, total))
+    base, base_cpu = total / wall, total / cpu
+    print(f"plain aiokafka consumer + decode  {8 * base:12,.0f} GPU samples/s  "
+          f"{8 * base_cpu:12,.0f} per CPU s   (baseline)")
+
+    one = Worker(cfg1, "detect", work, "one")
+    try:
+        rate1, per_cpu1, share1 = stage1_rate([one], topic, total)
+    finally:
+        one.stop()
+    print(f"1 detect worker (stage 1)          {8 * rate1:12,.0f} GPU samples/s  {8 * per_cpu1:12,.0f} per CPU s   "
+          f"{rate1 / base:5.2f}x wall, {per_cpu1 / base_cpu:5.2f}x CPU   (targets: >=100k, >=0.5x); "
+          f"{share1[0]:.2f} cores")
+
+    cfg2, _ = config(work, bootstrap, prefix, f"bench{u}-two")
+    two = [Worker(cfg2, "detect", work, f"two-{i}") for i in range(2)]
+    try:
+        rate2, per_cpu2, share2 = stage1_rate(two, topic, total)
+    finally:
+        for w in two:
+            w.stop()
+    print(f"2 detect workers, 2 partitions     {8 * rate2:12,.0f} GPU samples/s  {8 * per_cpu2:12,.0f} per CPU s   "
+          f"{rate2 / rate1:5.2f}x one worker (target >= 1.7x); cores used: "
+          f"{', '.join(f'{c:.2f}' for c in share2)} of {os.cpu_count()}")
+    return rate1
+
+
+def latency(work: Path, bootstrap: str, u: str, template: list[r.GpuTelemetry], rate: float, seconds: float) -> None:
+    """Part 4, at ``rate`` messages/s."""
+    # a fault a second on fresh nodes trips the breaker (3 suspects in 5 min) within seconds, and
+    # a tripped breaker holds commands back: measure latency with the budgets out of the way
+    relaxed = ("safety: {max_new_isolations: 100000, max_quarantined_count: 100000, max_quarantined_fraction: 1.0,"
+               " max_per_rack: 100000, max_per_switch: 100000, breaker: {trip_min_nodes: 100000}}\n")
+    cfg, settings = config(work, bootstrap, f"bench{u}l.", f"bench{u}-lat", relaxed)
+    asyncio.run(ensure_topics(settings))
+    worker = Worker(cfg, "all", work, "latency")
+    try:
+        deadline = time.monotonic() + 120
+        while "Ready" not in worker.log.read_text(errors="replace") and time.monotonic() < deadline:
+            worker.counter("fleetmedic_messages_in_total", "")  # raises if it died
+            time.sleep(0.2)
+        print(f"\ningest -> command latency, one --role all worker, target load {8 * rate:,.0f} GPU samples/s")
+        lat = np.array(asyncio.run(latency_run(bootstrap, settings, rate, seconds, template)))
+        busy = {st: (worker.counter("fleetmedic_processing_seconds_sum", f'stage="{st}"'),
+                     worker.counter("fleetmedic_processing_seconds_count", f'stage="{st}"'))
+                for st in ("detect", "decide", "tick")}
+        print("  worker time per stage: " + ", ".join(f"{st} {t:.1f} s in {n:.0f} calls" for st, (t, n) in busy.items()))
+    finally:
+        worker.stop()
+    if len(lat):
+        print("  each fault, in order (s): " + " ".join(f"{x:.2f}" for x in lat))
+        print(f"  latency p50 {np.percentile(lat, 50):.3f} s  p99 {np.percentile(lat, 99):.3f} s  "
+              f"max {lat.max():.3f} s   (target p99 <= 1 s)\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=48_000, help="pre-produced GpuTelemetry messages")
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--latency-s", type=float, default=25.0)
+    ap.add_argument("--latency-rate", type=float, help="messages/s for part 4 (default: from part 2)")
+    ap.add_argument("--only", choices=["throughput", "latency", "costs"], help="run one part")
+    args = ap.parse_args()
+    ticks = max(1, args.messages // args.nodes)
+    wire = make_messages(args.nodes, ticks)
+    total, samples = len(wire), 8 * len(wire)
+    keys = [f"gpu-node-{i % args.nodes:05d}".encode() for i in range(total)]
+    print(f"{total} messages ({samples} GPU samples, {np.mean([len(b) for b in wire]):,.0f} bytes each), "
+          f"{args.nodes} nodes; machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
+    if args.only in (None, "throughput", "latency"):
+        with tempfile.TemporaryDirectory(prefix="fm-bench-") as tmp, broker(Path(tmp)) as bootstrap:
+            u = uuid.uuid4().hex[:8]
+            rate = args.latency_rate or 100_000 / 8
+            if args.only in (None, "throughput"):
+                rate = args.latency_rate or min(100_000 / 8, 0.7 * throughput(Path(tmp), bootstrap, u, wire, keys))
+            if args.only in (None, "latency"):
+                template = [r.decode(r.GpuTelemetry, b) for b in wire[: args.nodes]]
+                latency(Path(tmp), bootstrap, u, template, rate, args.latency_s)
+    if args.only in (None, "costs"):
+        state_costs(wire[: args.nodes * min(ticks, 30)], Settings())
+
+
+if __name__ == "__main__":
+    main()
