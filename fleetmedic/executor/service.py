@@ -5,9 +5,8 @@
   ``lease_duration_s / 3`` and, once it leads, resumes from the group's committed offset.
 - Commands for one target (node, or job) run in order, one at a time; different targets run in
   parallel (worker threads: the ``kubernetes`` client is synchronous). A long action (drain,
-  diagnostics) does not hold up other nodes. A job command waits for the quick commands (cordon,
-  taint) received before it for the nodes it excludes, so re-placed pods never meet a node that is
-  about to be tainted but is not yet.
+  diagnostics) does not hold up other nodes. Between the tracks of one incident:
+  :class:`IsolationOrder`.
 - A result is published (key: command id) before its offset may be committed, and the committed
   offset is the lowest one whose result is not yet out, so a crash re-delivers every command that has
   no result; the ids recorded on the objects turn re-deliveries of applied commands into ``skipped``
@@ -42,6 +41,7 @@ from fleetmedic.streams.app import kafka_client_options
 
 log = logging.getLogger("fleetmedic.executor")
 MAX_THREADS = 64
+ORDER_WAIT_S = 30.0
 _Item = tuple[TopicPartition, int, r.RemediationCommand, list["asyncio.Future[None]"], "asyncio.Future[None] | None"]
 
 
@@ -68,20 +68,44 @@ class _Offsets:
 
 
 class IsolationOrder:
-    """Quick node commands (cordon, taint) not yet done, per node: a job command that excludes a node
-    waits for those received before it."""
+    """Ordering between the two tracks of one incident, which the decision stage publishes together
+    (``restart_job`` first, then ``cordon``, ``taint``, ``drain`` of the suspect node):
+
+    - a job command that excludes a node waits for the quick commands (cordon, taint) for that node
+      received in the same fetch or earlier: the replacement pods must not meet a node that is about
+      to be tainted but is not yet;
+    - a drain waits for the job commands re-placing workloads off its node: evicting a pod the
+      re-placement is about to delete anyway would count as a pod failure and hold the replacement
+      back by the Job controller's failure backoff.
+
+    Waits are bounded (:data:`ORDER_WAIT_S`), so no cycle can block a command for good."""
 
     def __init__(self) -> None:
-        self._pending: dict[str, list[asyncio.Future[None]]] = {}
+        self._quick: dict[str, list[asyncio.Future[None]]] = {}
+        self._replacing: dict[str, list[asyncio.Future[None]]] = {}
 
-    def quick(self, node: str) -> asyncio.Future[None]:
-        """A quick command for ``node`` was received: the future to resolve when it is done."""
+    @staticmethod
+    def _add(table: dict[str, list[asyncio.Future[None]]], keys: Sequence[str]) -> asyncio.Future[None]:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending[node] = [*(f for f in self._pending.get(node, []) if not f.done()), done]
+        for key in keys:
+            table[key] = [*(f for f in table.get(key, []) if not f.done()), done]
         return done
 
-    def before_replacing(self, exclude_nodes: Sequence[str]) -> list[asyncio.Future[None]]:
-        return [f for n in exclude_nodes for f in self._pending.get(n, []) if not f.done()]
+    def register(self, cmd: r.RemediationCommand) -> asyncio.Future[None] | None:
+        """The future to resolve when ``cmd`` is done, for commands others may wait for."""
+        if cmd.action in JOB_ACTIONS and cmd.exclude_nodes:
+            return self._add(self._replacing, cmd.exclude_nodes)
+        if cmd.node and cmd.action in NODE_QUICK:
+            return self._add(self._quick, [cmd.node])
+        return None
+
+    def waits_for(self, cmd: r.RemediationCommand) -> list[asyncio.Future[None]]:
+        """What ``cmd`` waits for (call after registering every command of the fetch)."""
+        if cmd.action in JOB_ACTIONS:
+            return [f for n in cmd.exclude_nodes for f in self._quick.get(n, []) if not f.done()]
+        if cmd.action == "drain" and cmd.node:
+            return [f for f in self._replacing.get(cmd.node, []) if not f.done()]
+        return []
 
 
 class ExecutorService:
@@ -141,7 +165,8 @@ class ExecutorService:
             while (item := await q.get()) is not None:
                 tp, offset, cmd, after, done = item
                 try:
-                    await asyncio.gather(*after)  # a re-placement waits for the isolation issued before it
+                    if after:  # see IsolationOrder
+                        await asyncio.wait(after, timeout=ORDER_WAIT_S)
                     result = await loop.run_in_executor(self.pool, executor.handle, cmd)
                 except Interrupted:
                     return  # leadership lost: no result, no commit; the next leader resumes it
@@ -177,21 +202,22 @@ class ExecutorService:
                         break
                     renew_at = time.monotonic() + self.elector.renew_every_s
                 batches = await consumer.getmany(timeout_ms=200, max_records=100)
+                fetched: list[tuple[TopicPartition, int, r.RemediationCommand, asyncio.Future[None] | None]] = []
                 for tp, recs in batches.items():
                     for rec in recs:
                         offsets.setdefault(tp, _Offsets()).start(rec.offset)
                         cmd = await self._decode(producer, tp, rec.offset, rec.key, rec.value)
                         if cmd is None:
                             offsets[tp].finish(rec.offset)
-                            continue
-                        on_node = cmd.node and cmd.action not in JOB_ACTIONS
-                        target = f"node:{cmd.node}" if on_node else f"job:{cmd.job}"
-                        if target not in queues:
-                            queues[target] = asyncio.Queue()
-                            workers.append(asyncio.create_task(target_worker(queues[target])))
-                        done = order.quick(cmd.node) if on_node and cmd.action in NODE_QUICK else None
-                        after = order.before_replacing(cmd.exclude_nodes) if not on_node else []
-                        queues[target].put_nowait((tp, rec.offset, cmd, after, done))
+                        else:
+                            fetched.append((tp, rec.offset, cmd, order.register(cmd)))
+                for tp, offset, cmd, done in fetched:
+                    on_node = cmd.node and cmd.action not in JOB_ACTIONS
+                    target = f"node:{cmd.node}" if on_node else f"job:{cmd.job}"
+                    if target not in queues:
+                        queues[target] = asyncio.Queue()
+                        workers.append(asyncio.create_task(target_worker(queues[target])))
+                    queues[target].put_nowait((tp, offset, cmd, order.waits_for(cmd), done))
                 await commit()
         finally:
             halt.set()
