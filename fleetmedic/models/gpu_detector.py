@@ -17,7 +17,9 @@ gpu_baseline      degradation  a signal beyond ``z_warning`` and ``min_delta`` o
                                for ``continuity_samples`` samples in a row
 gpu_drift         degradation  CUSUM of the signal's z-score above ``cusum.threshold_h``
 gpu_throttle      degradation  share of samples in thermal/power slowdown above
-                               ``thermal_throttle_fraction`` (EWMA over the baseline half-life)
+                               ``thermal_throttle_fraction`` (EWMA over the baseline half-life;
+                               it restarts after a reboot or a gap over ``max_sample_gap_s``),
+                               reported in samples that are throttled (not while it decays)
 pcie_width        degradation  PCIe link width below the widest seen on that GPU
 hbm_rows          degradation  uncorrectable remapped rows went up, or a remap is pending
 hard_rules        hard_fault   DBE increase >= ``dbe_threshold``; row-remap failure; NVLink
@@ -361,10 +363,15 @@ class GpuDetector:
             cusum_h=s.cusum.threshold_h,
         )
         hard = _hard_conditions(x, prev, reset, s.dbe_threshold)
-        throttle = slab.throttle[idx]
+        # the share of time throttled restarts after a reboot or a long silence (repair, maintenance):
+        # what the GPU did before says nothing about it now
+        stale = reset | ~(dt <= s.max_sample_gap_s)
+        throttle = np.where(stale[:, None], 0.0, slab.throttle[idx])
         reasons = x[:, M["clocks_event_reasons"], :]
         slowed = (np.nan_to_num(reasons).astype(np.int64) & THROTTLE_MASK) != 0
         throttle += self.alpha * (np.where(np.isfinite(reasons), slowed, throttle) - throttle)
+        # reported while it happens: the share decays slowly once the cause is gone (a recovered GPU)
+        throttled = (throttle > s.thermal_throttle_fraction) & slowed
         widths = x[:, M["pcie_link_width"], :]
         max_width = np.fmax(slab.max_width[idx], widths)
         narrow = np.isfinite(widths) & (widths < max_width)
@@ -374,7 +381,7 @@ class GpuDetector:
         busy = (
             np.array(attention)
             | (res.persistent | res.drifting).any(axis=(1, 2))
-            | (throttle > s.thermal_throttle_fraction).any(axis=1)
+            | throttled.any(axis=1)
             | narrow.any(axis=1)
             | xid_changed.any(axis=1)
         )
@@ -387,7 +394,7 @@ class GpuDetector:
         slab.samples[idx] += 1
         for i in map(int, np.flatnonzero(busy)):
             msg, live = msgs[i], lives[i]
-            conditions = self._conditions(i, msg, res, hard, throttle[i], narrow[i], x[i], prev[i])
+            conditions = self._conditions(i, msg, res, hard, throttle[i], throttled[i], narrow[i], x[i], prev[i])
             conditions.extend(self._xid_conditions(msg, live, xid_changed[i], x[i]))
             findings.extend(self._report(msg, live, conditions))
         return findings
@@ -401,6 +408,7 @@ class GpuDetector:
         res: StepResult,
         hard: dict[str, NDArray[np.bool_]],
         throttle: F64,
+        throttled: NDArray[np.bool_],
         narrow: NDArray[np.bool_],
         x: F64,
         prev: F64,
@@ -438,7 +446,7 @@ class GpuDetector:
                         "",
                     )
                 )
-        for g in np.nonzero(throttle > s.thermal_throttle_fraction)[0]:
+        for g in np.nonzero(throttled)[0]:
             ev = Evidence(detector="gpu_throttle", metric="clocks_event_reasons", value=float(throttle[g]),
                           threshold=s.thermal_throttle_fraction, gpu=msg.gpus[g], ts=msg.ts,
                           note="share of samples in HW slowdown / thermal / power brake")

@@ -81,6 +81,7 @@ class FleetDetection:
     switch_ports: PortDetector = field(init=False)
     _jobs: dict[str, set[str]] = field(default_factory=dict)  # job -> nodes
     _skus: dict[str, set[str]] = field(default_factory=dict)  # sku -> nodes
+    _placed: dict[str, int] = field(default_factory=dict)  # node -> jobs placed on it
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -100,16 +101,30 @@ class FleetDetection:
         self.sku_peers.observe(s.node, s.ts, s.values)
         for nodes in self._skus.values():
             nodes.discard(s.node)
-        if s.sku and s.band:
-            # a SKU fleet runs many workloads: compare a node only with nodes under a similar load
-            self._skus.setdefault(f"{s.sku} {s.band}", set()).add(s.node)
+        # a SKU fleet runs many workloads: compare a node only with nodes under a similar load; idle
+        # means no job (a job's GPUs waiting on a checkpoint or its input are not idle like an empty node)
+        band = "" if s.band == "idle" and s.node in self._placed else s.band
+        if s.sku and band:
+            self._skus.setdefault(f"{s.sku} {band}", set()).add(s.node)
 
     def on_job(self, event: JobEvent) -> list[Finding]:
         if event.event == "placement":
-            self._jobs[event.job] = {p.node for p in event.placement}
+            self._place(event.job, {p.node for p in event.placement})
         elif event.event in ("completion", "failure"):
-            self._jobs.pop(event.job, None)
+            self._place(event.job, set())
         return self.stragglers.observe(event)
+
+    def _place(self, job: str, nodes: set[str]) -> None:
+        for n in self._jobs.pop(job, set()):
+            left = self._placed.get(n, 0) - 1
+            if left > 0:
+                self._placed[n] = left
+            else:
+                self._placed.pop(n, None)
+        if nodes:
+            self._jobs[job] = nodes
+            for n in nodes:
+                self._placed[n] = self._placed.get(n, 0) + 1
 
     def on_port(self, msg: PortTelemetry) -> list[Finding]:
         return self.switch_ports.observe(msg)
@@ -129,7 +144,9 @@ class FleetDetection:
         self.sku_peers.import_state(sku_peers)
         self.stragglers.import_state(stragglers)
         self.switch_ports.import_state(ports)
-        self._jobs = {k: set(v) for k, v in jobs.items()}
+        self._jobs, self._placed = {}, {}
+        for job, nodes in jobs.items():
+            self._place(job, set(nodes))
         self._skus = {k: set(v) for k, v in skus.items()}
 
     def tick(self, now: float) -> list[Finding]:

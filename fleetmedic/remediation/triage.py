@@ -216,6 +216,8 @@ class Triage:
         klass = _finding_class(f)
         if klass is None:
             return []
+        if f.detector == "xid_repeat" and self._xids_across_job(f, now):
+            return []  # an application's XIDs on many nodes of its job: the job's failure decides (job bug)
         signals = {f"detector:{f.detector}", f"kind:{f.kind}"}
         if f.action_hint:
             signals.add(f"hint:{f.action_hint}")
@@ -232,6 +234,22 @@ class Triage:
         seen = self._warnings(f.node, lambda g: _finding_class(g) == klass, now)
         return [Assessment(inc, new, frozenset(signals), why, f.ts, affected_jobs=jobs, exclude_nodes=(f.node,),
                            gpu=f.gpu, confirmed=klass == "hardware" or self._confirmed(inc.severity, seen, klass))]
+
+    def _xids_across_job(self, f: Finding, now: float) -> str:
+        """The job (if any) ``f.node`` ran in whose nodes reported non-isolating XIDs within the evidence
+        window as a job bug's failures spread: on ``job_bug_min_nodes`` nodes, or on at least two and
+        ``job_bug_min_fraction`` of them. A GPU's repeated application XIDs are then the job's doing."""
+        s = self.settings
+        lo = now - s.evidence_window_s
+        for rec in self.state.jobs.values():
+            if f.node not in rec.nodes:
+                continue
+            count = sum(1 for n in rec.nodes if any(
+                g.detector == "xid_rules" and g.severity != "critical" and g.ts >= lo
+                for g in self.state.findings.get(n, ())))
+            if count >= s.job_bug_min_nodes or (count >= 2 and count >= s.job_bug_min_fraction * len(rec.nodes)):
+                return rec.job
+        return ""
 
     def _warnings(self, node: str, same: Callable[[Finding], bool], now: float) -> list[float]:
         """When a node reported findings like this one within the confirmation window."""

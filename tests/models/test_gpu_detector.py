@@ -169,6 +169,24 @@ def test_throttling_is_found() -> None:
     assert any(f.detector == "gpu_throttle" and f.gpu == 3 for f in found)
 
 
+def test_throttling_before_a_repair_is_not_reported_after_it() -> None:
+    # a GPU throttled for hours, then the node was away for repair (hours without samples, a new boot)
+    hot = {"clocks_event_reasons": [0, 0, 0, 0x40, 0, 0, 0, 0]}
+    for boot in ("boot-1", "boot-2"):  # whether or not the boot id tells
+        det = detector()
+        assert any(f.detector == "gpu_throttle" for f in run(det, 300, gauges=lambda k: hot))
+        back = run(det, 200, start=300 + 3 * 3600 // int(DT), boot_id=lambda k, b=boot: b)
+        assert not any(f.detector == "gpu_throttle" for f in back)
+
+
+def test_throttling_that_stopped_is_not_reported_while_its_share_decays() -> None:
+    det = detector()
+    hot = {"clocks_event_reasons": [0, 0, 0, 0x40, 0, 0, 0, 0]}
+    assert any(f.detector == "gpu_throttle" for f in run(det, 300, gauges=lambda k: hot))
+    cool = run(det, 300, start=300)  # the share is still above the fraction for ~45 min
+    assert not any(f.detector == "gpu_throttle" for f in cool)
+
+
 def test_missing_metrics_and_missing_values_are_tolerated() -> None:
     det = detector()
     rng = np.random.default_rng(0)

@@ -14,6 +14,7 @@ from fleetmedic.models.baseline import EwmaBaseline, alpha_for_halflife
 from fleetmedic.models.multivariate import MultivariateModel, NodeWindowFeatures
 from fleetmedic.models.peers import PeerComparison, node_summary
 from fleetmedic.models.port_detector import PortDetector
+from fleetmedic.models.stages import FleetDetection
 from fleetmedic.models.straggler import StragglerDetector
 from tests.models.synth import gpu_message
 
@@ -87,6 +88,26 @@ class TestPorts:
 
 
 class TestPeers:
+    def test_a_jobs_node_waiting_on_io_is_not_compared_with_empty_idle_nodes(self) -> None:
+        # n0 runs a job that is writing a checkpoint (GPUs near 0 % but warmer than empty nodes);
+        # n5 has no job and runs hot: only n5 is unlike its idle SKU peers
+        fleet = FleetDetection(S)
+        fleet.on_job(r.JobEvent(job="ml/a", event="placement", ts=1000, attempt=0,
+                                placement=[r.RankPlacement(rank=0, node="n0")]))
+        rng = np.random.default_rng(2)
+        found: list[r.Finding] = []
+        for k in range(40):
+            for i in range(8):
+                msg = gpu_message(f"n{i}", 1000 + 10 * k, rng, load=0.0,
+                                  hot={g: 8.0 for g in range(8)} if i in (0, 5) else None)
+                fleet.on_gpu(msgspec.structs.replace(msg, sku="H100", metrics=msgspec.structs.replace(
+                    msg.metrics, gpu_util=[2.0] * 8)))
+            found += fleet.tick(1000 + 10 * k)
+        assert {f.node for f in found if f.detector == "sku_peers"} == {"n5"}
+        restored = FleetDetection(S)
+        restored.restore(fleet.to_bytes())
+        assert restored._placed == {"n0": 1}
+
     def nodes(self, n: int, hot_node: int | None, k: int, rng: np.random.Generator) -> list[r.GpuTelemetry]:
         return [gpu_message(f"n{i}", 1000 + 10 * k, rng, hot={g: 6.0 for g in range(8)} if i == hot_node else None)
                 for i in range(n)]

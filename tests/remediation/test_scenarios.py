@@ -221,3 +221,26 @@ def test_a_node_cordoned_by_someone_else_for_maintenance_raises_no_incident_whil
     _port_finding(w, "leaf-0", "swp3", "node-3")
     w.advance(40)
     assert [s.name for s in w.last_incident(node="node-3").suspects][:1] == ["node-3"]
+
+
+def test_an_applications_xids_repeated_on_every_node_of_its_job_isolate_no_node() -> None:
+    w = World(n=32)
+    w.place(JOB, nodes(0, 8))
+    for attempt in range(3):  # a job bug: an illegal memory access (XID 13) on every GPU, every attempt
+        for n in nodes(0, 8):
+            w.finding(n, kind="hard_fault", severity="info", hint="restart_app", detector="xid_rules",
+                      summary="XID 13 (Graphics Engine Exception) on GPU 0")
+        if attempt:
+            for n in nodes(0, 8):
+                w.finding(n, kind="hard_fault", severity="warning", hint="investigate", detector="xid_repeat",
+                          summary=f"XID 13 repeated {attempt + 1}x on GPU 0")
+        w.advance(400)
+    assert not w.isolated() and not [i for i in w.incidents if i.incident_class == "degradation"]
+    # the same repetition on one node alone is that GPU's problem
+    w.place("ml/other", nodes(16, 24))
+    for attempt in range(3):
+        w.finding("node-17", kind="hard_fault", severity="info", hint="restart_app", detector="xid_rules")
+        if attempt:
+            w.finding("node-17", kind="hard_fault", severity="warning", hint="investigate", detector="xid_repeat")
+        w.advance(400)
+    assert w.last_incident(node="node-17").incident_class == "degradation"
