@@ -75,6 +75,7 @@ class DetectStage:
         self.state_topic = detect_state_topic(settings)
         self.summaries = summaries_topic(settings)
         self.consumer: AIOKafkaConsumer | None = None
+        self._restored = asyncio.Event()
 
     # --- the loop ----------------------------------------------------------------------------------
 
@@ -95,8 +96,13 @@ class DetectStage:
             while not stop.is_set():
                 polled = await consumer.getmany(timeout_ms=int(self.batch_within_s * 1000),
                                                 max_records=self.batch_size)
+                # the fetcher can hand out records of a new assignment while the listener is still
+                # loading its node states: process them only once the states are in
+                if any(polled.values()):
+                    await self._restored.wait()
+                owned = consumer.assignment()
                 for tp, records in polled.items():
-                    if records:
+                    if records and tp in owned:
                         await self._process(tp, records)
                 if time.monotonic() - last_write >= self.snapshot_every_s:
                     await self.checkpoint()
@@ -170,6 +176,7 @@ class DetectStage:
         return written
 
     async def on_revoked(self, revoked: set[TopicPartition]) -> None:
+        self._restored.clear()
         gone = {tp.partition for tp in revoked}
         if gone:
             await self.checkpoint(gone)
@@ -191,6 +198,7 @@ class DetectStage:
                 self.partition_of[node] = partition
                 restored += 1
         self.owned = now_owned
+        self._restored.set()
         self.metrics.nodes_restored.inc(restored)
         log.info("detect: partitions %s of %s; restored %d node states in %.2fs", sorted(now_owned),
                  self.gpu_topic, restored, time.monotonic() - started)

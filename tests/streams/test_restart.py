@@ -7,6 +7,8 @@
   engine and replays from the snapshot's offsets).
 - a broker stopped and started again (a dedicated broker on free ports) is survived: the worker
   reconnects and turns the telemetry produced after the restart into commands.
+- stage 1 killed between two checkpoints ends, after a restart, with byte-identical node
+  baselines to a stage 1 never killed (states and offsets are written together).
 - two ``--role detect`` workers split the telemetry partitions (each processes messages) and,
   with one ``--role decide`` worker, produce the same findings as one ``--role all`` worker.
 """
@@ -17,6 +19,7 @@ import asyncio
 import collections
 import re
 import signal
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -27,7 +30,8 @@ import pytest
 from fleetmedic import records as r
 from fleetmedic.devenv import proc
 from fleetmedic.devenv.kafka import Kafka
-from fleetmedic.streams.app import ensure_topics
+from fleetmedic.streams.app import detect_group, detect_state_topic, ensure_topics
+from fleetmedic.streams.state import load_node_states
 from tests.models.synth import gpu_message
 from tests.streams.harness import (
     Collected,
@@ -242,3 +246,65 @@ def test_two_detect_workers_split_the_partitions_and_find_what_one_worker_finds(
     counts = [float(m.group(1)) if m else 0.0 for m in processed]
     assert all(c > 0 for c in counts) and sum(counts) == len(NODES) * PHASES[0][1], counts
     assert got == expected and len(got) >= len(NODES) + 1
+
+
+async def _committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        return {p: (await consumer.committed(TopicPartition(topic, p))) or 0 for p in range(partitions)}
+    finally:
+        await consumer.stop()
+
+
+def _wait_committed(run: Run, bootstrap: str, proc: subprocess.Popen[bytes], end: int, timeout: float = 90) -> None:
+    """Until stage 1 has committed (so checkpointed) every telemetry message."""
+    deadline = time.monotonic() + timeout
+    group, topic = detect_group(run.settings), run.topic("telemetry.gpu")
+    while sum(asyncio.run(_committed(bootstrap, group, topic, 2)).values()) < end:
+        assert proc.poll() is None, f"worker exited {proc.returncode}:\n{run.log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "stage 1 did not commit every message"
+        time.sleep(0.5)
+
+
+def _node_states(run: Run) -> dict[str, bytes | None]:
+    return {n: (st.gpu if st.gpu is None else bytes(st.gpu)) for p in range(2)
+            for n, st in asyncio.run(load_node_states(run.settings, detect_state_topic(run.settings), p)).items()}
+
+
+def test_stage1_baselines_survive_a_kill_exactly(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A detect worker killed between two checkpoints: its successor loads the node states and
+    resumes at the committed offsets, and ends with byte-identical baselines to a worker never killed."""
+    extra = "streams: {detect_snapshot_every_s: 1.0}\n"
+    first, second = _telemetry_for(0), _telemetry_for(1)
+
+    ref = new_run(kafka_bootstrap, tmp_path / "reference", extra)
+    asyncio.run(ensure_topics(ref.settings))
+    with worker(ref, "detect") as w:
+        asyncio.run(produce(kafka_bootstrap, first(ref) + second(ref)))
+        _wait_committed(ref, kafka_bootstrap, w, len(first(ref) + second(ref)))
+    expected = _node_states(ref)
+    assert set(expected) == set(NODES) and all(expected.values())
+
+    run = new_run(kafka_bootstrap, tmp_path / "killed", extra)
+    asyncio.run(ensure_topics(run.settings))
+    w = start_worker(run, "detect")
+    try:
+        asyncio.run(produce(kafka_bootstrap, first(run)))
+        _wait_committed(run, kafka_bootstrap, w, len(first(run)))
+        asyncio.run(produce(kafka_bootstrap, second(run)[: len(second(run)) // 2]))
+        time.sleep(0.3)  # some of it processed, not checkpointed yet
+    finally:
+        w.send_signal(signal.SIGKILL)
+        w.wait()
+    asyncio.run(produce(kafka_bootstrap, second(run)[len(second(run)) // 2:]))
+    with worker(run, "detect") as again:
+        _wait_committed(run, kafka_bootstrap, again, len(first(run) + second(run)))
+    assert re.search(r"restored [1-9]\d* node states", run.log.read_text())
+    assert _node_states(run) == expected
+
+
+def _telemetry_for(phase: int):  # type: ignore[no-untyped-def]
+    return lambda run: _telemetry(run, phase)
