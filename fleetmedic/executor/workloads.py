@@ -56,6 +56,8 @@ EVENT_REASONS = {"restart_job": "FleetmedicReplaceJob", "requeue_job": "Fleetmed
 
 
 CONFLICT_RETRIES = 5
+# (kind, workload, its live pods, plan) -> the plan to carry out; see fleetmedic.executor.capacity
+AdjustPlan = Callable[[WorkloadKind, dict[str, Any], list[client.V1Pod], RestartPlan], RestartPlan]
 
 
 class _Changed(Exception):
@@ -70,12 +72,13 @@ class WorkloadOutcome:
 
 
 def restart_workload(api: client.ApiClient, job: str, *, action: str, exclude_nodes: Sequence[str],
-                     params: Mapping[str, str], dry_run: bool, actor: str) -> WorkloadOutcome:
+                     params: Mapping[str, str], dry_run: bool, actor: str,
+                     adjust_plan: AdjustPlan | None = None) -> WorkloadOutcome:
     """Carry out ``action`` on workload ``job`` ("namespace/name"); see the module docstring."""
     try:
         for _ in range(CONFLICT_RETRIES):
             try:
-                return _restart(api, job, action, exclude_nodes, params, dry_run, actor)
+                return _restart(api, job, action, exclude_nodes, params, dry_run, actor, adjust_plan)
             except _Changed:  # the workload changed between our read and our first write: plan again
                 continue
         return WorkloadOutcome("failed", f"workload {job} kept changing ({CONFLICT_RETRIES} conflicts)")
@@ -88,7 +91,8 @@ def restart_workload(api: client.ApiClient, job: str, *, action: str, exclude_no
 
 
 def _restart(api: client.ApiClient, job: str, action: str, exclude_nodes: Sequence[str],
-             params: Mapping[str, str], dry_run: bool, actor: str) -> WorkloadOutcome:
+             params: Mapping[str, str], dry_run: bool, actor: str,
+             adjust_plan: AdjustPlan | None = None) -> WorkloadOutcome:
     namespace, name = parse_job_ref(job)
     found = find_workload(api, namespace, name, params.get("kind", ""))
     if found is None:
@@ -111,6 +115,8 @@ def _restart(api: client.ApiClient, job: str, action: str, exclude_nodes: Sequen
     nodes = sorted({p.spec.node_name for p in pods if p.spec and p.spec.node_name})
     plan = plan_restart(kind, obj, action=action, exclude_nodes=exclude_nodes, current_nodes=nodes,
                         params=params, now=time.time(), actor=actor)
+    if adjust_plan is not None:  # topology-aware placement (fleetmedic.executor.capacity), before any write
+        plan = adjust_plan(kind, obj, pods, plan)
     details = {**plan.details(), "pods": str(len(pods)), "nodes_before": ",".join(nodes)}
     if dry_run:
         return WorkloadOutcome("skipped", f"dry run: would {plan.summary}", {**details, "dry_run": "true"})
