@@ -282,8 +282,9 @@ def plan_restart(kind: WorkloadKind, obj: Mapping[str, Any], *, action: str, exc
     record = {"at": stamp, "action": action, "by": actor, "command": params.get("command_id", ""),
               "exclude": exclude, "attempt": attempt}
     new_annotations = {ANNOTATION_LAST_RESTART: json.dumps(record, separators=(",", ":"), sort_keys=True),
-                       ANNOTATION_ATTEMPTS: str(attempt),
-                       ANNOTATION_COMMAND: params.get("command_id", "")}
+                       ANNOTATION_ATTEMPTS: str(attempt)}
+    if params.get("command_id"):  # the executor passes the command's id here
+        new_annotations[ANNOTATION_COMMAND] = params["command_id"]
     if all_excluded:
         new_annotations[ANNOTATION_EXCLUDED] = ",".join(sorted(all_excluded))
     if preferred:
