@@ -68,6 +68,27 @@ class JobState:
     conditions: frozenset[str] = frozenset()
     attempt: int = 0
     owner_uid: str = ""
+    # kept up to date per pod event, so a status update costs O(1), not a sort of every rank
+    live: set[str] = field(default_factory=set)  # pods neither Succeeded nor Failed
+    unplaced: set[str] = field(default_factory=set)  # live pods without a node
+    not_running: set[str] = field(default_factory=set)  # live pods not Running
+    dirty: bool = True  # ranks or nodes changed since the placement was last computed
+
+    def index(self, uid: str, view: PodView | None) -> None:
+        """Record pod ``uid`` as ``view`` (None: gone) in the bookkeeping sets."""
+        old = self.pods.get(uid)
+        was_live = uid in self.live
+        for group in (self.live, self.unplaced, self.not_running):
+            group.discard(uid)
+        is_live = view is not None and view.phase not in ("Succeeded", "Failed")
+        if view is not None and is_live:
+            self.live.add(uid)
+            if not view.node:
+                self.unplaced.add(uid)
+            if view.phase != "Running":
+                self.not_running.add(uid)
+        if was_live != is_live or (old is not None and view is not None and old.node != view.node):
+            self.dirty = True
 
 
 class BadObject(ValueError):
@@ -189,6 +210,7 @@ class JobTracker:
         state = self.jobs.setdefault(job, JobState(kind))
         view = PodView(uid, str(meta["name"]), order, str((pod.get("spec") or {}).get("nodeName") or ""),
                        str((pod.get("status") or {}).get("phase") or ""), _terminations(pod))
+        state.index(uid, view)
         state.pods[uid] = view
         self.pod_jobs[uid] = job
         events = self._failures(job, state, view, pod, now)
@@ -199,6 +221,7 @@ class JobTracker:
         state = self.jobs.get(job)
         if state is None:
             return []
+        state.index(uid, None)
         state.pods.pop(uid, None)
         return self._placement_and_start(job, state, now)
 
@@ -220,20 +243,21 @@ class JobTracker:
         return None
 
     def _placement_and_start(self, job: str, state: JobState, now: float) -> list[JobEvent]:
-        ranked = self._ranked(state)
-        if not ranked or any(not p.node for p in ranked):
+        if not state.live or state.unplaced:
             return []
-        if state.world_size is not None and len(ranked) != state.world_size:
+        if state.world_size is not None and len(state.live) != state.world_size:
             return []
-        placement = tuple((rank, p.node) for rank, p in enumerate(ranked))
         events = []
-        if placement != state.placement:
-            state.placement = placement
-            events.append(self._event(job, state, "placement", now, world_size=len(ranked),
-                                      placement=[RankPlacement(rank=r, node=n) for r, n in placement]))
-        if placement != state.started and all(p.phase == "Running" for p in ranked):
-            state.started = placement
-            events.append(self._event(job, state, "start", now, world_size=len(ranked)))
+        if state.dirty:
+            state.dirty = False
+            placement = tuple((rank, p.node) for rank, p in enumerate(self._ranked(state)))
+            if placement != state.placement:
+                state.placement = placement
+                events.append(self._event(job, state, "placement", now, world_size=len(placement),
+                                          placement=[RankPlacement(rank=r, node=n) for r, n in placement]))
+        if not state.not_running and state.placement != state.started:
+            state.started = state.placement
+            events.append(self._event(job, state, "start", now, world_size=len(state.placement)))
         return events
 
     def _failures(self, job: str, state: JobState, view: PodView, pod: Mapping[str, Any],
@@ -285,7 +309,10 @@ class JobTracker:
             state.attempt = 0
         state.owner_uid = uid or state.owner_uid
         state.kind = kind
-        state.world_size, state.rjob_order = _size(kind, spec)
+        size = _size(kind, spec)
+        if size != (state.world_size, state.rjob_order):
+            state.world_size, state.rjob_order = size
+            state.dirty = True
         events: list[JobEvent] = []
         attempt = max(_int((meta.get("annotations") or {}).get(ATTEMPTS_ANNOTATION), 0),
                       _int(status.get("restarts"), 0))
