@@ -399,8 +399,13 @@ class Triage:
         if len(hw_nodes) > s.max_hardware_suspects:
             signals.add("widespread_hardware_evidence")
 
-        # 2. network
-        for leaf in sorted({leaf for n in ctx.nodes for leaf in self.topology.leaves_of(n)}):
+        # 2. network, unless the log names a software cause of its own (an OOM on a node behind a
+        # broken leaf is still an OOM) and no network error
+        net_logs = {n for n, m in distinct.items() if m.incident_class == "network"}
+        own_cause = any(m.incident_class in ("transient_software", "job_bug") and m.signal != "preemption"
+                        for m in distinct.values())
+        for leaf in sorted({leaf for n in ctx.nodes for leaf in self.topology.leaves_of(n)}
+                           if net_logs or not own_cause else ()):
             inc_id = self.state.open_by_subject.get(f"network|switch:{leaf}")
             if inc_id and self.state.incidents[inc_id].status in ("open", "mitigating"):
                 behind = self.topology.behind_leaf(leaf)
@@ -410,8 +415,7 @@ class Triage:
                                       exclude=sorted(behind & set(ctx.nodes)))]
         net_findings = {n for n in job_nodes if any(f.kind == "network" and f.severity != "info" and lo <= f.ts <= now
                                                     for f in self.state.findings.get(n, ()))}
-        net_logs = {n for n, m in distinct.items() if m.incident_class == "network"}
-        net_nodes = net_findings | net_logs
+        net_nodes = (net_findings if net_logs or not own_cause else set()) | net_logs
         if net_nodes and len(net_nodes) <= s.max_hardware_suspects:
             ranked = sorted(net_nodes, key=lambda n: (-(n in net_findings) - (n in net_logs), n))
             why = f"job {group.job} failed; network errors on {', '.join(ranked)}"

@@ -244,3 +244,21 @@ def test_an_applications_xids_repeated_on_every_node_of_its_job_isolate_no_node(
             w.finding("node-17", kind="hard_fault", severity="warning", hint="investigate", detector="xid_repeat")
         w.advance(400)
     assert w.last_incident(node="node-17").incident_class == "degradation"
+
+
+def test_an_oom_on_a_node_behind_a_broken_leaf_is_still_an_oom() -> None:
+    w = World(n=32)
+    for n in nodes(8, 16):
+        w.finding(n, kind="network", severity="critical", detector="ib_ports", port="mlx5_0", gpu=None,
+                  summary="LinkDownedCounter +12")
+    w.advance(40)
+    assert w.incidents[-1].incident_class == "network"
+    w.place(JOB, ["node-15", *nodes(20, 27)])  # placed before the leaf's incident moved it
+    fail_with(w, JOB, "node-15", OOM)
+    w.advance(40)
+    assert w.last_incident(job=JOB).incident_class == "transient_software"
+    # a bare NCCL timeout there is the leaf's doing
+    w.place("ml/b", ["node-14", *nodes(27, 31)])
+    fail_with(w, "ml/b", None, timeout_line(0))
+    w.advance(40)
+    assert w.last_incident(job="ml/b").incident_class == "network"
