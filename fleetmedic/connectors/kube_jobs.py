@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client
@@ -129,6 +129,7 @@ class ResourceWatch:
     settings: JobWatchSettings
     stop: threading.Event
     resume_version: str = ""  # watch from here first instead of listing (410 Gone: list after all)
+    first_pass: threading.Event = field(default_factory=threading.Event)  # set after the first list (or try)
 
     def run(self) -> None:
         path = resource_path(self.kind, self.namespace)
@@ -136,7 +137,10 @@ class ResourceWatch:
         cause, backoff = "start", self.settings.reconnect_backoff_s
         while not self.stop.is_set():
             try:
-                rv, self.resume_version = self.resume_version or self._relist(path, known, cause), ""
+                try:
+                    rv, self.resume_version = self.resume_version or self._relist(path, known, cause), ""
+                finally:
+                    self.first_pass.set()
                 backoff = self.settings.reconnect_backoff_s
                 while not self.stop.is_set():
                     rv = self._watch(path, known, rv)
@@ -220,15 +224,24 @@ class JobWatcher:
         self.threads: list[threading.Thread] = []
         self._skipped_seen: dict[tuple[str, str], int] = {}
 
-    def start_watches(self) -> None:
+    def start_watches(self, first_list_timeout: float = 30.0) -> None:
+        """Workload watches first; pods once the workloads' first lists are queued (or they failed or
+        timed out), so the tracker knows each job's size before its pods: no partial placements."""
         namespaces = self.jw.namespaces or [""]
-        for kind in [*self.jw.kinds, "Pod"]:  # workloads first: their sizes frame the first placements
-            selector = self.jw.pod_label_selector if kind == "Pod" else self.jw.workload_label_selector
-            for ns in namespaces:
-                w = ResourceWatch(self.api, kind, ns, selector, self._enqueue, self.metrics, self.jw, self.stop)
-                t = threading.Thread(target=w.run, name=f"watch-{kind}-{ns or 'all'}", daemon=True)
-                t.start()
-                self.threads.append(t)
+        workloads = [self._watch(kind, ns, self.jw.workload_label_selector)
+                     for kind in self.jw.kinds for ns in namespaces]
+        deadline = time.monotonic() + first_list_timeout
+        for w in workloads:
+            w.first_pass.wait(max(0.0, deadline - time.monotonic()))
+        for ns in namespaces:
+            self._watch("Pod", ns, self.jw.pod_label_selector)
+
+    def _watch(self, kind: str, namespace: str, selector: str) -> ResourceWatch:
+        w = ResourceWatch(self.api, kind, namespace, selector, self._enqueue, self.metrics, self.jw, self.stop)
+        t = threading.Thread(target=w.run, name=f"watch-{kind}-{namespace or 'all'}", daemon=True)
+        t.start()
+        self.threads.append(t)
+        return w
 
     def _enqueue(self, kind: str, etype: str, obj: Any) -> None:
         while not self.stop.is_set():
@@ -268,7 +281,8 @@ class JobWatcher:
         producer = AIOKafkaProducer(acks=acks, linger_ms=20, **client_kwargs(self.settings.kafka))
         await _start_with_retry(producer, self.jw.reconnect_backoff_s, self.jw.max_backoff_s, until)
         loop = asyncio.get_running_loop()
-        self.start_watches()
+        starter = threading.Thread(target=self.start_watches, name="watch-starter", daemon=True)
+        starter.start()  # while the loop below already drains the queue the first lists fill
         try:
             while until is None or not until.is_set():
                 item = await loop.run_in_executor(None, self._next, 0.5)
@@ -281,7 +295,8 @@ class JobWatcher:
         finally:
             self.stop.set()
             await producer.stop()
-            for t in self.threads:
+            starter.join(timeout=5)
+            for t in list(self.threads):
                 t.join(timeout=5)
 
     def _next(self, timeout: float) -> tuple[str, str, Any] | None:

@@ -2,8 +2,9 @@
 Indexed Job on a 6-node kwok fleet is read back from Kafka as a placement (rank = completion index
 -> node), a start, and, after one pod is failed the way a kubelet reports an OOM-killed container
 (kwok has no failure stage, so the test writes that pod status), a failure naming rank, node, exit
-code and reason. A CPU-only Job in the same namespace produces nothing (GPU pods only). The watches
-renew after their timeout and list again after 410 Gone."""
+code and reason. A CPU-only Job in the same namespace produces nothing (GPU pods only); a Job already
+running when the watcher starts gives one placement and one start. The watches renew after their
+timeout and list again after 410 Gone."""
 
 from __future__ import annotations
 
@@ -71,6 +72,12 @@ def test_watcher_publishes_placement_start_and_failure_of_a_gpu_job_to_kafka(
                     got.append(event)
 
     async def go() -> tuple[list[JobEvent], list[client.V1Pod], client.V1Pod]:
+        # a job already running when the watcher starts: its size is known before its pods are
+        await asyncio.to_thread(batch.create_namespaced_job, namespace, _job("early", fleet, 2, 8))
+        while len([p for p in (await asyncio.to_thread(core.list_namespaced_pod, namespace,
+                                                       label_selector="job-name=early")).items
+                   if p.status.phase == "Running"]) < 2:
+            await asyncio.sleep(0.2)
         admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
         await admin.start()
         await admin.create_topics([NewTopic(f"{prefix}jobs.events", 1, 1)])
@@ -108,6 +115,8 @@ def test_watcher_publishes_placement_start_and_failure_of_a_gpu_job_to_kafka(
     assert (failure.rank, failure.node, failure.exit_code) == (2, victim.spec.node_name, 137)
     assert "OOMKilled" in failure.reason
     assert not [e for e in got if e.job == f"{namespace}/cpu"]  # no GPUs: not a training job
+    early = [(e.event, e.world_size) for e in got if e.job == f"{namespace}/early"]
+    assert early == [("placement", 2), ("start", 2)]  # no partial placement at start-up
     assert registry.get_sample_value("fleetmedic_jobwatch_job_events_total", {"event": "failure"}) == 1
     assert registry.get_sample_value("fleetmedic_jobwatch_relists_total", {"kind": "Pod", "cause": "start"}) == 1
     assert (registry.get_sample_value("fleetmedic_jobwatch_objects_total", {"kind": "Pod"}) or 0) >= 6
