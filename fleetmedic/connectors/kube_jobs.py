@@ -295,9 +295,11 @@ class JobWatcher:
         finally:
             self.stop.set()
             await producer.stop()
-            starter.join(timeout=5)
-            for t in list(self.threads):
-                t.join(timeout=5)
+            # watch threads end at their next event or watch timeout; they are daemons, so wait a
+            # little (one shared deadline), not for every open stream
+            deadline = time.monotonic() + 2.0
+            for t in [starter, *self.threads]:
+                t.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def _next(self, timeout: float) -> tuple[str, str, Any] | None:
         try:

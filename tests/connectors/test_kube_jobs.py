@@ -4,7 +4,8 @@ Indexed Job on a 6-node kwok fleet is read back from Kafka as a placement (rank 
 (kwok has no failure stage, so the test writes that pod status), a failure naming rank, node, exit
 code and reason. A CPU-only Job in the same namespace produces nothing (GPU pods only); a Job already
 running when the watcher starts gives one placement and one start. The watches renew after their
-timeout and list again after 410 Gone."""
+timeout and list again after 410 Gone. ``fleetmedic watch-jobs`` serves its metrics and exits 0 on
+SIGTERM."""
 
 from __future__ import annotations
 
@@ -155,3 +156,42 @@ def test_a_watch_from_a_compacted_version_is_gone_and_the_loop_lists_again(
     relists = "fleetmedic_jobwatch_relists_total"
     assert registry.get_sample_value(relists, {"kind": "Pod", "cause": "gone"}) == 1
     assert registry.get_sample_value(relists, {"kind": "Pod", "cause": "start"}) is None  # renewals: no list
+
+
+def test_watch_jobs_cli_serves_metrics_and_stops_cleanly_on_sigterm(
+    kafka_bootstrap: str, kube_config: Any, namespace: str, tmp_path: Any
+) -> None:
+    import re
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    config = tmp_path / "fleetmedic.yaml"
+    config.write_text(f"kafka: {{bootstrap_servers: '{kafka_bootstrap}'}}\n"
+                      f"topics: {{prefix: 'jwcli-{uuid.uuid4().hex[:8]}.'}}\n"
+                      f"jobwatch: {{kubeconfig: '{kube_config}', namespaces: [{namespace}]}}\n"
+                      "metrics: {bind_address: 127.0.0.1, port: 0}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "fleetmedic.cli", "watch-jobs", "--config", str(config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        port, lines = None, []
+        deadline = time.monotonic() + 60
+        while port is None and time.monotonic() < deadline:
+            line = proc.stdout.readline() if proc.stdout else ""
+            lines.append(line)
+            found = re.search(r"metrics on 127\.0\.0\.1:(\d+)", line)
+            port = int(found.group(1)) if found else None
+        assert port, "".join(lines)
+        deadline = time.monotonic() + 30
+        while True:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            if 'fleetmedic_jobwatch_relists_total{cause="start",kind="Pod"} 1.0' in body:
+                break
+            assert time.monotonic() < deadline, body[-2000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
