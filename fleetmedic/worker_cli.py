@@ -1,10 +1,11 @@
 """``fleetmedic worker --config FILE``: the streaming pipeline on Kafka, in this process.
 
-It creates the missing topics (``topics`` section: prefix, partitions), then runs the Faust worker
-(no web server) of its ``--role`` until SIGINT/SIGTERM: ``detect`` (stage 1, consumer group
-``<kafka.consumer_group>-detect``; run several), ``decide`` (the decision stage, group
-``<kafka.consumer_group>``; run one) or ``all`` (both, one process). The decision stage starts from
-its last snapshot in ``<kafka.consumer_group>-engine-state`` and writes a final one at a stop;
+It creates the missing topics (``topics`` section: prefix, partitions), then runs its ``--role``
+until SIGINT/SIGTERM: ``detect`` (stage 1, a consumer-group loop, group
+``<kafka.consumer_group>-detect``; run several), ``decide`` (the decision stage, a Faust worker
+without web server, group ``<kafka.consumer_group>``; run one) or ``all`` (both, one process). The
+decision stage starts from its last snapshot in ``<kafka.consumer_group>-engine-state``, replays
+its inputs since, and writes a final snapshot at a stop; ``streams`` config section: intervals;
 :mod:`fleetmedic.streams.worker` describes the topology and the restart guarantees. Commands
 are signed with the key from ``signing.key_file`` or the variable named by ``signing.key_env``;
 without a key it refuses to start (exit 2). Prometheus metrics are served on

@@ -50,6 +50,7 @@ from fleetmedic.streams.state import SNAPSHOT_KEY, DecideSnapshot
 log = logging.getLogger(__name__)
 
 INPUTS = ("findings", "jobs.events", "remediation.results")
+SEEN_FINDINGS = 20_000  # finding ids remembered to drop repeats (stage 1 replays at most one checkpoint interval)
 
 
 def decide_inputs(settings: Settings) -> dict[str, int]:
@@ -94,6 +95,7 @@ class DecideStage:
         self.commands_from = snapshot.commands_from if snapshot else 0
         self.already_sent = set(already_sent)
         self.clock = EventClock(self.engine.state.clock)
+        self._seen_findings: dict[str, None] = dict.fromkeys(snapshot.seen_findings if snapshot else [])
         self._lock = asyncio.Lock()
         self._command_acks: list[asyncio.Future[RecordMetadata]] = []
         self._decode_batch = msgspec.msgpack.Decoder(SummaryBatch).decode
@@ -164,7 +166,7 @@ class DecideStage:
         name = self.logical.get(src.topic, "")
         if name == "findings":
             finding = await self.outputs.decode(r.Finding, src, "decide")
-            if finding is not None:
+            if finding is not None and self._first_time(finding.id):
                 await self._send_decisions(self.engine.on_finding(finding, self.clock.observe(finding.ts)))
         elif name == "jobs.events":
             job = await self.outputs.decode(r.JobEvent, src, "decide")
@@ -176,6 +178,17 @@ class DecideStage:
             result = await self.outputs.decode(r.RemediationResult, src, "decide")
             if result is not None:
                 await self._send_decisions(self.engine.on_result(result, self.clock.observe(result.ts)))
+
+    def _first_time(self, finding_id: str) -> bool:
+        """False for a finding id handled before: stage 1 replays the telemetry after its last
+        checkpoint when it restarts, and a repeated warning must not count twice in triage."""
+        if finding_id in self._seen_findings:
+            self.metrics.duplicate_findings.inc()
+            return False
+        self._seen_findings[finding_id] = None
+        while len(self._seen_findings) > SEEN_FINDINGS:
+            del self._seen_findings[next(iter(self._seen_findings))]
+        return True
 
     async def _fleet_input(self, src: Source) -> None:
         key = src.key or b""
@@ -234,7 +247,7 @@ class DecideStage:
         async with self._lock:
             snap = DecideSnapshot(engine=self.engine.to_bytes(), fleet=self.fleet_stage.to_bytes(),
                                   offsets={t: dict(p) for t, p in self.offsets.items()}, commands_from=0,
-                                  written_at=time.time())
+                                  written_at=time.time(), seen_findings=list(self._seen_findings))
             acks, self._command_acks = self._command_acks, []
         await self.outputs.flush()
         if acks:

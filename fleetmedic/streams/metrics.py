@@ -33,6 +33,9 @@ class PipelineMetrics:
                                    ["stage"], registry=registry)
         self.nodes_restored = Counter("fleetmedic_nodes_restored", "Stage-1 node states loaded at assignment",
                                       registry=registry)
+        self.duplicate_findings = Counter("fleetmedic_duplicate_findings",
+                                          "Findings dropped by the decision stage: the same id was handled before",
+                                          registry=registry)
         self.suppressed = Counter("fleetmedic_commands_suppressed",
                                   "Commands rebuilt after a restart whose id was already on the commands topic",
                                   registry=registry)

@@ -38,6 +38,7 @@ class DecideSnapshot(msgspec.Struct, kw_only=True):
     offsets: dict[str, dict[int, int]]  # topic -> partition -> next offset to read
     commands_from: int
     written_at: float = 0.0
+    seen_findings: list[str] = []  # the latest finding ids handled, oldest first
 
 
 class NodeStageState(msgspec.Struct, kw_only=True, array_like=True):
