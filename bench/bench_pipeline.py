@@ -332,7 +332,8 @@ def latency(work: Path, bootstrap: str, u: str, template: list[r.GpuTelemetry], 
         busy = {st: (worker.counter("fleetmedic_processing_seconds_sum", f'stage="{st}"'),
                      worker.counter("fleetmedic_processing_seconds_count", f'stage="{st}"'))
                 for st in ("detect", "decide", "tick")}
-        print("  worker time per stage: " + ", ".join(f"{st} {t:.1f} s in {n:.0f} calls" for st, (t, n) in busy.items()))
+        print("  worker time per stage: "
+              + ", ".join(f"{st} {t:.1f} s in {n:.0f} calls" for st, (t, n) in busy.items()))
     finally:
         worker.stop()
     if len(lat):
