@@ -50,8 +50,14 @@ def _main(args: argparse.Namespace) -> int:
     if settings is None:
         return EXIT_INVALID
     if args.kafka:
-        result = run_demo_on_kafka(settings, args.nodes, parse_duration(args.duration), args.seed, args.faults,
-                                   args.kafka)
+        from aiokafka.errors import KafkaError
+
+        try:
+            result = run_demo_on_kafka(settings, args.nodes, parse_duration(args.duration), args.seed, args.faults,
+                                       args.kafka)
+        except (KafkaError, OSError, RuntimeError, TimeoutError) as exc:
+            print(f"error: the demo on Kafka {args.kafka} failed: {exc}", file=sys.stderr)
+            return 1
     else:
         result = run_demo(settings, args.nodes, parse_duration(args.duration), args.seed, args.faults)
     out = sys.stdout

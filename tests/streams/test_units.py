@@ -54,3 +54,40 @@ def test_worker_refuses_to_start_without_a_signing_key(tmp_path: Path, monkeypat
     monkeypatch.setenv("FM_TEST_NO_SUCH_KEY", "short")
     assert main(["worker", "--config", str(cfg)]) == 2
     assert "at least 32 bytes" in capsys.readouterr().err
+
+
+def test_the_fleet_stage_fed_node_summaries_decides_as_one_fed_raw_telemetry_and_restores_from_bytes() -> None:
+    import msgspec
+    import numpy as np
+
+    from fleetmedic import records as r
+    from fleetmedic.config import Settings
+    from fleetmedic.models.stages import FleetDetection, summarise
+    from fleetmedic.streams.detect import SummaryBatch
+    from tests.models.synth import gpu_message
+
+    detection = Settings().detection
+    nodes = [f"n{i}" for i in range(6)]
+    ranks = [r.RankPlacement(rank=i, node=n, gpus=list(range(8))) for i, n in enumerate(nodes)]
+    placement = r.JobEvent(job="j", event="placement", ts=0.0, world_size=6, placement=ranks)
+    raw, summarised = FleetDetection(detection), FleetDetection(detection)
+    for stage in (raw, summarised):
+        stage.on_job(placement)
+    rng = np.random.default_rng(4)
+    found: tuple[list[str], list[str]] = ([], [])
+    for k in range(1, 40):
+        msgs = [gpu_message(n, 10.0 * k, rng, hot={g: 12.0 for g in range(8)} if n == "n3" and k > 5 else None)
+                for n in nodes]
+        for m in msgs:
+            raw.on_gpu(m)
+        wire = msgspec.msgpack.encode(SummaryBatch([summarise(m) for m in msgs]))
+        for s in msgspec.msgpack.decode(wire, type=SummaryBatch).summaries:
+            summarised.on_summary(s)
+        found[0].extend(f.id for f in raw.tick(10.0 * k))
+        found[1].extend(f.id for f in summarised.tick(10.0 * k))
+    assert found[0] == found[1] and any(":job_peers:" in f or "n3" in f for f in found[0])
+
+    restored = FleetDetection(detection)
+    restored.restore(summarised.to_bytes())
+    assert restored.to_bytes() == summarised.to_bytes()
+    assert [f.id for f in restored.tick(400.0)] == [f.id for f in summarised.tick(400.0)]
