@@ -6,7 +6,7 @@
 to ``findings`` and come back through that topic, like stage 1's) and the
 :class:`~fleetmedic.remediation.engine.DecisionEngine`, whose decisions go to ``incidents``,
 ``remediation.commands`` (signed; key = node or job) and ``remediation.audit``. A timer ticks both
-every ``sample_interval_s``.
+every ``sample_interval_s`` and refreshes the engine's gauges (:mod:`fleetmedic.streams.engine_metrics`).
 
 Exactly once, across a crash: each input message is handled under a lock, and the offsets it
 moves are recorded with it. A snapshot (every ``snapshot_every_s``, and at a clean stop) takes
@@ -43,6 +43,7 @@ from fleetmedic.remediation.engine import DecisionEngine, Decisions
 from fleetmedic.signing import sign
 from fleetmedic.streams.app import kafka_client_options, partitions_of, state_topic, summaries_topic
 from fleetmedic.streams.detect import PORT_KEY_PREFIX, SUMMARY_KEY, SummaryBatch
+from fleetmedic.streams.engine_metrics import EngineMetrics
 from fleetmedic.streams.metrics import PipelineMetrics
 from fleetmedic.streams.outputs import Outputs, Source
 from fleetmedic.streams.state import SNAPSHOT_KEY, DecideSnapshot
@@ -84,6 +85,7 @@ class DecideStage:
         self.key = key
         self.outputs = outputs
         self.metrics = metrics
+        self.engine_metrics = EngineMetrics(metrics.registry)
         self.fleet_stage = FleetDetection(settings.detection)
         if snapshot is not None:
             self.engine = DecisionEngine.from_bytes(snapshot.engine, settings)
@@ -216,6 +218,8 @@ class DecideStage:
         async with self._lock:
             await self.outputs.findings(self.fleet_stage.tick(now))
             await self._send_decisions(self.engine.tick(now))
+            self.engine_metrics.update(self.engine.report(now), ((rec.name, rec.state, rec.since) for rec in
+                                                                 self.engine.state.nodes.values()))
         self.metrics.latency.labels("tick").observe(time.perf_counter() - started)
 
     # --- output ------------------------------------------------------------------------------------
