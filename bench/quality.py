@@ -75,12 +75,12 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 def aggregate(results: list[dict[str, Any]], node_days: float) -> dict[str, Any]:
-    kinds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    kinds: dict[str, dict[str, Any]] = defaultdict(lambda: defaultdict(float))
     delays: dict[str, list[float]] = defaultdict(list)
     for res in results:
         for k in res["report"]["by_kind"]:
             agg = kinds[k["kind"]]
-            agg["class"] = k["fault_class"]  # type: ignore[assignment]
+            agg["class"] = k["fault_class"]
             for f in ("faults", "detected", "false_positives", "isolations", "duplicates"):
                 agg[f] += k[f] or 0
             if k["delay_p50_s"] is not None:
@@ -153,6 +153,18 @@ def markdown(args: argparse.Namespace, results: list[dict[str, Any]], agg: dict[
                      f"{fmt(r['precision'])} | {fmt(r['recall'])} | {fmt(r['f1'])} | {fmt(r['delay_p50_s'])} | "
                      f"{r['isolations']} |")
     lines += ["", "False positives of a class are shared among its kinds (the scorer's rule), hence fractions.", ""]
+    by_signal: dict[tuple[str, str], int] = defaultdict(int)
+    for res in results:
+        for row in res.get("false_incidents", []):
+            by_signal[(row["class"], ", ".join(row["signals"][:3]) or "-")] += 1
+    if by_signal:
+        lines += ["## False incidents by evidence", "",
+                  "What raised the incidents the scorer found false (class, first detectors/metrics of the "
+                  "evidence), summed over seeds; `--json` lists each with the truth near its nodes.", "",
+                  "| class | evidence | incidents |", "|---|---|---|"]
+        for (cls, sig), n in sorted(by_signal.items(), key=lambda kv: (-kv[1], kv[0])):
+            lines.append(f"| {cls} | {sig} | {n} |")
+        lines.append("")
     return "\n".join(lines)
 
 

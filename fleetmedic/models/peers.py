@@ -5,7 +5,10 @@ alike. Following Minder (NSDI'25), :class:`PeerComparison` keeps each node's lat
 vector* (per-metric medians over the node's GPUs, see :func:`node_summary`), standardises every
 metric across the peer group with the median and MAD (robust to the outlier it is looking for),
 and flags a node whose largest robust z-score stays above ``peers.z_threshold`` for
-``peers.continuity_window_s``. Groups smaller than ``peers.min_peers`` are not judged.
+``peers.continuity_window_s``. Groups smaller than ``peers.min_peers`` are not judged. For the
+metrics in ``upper_only`` only a node above its peers counts (across a SKU fleet a node cooler than
+the others is doing less work, e.g. spinning in NCCL at 100 % "utilisation"; a cooling fault
+makes it hotter).
 
 This catches what per-GPU baselines cannot: a whole node drifting together (a failing fan or
 PSU heats all eight GPUs, so sibling residuals stay flat). It runs where several nodes are seen
@@ -50,6 +53,7 @@ class PeerComparison:
     reassert_s: float = 600.0
     detector: str = "job_peers"
     metrics: tuple[str, ...] = SUMMARY_METRICS
+    upper_only: tuple[str, ...] = ()
     min_scale: Mapping[str, float] = field(
         default_factory=lambda: {"gpu_temp": 1.0, "memory_temp": 1.0, "power_usage": 10.0, "sm_clock": 15.0,
                                  "mem_clock": 15.0}
@@ -82,7 +86,8 @@ class PeerComparison:
         med = nanmedian_last_axis(x.T)[:, 0]
         mad = nanmedian_last_axis(np.abs(x - med).T)[:, 0] * MAD_TO_STD
         floor = np.array([self.min_scale.get(m, 1e-9) for m in metrics])
-        z = np.abs(x - med) / np.maximum(mad, floor)
+        signed = (x - med) / np.maximum(mad, floor)
+        z = np.where([m in self.upper_only for m in metrics], np.maximum(signed, 0.0), np.abs(signed))
         z = np.nan_to_num(z, nan=0.0)
         worst = z.argmax(axis=1)
         out: list[Finding] = []

@@ -104,6 +104,16 @@ class TestPeers:
                     msg.metrics, gpu_util=[2.0] * 8)))
             found += fleet.tick(1000 + 10 * k)
         assert {f.node for f in found if f.detector == "sku_peers"} == {"n5"}
+        # across a SKU fleet a node cooler than its peers is not suspect (it does less work), a hotter one is
+        cold = FleetDetection(S)
+        for k in range(40):
+            for i in range(8):
+                msg = gpu_message(f"n{i}", 1000 + 10 * k, rng, load=0.0,
+                                  hot={g: -8.0 if i == 2 else (8.0 if i == 6 else 0.0) for g in range(8)})
+                cold.on_gpu(msgspec.structs.replace(msg, sku="H100", metrics=msgspec.structs.replace(
+                    msg.metrics, gpu_util=[2.0] * 8)))
+            found += cold.tick(1000 + 10 * k)
+        assert {f.node for f in found if f.detector == "sku_peers"} == {"n5", "n6"}
         restored = FleetDetection(S)
         restored.restore(fleet.to_bytes())
         assert restored._placed == {"n0": 1}
