@@ -98,6 +98,7 @@ class DecideStage:
         self.already_sent = set(already_sent)
         self.clock = EventClock(self.engine.state.clock)
         self._seen_findings: dict[str, None] = dict.fromkeys(snapshot.seen_findings if snapshot else [])
+        self._app: faust.App | None = None
         self._lock = asyncio.Lock()
         self._command_acks: list[asyncio.Future[RecordMetadata]] = []
         self._decode_batch = msgspec.msgpack.Decoder(SummaryBatch).decode
@@ -107,6 +108,7 @@ class DecideStage:
 
     def attach(self, app: faust.App, tick_every_s: float, snapshot_every_s: float) -> None:
         """Register the agent and the timers on ``app`` (after :meth:`replay`)."""
+        self._app = app
         raw: dict[str, Any] = dict(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
         app.agent(app.topic(*decide_inputs(self.settings), **raw), name="fleetmedic.decide")(self._decide)
         app.timer(tick_every_s, name="fleetmedic.tick")(self._tick)
@@ -220,7 +222,20 @@ class DecideStage:
             await self._send_decisions(self.engine.tick(now))
             self.engine_metrics.update(self.engine.report(now), ((rec.name, rec.state, rec.since) for rec in
                                                                  self.engine.state.nodes.values()))
+        self._report_lag()
         self.metrics.latency.labels("tick").observe(time.perf_counter() - started)
+
+    def _report_lag(self) -> None:
+        if self._app is None:
+            return
+        for topic, parts in self.offsets.items():
+            for partition, done in parts.items():
+                try:
+                    high = self._app.consumer.highwater(TopicPartition(topic, partition))
+                except Exception:  # not assigned (yet), consumer not started: no figure this time
+                    continue
+                if high is not None:
+                    self.metrics.lag.labels(topic, str(partition), "decide").set(max(0, high - done))
 
     # --- output ------------------------------------------------------------------------------------
 

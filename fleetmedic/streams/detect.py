@@ -70,6 +70,7 @@ class DetectStage:
         self.dirty: set[str] = set()
         self.owned: set[int] = set()
         self.next_offsets: dict[TopicPartition, int] = {}  # processed, not yet committed
+        self.committed: dict[TopicPartition, int] = {}
         self.gpu_topic = settings.topics.topic("telemetry.gpu")
         self.port_topic = settings.topics.topic("telemetry.port")
         self.state_topic = detect_state_topic(settings)
@@ -91,7 +92,7 @@ class DetectStage:
         await consumer.start()
         consumer.subscribe([self.gpu_topic, self.port_topic], listener=_Rebalance(self))
         log.info("detect: consumer group %s, waiting for partitions", detect_group(self.settings))
-        last_write = time.monotonic()
+        last_write = last_lag = time.monotonic()
         try:
             while not stop.is_set():
                 polled = await consumer.getmany(timeout_ms=int(self.batch_within_s * 1000),
@@ -104,6 +105,9 @@ class DetectStage:
                 for tp, records in polled.items():
                     if records and tp in owned:
                         await self._process(tp, records)
+                if time.monotonic() - last_lag >= 1.0:
+                    self._report_lag(consumer, owned)
+                    last_lag = time.monotonic()
                 if time.monotonic() - last_write >= self.snapshot_every_s:
                     await self.checkpoint()
                     last_write = time.monotonic()
@@ -111,6 +115,13 @@ class DetectStage:
         finally:
             await consumer.stop()
             self.consumer = None
+
+    def _report_lag(self, consumer: AIOKafkaConsumer, owned: set[TopicPartition]) -> None:
+        for tp in owned:
+            high = consumer.highwater(tp)
+            done = self.next_offsets.get(tp) or self.committed.get(tp)
+            if high is not None and done is not None:
+                self.metrics.lag.labels(tp.topic, str(tp.partition), "detect").set(max(0, high - done))
 
     async def _process(self, tp: TopicPartition, records: list[ConsumerRecord[bytes, bytes]]) -> None:
         started = time.perf_counter()
@@ -171,7 +182,7 @@ class DetectStage:
         if offsets and self.consumer is not None:
             await self.consumer.commit(offsets)
             for tp in offsets:
-                self.next_offsets.pop(tp, None)
+                self.committed[tp] = self.next_offsets.pop(tp)
         self.metrics.state_bytes.labels("detect").inc(written)
         return written
 

@@ -6,7 +6,7 @@ serves it (``metrics.bind_address``/``metrics.port``); tests pass their own.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 class PipelineMetrics:
@@ -33,6 +33,8 @@ class PipelineMetrics:
                                    ["stage"], registry=registry)
         self.nodes_restored = Counter("fleetmedic_nodes_restored", "Stage-1 node states loaded at assignment",
                                       registry=registry)
+        self.lag = Gauge("fleetmedic_consumer_lag", "Messages on a partition not yet processed, per stage",
+                         ["topic", "partition", "stage"], registry=registry)
         self.duplicate_findings = Counter("fleetmedic_duplicate_findings",
                                           "Findings dropped by the decision stage: the same id was handled before",
                                           registry=registry)
