@@ -145,3 +145,31 @@ def _add_node(api: client.ApiClient, fleet: fl.Fleet, index: int) -> None:
     body = fl.node_manifest(fleet.name, index)
     client.CoreV1Api(api).create_node(client.V1Node.from_dict(body))
     client.CoreV1Api(api).patch_node_status(body["metadata"]["name"], {"status": body["status"]})
+
+
+def test_the_warm_standby_pool_is_used_first_and_tolerated(
+    kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet]
+) -> None:
+    fleet = make_fleet(8, nodes_per_rack=2, racks_per_leaf=2)
+    leaf_of = leaves_of(kube_api, fleet)
+    core = client.CoreV1Api(kube_api)
+    standby = sorted(leaf_of)[-2:]  # two nodes of the other leaf, reserved: label + taint
+    for n in standby:
+        taints = [t.to_dict() for t in core.read_node(n).spec.taints or []]
+        core.patch_node(n, {"metadata": {"labels": {"fleetmedic.io/standby": "true"}},
+                            "spec": {"taints": [*taints, {"key": "fleetmedic.io/standby", "value": "true",
+                                                          "effect": "NoSchedule"}]}})
+    jobs = start_one_job_per_leaf(kube_api, namespace, fleet, pods=2, leaves=[leaf_of[sorted(leaf_of)[0]]])
+    restarter, _ = _restarter(kube_api, standby_label="fleetmedic.io/standby")
+    suspect = sorted(p.spec.node_name for p in live_pods(kube_api, namespace, "app=job-0"))[0]
+    quarantine(kube_api, suspect)
+
+    r = recover(kube_api, restarter, namespace, "job-0", jobs["job-0"], 2, suspect, leaf_of, {suspect: 0.0})
+
+    assert r.outcome == "applied", r.reason
+    assert r.details["capacity_fit_on_standby"] == "2"
+    assert sorted(r.nodes_after) == standby  # the reserved nodes first, though the own leaf had room
+    spec = client.BatchV1Api(kube_api).read_namespaced_job("job-0", namespace).spec.template.spec
+    assert any(t.key == "fleetmedic.io/standby" and t.operator == "Exists" for t in spec.tolerations)
+    prefs = spec.affinity.node_affinity.preferred_during_scheduling_ignored_during_execution
+    assert (prefs[0].weight, prefs[0].preference.match_expressions[0].key) == (100, "fleetmedic.io/standby")
