@@ -100,6 +100,15 @@ class PlacementRestarter:
         if waiting is not None:
             return waiting
         seen: dict[str, Any] = {}
+        if cfg.kueue == "auto":
+            from fleetmedic.executor import kueue
+
+            queued = kueue.requeue_if_managed(self.api, job, action=action, exclude_nodes=exclude_nodes,
+                                              params=params, dry_run=dry_run, actor=actor,
+                                              adjust=lambda k, o, p, plan: self._adjust(k, o, p, plan, exclude_nodes,
+                                                                                        params, seen))
+            if queued is not None:
+                return dataclasses.replace(queued, details={**queued.details, **seen.get("details", {})})
 
         def adjust(kind: WorkloadKind, obj: dict[str, Any], pods: list[client.V1Pod], plan: RestartPlan) -> RestartPlan:
             return self._adjust(kind, obj, pods, plan, exclude_nodes, params, seen)
@@ -172,6 +181,9 @@ class PlacementRestarter:
         seen["verdict"] = verdict
         seen["details"] = {**verdict.details(), "isolation_forced": ",".join(force),
                            "isolated_by": _isolation_words(exclude, fresh, force)}
+        if kind is JOB and (obj.get("spec") or {}).get("podReplacementPolicy") != "Failed":
+            seen["details"]["placement_note"] = ("podReplacementPolicy is not Failed: replacements may be created "
+                                                 "while the old pods still hold their nodes' GPUs, and land elsewhere")
         return dataclasses.replace(plan, template_ops=ops, annotations=annotations, summary=summary,
                                    excluded=tuple(sorted(set(plan.excluded) | set(keep_off))))
 
