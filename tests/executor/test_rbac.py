@@ -1,7 +1,8 @@
 """deploy/rbac/executor.yaml on the real API server (RBAC authorizer): the executor's ServiceAccount
 may do what the executor does (SubjectAccessReviews, then the executor itself running under an
 impersonating client: cordon, taint, drain, diagnostics, Lease, ledger, return to service) and
-may not read Secrets, delete or create Nodes, or create Jobs and Leases outside its namespace."""
+may not read Secrets, delete or create Nodes, or create Jobs and Leases outside its namespace; the job
+track (restart_job of a batch Job) runs under it too."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from fleetmedic.devenv.kclient import connect
 from fleetmedic.executor.actions import CommandExecutor
 from fleetmedic.executor.kube import Cluster
 from fleetmedic.executor.leader import LeaseElector
+from tests.executor.e2e_support import gpu_job, running_ranks
 from tests.executor.executor_support import KEY, command, pinned_pod, running, settings, wait
 
 MANIFEST = Path(__file__).parents[2] / "deploy" / "rbac" / "executor.yaml"
@@ -71,9 +73,9 @@ def test_the_service_account_can_do_what_the_executor_does_and_nothing_it_must_n
            ("list", "poddisruptionbudgets", "", ""), ("create", "leases", namespace, ""),
            ("update", "leases", namespace, ""), ("patch", "configmaps", namespace, ""),
            ("create", "jobs", namespace, ""), ("patch", "jobs", "team-a", ""), ("patch", "pytorchjobs", "team-a", ""),
-           ("patch", "jobsets", "team-a", "")]
+           ("patch", "jobsets", "team-a", ""), ("patch", "workloads", "team-a", "")]
     groups = {"leases": "coordination.k8s.io", "jobs": "batch", "poddisruptionbudgets": "policy",
-              "pytorchjobs": "kubeflow.org", "jobsets": "jobset.x-k8s.io"}
+              "pytorchjobs": "kubeflow.org", "jobsets": "jobset.x-k8s.io", "workloads": "kueue.x-k8s.io"}
     wait("RBAC to take effect", lambda: _allowed(kube_api, user, "patch", "nodes"), timeout=30)
     for verb, res, ns, sub in may:
         assert _allowed(kube_api, user, verb, res, ns, groups.get(res, ""), sub), (verb, res, ns, sub)
@@ -113,3 +115,25 @@ def test_the_executor_runs_under_the_service_account(
         assert back.outcome == "applied", back
         assert ex.handle(command("escalate", job=f"{namespace}/some-job")).outcome == "skipped"  # via the ledger
     assert not core.read_node(name).spec.unschedulable
+
+
+def test_the_job_track_runs_under_the_service_account(
+    kube_api: client.ApiClient, kube_config: Path, namespace: str, executor_rbac: str,
+    make_fleet: Callable[..., fl.Fleet]
+) -> None:
+    core = client.CoreV1Api(kube_api)
+    fleet = make_fleet(5)
+    client.BatchV1Api(kube_api).create_namespaced_job(namespace, gpu_job("train", fleet))
+    ranks = wait("4 ranks", lambda: (x := running_ranks(core, namespace, "train")) and len(x) == 4 and x)
+    wait("RBAC to take effect", lambda: _allowed(kube_api, executor_rbac, "patch", "nodes"), timeout=30)
+    with connect(kube_config) as sa_api:
+        sa_api.set_default_header("Impersonate-User", executor_rbac)
+        ex = CommandExecutor(Cluster(sa_api), settings(namespace), KEY, identity="sa")
+        sick = ranks[1].node
+        for action in ("cordon", "taint"):
+            assert ex.handle(command(action, sick)).outcome == "applied"
+        out = ex.handle(command("restart_job", job=f"{namespace}/train", exclude_nodes=[sick]))
+        assert out.outcome == "applied", out
+    moved = wait("4 new ranks", lambda: (x := running_ranks(core, namespace, "train")) and len(x) == 4
+                 and not ({y.uid for y in x} & {y.uid for y in ranks}) and x)
+    assert sick not in {x.node for x in moved}
