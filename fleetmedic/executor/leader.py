@@ -21,7 +21,10 @@ log = logging.getLogger(__name__)
 
 
 def _micro(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, UTC)
+    """A MicroTime. The client writes ``isoformat()``, which drops the fraction when it is zero, and
+    the API server then rejects the Lease (it wants ``.000000``): never send a whole second."""
+    dt = datetime.fromtimestamp(ts, UTC)
+    return dt.replace(microsecond=1) if dt.microsecond == 0 else dt
 
 
 class LeaseElector:
