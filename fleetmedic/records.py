@@ -413,6 +413,20 @@ class OperatorCommand(Record, frozen=True, kw_only=True, tag="operator_command",
             raise ValueError("`expires_at` is before `issued_at`")
 
 
+class NodeObservation(Record, frozen=True, kw_only=True, tag="node_observation", tag_field="type"):
+    """What the cluster says about a node, as far as the decision stage cares (``watch-jobs``'s Node
+    watch): its cordon, whether fleetmedic made it (the ``fleetmedic.io/cordoned-by`` annotation),
+    the labels that place it (rack, leaf, pool, ``rails.fleetmedic.io/*``) or opt it out, and
+    whether it was deleted. Published only when one of these changed; keyed by node."""
+
+    node: NodeName
+    ts: Timestamp
+    cordoned: bool = False
+    cordoned_by_fleetmedic: bool = False
+    labels: dict[str, Annotated[str, Meta(max_length=63)]] = {}
+    deleted: bool = False
+
+
 class DeadLetter(Record, frozen=True, kw_only=True, tag="dead_letter", tag_field="type"):
     """A message a stage could not process, with the reason and the original bytes (base64)."""
 
@@ -435,6 +449,7 @@ RECORD_TYPES: Final[tuple[type[Record], ...]] = (
     RemediationCommand,
     RemediationResult,
     OperatorCommand,
+    NodeObservation,
     DeadLetter,
 )
 

@@ -17,9 +17,10 @@ from fleetmedic.records import (
     GpuTelemetry,
     Incident,
     JobEvent,
+    NodeObservation,
+    OperatorCommand,
     PortTelemetry,
     Record,
-    OperatorCommand,
     RemediationCommand,
     RemediationResult,
 )
@@ -33,6 +34,7 @@ class TopicSpec:
     partitioning: str
     producers: str
     consumers: str
+    compacted: bool = False  # cleanup.policy=compact: the latest record per key is what counts
 
     @property
     def schema_file(self) -> str:
@@ -111,6 +113,15 @@ TOPICS: Final[tuple[TopicSpec, ...]] = (
         "single partition (read by the one decision stage, in order)",
         "operators (`fleetmedic ctl`)",
         "decision stage",
+    ),
+    TopicSpec(
+        "cluster.nodes",
+        NodeObservation,
+        "node name",
+        "single partition, compacted (the latest observation per node)",
+        "job watcher (`watch-jobs`, Node watch)",
+        "decision stage (topology, fleet size, opt-outs, foreign cordons)",
+        compacted=True,
     ),
     TopicSpec(
         "deadletter",

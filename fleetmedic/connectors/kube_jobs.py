@@ -1,4 +1,5 @@
-"""Job-events watcher: Kubernetes Pods, Jobs, PyTorchJobs and JobSets -> ``jobs.events`` on Kafka.
+"""Job-events watcher: Kubernetes Pods, Jobs, PyTorchJobs and JobSets -> ``jobs.events`` on Kafka;
+Nodes -> ``cluster.nodes``.
 
 One thread per watched resource (and namespace) lists it, then watches from the list's
 ``resourceVersion`` (bookmarks on), renews the watch when it times out, lists again when the
@@ -10,6 +11,11 @@ object cannot break a stream) and go through a bounded queue (watches block when
 to ``jobs.events`` keyed by job ("namespace/name"). After a re-list the tracker is told of objects
 that disappeared meanwhile. Everything is counted in ``fleetmedic_jobwatch_*`` metrics on the
 registry passed in.
+
+With ``jobwatch.watch_nodes`` it also watches Nodes (cluster-scoped, one watch): the
+:class:`fleetmedic.connectors.kube_nodes_map.NodeTracker` turns them into ``NodeObservation``
+records (cordon, who made it, the placement and opt-out labels; deleted nodes) produced to
+``cluster.nodes`` keyed by node, which the decision stage reads for its topology and fleet size.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from fleetmedic.config import JobWatchSettings, Settings
 from fleetmedic.connectors.kube_jobs_map import JobTracker
-from fleetmedic.records import JobEvent, encode
+from fleetmedic.connectors.kube_nodes_map import NodeTracker
+from fleetmedic.records import JobEvent, NodeObservation, encode
 
 log = logging.getLogger(__name__)
 RESOURCES: dict[str, tuple[str, str]] = {  # kind -> (API prefix, plural)
@@ -37,7 +44,9 @@ RESOURCES: dict[str, tuple[str, str]] = {  # kind -> (API prefix, plural)
     "Job": ("/apis/batch/v1", "jobs"),
     "PyTorchJob": ("/apis/kubeflow.org/v1", "pytorchjobs"),
     "JobSet": ("/apis/jobset.x-k8s.io/v1alpha2", "jobsets"),
+    "Node": ("/api/v1", "nodes"),
 }
+CLUSTER_SCOPED = frozenset({"Node"})
 
 
 class Gone(Exception):
@@ -59,12 +68,17 @@ class JobWatchMetrics:
                                registry=registry)
         self.errors = Counter(f"{p}watch_errors_total", "Failed lists or watches", ["kind"], registry=registry)
         self.produce_errors = Counter(f"{p}produce_errors_total", "JobEvents Kafka did not take", registry=registry)
+        self.node_observations = Counter(f"{p}node_observations_total", "NodeObservation records produced",
+                                         registry=registry)
         self.tracked = Gauge(f"{p}tracked_jobs", "Training jobs being tracked", registry=registry)
         self.queue = Gauge(f"{p}queue_depth", "Watch events waiting for the tracker", registry=registry)
 
 
 def resource_path(kind: str, namespace: str = "") -> str:
+    """The API path of ``kind`` in ``namespace`` ("" = all; ignored for cluster-scoped kinds)."""
     prefix, plural = RESOURCES[kind]
+    if kind in CLUSTER_SCOPED:
+        return f"{prefix}/{plural}"
     return f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"
 
 
@@ -219,6 +233,7 @@ class JobWatcher:
         self.jw = settings.jobwatch
         self.metrics = JobWatchMetrics(registry)
         self.tracker = JobTracker(gpu_only=self.jw.gpu_only, gpu_resource=self.jw.gpu_resource)
+        self.node_tracker = NodeTracker.of(settings)
         self.queue: queue.Queue[tuple[str, str, Any]] = queue.Queue(maxsize=self.jw.queue_size)
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
@@ -235,6 +250,8 @@ class JobWatcher:
             w.first_pass.wait(max(0.0, deadline - time.monotonic()))
         for ns in namespaces:
             self._watch("Pod", ns, self.jw.pod_label_selector)
+        if self.jw.watch_nodes:
+            self._watch("Node", "", "")
 
     def _watch(self, kind: str, namespace: str, selector: str) -> ResourceWatch:
         w = ResourceWatch(self.api, kind, namespace, selector, self._enqueue, self.metrics, self.jw, self.stop)
@@ -270,13 +287,27 @@ class JobWatcher:
         self.metrics.tracked.set(len(self.tracker.jobs))
         return events
 
+    def handle_node(self, etype: str, obj: Any) -> NodeObservation | None:
+        """One Node watch event through the node tracker (also used directly by tests)."""
+        self.metrics.objects.labels("Node").inc()
+        before = self.node_tracker.skipped.total()
+        obs = None
+        if etype == "BAD" or not isinstance(obj, dict):
+            self.node_tracker.skip("bad_json", repr(obj)[:200])
+        else:
+            obs = self.node_tracker.observe(etype, obj, self.clock())
+        if self.node_tracker.skipped.total() != before:
+            self.metrics.skipped.labels("Node", self.node_tracker.last_code).inc()
+            log.warning("skipped Node: %s", self.node_tracker.last_skip)
+        return obs
+
     async def run(self, until: asyncio.Event | None = None) -> None:
         """Watch and produce until ``until`` is set (or forever)."""
         from aiokafka import AIOKafkaProducer
 
         from fleetmedic.connectors.sim_producer import client_kwargs
 
-        topic = self.settings.topics.topic("jobs.events")
+        topic, nodes_topic = self.settings.topics.topic("jobs.events"), self.settings.topics.topic("cluster.nodes")
         acks: Any = "all" if self.settings.kafka.acks == "all" else int(self.settings.kafka.acks)
         producer = AIOKafkaProducer(acks=acks, linger_ms=20, **client_kwargs(self.settings.kafka))
         await _start_with_retry(producer, self.jw.reconnect_backoff_s, self.jw.max_backoff_s, until)
@@ -288,6 +319,12 @@ class JobWatcher:
                 item = await loop.run_in_executor(None, self._next, 0.5)
                 self.metrics.queue.set(self.queue.qsize())
                 if item is None:
+                    continue
+                if item[0] == "Node":
+                    obs = self.handle_node(item[1], item[2])
+                    if obs is not None:
+                        fut = await producer.send(nodes_topic, key=obs.node.encode(), value=encode(obs))
+                        fut.add_done_callback(self._sent_node(obs.node))
                     continue
                 for event in self.handle(*item):
                     fut = await producer.send(topic, key=event.job.encode(), value=encode(event))
@@ -314,6 +351,16 @@ class JobWatcher:
                 log.warning("jobs.events: %s not produced: %s", event, None if fut.cancelled() else fut.exception())
             else:
                 self.metrics.events.labels(event).inc()
+        return done
+
+
+    def _sent_node(self, node: str) -> Callable[[asyncio.Future[Any]], None]:
+        def done(fut: asyncio.Future[Any]) -> None:
+            if fut.cancelled() or fut.exception() is not None:
+                self.metrics.produce_errors.inc()
+                log.warning("cluster.nodes: %s not produced: %s", node, None if fut.cancelled() else fut.exception())
+            else:
+                self.metrics.node_observations.inc()
         return done
 
 
