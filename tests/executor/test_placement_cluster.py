@@ -173,3 +173,27 @@ def test_the_warm_standby_pool_is_used_first_and_tolerated(
     assert any(t.key == "fleetmedic.io/standby" and t.operator == "Exists" for t in spec.tolerations)
     prefs = spec.affinity.node_affinity.preferred_during_scheduling_ignored_during_execution
     assert (prefs[0].weight, prefs[0].preference.match_expressions[0].key) == (100, "fleetmedic.io/standby")
+
+
+def test_the_executor_runs_restart_job_through_the_placement(
+    kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet]
+) -> None:
+    from fleetmedic.executor.actions import CommandExecutor
+    from fleetmedic.executor.kube import Cluster
+    from fleetmedic.executor.metrics import ExecutorMetrics
+    from tests.executor.executor_support import KEY, command, settings
+
+    fleet = make_fleet(8, nodes_per_rack=2, racks_per_leaf=2)
+    leaf_of = leaves_of(kube_api, fleet)
+    jobs = start_one_job_per_leaf(kube_api, namespace, fleet, pods=2, leaves=[min(leaf_of.values())])
+    suspect = sorted(p.spec.node_name for p in live_pods(kube_api, namespace, "app=job-0"))[0]
+    quarantine(kube_api, suspect)
+    registry = CollectorRegistry()
+    ex = CommandExecutor(Cluster(kube_api, instance="t"), settings(namespace), KEY, identity="t",
+                         metrics=ExecutorMetrics(registry))
+
+    result = ex.handle(command("restart_job", job=f"{namespace}/job-0", exclude_nodes=[suspect]))
+
+    assert result.outcome == "applied", result.reason
+    assert result.details["preferred_domain"] == f"leaf={jobs['job-0']}" and result.details["capacity"] == "sufficient"
+    assert registry.get_sample_value("fleetmedic_executor_placements_total", {"capacity": "sufficient"}) == 1
