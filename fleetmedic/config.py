@@ -508,6 +508,7 @@ class JobWatchSettings(Section, frozen=True, kw_only=True):
     max_backoff_s: PosFloat = 30.0
     missing_kind_retry_s: PosFloat = 60.0
     queue_size: PosInt = 10_000
+    watch_nodes: bool = True  # Node watch -> cluster.nodes (topology, opt-outs, cordons for the decision stage)
 
 
 class MetricsSettings(Section, frozen=True, kw_only=True):
@@ -525,6 +526,32 @@ class StreamsSettings(Section, frozen=True, kw_only=True):
     session_timeout_s: Annotated[float, Meta(ge=6.0, le=300.0)] = 10.0  # a dead worker's partitions move after this
 
 
+class PlacementSettings(Section, frozen=True, kw_only=True):
+    """Topology-aware re-placement of restarted jobs (docs/placement.md)."""
+
+    enabled: bool = True
+    rack_label: str = "fleetmedic.io/rack"
+    leaf_label: str = "fleetmedic.io/leaf"
+    spine_label: str = "fleetmedic.io/spine"
+    nvlink_domain_label: str = "fleetmedic.io/nvlink-domain"
+    pool_label: str = "fleetmedic.io/pool"
+    nvlink_weight: Annotated[int, Meta(ge=0, le=100)] = 80
+    leaf_weight: Annotated[int, Meta(ge=0, le=100)] = 40
+    rack_weight: Annotated[int, Meta(ge=0, le=100)] = 20
+    spine_weight: Annotated[int, Meta(ge=0, le=100)] = 10
+    pool_weight: Annotated[int, Meta(ge=0, le=100)] = 5
+    gpu_resource: str = "nvidia.com/gpu"
+    node_cache_s: NonNegFloat = 2.0
+    capacity_wait_s: NonNegFloat = 60.0
+    capacity_poll_s: PosFloat = 1.0
+    standby_label: str = ""
+    standby_value: str = "true"
+    standby_taint_key: str = "fleetmedic.io/standby"
+    standby_weight: Annotated[int, Meta(ge=0, le=100)] = 100
+    exclude_suspects: bool = True
+    kueue: Literal["auto", "off"] = "auto"
+
+
 class Settings(Section, frozen=True, kw_only=True):
     kafka: KafkaSettings = KafkaSettings()
     topics: TopicSettings = TopicSettings()
@@ -539,6 +566,7 @@ class Settings(Section, frozen=True, kw_only=True):
     metrics: MetricsSettings = MetricsSettings()
     streams: StreamsSettings = StreamsSettings()
     jobwatch: JobWatchSettings = JobWatchSettings()
+    placement: PlacementSettings = PlacementSettings()
 
 
 # --- loading ------------------------------------------------------------------------------------

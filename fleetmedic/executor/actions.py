@@ -194,9 +194,10 @@ class CommandExecutor:
             what = cmd.params.get("escalation", "notify")
             return self._result(cmd, "skipped", f"no escalate hook configured (executor.action_hooks): escalation "
                                                 f"'{what}' about {cmd.job} recorded only in this result", dry=dry)
-        from fleetmedic.executor import workloads  # the workload module (restart, re-place, requeue)
+        from fleetmedic.executor.capacity import PlacementRestarter  # topology-aware restart (docs/placement.md)
 
-        out = workloads.restart_workload(self.cluster.api, cmd.job, action=cmd.action,
-                                         exclude_nodes=list(cmd.exclude_nodes), params=dict(cmd.params),
-                                         dry_run=dry, actor=self.identity)
+        placement_metrics = self.metrics.placement if self.metrics else None
+        restarter = PlacementRestarter(self.cluster.api, self.settings, placement_metrics, stop=self.stop)
+        out = restarter.restart(cmd.job, action=cmd.action, exclude_nodes=list(cmd.exclude_nodes),
+                                params={**cmd.params, "command_id": cmd.id}, dry_run=dry, actor=self.identity)
         return self._result(cmd, out.outcome, out.reason, dict(out.details), dry=dry)

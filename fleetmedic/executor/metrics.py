@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from fleetmedic.executor.placement_metrics import PlacementMetrics
+
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 
 
@@ -22,6 +24,7 @@ class ExecutorMetrics:
         self.rejected = Counter("fleetmedic_executor_rejected_total",
                                 "Commands not acted on: bad signature, expired, undecodable",
                                 ["reason"], registry=registry)
+        self.placement = PlacementMetrics(registry)  # topology-aware restarts (capacity.py)
 
     def observe(self, action: str, outcome: str, seconds: float) -> None:
         self.commands.labels(action=action, outcome=outcome).inc()
