@@ -6,6 +6,8 @@
   etcd and kwok with Go from the module proxy into ``<cache>/k8s-<v>-kwok-<v>/bin``.
 - Helm: ``go install helm.sh/helm/v3/cmd/helm`` into ``<cache>/helm-<v>/bin`` (the deployment tests
   lint and render deploy/helm with it).
+- Controllers: ``build-controllers.sh`` builds the real JobSet controller and Kubeflow
+  training-operator into ``<cache>/controllers`` (the executor tests run them out of cluster).
 
 Idempotent: what is already there is left alone. A lock file keeps two builds from racing.
 """
@@ -123,6 +125,16 @@ def build_helm(lay: settings.Layout, log: Path) -> None:
         raise BuildError(f"go install finished but {lay.helm} is missing")
 
 
+def controllers_ready(lay: settings.Layout) -> bool:
+    return os.access(lay.jobset_manager, os.X_OK) and os.access(lay.training_operator, os.X_OK)
+
+
+def build_controllers(lay: settings.Layout, log: Path) -> None:
+    go = _tool("go", "", extra_dirs=("/usr/local/go/bin",))
+    env = {"PATH": f"{Path(go).parent}{os.pathsep}{os.environ.get('PATH', '')}", "FLEETMEDIC_CACHE": str(lay.cache)}
+    _run(["bash", str(settings.HERE / "build-controllers.sh")], log, timeout=3600, env=env, echo=("building",))
+
+
 def _run(
     argv: list[str],
     log: Path,
@@ -190,4 +202,13 @@ def build(kafka: bool = True, kube: bool = True) -> int:
                 t = time.monotonic()
                 build_helm(lay, logs / "build-helm.log")
                 print(f"Helm: built in {time.monotonic() - t:.0f}s -> {lay.helm}")
+            if controllers_ready(lay):
+                print(f"JobSet {lay.jobset_version} + training-operator {lay.training_operator_version} controllers: "
+                      f"present in {lay.jobset_manager.parent}")
+            else:
+                print("JobSet and training-operator controllers: building with Go (about 15-20 min on 2 cores the "
+                      f"first time; log: {logs / 'build-controllers.log'}) ...", flush=True)
+                t = time.monotonic()
+                build_controllers(lay, logs / "build-controllers.log")
+                print(f"controllers: built in {time.monotonic() - t:.0f}s -> {lay.jobset_manager.parent}")
     return 0

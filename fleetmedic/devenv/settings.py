@@ -36,6 +36,8 @@ class Layout:
     kwok_version: str
     kafka_version: str
     helm_version: str = "3.22.0"
+    jobset_version: str = "0.12.0"
+    training_operator_version: str = "1.9.0"
 
     @property
     def k8s_dir(self) -> Path:
@@ -63,6 +65,16 @@ class Layout:
         return self.cache / f"helm-{self.helm_version}" / "bin" / "helm"
 
     @property
+    def jobset_manager(self) -> Path:
+        """The real JobSet controller (sigs.k8s.io/jobset), run out of cluster by the executor tests."""
+        return self.cache / "controllers" / f"jobset-manager-v{self.jobset_version}"
+
+    @property
+    def training_operator(self) -> Path:
+        """The real Kubeflow training-operator (PyTorchJob), run out of cluster by the executor tests."""
+        return self.cache / "controllers" / f"training-operator-v{self.training_operator_version}"
+
+    @property
     def maven_repo(self) -> Path:
         return self.cache / "m2"
 
@@ -76,6 +88,8 @@ def layout() -> Layout:
         kwok_version=versions["KWOK_VERSION"],
         kafka_version=versions["KAFKA_VERSION"],
         helm_version=versions["HELM_VERSION"],
+        jobset_version=versions["JOBSET_VERSION"],
+        training_operator_version=versions["TRAINING_OPERATOR_VERSION"],
     )
 
 
