@@ -6,9 +6,10 @@ until SIGINT/SIGTERM: ``detect`` (stage 1, a consumer-group loop, group
 without web server, group ``<kafka.consumer_group>``; run one) or ``all`` (both, one process). The
 decision stage starts from its last snapshot in ``<kafka.consumer_group>-engine-state``, replays
 its inputs since, and writes a final snapshot at a stop; ``streams`` config section: intervals;
-:mod:`fleetmedic.streams.worker` describes the topology and the restart guarantees. Commands
-are signed with the key from ``signing.key_file`` or the variable named by ``signing.key_env``;
-without a key it refuses to start (exit 2). Prometheus metrics are served on
+:mod:`fleetmedic.streams.worker` describes the topology and the restart guarantees. The
+decision stage (``decide``, ``all``) signs commands and verifies operator commands with the key
+from ``signing.key_file`` or the variable named by ``signing.key_env``; without a key those roles
+refuse to start (exit 2). ``detect`` needs no key. Prometheus metrics are served on
 ``metrics.bind_address:metrics.port`` (port 0: an ephemeral port, logged).
 """
 
@@ -55,7 +56,7 @@ def run_worker(args: argparse.Namespace) -> int:
     if settings is None:
         return EXIT_INVALID
     try:
-        key = signing_key(settings)
+        key = b"" if args.role == "detect" else signing_key(settings)  # stage 1 signs nothing
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID

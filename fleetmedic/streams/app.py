@@ -5,8 +5,9 @@
   turn it on). Topic values are raw bytes: :mod:`fleetmedic.records` decodes and validates them,
   so an invalid message reaches our code and the dead-letter topic instead of faust's logs.
 - :func:`ensure_topics`: creates every topic of :data:`fleetmedic.topics.TOPICS` that is missing,
-  with its partition count, plus the pipeline's own: the compacted engine-state and stage-1 state
-  topics and the decision stage's fleet-inputs topic (:mod:`fleetmedic.streams.worker`); faust itself creates only its
+  with its partition count (compacted where the table says so: ``cluster.nodes``), plus the
+  pipeline's own: the compacted engine-state and stage-1 state topics and the decision stage's
+  fleet-inputs topic (:mod:`fleetmedic.streams.worker`); faust itself creates only its
   internal topics and ignores a source topic that is missing when it subscribes
   (docs/development.md). Idempotent: existing topics are left as they are.
 """
@@ -26,7 +27,8 @@ from fleetmedic.topics import TOPICS
 
 # one partition: the README's topic table (global order, global budgets)
 MAX_STATE_BYTES = 16 * 1024 * 1024  # an engine snapshot of a large fleet exceeds Kafka's 1 MB default
-SINGLE_PARTITION = frozenset({"incidents", "remediation.commands", "remediation.results", "remediation.audit"})
+SINGLE_PARTITION = frozenset({"incidents", "remediation.commands", "remediation.results", "remediation.audit",
+                              "remediation.operator", "cluster.nodes"})
 
 
 def partitions_of(settings: Settings, name: str) -> int:
@@ -114,7 +116,8 @@ async def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
     """Create the missing topics; return the names created."""
     rf = settings.topics.replication_factor
     wanted = [NewTopic(settings.topics.topic(t.name), num_partitions=partitions_of(settings, t.name),
-                       replication_factor=rf) for t in TOPICS]
+                       replication_factor=rf, topic_configs={"cleanup.policy": "compact"} if t.compacted else {})
+              for t in TOPICS]
     wanted.append(NewTopic(state_topic(settings), num_partitions=1, replication_factor=rf,
                            topic_configs={"cleanup.policy": "compact", "max.message.bytes": str(MAX_STATE_BYTES)}))
     wanted.append(NewTopic(detect_state_topic(settings), num_partitions=partitions_of(settings, "telemetry.gpu"),

@@ -1,12 +1,21 @@
 """The decision stage as one Faust agent: one active worker, global state, commands exactly once.
 
-``decide`` reads ``findings``, ``jobs.events``, ``remediation.results`` and the fleet-inputs topic
-(stage 1's node summaries and switch ports) and runs
+``decide`` reads ``findings``, ``jobs.events``, ``remediation.results``, ``remediation.operator``,
+``cluster.nodes`` and the fleet-inputs topic (stage 1's node summaries and switch ports) and runs
 :class:`~fleetmedic.models.stages.FleetDetection` (peers, stragglers, switch ports; its findings go
 to ``findings`` and come back through that topic, like stage 1's) and the
 :class:`~fleetmedic.remediation.engine.DecisionEngine`, whose decisions go to ``incidents``,
 ``remediation.commands`` (signed; key = node or job) and ``remediation.audit``. A timer ticks both
 every ``sample_interval_s`` and refreshes the engine's gauges (:mod:`fleetmedic.streams.engine_metrics`).
+
+``cluster.nodes`` (``watch-jobs``'s Node watch) feeds :meth:`DecisionEngine.node_observed`: the
+topology (rack, leaf, pool, rails: also the fleet size the quarantine budget's fraction uses),
+opt-out labels and cordons made by others. A deleted node is logged and skipped: the engine keeps
+what it knew of it (it has no removal entry point). ``remediation.operator`` (``fleetmedic ctl``)
+goes to :func:`~fleetmedic.remediation.operator.apply_operator_command`; the signature and expiry
+are checked before the command's ``issued_at`` may move the clock, and a rejected command (bad
+signature, expired, invalid record) goes to ``deadletter`` with the reason, counted in
+``fleetmedic_operator_commands_total{outcome}``; the stage goes on.
 
 Exactly once, across a crash: each input message is handled under a lock, and the offsets it
 moves are recorded with it. A snapshot (every ``snapshot_every_s``, and at a clean stop) takes
@@ -35,12 +44,14 @@ import faust
 import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord, RecordMetadata
+from prometheus_client import Counter
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings
 from fleetmedic.models.stages import FleetDetection
 from fleetmedic.remediation.engine import DecisionEngine, Decisions
-from fleetmedic.signing import sign
+from fleetmedic.remediation.operator import apply_operator_command
+from fleetmedic.signing import CommandExpired, SignatureError, sign, verify
 from fleetmedic.streams.app import kafka_client_options, partitions_of, state_topic, summaries_topic
 from fleetmedic.streams.detect import PORT_KEY_PREFIX, SUMMARY_KEY, SummaryBatch
 from fleetmedic.streams.engine_metrics import EngineMetrics
@@ -50,7 +61,7 @@ from fleetmedic.streams.state import SNAPSHOT_KEY, DecideSnapshot
 
 log = logging.getLogger(__name__)
 
-INPUTS = ("findings", "jobs.events", "remediation.results")
+INPUTS = ("findings", "jobs.events", "remediation.results", "remediation.operator", "cluster.nodes")
 SEEN_FINDINGS = 20_000  # finding ids remembered to drop repeats (stage 1 replays at most one checkpoint interval)
 
 
@@ -86,6 +97,8 @@ class DecideStage:
         self.outputs = outputs
         self.metrics = metrics
         self.engine_metrics = EngineMetrics(metrics.registry)
+        self.operator_commands = Counter("fleetmedic_operator_commands", "Operator commands (fleetmedic ctl) "
+                                         "read, by outcome: applied, rejected", ["outcome"], registry=metrics.registry)
         self.fleet_stage = FleetDetection(settings.detection)
         if snapshot is not None:
             self.engine = DecisionEngine.from_bytes(snapshot.engine, settings)
@@ -182,6 +195,39 @@ class DecideStage:
             result = await self.outputs.decode(r.RemediationResult, src, "decide")
             if result is not None:
                 await self._send_decisions(self.engine.on_result(result, self.clock.observe(result.ts)))
+        elif name == "cluster.nodes":
+            await self._node_observation(src)
+        elif name == "remediation.operator":
+            await self._operator_command(src)
+
+    async def _node_observation(self, src: Source) -> None:
+        obs = await self.outputs.decode(r.NodeObservation, src, "decide")
+        if obs is None:
+            return
+        now = self.clock.observe(obs.ts)
+        if obs.deleted:
+            log.info("decide: node %s was deleted; the engine keeps what it knew of it", obs.node)
+            return
+        await self._send_decisions(self.engine.node_observed(
+            obs.node, cordoned=obs.cordoned, cordoned_by_fleetmedic=obs.cordoned_by_fleetmedic, labels=obs.labels,
+            now=now))
+
+    async def _operator_command(self, src: Source) -> None:
+        cmd = await self.outputs.decode(r.OperatorCommand, src, "decide")
+        if cmd is None:
+            self.operator_commands.labels("rejected").inc()
+            return
+        try:
+            verify(cmd, self.key, max(self.clock.now(), cmd.issued_at))  # first: a forged command must not move time
+            decisions = apply_operator_command(self.engine, cmd, self.key, self.clock.observe(cmd.issued_at))
+        except (SignatureError, CommandExpired) as exc:
+            self.operator_commands.labels("rejected").inc()
+            log.warning("decide: operator command %s rejected: %s", cmd.id, exc)
+            await self.outputs.dead_letter(src, "decide", f"operator command {cmd.id} rejected: {exc}")
+            return
+        self.operator_commands.labels("applied").inc()
+        log.info("decide: operator command %s (%s %s) from %s", cmd.id, cmd.action, cmd.node, cmd.actor)
+        await self._send_decisions(decisions)
 
     def _first_time(self, finding_id: str) -> bool:
         """False for a finding id handled before: stage 1 replays the telemetry after its last
