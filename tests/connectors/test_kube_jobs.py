@@ -195,3 +195,82 @@ def test_watch_jobs_cli_serves_metrics_and_stops_cleanly_on_sigterm(
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_watcher_publishes_node_observations_for_foreign_cordons_and_label_changes(
+    kafka_bootstrap: str, kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet]
+) -> None:
+    """The Node watch (``jobwatch.watch_nodes``) on the real API server: every node of a 3-node kwok
+    fleet is published once at start (its rack, leaf and pool labels only); a cordon by someone else,
+    a cordon with fleetmedic's annotation and placement/rail label changes each give one observation,
+    keyed by node; a label fleetmedic does not use gives none."""
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    from fleetmedic.connectors.kube_nodes_map import CORDONED_BY_ANNOTATION
+    from fleetmedic.records import NodeObservation
+
+    fleet = make_fleet(3)
+    a, b, c = fleet.nodes
+    prefix = f"jwn-{uuid.uuid4().hex[:8]}."
+    topic = f"{prefix}cluster.nodes"
+    settings = Settings(kafka=KafkaSettings(bootstrap_servers=kafka_bootstrap), topics=TopicSettings(prefix=prefix),
+                        jobwatch=JobWatchSettings(namespaces=[namespace], kinds=["Job"], watch_timeout_s=5))
+    registry = CollectorRegistry()
+    core = client.CoreV1Api(kube_api)
+    got: list[NodeObservation] = []
+
+    async def read_until(consumer: AIOKafkaConsumer, done: Callable[[list[NodeObservation]], bool]) -> None:
+        deadline = time.monotonic() + 60
+        while not done([o for o in got if o.node in fleet.nodes]):
+            assert time.monotonic() < deadline, [o for o in got if o.node in fleet.nodes]
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                for rec in records:
+                    obs = decode(NodeObservation, rec.value)
+                    assert rec.key == obs.node.encode()
+                    got.append(obs)
+
+    def patch(node: str, body: dict[str, Any]) -> Any:
+        return asyncio.to_thread(core.patch_node, node, body)
+
+    async def go() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        await admin.create_topics([NewTopic(topic, 1, 1, topic_configs={"cleanup.policy": "compact"})])
+        await admin.close()
+        until = asyncio.Event()
+        task = asyncio.create_task(JobWatcher(kube_api, settings, registry).run(until))
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest",
+                                    group_id=f"{prefix}test")
+        await consumer.start()
+        try:
+            await read_until(consumer, lambda mine: {o.node for o in mine} == set(fleet.nodes))
+            await patch(c, {"metadata": {"labels": {"team": "ml"}}})  # not a label fleetmedic uses
+            await patch(a, {"spec": {"unschedulable": True}})  # a person's cordon
+            await read_until(consumer, lambda mine: any(o.node == a and o.cordoned for o in mine))
+            await patch(b, {"metadata": {"labels": {fl.LABEL_RACK: f"{fleet.name}-rack-99",
+                                                    "rails.fleetmedic.io/mlx5_0": "leaf-rail-0"}}})
+            await read_until(consumer, lambda mine: any(o.node == b and o.labels.get(fl.LABEL_RACK, "").endswith("-99")
+                                                        for o in mine))
+            await patch(c, {"metadata": {"annotations": {CORDONED_BY_ANNOTATION: "fleetmedic"}},
+                            "spec": {"unschedulable": True}})  # what the executor's cordon writes
+            await read_until(consumer, lambda mine: any(o.node == c and o.cordoned for o in mine))
+        finally:
+            until.set()
+            await task
+            await consumer.stop()
+
+    asyncio.run(go())
+    mine = [o for o in got if o.node in fleet.nodes]
+    first = {o.node: o for o in mine[:3]}
+    assert not any(o.cordoned or o.deleted for o in first.values())
+    assert first[a].labels == {fl.LABEL_RACK: f"{fleet.name}-rack-00", fl.LABEL_LEAF: first[a].labels[fl.LABEL_LEAF],
+                               fl.LABEL_POOL: first[a].labels[fl.LABEL_POOL]}  # not the fleet/zone/hostname labels
+    by_node = {n: [o for o in mine if o.node == n] for n in fleet.nodes}
+    assert [(o.cordoned, o.cordoned_by_fleetmedic) for o in by_node[a]] == [(False, False), (True, False)]
+    assert len(by_node[b]) == 2 and by_node[b][1].labels["rails.fleetmedic.io/mlx5_0"] == "leaf-rail-0"
+    assert not by_node[b][1].cordoned
+    # the "team" label gave nothing: c's second observation is the cordon
+    assert [(o.cordoned, o.cordoned_by_fleetmedic) for o in by_node[c]] == [(False, False), (True, True)]
+    assert registry.get_sample_value("fleetmedic_jobwatch_relists_total", {"kind": "Node", "cause": "start"}) == 1
+    assert (registry.get_sample_value("fleetmedic_jobwatch_node_observations_total") or 0) >= len(mine)
