@@ -1,15 +1,17 @@
 """``fleetmedic demo --kafka BOOTSTRAP``: the demo's simulated fleet through a real broker and worker.
 
-:func:`run_on_kafka` gives the run a fresh topic prefix and consumer group, seeds the decision
-stage with the simulated fleet's topology (an initial engine snapshot, as a restarted worker would
-find it), starts ``fleetmedic worker --role all`` as a subprocess, and plays the cluster: the
-simulator's telemetry, job events and executor results go to their topics, and every command read
-from ``remediation.commands`` is applied by the simulator's closed loop. The simulator does not run
-ahead of the pipeline: before each tick it waits until stage 1 has summarised telemetry up to
-``max_ahead_s`` of simulated time before it (the node summaries on the fleet-inputs topic), so a
-command reaches the simulated cluster at most that much simulated time after the telemetry that
-caused it. At the end the worker is stopped, and the run's findings, incidents and commands are
-read back from their topics, and the engine's report from its last snapshot.
+:func:`run_on_kafka` gives the run a fresh topic prefix and consumer group, publishes the
+simulated fleet's nodes on ``cluster.nodes`` (a ``NodeObservation`` per node with its rack, leaf,
+pool and rail labels, as ``watch-jobs``'s Node watch does in a real deployment: the decision stage
+learns the topology and the fleet size from them), starts ``fleetmedic worker --role all`` as a
+subprocess, and plays the cluster: the simulator's telemetry, job events and executor results go
+to their topics, and every command read from ``remediation.commands`` is applied by the
+simulator's closed loop. The simulator does not run ahead of the pipeline: before each tick it
+waits until stage 1 has summarised telemetry up to ``max_ahead_s`` of simulated time before it
+(the node summaries on the fleet-inputs topic), so a command reaches the simulated cluster at most
+that much simulated time after the telemetry that caused it. At the end the worker is stopped,
+and the run's findings, incidents and commands are read back from their topics, and the engine's
+report from its last snapshot.
 """
 
 from __future__ import annotations
@@ -33,13 +35,13 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings, parse_config
-from fleetmedic.models.stages import FleetDetection
 from fleetmedic.remediation.engine import DecisionEngine
+from fleetmedic.remediation.topology import RAIL_LABEL_PREFIX
 from fleetmedic.simulator.engine import Simulator
 from fleetmedic.streams.app import ensure_topics, kafka_client_options, partitions_of, summaries_topic
 from fleetmedic.streams.detect import SUMMARY_KEY, SummaryBatch
 from fleetmedic.streams.embedded import Collected, fleet_topology
-from fleetmedic.streams.state import DecideSnapshot, decode_snapshot, load_snapshot, save_snapshot
+from fleetmedic.streams.state import decode_snapshot, load_snapshot
 
 
 @dataclass
@@ -104,12 +106,28 @@ def run_on_kafka(sim: Simulator, settings: Settings, bootstrap: str, key: bytes,
 
 
 async def _seed(settings: Settings, sim: Simulator) -> None:
-    """Topics, and a first engine snapshot that knows the fleet's topology (racks, leaves, pools)."""
+    """Topics, and the fleet's nodes on ``cluster.nodes`` (the decision stage replays them first)."""
     await ensure_topics(settings)
-    engine = DecisionEngine(settings, fleet_topology(sim.fleet))
-    snap = DecideSnapshot(engine=engine.to_bytes(), fleet=FleetDetection(settings.detection).to_bytes(),
-                          offsets={}, commands_from=0, written_at=time.time())
-    await save_snapshot(settings, msgspec.msgpack.encode(snap))
+    producer = AIOKafkaProducer(**kafka_client_options(settings), acks="all", enable_idempotence=True, linger_ms=5)
+    await producer.start()
+    try:
+        for obs in node_observations(sim, settings):
+            await producer.send(settings.topics.topic("cluster.nodes"), value=r.encode(obs), key=obs.node.encode())
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+def node_observations(sim: Simulator, settings: Settings) -> list[r.NodeObservation]:
+    """The simulated fleet's nodes as the Node watch would publish them (uncordoned, with the
+    triage settings' rack, leaf and pool labels and one ``rails.fleetmedic.io/<nic>`` label per NIC)."""
+    t = settings.triage
+    out = []
+    for node, p in fleet_topology(sim.fleet).nodes.items():
+        labels = {t.rack_label: p.rack, t.leaf_label: p.leaf, t.pool_label: p.pool,
+                  **{f"{RAIL_LABEL_PREFIX}{nic}": leaf for nic, leaf in p.rails.items()}}
+        out.append(r.NodeObservation(node=node, ts=sim.start, labels={k: v for k, v in labels.items() if v}))
+    return out
 
 
 class _Driver:

@@ -29,3 +29,22 @@ def test_the_demo_runs_through_kafka_and_a_worker(kafka_bootstrap: str, tmp_path
     summary = doc["summary"]
     assert summary["software_faults_isolated"] == 0 and summary["recall"] == 1.0
     assert summary["commands"].get("cordon") == 1 and summary["node_states"]
+
+
+def test_the_demo_seeds_the_worker_with_node_observations_that_rebuild_the_simulated_topology() -> None:
+    from fleetmedic.config import Settings
+    from fleetmedic.records import NodeObservation, decode, encode
+    from fleetmedic.remediation.engine import DecisionEngine
+    from fleetmedic.simulator.engine import SimConfig, Simulator
+    from fleetmedic.streams.embedded import fleet_topology
+    from fleetmedic.streams.kafka_demo import node_observations
+
+    sim = Simulator(SimConfig(nodes=16, duration_s=600, seed=3))
+    settings = Settings()
+    engine = DecisionEngine(settings)
+    for obs in node_observations(sim, settings):
+        obs = decode(NodeObservation, encode(obs))  # as the worker reads it from cluster.nodes
+        assert obs.ts == sim.start and not obs.cordoned
+        engine.node_observed(obs.node, cordoned=obs.cordoned, cordoned_by_fleetmedic=obs.cordoned_by_fleetmedic,
+                             labels=obs.labels, now=obs.ts)
+    assert engine.topology == fleet_topology(sim.fleet) and len(engine.topology) == 16
