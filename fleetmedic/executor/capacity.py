@@ -153,10 +153,12 @@ class PlacementRestarter:
         tolerations = pm.standby_tolerations(cfg)
         meta = obj.get("metadata") or {}
         previous = pm.previous_placement(meta.get("annotations") or {})
+        earlier = [n for n in ((meta.get("annotations") or {}).get(ANNOTATION_EXCLUDED) or "").split(",") if n]
+        release = pm.back_in_service(earlier, [*exclude, *keep_off], states, self.settings.executor.taint_key)
         ops = [op for op in plan.template_ops if not op["path"].endswith("/affinity")]
         new_specs = []
         for (ptr, spec), affinity in zip(paths, (s["affinity"] for s in specs_now), strict=True):
-            placed = pm.place(spec, affinity, terms, tolerations, previous, keep_off)
+            placed = pm.place(spec, affinity, terms, tolerations, previous, keep_off, release)
             final_aff = placed.affinity if placed.affinity is not None else affinity
             if final_aff != spec.get("affinity"):
                 ops.append({"op": "add", "path": ptr + "/affinity", "value": final_aff or {}})
@@ -174,18 +176,22 @@ class PlacementRestarter:
         verdict = pm.capacity_verdict(demands, list(states.values()), exclude, topo, domain)
         annotations = {**plan.annotations,
                        pm.ANNOTATION_PLACEMENT: pm.placement_record(terms, tolerations, domain)}
-        if keep_off:
-            annotations[ANNOTATION_EXCLUDED] = ",".join(sorted(set(plan.excluded) | set(keep_off)))
+        excluded_now = sorted((set(plan.excluded) | set(keep_off)) - set(release))
+        if excluded_now:
+            annotations[ANNOTATION_EXCLUDED] = ",".join(excluded_now)
         words = ", ".join(f"{lvl}={v}" for lvl, v in domain.items() if topo.label_of[lvl])
         summary = plan.summary + (f"; prefer {words}" if words and terms else "")
         seen["verdict"] = verdict
         seen["details"] = {**verdict.details(), "isolation_forced": ",".join(force),
                            "isolated_by": _isolation_words(exclude, fresh, force)}
+        if release:
+            seen["details"]["exclusion_released"] = ",".join(release)
         if kind is JOB and (obj.get("spec") or {}).get("podReplacementPolicy") != "Failed":
             seen["details"]["placement_note"] = ("podReplacementPolicy is not Failed: replacements may be created "
                                                  "while the old pods still hold their nodes' GPUs, and land elsewhere")
+        remove = tuple(plan.remove_annotations) + ((ANNOTATION_EXCLUDED,) if not excluded_now else ())
         return dataclasses.replace(plan, template_ops=ops, annotations=annotations, summary=summary,
-                                   excluded=tuple(sorted(set(plan.excluded) | set(keep_off))))
+                                   excluded=tuple(excluded_now), remove_annotations=remove)
 
     def _demands(self, kind: WorkloadKind, obj: Mapping[str, Any], specs: Sequence[Mapping[str, Any]],
                  live: int) -> list[pm.Demand]:

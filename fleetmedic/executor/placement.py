@@ -33,6 +33,7 @@ from fleetmedic.executor.workloads_plan import (
     excluded_nodes,
     tolerates,
     with_node_exclusion,
+    without_node_exclusion,
 )
 
 LEVELS: Final = ("nvlink_domain", "leaf", "rack", "spine", "pool")
@@ -143,12 +144,14 @@ def placement_record(terms: Sequence[Mapping[str, Any]], tolerations: Sequence[M
 
 def place(pod_spec: Mapping[str, Any], affinity: Mapping[str, Any] | None, terms: Sequence[Mapping[str, Any]],
           tolerations: Sequence[Mapping[str, Any]], previous: Mapping[str, Sequence[Mapping[str, Any]]],
-          force_exclude: Sequence[str] = ()) -> Placed:
+          force_exclude: Sequence[str] = (), release: Sequence[str] = ()) -> Placed:
     """``affinity`` (the planner's, else the pod spec's) with fleetmedic's earlier placement terms
-    replaced by ``terms`` and ``force_exclude`` ANDed into the required ``hostname NotIn``; the pod
-    spec's tolerations with ``tolerations`` in place of the earlier ones."""
+    replaced by ``terms``, the nodes in ``release`` taken out of the required ``hostname NotIn`` and
+    ``force_exclude`` ANDed into it; the pod spec's tolerations with ``tolerations`` in place of the
+    earlier ones."""
     before = copy.deepcopy(dict(affinity or {}))
-    after = with_node_exclusion(before, force_exclude) if force_exclude else copy.deepcopy(before)
+    after = without_node_exclusion(before, release) if release else copy.deepcopy(before)
+    after = with_node_exclusion(after, force_exclude) if force_exclude else after
     node_aff = after.setdefault("nodeAffinity", {})
     old_terms = list(previous.get("preferences") or [])
     prefs = [p for p in node_aff.get("preferredDuringSchedulingIgnoredDuringExecution") or [] if p not in old_terms]
@@ -167,6 +170,21 @@ def place(pod_spec: Mapping[str, Any], affinity: Mapping[str, Any] | None, terms
 
 
 # --- isolation of the excluded nodes -----------------------------------------------------------------
+
+
+def back_in_service(previously_excluded: Iterable[str], excluded: Iterable[str],
+                    nodes: Mapping[str, NodeState], quarantine_taint_key: str) -> list[str]:
+    """Nodes fleetmedic excluded from a workload earlier that are healthy again: Ready, not
+    cordoned, without the quarantine taint, and not excluded by this command. Their exclusion is
+    lifted, so a job that failed often does not run out of nodes (unknown nodes stay excluded)."""
+    now = set(excluded)
+    out = []
+    for name in sorted(set(previously_excluded) - now):
+        node = nodes.get(name)
+        if node is not None and node.ready and not node.unschedulable and \
+                not any(key == quarantine_taint_key for key, _ in node.taints):
+            out.append(name)
+    return out
 
 
 def unisolated(excluded: Iterable[str], nodes: Mapping[str, NodeState | None],

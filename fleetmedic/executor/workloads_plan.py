@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -173,6 +173,38 @@ def with_node_exclusion(affinity: Mapping[str, Any] | None, nodes: Sequence[str]
             exprs.append({"key": HOSTNAME_LABEL, "operator": "NotIn", "values": sorted(set(nodes))})
         new_terms.append({**term, "matchExpressions": exprs})
     required["nodeSelectorTerms"] = new_terms
+    return out
+
+
+def without_node_exclusion(affinity: Mapping[str, Any] | None, nodes: Collection[str]) -> dict[str, Any]:
+    """``affinity`` with ``nodes`` taken out of every required ``hostname NotIn`` (fleetmedic's own
+    exclusions of nodes that are back in service); an expression, term or block left empty goes."""
+    out: dict[str, Any] = copy.deepcopy(dict(affinity or {}))
+    drop = set(nodes)
+    node_aff = out.get("nodeAffinity") or {}
+    required = node_aff.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    if not drop or not required.get("nodeSelectorTerms"):
+        return out
+    terms = []
+    for term in required["nodeSelectorTerms"]:
+        exprs = []
+        for e in term.get("matchExpressions") or []:
+            if e.get("key") == HOSTNAME_LABEL and e.get("operator") == "NotIn":
+                values = [v for v in e.get("values") or [] if v not in drop]
+                if not values:
+                    continue
+                e = {**e, "values": values}
+            exprs.append(e)
+        kept = {**term, "matchExpressions": exprs} if exprs else {k: v for k, v in term.items()
+                                                                 if k != "matchExpressions"}
+        if kept:
+            terms.append(kept)
+    if terms:
+        required["nodeSelectorTerms"] = terms
+    else:
+        node_aff.pop("requiredDuringSchedulingIgnoredDuringExecution")
+        if not node_aff:
+            out.pop("nodeAffinity")
     return out
 
 

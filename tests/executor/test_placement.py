@@ -149,3 +149,22 @@ def test_previous_placement_reads_what_placement_record_wrote() -> None:
     record = pm.placement_record(terms, [], {"leaf": "l"})
     assert pm.previous_placement({pm.ANNOTATION_PLACEMENT: record}) == {"preferences": terms, "tolerations": []}
     assert pm.previous_placement({pm.ANNOTATION_PLACEMENT: "not json"}) == {}
+
+
+def test_exclusions_of_nodes_back_in_service_are_lifted_so_a_job_never_runs_out_of_nodes() -> None:
+    """A job that failed on n1 and then n2 carries NotIn [n1, n2]; once n1 is back (Ready, uncordoned,
+    untainted) the next restart (for n3) lifts n1 and keeps n2 (still quarantined) and n3."""
+    taint = "fleetmedic.io/quarantine"
+    nodes = {"n1": _node(1), "n2": _node(2, unschedulable=True, taints=((taint, "NoSchedule"),)),
+             "n3": _node(3), "n4": _node(4, ready=False)}
+    assert pm.back_in_service(["n1", "n2", "n4", "gone"], ["n3"], nodes, taint) == ["n1"]
+    assert pm.back_in_service(["n1"], ["n1"], nodes, taint) == []  # excluded again by this command
+    owner_term = {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100"]}]}
+    affinity = with_node_exclusion({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [owner_term]}}}, ["n1", "n2"])
+    placed = pm.place(_spec(), affinity, [], [], {}, force_exclude=["n3"], release=["n1"])
+    assert placed.affinity is not None and excluded_nodes(placed.affinity) == {"n2", "n3"}
+    (term,) = placed.affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert owner_term["matchExpressions"][0] in term["matchExpressions"]  # the owner's own terms stay
+    only_ours = with_node_exclusion({}, ["n1"])
+    assert pm.place(_spec(), only_ours, [], [], {}, release=["n1"]).affinity == {}  # nothing of ours is left

@@ -14,6 +14,7 @@ labelled with racks and leaves), through :class:`~fleetmedic.executor.capacity.P
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 from kubernetes import client
@@ -28,6 +29,7 @@ from fleetmedic.executor.workloads_plan import excluded_nodes
 from tests.executor.test_placement_support import (
     ScheduleWatch,
     leaves_of,
+    pick_suspect,
     recover,
     recover_round,
     repeat_placements,
@@ -197,3 +199,39 @@ def test_the_executor_runs_restart_job_through_the_placement(
     assert result.outcome == "applied", result.reason
     assert result.details["preferred_domain"] == f"leaf={jobs['job-0']}" and result.details["capacity"] == "sufficient"
     assert registry.get_sample_value("fleetmedic_executor_placements_total", {"capacity": "sufficient"}) == 1
+
+
+def test_a_node_back_in_service_is_no_longer_excluded_at_the_next_restart(
+    kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet]
+) -> None:
+    """Exclusions must not pile up on a long job: after n1's fault the Job carries NotIn [n1]; n1 is
+    repaired and returned (uncordoned, untainted); the next fault (on another node) leaves the
+    template excluding only the new suspect, and the result says which exclusion was lifted."""
+    fleet = make_fleet(6, nodes_per_rack=2, racks_per_leaf=4)
+    leaf_of = leaves_of(kube_api, fleet)
+    jobs = start_one_job_per_leaf(kube_api, namespace, fleet, pods=2)
+    restarter, _ = _restarter(kube_api)
+    core, batch = client.CoreV1Api(kube_api), client.BatchV1Api(kube_api)
+    suspects: dict[str, float] = {}
+
+    first = pick_suspect(kube_api, namespace, "job-0")
+    quarantine(kube_api, first)
+    r1 = recover(kube_api, restarter, namespace, "job-0", jobs["job-0"], 2, first, leaf_of, suspects)
+    assert r1.outcome == "applied", r1.reason
+    template = batch.read_namespaced_job("job-0", namespace).spec.template.spec
+    assert excluded_nodes(kube_api.sanitize_for_serialization(template.affinity)) == {first}
+
+    core.patch_node(first, {"spec": {"unschedulable": False, "taints": [
+        t.to_dict() for t in core.read_node(first).spec.taints or [] if t.key != "fleetmedic.io/quarantine"]}})
+    second = pick_suspect(kube_api, namespace, "job-0")
+    assert second != first
+    quarantine(kube_api, second)
+    time.sleep(2.5)  # past the restarter's node cache, as a later fault would be
+    r2 = recover(kube_api, restarter, namespace, "job-0", jobs["job-0"], 2, second, leaf_of, suspects)
+
+    assert r2.outcome == "applied", r2.reason
+    assert r2.details.get("exclusion_released") == first
+    job = batch.read_namespaced_job("job-0", namespace)
+    assert excluded_nodes(kube_api.sanitize_for_serialization(job.spec.template.spec.affinity)) == {second}
+    assert job.metadata.annotations["fleetmedic.io/excluded-nodes"] == second
+    assert second not in r2.nodes_after
