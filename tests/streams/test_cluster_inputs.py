@@ -6,7 +6,8 @@
   operator command published by ``fleetmedic ctl resume-breaker`` (the CLI as a subprocess, pointed
   at the run's broker and topic prefix by environment overrides) closes it, audited as
   ``breaker_resumed`` by ``operator:<actor>``; a forged command (wrong key) lands on the dead-letter
-  topic with the reason, and the stage goes on.
+  topic with the reason, and the stage goes on; a deleted node is logged and skipped;
+- ``--role detect`` starts without a signing key, ``--role decide`` refuses to (exit 2).
 """
 
 from __future__ import annotations
@@ -24,7 +25,17 @@ from fleetmedic import records as r
 from fleetmedic.signing import sign
 from fleetmedic.streams.app import ensure_topics
 from tests.models.synth import gpu_message
-from tests.streams.harness import KEY, Collected, Run, collect_sync, new_run, produce, wait_for_log, worker
+from tests.streams.harness import (
+    KEY,
+    Collected,
+    Run,
+    collect_sync,
+    new_run,
+    produce,
+    stop_worker,
+    wait_for_log,
+    worker,
+)
 from tests.streams.test_worker import _scrape
 
 N = 8
@@ -82,6 +93,11 @@ def test_node_observations_size_the_fleet_and_ctl_resumes_the_breaker_tripped_by
             sorted({a.decision for a in decisions(tripped)})
         _wait_for_gauge(run, "fleetmedic_breaker_open", 1.0)
 
+        # a deleted node: logged and skipped (the engine has no removal; it keeps what it knew)
+        gone = r.NodeObservation(node=NODES[-1], ts=time.time(), deleted=True)
+        asyncio.run(produce(kafka_bootstrap, [(nodes_topic, gone.node.encode(), r.encode(gone))]))
+        wait_for_log(run, proc, f"node {NODES[-1]} was deleted")
+
         # a forged command: the right shape, signed with another key
         forged = sign(r.OperatorCommand(id="op-forged", action="resume_breaker", actor="mallory", reason="let me in",
                                         issued_at=time.time(), expires_at=time.time() + 600), b"x" * 32)
@@ -114,3 +130,19 @@ def test_node_observations_size_the_fleet_and_ctl_resumes_the_breaker_tripped_by
     assert 'fleetmedic_operator_commands_total{outcome="rejected"} 1.0' in page
     assert 'fleetmedic_operator_commands_total{outcome="applied"} 1.0' in page
     assert f'fleetmedic_dead_letters_total{{stage="decide",topic="{operator}"}} 1.0' in page
+    assert _gauge(page, "fleetmedic_fleet_nodes") == N
+
+
+def test_detect_workers_need_no_signing_key_and_decide_workers_do(kafka_bootstrap: str, tmp_path: Path) -> None:
+    run = new_run(kafka_bootstrap, tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETMEDIC")}
+    decide = subprocess.run([sys.executable, "-m", "fleetmedic.cli", "worker", "--config", str(run.config),
+                             "--role", "decide"], env=env, capture_output=True, text=True, timeout=60)
+    assert decide.returncode == 2 and "signing key" in decide.stderr
+    with run.log.open("ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "fleetmedic.cli", "worker", "--config", str(run.config),
+                                 "--role", "detect"], env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for_log(run, proc, "role detect: ready", timeout=60)
+    finally:
+        stop_worker(proc, run.log)

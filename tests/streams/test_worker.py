@@ -157,7 +157,8 @@ def test_malformed_telemetry_goes_to_the_dead_letter_topic_and_the_worker_goes_o
     assert letters[0].error.startswith("$: ") and "JSON" in letters[0].error
     assert letters[1].error.startswith("$.ts: ") and "float" in letters[1].error
     assert all(d.topic == gpu and d.stage == "detect" and d.key == node for d in letters)
-    assert letters[0].partition == letters[1].partition and letters[1].offset == letters[0].offset + 1
+    assert letters[0].offset is not None and letters[0].partition == letters[1].partition
+    assert letters[1].offset == letters[0].offset + 1
     assert {k for k, _, _, _ in got.by_topic[dead]} == {gpu.encode()}  # keyed by source topic
     found = [f for f in (r.decode(r.Finding, v) for v in got.values(findings)) if f.node == node]
     assert found[0].detector == "xid_rules"
