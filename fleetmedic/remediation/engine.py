@@ -14,8 +14,9 @@ The engine reads no files: a stage loads the failure-log library named by
 ``triage.patterns_file`` with :func:`~fleetmedic.remediation.log_patterns.load_library` and passes
 it in (default: the shipped library), and restores the engine with :meth:`DecisionEngine.from_bytes`.
 Node observations (:meth:`DecisionEngine.node_observed`: cordon, who made it, labels) teach it the
-topology, opt-outs and cordon ownership. Operator requests (:meth:`DecisionEngine.clear_node`,
-:meth:`DecisionEngine.node_repaired`, :meth:`DecisionEngine.resume_breaker`) are audited.
+topology, opt-outs and cordon ownership; :meth:`DecisionEngine.node_removed` drops a deleted node.
+Operator requests (:meth:`DecisionEngine.clear_node`, :meth:`DecisionEngine.node_repaired`,
+:meth:`DecisionEngine.resume_breaker`) are audited.
 
 Call :meth:`DecisionEngine.tick` every few seconds as well: failure reports are gathered for
 ``triage.failure_settle_s`` before deciding, retries wait for their backoff, and lifecycle
@@ -53,6 +54,7 @@ from fleetmedic.remediation.engine_state import (
 )
 from fleetmedic.remediation.lifecycle import OUT_OF_SERVICE
 from fleetmedic.remediation.log_patterns import PatternLibrary
+from fleetmedic.remediation.topology import Topology
 
 __all__ = ["STATE_VERSION", "CommandInfo", "DecisionEngine", "Decisions", "EngineState", "HeldCommand",
            "IncidentTracks"]
@@ -171,6 +173,17 @@ class DecisionEngine(EngineActing):
                 self._events(self.lifecycle.released_elsewhere(rec, now, why), now, out, actor="kubernetes")
             rec.cordon_owned = False
         self._advance(now, out)
+        return self._finish(now, out)
+
+    def node_removed(self, node: str, now: float) -> Decisions:
+        """The node was deleted from the cluster: it leaves the topology (so the fleet size); what the
+        engine holds about it (lifecycle, budget, history) is kept. A later observation adds it back."""
+        now, out = self._begin(now)
+        if node in self.topology:
+            self.topology = Topology({n: p for n, p in self.topology.nodes.items() if n != node})
+            self.triage.topology = self.topology
+            self._audit(out, now, "state_change", f"{node} was deleted from the cluster: no longer counted in "
+                        f"the fleet ({len(self.topology)} nodes)", node=node)
         return self._finish(now, out)
 
     def tick(self, now: float) -> Decisions:

@@ -10,10 +10,11 @@ every ``sample_interval_s`` and refreshes the engine's gauges (:mod:`fleetmedic.
 
 ``cluster.nodes`` (``watch-jobs``'s Node watch) feeds :meth:`DecisionEngine.node_observed`: the
 topology (rack, leaf, pool, rails: also the fleet size the quarantine budget's fraction uses),
-opt-out labels and cordons made by others. A deleted node is logged and skipped: the engine keeps
-what it knew of it (it has no removal entry point). ``remediation.operator`` (``fleetmedic ctl``)
-goes to :func:`~fleetmedic.remediation.operator.apply_operator_command`; the signature and expiry
-are checked before the command's ``issued_at`` may move the clock, and a rejected command (bad
+opt-out labels and cordons made by others; a deleted node goes to
+:meth:`DecisionEngine.node_removed` (it leaves the topology, hence the fleet size; audited).
+``remediation.operator`` (``fleetmedic ctl``) goes to
+:func:`~fleetmedic.remediation.operator.apply_operator_command`; the signature and expiry are
+checked before the command's ``issued_at`` may move the clock, and a rejected command (bad
 signature, expired, invalid record) goes to ``deadletter`` with the reason, counted in
 ``fleetmedic_operator_commands_total{outcome}``; the stage goes on.
 
@@ -206,7 +207,8 @@ class DecideStage:
             return
         now = self.clock.observe(obs.ts)
         if obs.deleted:
-            log.info("decide: node %s was deleted; the engine keeps what it knew of it", obs.node)
+            log.info("decide: node %s was deleted: out of the topology", obs.node)
+            await self._send_decisions(self.engine.node_removed(obs.node, now))
             return
         await self._send_decisions(self.engine.node_observed(
             obs.node, cordoned=obs.cordoned, cordoned_by_fleetmedic=obs.cordoned_by_fleetmedic, labels=obs.labels,

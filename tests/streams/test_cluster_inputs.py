@@ -6,7 +6,7 @@
   operator command published by ``fleetmedic ctl resume-breaker`` (the CLI as a subprocess, pointed
   at the run's broker and topic prefix by environment overrides) closes it, audited as
   ``breaker_resumed`` by ``operator:<actor>``; a forged command (wrong key) lands on the dead-letter
-  topic with the reason, and the stage goes on; a deleted node is logged and skipped;
+  topic with the reason, and the stage goes on; a deleted node's record shrinks the fleet;
 - ``--role detect`` starts without a signing key, ``--role decide`` refuses to (exit 2).
 """
 
@@ -93,10 +93,10 @@ def test_node_observations_size_the_fleet_and_ctl_resumes_the_breaker_tripped_by
             sorted({a.decision for a in decisions(tripped)})
         _wait_for_gauge(run, "fleetmedic_breaker_open", 1.0)
 
-        # a deleted node: logged and skipped (the engine has no removal; it keeps what it knew)
+        # a deleted node leaves the topology: the fleet shrinks
         gone = r.NodeObservation(node=NODES[-1], ts=time.time(), deleted=True)
         asyncio.run(produce(kafka_bootstrap, [(nodes_topic, gone.node.encode(), r.encode(gone))]))
-        wait_for_log(run, proc, f"node {NODES[-1]} was deleted")
+        _wait_for_gauge(run, "fleetmedic_fleet_nodes", N - 1)
 
         # a forged command: the right shape, signed with another key
         forged = sign(r.OperatorCommand(id="op-forged", action="resume_breaker", actor="mallory", reason="let me in",
@@ -130,7 +130,9 @@ def test_node_observations_size_the_fleet_and_ctl_resumes_the_breaker_tripped_by
     assert 'fleetmedic_operator_commands_total{outcome="rejected"} 1.0' in page
     assert 'fleetmedic_operator_commands_total{outcome="applied"} 1.0' in page
     assert f'fleetmedic_dead_letters_total{{stage="decide",topic="{operator}"}} 1.0' in page
-    assert _gauge(page, "fleetmedic_fleet_nodes") == N
+    assert _gauge(page, "fleetmedic_fleet_nodes") == N - 1
+    assert any(a.decision == "state_change" and a.node == NODES[-1] and "deleted" in a.explanation
+               for a in decisions(got))
 
 
 def test_detect_workers_need_no_signing_key_and_decide_workers_do(kafka_bootstrap: str, tmp_path: Path) -> None:

@@ -91,3 +91,23 @@ def test_the_fleet_stage_fed_node_summaries_decides_as_one_fed_raw_telemetry_and
     restored.restore(summarised.to_bytes())
     assert restored.to_bytes() == summarised.to_bytes()
     assert [f.id for f in restored.tick(400.0)] == [f.id for f in summarised.tick(400.0)]
+
+
+def test_a_deleted_node_leaves_the_engines_topology_and_an_observation_brings_it_back() -> None:
+    from fleetmedic.config import Settings
+    from fleetmedic.remediation.engine import DecisionEngine
+
+    engine = DecisionEngine(Settings())
+    for i in range(4):
+        engine.node_observed(f"n{i}", cordoned=False, cordoned_by_fleetmedic=False,
+                             labels={"fleetmedic.io/rack": "r1"}, now=100.0 + i)
+    assert len(engine.topology) == 4 and engine.triage.topology is engine.topology
+    out = engine.node_removed("n2", now=110.0)
+    assert len(engine.topology) == 3 and "n2" not in engine.topology and engine.triage.topology is engine.topology
+    (audit,) = out.audit
+    assert audit.decision == "state_change" and audit.node == "n2" and "deleted" in audit.explanation
+    assert engine.node_removed("n2", now=111.0).audit == []  # twice: nothing more
+    restored = DecisionEngine.from_bytes(engine.to_bytes(), Settings())
+    assert len(restored.topology) == 3  # the snapshot keeps the removal
+    engine.node_observed("n2", cordoned=False, cordoned_by_fleetmedic=False, labels={}, now=120.0)
+    assert len(engine.topology) == 4
