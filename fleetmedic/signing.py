@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from typing import TypeVar
 
 import msgspec
-
-from typing import TypeVar
 
 from fleetmedic.records import OperatorCommand, RemediationCommand
 
