@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from fleetmedic.config import ConfigError, Settings, read_config, to_yaml
+from fleetmedic.signing import load_key
 
 EXIT_INVALID = 2
 
@@ -30,6 +32,30 @@ def settings_or_none(path: str | None) -> Settings | None:
     try:
         return read_config(path, os.environ)
     except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def signing_key(settings: Settings) -> bytes:
+    """The command signing key from ``signing.key_file`` or the env var ``signing.key_env``."""
+    s = settings.signing
+    if s.key_file:
+        return load_key(Path(s.key_file).read_bytes())
+    text = os.environ.get(s.key_env, "")
+    if not text:
+        raise ValueError(f"signing key: set signing.key_file or the environment variable {s.key_env}")
+    return load_key(text)
+
+
+def settings_and_key(path: str | None, need_key: bool = True) -> tuple[Settings, bytes] | None:
+    """The config (as :func:`settings_or_none`) and the signing key (``b""`` unless ``need_key``),
+    or None after printing what is wrong (callers exit with :data:`EXIT_INVALID`)."""
+    settings = settings_or_none(path)
+    if settings is None:
+        return None
+    try:
+        return settings, signing_key(settings) if need_key else b""
+    except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None
 

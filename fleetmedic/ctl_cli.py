@@ -23,7 +23,7 @@ import time
 import uuid
 
 from fleetmedic.config import Settings
-from fleetmedic.config_cli import EXIT_INVALID, settings_or_none
+from fleetmedic.config_cli import EXIT_INVALID, settings_and_key, settings_or_none
 from fleetmedic.records import AuditRecord, InvalidRecord, OperatorCommand, decode, encode
 from fleetmedic.signing import sign
 
@@ -56,16 +56,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run_operator_command(args: argparse.Namespace) -> int:
-    from fleetmedic.worker_cli import signing_key
-
-    settings = settings_or_none(args.config)
-    if settings is None:
+    loaded = settings_and_key(args.config)
+    if loaded is None:
         return EXIT_INVALID
-    try:
-        key = signing_key(settings)
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+    settings, key = loaded
     now = time.time()
     cmd = sign(OperatorCommand(
         id=f"op-{uuid.uuid4().hex}", action=args.action, actor=args.actor or getpass.getuser(), reason=args.reason,

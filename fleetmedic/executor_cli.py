@@ -16,11 +16,9 @@ import logging
 import os
 import signal
 import socket
-import sys
 
 from fleetmedic.config import Settings
-from fleetmedic.config_cli import EXIT_INVALID, settings_or_none
-from fleetmedic.worker_cli import signing_key
+from fleetmedic.config_cli import EXIT_INVALID, settings_and_key
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -38,14 +36,10 @@ def identity_of(settings: Settings, given: str | None) -> str:
 
 
 def run_executor(args: argparse.Namespace) -> int:
-    settings = settings_or_none(args.config)
-    if settings is None:
+    loaded = settings_and_key(args.config)
+    if loaded is None:
         return EXIT_INVALID
-    try:
-        key = signing_key(settings)
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+    settings, key = loaded
     logging.basicConfig(level=args.loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return asyncio.run(_serve(settings, key, identity_of(settings, args.identity)))
 

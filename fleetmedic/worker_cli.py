@@ -17,14 +17,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import sys
 import tempfile
-from pathlib import Path
 
 from fleetmedic.config import Settings
-from fleetmedic.config_cli import EXIT_INVALID, settings_or_none
-from fleetmedic.signing import load_key
+from fleetmedic.config_cli import EXIT_INVALID, settings_and_key
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,26 +36,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(handler=run_worker)
 
 
-def signing_key(settings: Settings) -> bytes:
-    """The command signing key from ``signing.key_file`` or the env var ``signing.key_env``."""
-    s = settings.signing
-    if s.key_file:
-        return load_key(Path(s.key_file).read_bytes())
-    text = os.environ.get(s.key_env, "")
-    if not text:
-        raise ValueError(f"signing key: set signing.key_file or the environment variable {s.key_env}")
-    return load_key(text)
-
-
 def run_worker(args: argparse.Namespace) -> int:
-    settings = settings_or_none(args.config)
-    if settings is None:
+    loaded = settings_and_key(args.config, need_key=args.role != "detect")  # stage 1 signs nothing
+    if loaded is None:
         return EXIT_INVALID
-    try:
-        key = b"" if args.role == "detect" else signing_key(settings)  # stage 1 signs nothing
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+    settings, key = loaded
     logging.basicConfig(level=args.loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.datadir:
         return _run(settings, key, args.datadir, args.loglevel, args.role)
