@@ -30,15 +30,18 @@ from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv import proc, settings
 from fleetmedic.executor.workloads import restart_workload
 from fleetmedic.executor.workloads_plan import excluded_nodes
-from tests.executor.test_workloads_support import TOLERATE_ALL, BindingWatch, pod_spec, quarantine, running, wait
+from tests.executor.test_workloads_support import (
+    TOLERATE_ALL,
+    BindingWatch,
+    pod_spec,
+    quarantine,
+    real_controller,
+    running,
+    wait,
+)
 
-MANAGER = os.environ.get("FLEETMEDIC_JOBSET_MANAGER") or str(settings.layout().jobset_manager)
-if not Path(MANAGER).is_file():
-    _why = (f"no JobSet controller binary at {MANAGER}"
-            " (`fleetmedic dev build` builds it; or set FLEETMEDIC_JOBSET_MANAGER)")
-    if settings.services_required():
-        raise RuntimeError(_why)  # CI: a missing real controller fails the run, never skips it
-    pytestmark = pytest.mark.skip(reason=_why)
+MANAGER, pytestmark = real_controller("FLEETMEDIC_JOBSET_MANAGER", settings.layout().jobset_manager,
+                                      "JobSet controller")
 JS = "jobset.sigs.k8s.io"
 # what the JobSet defaulting webhook (pkg/webhooks/jobset_webhook.go Default) adds; no webhook runs here
 WEBHOOK_DEFAULTS = {"successPolicy": {"operator": "All"}, "startupPolicy": {"startupPolicyOrder": "AnyOrder"},

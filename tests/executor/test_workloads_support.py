@@ -3,15 +3,19 @@ quarantining a node the way the executor does, and a pod watch that records ever
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import pytest
 from kubernetes import client, watch
 
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.devenv import settings
 
 QUARANTINE_TAINT = {"key": "fleetmedic.io/quarantine", "value": "suspect", "effect": "NoSchedule"}
 GPUS = {fl.GPU: "8"}
@@ -111,3 +115,15 @@ class BindingWatch:
         if self._thread:
             self._thread.join(timeout=10)
         return list(self.bindings)
+
+
+def real_controller(env: str, built: Path, what: str) -> tuple[str, list[pytest.MarkDecorator]]:
+    """The binary of a real workload controller (``$env``, else what ``fleetmedic dev build``
+    built) and the module's marks: skip where it is missing; in CI a missing one fails the run."""
+    binary = os.environ.get(env) or str(built)
+    if Path(binary).is_file():
+        return binary, []
+    why = f"no {what} binary at {binary} (`fleetmedic dev build` builds it; or set {env})"
+    if settings.services_required():
+        raise RuntimeError(why)  # CI: a missing real controller fails the run, never skips it
+    return binary, [pytest.mark.skip(reason=why)]
