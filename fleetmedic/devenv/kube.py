@@ -125,6 +125,11 @@ class Kube:
                     f"--service-account-signing-key-file={d / 'sa.key'}",
                     "--profiling=false",
                     "--event-ttl=1h",
+                    # compact etcd every 10 s (default 5 min) and serve pod watches from etcd, so a
+                    # watch from a compacted resourceVersion meets 410 Gone soon after start, as on a
+                    # long-running cluster (the watch cache of a young one still answers it)
+                    "--etcd-compaction-interval=10s",
+                    "--watch-cache-sizes=pods#0",
                     "--v=1",
                 ],
             ),
