@@ -67,9 +67,9 @@ class NodeCache:
         self._at = 0.0
         self._nodes: list[client.V1Node] | None = None
 
-    def get(self, api: client.ApiClient, ttl_s: float, now: float) -> list[client.V1Node]:
+    def get(self, api: client.ApiClient, ttl_s: float, now: float, refresh: bool = False) -> list[client.V1Node]:
         with self._lock:
-            if self._nodes is None or now - self._at > ttl_s:
+            if refresh or self._nodes is None or now - self._at > ttl_s:
                 self._nodes, self._at = client.CoreV1Api(api).list_node().items, now
             return self._nodes
 
@@ -136,7 +136,8 @@ class PlacementRestarter:
         seen.update(kind=kind, obj=obj)
         if kind is JOBSET:  # the JobSet webhook refuses template changes: exclusion only (docs/placement.md)
             return plan
-        nodes = self.nodes()
+        current = [p.spec.node_name for p in pods if p.spec and p.spec.node_name]
+        nodes = self.nodes(knowing=current)
         states = {_name(n): self._state(n, {}) for n in nodes}
         fresh = {name: self._read_state(name) for name in sorted(set(exclude))}
         paths = pod_spec_paths(kind, obj)
@@ -147,7 +148,6 @@ class PlacementRestarter:
         never = params.get("anti_affinity") == "never"
         keep_off = sorted(set(force) | set(exclude)) if cfg.exclude_suspects and not never else force
         topo = pm.FleetTopology(states.values(), cfg)
-        current = [p.spec.node_name for p in pods if p.spec and p.spec.node_name]
         domain = pm.job_domain(topo, current, exclude)
         terms = pm.preferred_terms(topo, domain)
         tolerations = pm.standby_tolerations(cfg)
@@ -211,9 +211,13 @@ class PlacementRestarter:
 
     # --- the cluster --------------------------------------------------------------------------------
 
-    def nodes(self) -> list[client.V1Node]:
-        """All nodes, listed at most once per ``placement.node_cache_s``."""
-        return self._cache.get(self.api, self.settings.placement.node_cache_s, self.clock())
+    def nodes(self, knowing: Sequence[str] = ()) -> list[client.V1Node]:
+        """All nodes, listed at most once per ``placement.node_cache_s`` unless the cached list lacks
+        one of ``knowing`` (a node that joined since: its job's pods run there)."""
+        cached = self._cache.get(self.api, self.settings.placement.node_cache_s, self.clock())
+        if set(knowing) - {_name(n) for n in cached}:
+            return self._cache.get(self.api, self.settings.placement.node_cache_s, self.clock(), refresh=True)
+        return cached
 
     def _read_state(self, name: str) -> pm.NodeState | None:
         try:
