@@ -24,8 +24,12 @@ def test_the_demo_runs_through_kafka_and_a_worker(kafka_bootstrap: str, tmp_path
     kinds = {s["kind"]: s for s in doc["stories"]}
     assert kinds["xid79"]["detected"] and kinds["job_bug"]["detected"]
     steps = [s["what"] for s in kinds["xid79"]["steps"]]
-    # the closed loop ran through Kafka: the simulator applied the commands and reported back
-    assert steps[0] == "fault" and "incident" in steps and "command" in steps and "job recovered" in steps
+    # the closed loop ran through Kafka: the simulator applied the commands and its results came back
+    # through the results topic to the engine, which then diagnosed and returned the node. (Whether
+    # fleetmedic's restart_job or the simulated Job controller restarts the job first depends on
+    # the pipeline's wall-clock latency, which is ~50 simulated seconds here at 180x sim speed.)
+    assert steps[0] == "fault" and "incident" in steps and "command" in steps
+    assert {"node diagnosed", "returned to service"} <= set(steps), steps
     summary = doc["summary"]
     assert summary["software_faults_isolated"] == 0 and summary["recall"] == 1.0
     assert summary["commands"].get("cordon") == 1 and summary["node_states"]
