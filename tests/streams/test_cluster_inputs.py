@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import time
@@ -131,6 +132,11 @@ def test_node_observations_size_the_fleet_and_ctl_resumes_the_breaker_tripped_by
     assert 'fleetmedic_operator_commands_total{outcome="applied"} 1.0' in page
     assert f'fleetmedic_dead_letters_total{{stage="decide",topic="{operator}"}} 1.0' in page
     assert _gauge(page, "fleetmedic_fleet_nodes") == N - 1
+    # the operator's view of the stage: consumer lag of both stages, nodes by lifecycle state
+    for stage in ("detect", "decide"):
+        lags = re.findall(rf'^fleetmedic_consumer_lag{{[^}}]*stage="{stage}"[^}}]*}} (\S+)$', page, flags=re.M)
+        assert lags and all(float(v) >= 0 for v in lags), f"no {stage} lag on the metrics page"
+    assert re.search(r'^fleetmedic_nodes\{state="healthy"\} \S+$', page, flags=re.M)
     assert any(a.decision == "state_change" and a.node == NODES[-1] and "deleted" in a.explanation
                for a in decisions(got))
 
