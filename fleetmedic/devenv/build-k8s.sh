@@ -13,7 +13,7 @@ mkdir -p "$BIN"
 STAGES="node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease pod/fast/pod-ready pod/fast/pod-complete pod/fast/pod-delete"
 STAGE_DIR=$BIN/../kwok-stages
 need=0
-for b in kube-apiserver kube-scheduler kube-controller-manager etcd kwok; do
+for b in kube-apiserver kube-scheduler kube-controller-manager kubectl etcd kwok; do
   [ -x "$BIN/$b" ] || need=1
 done
 for f in $STAGES; do [ -f "$STAGE_DIR/$(basename "$f").yaml" ] || need=1; done
@@ -29,7 +29,7 @@ for m in $(sed -n 's|^[[:space:]]*\(k8s.io/[^ ]*\) => ./staging/src/.*|\1|p' "$G
 done
 MINOR=$(cut -d. -f2 <<<"$K8S_VERSION")
 LD="-s -w -X k8s.io/component-base/version.gitVersion=v$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$MINOR"
-for c in kube-apiserver kube-scheduler kube-controller-manager; do
+for c in kube-apiserver kube-scheduler kube-controller-manager kubectl; do
   if [ ! -x "$BIN/$c" ]; then
     go get "k8s.io/kubernetes/cmd/$c@v$K8S_VERSION"
     echo "building $c" >&2

@@ -26,7 +26,7 @@ from pathlib import Path
 from fleetmedic.devenv import proc, settings
 
 MAVEN_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
-K8S_BINARIES = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "etcd", "kwok")
+K8S_BINARIES = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl", "etcd", "kwok")
 KWOK_STAGES = (
     "node-initialize",
     "node-heartbeat-with-lease",

@@ -15,6 +15,7 @@ import pytest
 from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.devenv import settings as devenv_settings
 from fleetmedic.executor import plan as p
 from tests.executor.executor_support import command, executor, node_events, settings
 
@@ -109,9 +110,12 @@ def test_bad_signature_expired_and_unknown_node_are_refused_with_reasons(
 def test_kubectl_describe_node_shows_the_condition_and_the_event(
     kube_api: client.ApiClient, kube_config: Path, namespace: str, make_fleet: Callable[..., fl.Fleet]
 ) -> None:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl not installed")
+    kubectl = shutil.which("kubectl") or str(devenv_settings.layout().k8s_bin / "kubectl")
+    if not Path(kubectl).is_file():
+        why = f"no kubectl at {kubectl} (`fleetmedic dev build` builds it)"
+        if devenv_settings.services_required():
+            pytest.fail(why, pytrace=False)
+        pytest.skip(why)
     name = make_fleet(1).nodes[0]
     assert executor(kube_api, settings(namespace)).handle(command("cordon", name)).outcome == "applied"
     out = subprocess.run([kubectl, "--kubeconfig", str(kube_config), "describe", "node", name],
