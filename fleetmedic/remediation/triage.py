@@ -29,106 +29,41 @@ open degradation incidents; network findings are gathered per leaf switch for
 Failure reports of one job attempt are gathered for ``failure_settle_s`` before deciding, so that
 all ranks' logs and late findings are seen together.
 
-Pure: state is a serialisable struct, time comes in as ``now``.
+Pure: state is a serialisable struct, time comes in as ``now``. The state, the assessment and the
+incident book live in :mod:`.triage_records`; the failed-job rules (1-6) in :mod:`.triage_failures`;
+this module tracks jobs and findings, gathers network evidence per leaf and decides when groups settle.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Final, Literal, TypeVar
-
-import msgspec
+from collections.abc import Callable
 
 from fleetmedic.config import PolicySettings, TriageSettings
-from fleetmedic.records import Evidence, Finding, Incident, IncidentClass, JobEvent, Severity, Suspect
-from fleetmedic.remediation.log_patterns import LineMatch, PatternLibrary
+from fleetmedic.records import Evidence, Finding, IncidentClass, JobEvent, Severity, Suspect
+from fleetmedic.remediation.log_patterns import PatternLibrary
 from fleetmedic.remediation.topology import Topology
+from fleetmedic.remediation.triage_failures import JobFailureTriage
+from fleetmedic.remediation.triage_records import (
+    ISOLATING_HINTS,
+    QUIET_HINTS,
+    SEVERITY_RANK,
+    Assessment,
+    FailureReport,
+    JobRecord,
+    JobStatus,
+    PendingGroup,
+    TriageState,
+    evidence_of,
+    finding_class,
+    is_hardware_finding,
+    max_severity,
+)
 
-ISOLATING_HINTS: Final = frozenset({"reset_gpu", "reboot_node", "isolate"})
-QUIET_HINTS: Final = frozenset({"ignore", "restart_app"})
-SEVERITY_RANK: Final = {"info": 0, "warning": 1, "critical": 2}
-MAX_EVIDENCE: Final = 40
-MAX_IDS: Final = 200
-LOG_EVIDENCE_PER_NODE: Final = 3
-
-JobStatus = Literal["placed", "running", "failed", "completed"]
-
-
-class JobRecord(msgspec.Struct, kw_only=True):
-    job: str
-    attempt: int = 0
-    nodes: list[str] = []
-    ranks: dict[int, str] = {}
-    status: JobStatus = "placed"
-    retries_in_place: int = 0
-    last_event: float = 0.0
-
-
-class FailureReport(msgspec.Struct, frozen=True, kw_only=True):
-    ts: float
-    node: str = ""
-    rank: int | None = None
-    exit_code: int | None = None
-    reason: str = ""
-    lines: list[str] = []
+__all__ = ["ISOLATING_HINTS", "QUIET_HINTS", "SEVERITY_RANK", "Assessment", "FailureReport", "JobRecord",
+           "JobStatus", "PendingGroup", "Triage", "TriageState", "is_hardware_finding"]
 
 
-class PendingGroup(msgspec.Struct, kw_only=True):
-    """Reports (or findings) gathered until ``deadline`` before triage decides."""
-
-    key: str
-    first_ts: float
-    deadline: float
-    job: str = ""
-    attempt: int = 0
-    reports: list[FailureReport] = []
-    findings: list[Finding] = []
-
-
-class TriageState(msgspec.Struct, kw_only=True):
-    jobs: dict[str, JobRecord] = {}
-    findings: dict[str, list[Finding]] = {}  # node (or switch) -> recent findings
-    failures: dict[str, PendingGroup] = {}  # "job#attempt" -> reports being gathered
-    decided: dict[str, float] = {}  # "job#attempt" -> when it was decided (late reports are evidence only)
-    expected: dict[str, float] = {}  # "job#attempt" -> until: its failure is fleetmedic's own doing
-    network: dict[str, PendingGroup] = {}  # "leaf:<leaf>" or "node:<node>" -> findings being gathered
-    incidents: dict[str, Incident] = {}
-    open_by_subject: dict[str, str] = {}  # "class|subject" -> incident id
-    node_failures: dict[str, list[tuple[float, str]]] = {}  # node -> (ts, job) software failures attributed to it
-    job_signatures: dict[str, list[tuple[float, str, str]]] = {}  # job -> (ts, pattern, node) distinctive failures
-    node_failed_jobs: dict[str, list[tuple[float, str]]] = {}  # unattributed failed jobs a node was part of
-
-
-@dataclass(frozen=True)
-class Assessment:
-    """An incident plus what policy needs to decide: signals, history, the jobs and nodes involved."""
-
-    incident: Incident
-    new: bool
-    signals: frozenset[str]
-    explanation: str
-    fault_at: float  # earliest evidence (MTTR "detect" starts here)
-    job: str = ""  # the failed job, for job-failure incidents
-    attempt: int = 0
-    retries_in_place: int = 0
-    affected_jobs: tuple[str, ...] = ()  # running jobs hit by a node/switch incident
-    exclude_nodes: tuple[str, ...] = ()
-    node_failures: dict[str, int] = field(default_factory=dict)  # suspect node -> distinct jobs it failed
-    gpu: int | None = None
-    confirmed: bool = True  # False: a warning seen too few times yet; the incident is kept, nothing is done
-
-    @property
-    def suspect_nodes(self) -> tuple[str, ...]:
-        return tuple(s.name for s in self.incident.suspects if s.kind == "node")
-
-    @property
-    def jobs(self) -> tuple[str, ...]:
-        return (self.job, *[j for j in self.affected_jobs if j != self.job]) if self.job else self.affected_jobs
-
-
-class Triage:
+class Triage(JobFailureTriage):
     def __init__(self, settings: TriageSettings, policy: PolicySettings, library: PatternLibrary,
                  topology: Topology | None = None, state: TriageState | None = None) -> None:
         self.settings = settings
@@ -213,7 +148,7 @@ class Triage:
         if f.kind == "network":
             self._gather_network(f, now)
             return []
-        klass = _finding_class(f)
+        klass = finding_class(f)
         if klass is None:
             return []
         if f.detector == "xid_repeat" and self._xids_across_job(f, now):
@@ -231,7 +166,7 @@ class Triage:
         why = f"{f.detector} on {f.node}: {f.summary}"
         inc, new = self._open(klass, f"node:{f.node}", suspects, confidence, list(f.evidence)[:5], f.severity,
                               why, list(jobs), [f.id], f.ts, now)
-        seen = self._warnings(f.node, lambda g: _finding_class(g) == klass, now)
+        seen = self._warnings(f.node, lambda g: finding_class(g) == klass, now)
         return [Assessment(inc, new, frozenset(signals), why, f.ts, affected_jobs=jobs, exclude_nodes=(f.node,),
                            gpu=f.gpu, confirmed=klass == "hardware" or self._confirmed(inc.severity, seen, klass))]
 
@@ -319,7 +254,7 @@ class Triage:
             if any(f.kind == "network" and f.severity != "info" and lo <= f.ts and topo.leaf_for_port(n, f.port) == leaf
                    for f in self.state.findings.get(n, ())):
                 hosts.add(n)
-        severity = _max_severity(f.severity for f in window)
+        severity = max_severity(f.severity for f in window)
         first = min(f.ts for f in window)
         ids = [f.id for f in window]
         if leaf and (on_switch or (len(hosts) >= s.leaf_min_nodes and len(hosts) >= s.leaf_min_fraction * len(behind))):
@@ -329,7 +264,7 @@ class Triage:
                    + (f" and on the switch itself ({len(on_switch)} findings)" if on_switch else "")
                    + ": one switch/link incident, not node incidents")
             jobs = sorted({j for n in hosts for j in self.jobs_on(n)})
-            evidence = [Evidence(detector="triage", note=why, ts=now), *_evidence_of(window)]
+            evidence = [Evidence(detector="triage", note=why, ts=now), *evidence_of(window)]
             conf = 0.9 if on_switch else min(0.9, 0.6 + 0.3 * len(hosts) / max(1, len(behind)))
             inc, new = self._open("network", f"switch:{leaf}", suspects, conf, evidence, severity, why, jobs, ids,
                                   first, now)
@@ -342,8 +277,8 @@ class Triage:
             suspects = [Suspect(kind="node", name=host), *[Suspect(kind="link", name=p) for p in ports[:4]]]
             why = f"network errors on {host} ({', '.join(ports) or 'its NIC'}), not shared by its leaf's other nodes"
             on_host = self.jobs_on(host)
-            inc, new = self._open("network", f"link:{host}", suspects, 0.75, _evidence_of(mine),
-                                  _max_severity(f.severity for f in mine), why, list(on_host), [f.id for f in mine],
+            inc, new = self._open("network", f"link:{host}", suspects, 0.75, evidence_of(mine),
+                                  max_severity(f.severity for f in mine), why, list(on_host), [f.id for f in mine],
                                   min(f.ts for f in mine), now)
             seen = self._warnings(host, lambda g: g.kind == "network", now)
             out.append(Assessment(inc, new, frozenset({"link", "kind:network"}), why, inc.first_seen,
@@ -351,241 +286,6 @@ class Triage:
                                   confirmed=self._confirmed(inc.severity, seen)))
         return out
 
-    def _decide_failure(self, group: PendingGroup, now: float) -> list[Assessment]:
-        s, lib = self.settings, self.library
-        rec = self.state.jobs.get(group.job) or JobRecord(job=group.job, attempt=group.attempt)
-        job_nodes = set(rec.nodes)
-        by_node: dict[str, list[LineMatch]] = {}
-        loose: list[LineMatch] = []
-        for rep in group.reports:
-            if rep.node:
-                job_nodes.add(rep.node)
-            for m in lib.classify_all([*rep.lines, *([rep.reason] if rep.reason else [])]):
-                if m.pattern is None:
-                    continue
-                node = self._node_of(m, rec) or rep.node
-                (by_node.setdefault(node, []) if node else loose).append(m)
-        sig = {n: b for n, ms in by_node.items() if (b := lib.strongest(ms)) is not None}
-        distinct = {n: m for n, m in sig.items() if m.distinctive}
-        loose_best = lib.strongest(loose)
-        all_matches = [m for ms in by_node.values() for m in ms] + loose
-        signals = {m.signal for m in all_matches}
-        first = min([r.ts for r in group.reports] or [group.first_ts])
-        lo = first - s.evidence_window_s
-        log_ev = _log_evidence(by_node, loose)
-        ctx = _FailureContext(group, rec, sorted(job_nodes), first, signals, log_ev)
-
-        # 1. hardware
-        hw_findings = {n: fs for n in job_nodes if (fs := [f for f in self.state.findings.get(n, ())
-                                                            if _is_hardware(f) and lo <= f.ts <= now])}
-        hw_logs = {n: m for n, m in distinct.items() if m.incident_class == "hardware"}
-        hw_nodes = set(hw_findings) | set(hw_logs)
-        if hw_nodes and len(hw_nodes) <= s.max_hardware_suspects:
-            ranked = sorted(hw_nodes, key=lambda n: (-(n in hw_findings) - (n in hw_logs), n))
-            suspects = [Suspect(kind="node", name=n) for n in ranked]
-            gpus = [f.gpu for n in ranked for f in hw_findings.get(n, ()) if f.gpu is not None]
-            suspects += [Suspect(kind="gpu", name=f"{ranked[0]}/gpu{gpus[0]}")] if gpus else []
-            both = [n for n in ranked if n in hw_findings and n in hw_logs]
-            conf = 0.97 if both else (0.9 if hw_findings else 0.85)
-            hints = {f"hint:{f.action_hint}" for fs in hw_findings.values() for f in fs if f.action_hint}
-            hints |= {f"hint:{m.hint}" for m in hw_logs.values() if m.hint}
-            why = (f"job {group.job} attempt {group.attempt} failed; hardware evidence on "
-                   f"{', '.join(ranked)} in the same window"
-                   + (" (findings and log lines agree)" if both else ""))
-            ev = [*_evidence_of([f for n in ranked for f in hw_findings.get(n, ())]), *log_ev]
-            ids = [f.id for n in ranked for f in hw_findings.get(n, ())]
-            return [self._failure("hardware", f"node:{ranked[0]}", suspects, conf, ev, why, ctx, now,
-                                  signals | hints | {"hardware_evidence"}, ids, gpu=gpus[0] if gpus else None)]
-        if len(hw_nodes) > s.max_hardware_suspects:
-            signals.add("widespread_hardware_evidence")
-
-        # 2. network, unless the log names a software cause of its own (an OOM on a node behind a
-        # broken leaf is still an OOM) and no network error
-        net_logs = {n for n, m in distinct.items() if m.incident_class == "network"}
-        own_cause = any(m.incident_class in ("transient_software", "job_bug") and m.signal != "preemption"
-                        for m in distinct.values())
-        for leaf in sorted({leaf for n in ctx.nodes for leaf in self.topology.leaves_of(n)}
-                           if net_logs or not own_cause else ()):
-            inc_id = self.state.open_by_subject.get(f"network|switch:{leaf}")
-            if inc_id and self.state.incidents[inc_id].status in ("open", "mitigating"):
-                behind = self.topology.behind_leaf(leaf)
-                why = f"job {group.job} failed with nodes behind leaf {leaf}, which has an open network incident"
-                return [self._failure("network", f"switch:{leaf}", [Suspect(kind="switch", name=leaf)], 0.85,
-                                      log_ev, why, ctx, now, signals | {"leaf_correlated"}, [],
-                                      exclude=sorted(behind & set(ctx.nodes)))]
-        net_findings = {n for n in job_nodes if any(f.kind == "network" and f.severity != "info" and lo <= f.ts <= now
-                                                    for f in self.state.findings.get(n, ()))}
-        net_nodes = (net_findings if net_logs or not own_cause else set()) | net_logs
-        if net_nodes and len(net_nodes) <= s.max_hardware_suspects:
-            ranked = sorted(net_nodes, key=lambda n: (-(n in net_findings) - (n in net_logs), n))
-            why = f"job {group.job} failed; network errors on {', '.join(ranked)}"
-            conf = 0.85 if net_findings & net_logs else 0.75
-            return [self._failure("network", f"link:{ranked[0]}", [Suspect(kind="node", name=n) for n in ranked],
-                                  conf, log_ev, why, ctx, now, signals | {"link"}, [])]
-        if net_nodes:
-            leaves = Counter(leaf for n in net_nodes for leaf in self.topology.leaves_of(n))
-            leaf, count = leaves.most_common(1)[0]
-            if leaf and count >= s.leaf_min_nodes:
-                behind = self.topology.behind_leaf(leaf)
-                why = f"job {group.job} failed with fabric errors on {count} nodes behind leaf {leaf}"
-                return [self._failure("network", f"switch:{leaf}", [Suspect(kind="switch", name=leaf)], 0.7,
-                                      log_ev, why, ctx, now, signals | {"leaf_correlated"}, [],
-                                      exclude=sorted(behind & set(ctx.nodes)))]
-
-        # 3. preemption
-        if "preemption" in {m.signal for m in (*distinct.values(), *([loose_best] if loose_best else []))}:
-            why = f"job {group.job} attempt {group.attempt} was preempted or evicted"
-            return [self._failure("transient_software", f"job:{group.job}", [Suspect(kind="job", name=group.job)],
-                                  0.9, log_ev, why, ctx, now, signals | {"preemption"}, [])]
-
-        # 4. job bug
-        soft = {n: m for n, m in distinct.items() if m.incident_class not in ("hardware", "network")
-                and m.signal != "preemption"}
-        spread = Counter(m.pattern for m in soft.values())
-        if spread:
-            pattern, count = spread.most_common(1)[0]
-            many = count >= s.job_bug_min_nodes or (count >= 2 and count >= s.job_bug_min_fraction * len(ctx.nodes))
-            if many and not hw_nodes:
-                why = (f"the same failure ({pattern}) on {count} of {len(ctx.nodes)} nodes of job {group.job}, "
-                       "none with hardware evidence: a job bug, no node is isolated")
-                return [self._failure("job_bug", f"job:{group.job}", [Suspect(kind="job", name=group.job)], 0.9,
-                                      log_ev, why, ctx, now, signals | {"spread"}, [])]
-        followed = self._follows_the_job(group.job, soft, first, now)
-        if followed and not hw_nodes:
-            pattern, nodes = followed
-            why = (f"job {group.job} failed with {pattern} on {', '.join(nodes)} across attempts: the failure "
-                   "follows the job, not a node — a job bug, no node is isolated")
-            return [self._failure("job_bug", f"job:{group.job}", [Suspect(kind="job", name=group.job)], 0.85,
-                                  log_ev, why, ctx, now, signals | {"follows_job"}, [])]
-        user = [m for m in (*soft.values(), *([loose_best] if loose_best and loose_best.distinctive else []))
-                if m.incident_class == "job_bug"]
-        if user:
-            why = f"job {group.job} failed in its own code ({user[0].pattern}): a job bug, no node is isolated"
-            return [self._failure("job_bug", f"job:{group.job}", [Suspect(kind="job", name=group.job)], 0.8,
-                                  log_ev, why, ctx, now, signals, [])]
-
-        # 5. a software failure concentrated on a few nodes
-        if soft and len(soft) <= s.max_hardware_suspects:
-            ranked = sorted(soft, key=lambda n: (-soft[n].priority, n))
-            klass = soft[ranked[0]].incident_class
-            for n in ranked:
-                self.state.node_failures.setdefault(n, []).append((first, group.job))
-            why = (f"job {group.job} failed with {soft[ranked[0]].pattern} on {', '.join(ranked)}: "
-                   "a software failure, retried; repeated failures on the same node escalate it")
-            # a software failure: the job first (what to retry), then where it happened
-            suspects = [Suspect(kind="job", name=group.job)] + [Suspect(kind="node", name=n) for n in ranked]
-            return [self._failure(klass, f"job:{group.job}", suspects, 0.6, log_ev, why, ctx, now, signals, [],
-                                  exclude=[])]
-
-        # 6. nothing distinctive: history, else a lone timeout
-        for n in ctx.nodes:
-            self.state.node_failed_jobs.setdefault(n, []).append((first, group.job))
-        horizon = now - self.policy.suspect_window_s
-        repeated = []
-        for n in ctx.nodes:
-            jobs = {j for ts, j in self.state.node_failed_jobs.get(n, ()) if ts >= horizon}
-            if len(jobs) >= self.policy.suspect_after_failed_jobs:
-                repeated.append((len(jobs), n))
-        if repeated and len(repeated) <= s.max_hardware_suspects:
-            ranked = [n for _, n in sorted(repeated, key=lambda t: (-t[0], t[1]))]
-            k = max(c for c, _ in repeated)
-            why = (f"job {group.job} failed without a distinctive error; {', '.join(ranked)} appeared in {k} failed "
-                   f"jobs within {self.policy.suspect_window_s:g}s: suspect")
-            return [self._failure("unknown", f"node:{ranked[0]}", [Suspect(kind="node", name=n) for n in ranked],
-                                  0.6, log_ev, why, ctx, now, signals | {"repeated_job_failures"}, [])]
-        if any(m.symptom for m in all_matches):
-            why = f"job {group.job} failed with only a timeout/symptom and no other evidence: transient"
-            return [self._failure("transient_software", f"job:{group.job}", [Suspect(kind="job", name=group.job)],
-                                  0.5, log_ev, why, ctx, now, signals | {"lone_timeout"}, [])]
-        why = f"job {group.job} failed (exit {_exit_codes(group)}) with no recognised error and no other evidence"
-        return [self._failure("unknown", f"job:{group.job}", [Suspect(kind="job", name=group.job)], 0.3,
-                              log_ev, why, ctx, now, signals, [])]
-
-    def _follows_the_job(self, job: str, soft: dict[str, LineMatch], first: float, now: float
-                         ) -> tuple[str, list[str]] | None:
-        """Remember this failure's signatures; if one was also seen on another node in an earlier
-        attempt of the same job, the failure follows the job: (pattern, nodes)."""
-        history = self.state.job_signatures.setdefault(job, [])
-        horizon = now - self.policy.escalate_window_s
-        found: tuple[str, list[str]] | None = None
-        for node, m in sorted(soft.items()):
-            pattern = m.pattern or ""
-            elsewhere = sorted({n for t, p, n in history if p == pattern and n != node and t >= horizon})
-            if elsewhere and found is None:
-                found = (pattern, [*elsewhere, node])
-        history += [(first, m.pattern or "", node) for node, m in sorted(soft.items())]
-        return found
-
-    def _failure(self, klass: IncidentClass, subject: str, suspects: list[Suspect], confidence: float,
-                 evidence: list[Evidence], why: str, ctx: _FailureContext, now: float, signals: set[str],
-                 finding_ids: list[str], exclude: list[str] | None = None, gpu: int | None = None) -> Assessment:
-        nodes = [x.name for x in suspects if x.kind == "node"]
-        excluded = tuple(sorted(set(nodes if exclude is None else exclude)))
-        ev = [Evidence(detector="triage", note=why, ts=now), *evidence]
-        inc, new = self._open(klass, subject, suspects, confidence, ev, "critical", why, [ctx.group.job],
-                              finding_ids, ctx.first, now)
-        horizon = now - self.policy.escalate_window_s
-        counts = {n: len({j for t, j in self.state.node_failures.get(n, ()) if t >= horizon}) for n in nodes}
-        return Assessment(inc, new, frozenset(signals | {f"class:{klass}", "job_failed"}), why, ctx.first,
-                          job=ctx.group.job,
-                          attempt=ctx.group.attempt, retries_in_place=ctx.rec.retries_in_place,
-                          exclude_nodes=excluded, node_failures=counts, gpu=gpu)
-
-    def _node_of(self, m: LineMatch, rec: JobRecord) -> str:
-        if m.rank is not None and m.rank in rec.ranks:
-            return rec.ranks[m.rank]
-        if m.host and (m.host in rec.nodes or m.host in self.topology):
-            return m.host
-        return ""
-
-    # --- incidents ----------------------------------------------------------------------------------
-
-    def _open(self, klass: IncidentClass, subject: str, suspects: list[Suspect], confidence: float,
-              evidence: list[Evidence], severity: Severity, summary: str, jobs: list[str],
-              finding_ids: list[str], first_seen: float, now: float) -> tuple[Incident, bool]:
-        """Open an incident, or merge into the open one with the same class and subject."""
-        key = f"{klass}|{subject}"
-        old_id = self.state.open_by_subject.get(key)
-        old = self.state.incidents.get(old_id) if old_id else None
-        if old is not None and old.status in ("open", "mitigating") and \
-                now - (old.last_seen or old.first_seen) <= self.settings.incident_merge_s:
-            merged = msgspec.structs.replace(
-                old,
-                suspects=_union(old.suspects, suspects),
-                confidence=max(old.confidence, confidence),
-                evidence=(old.evidence + evidence)[-MAX_EVIDENCE:],
-                last_seen=max(now, old.last_seen or 0.0),
-                severity=_max_severity((old.severity, severity)),
-                jobs=_union(old.jobs, jobs),
-                finding_ids=_union(old.finding_ids, finding_ids)[-MAX_IDS:],
-            )
-            self.state.incidents[merged.id] = merged
-            return merged, False
-        base = f"{klass}:{subject}:{int(first_seen * 1000)}"
-        inc_id, n = base, 1
-        while inc_id in self.state.incidents:
-            n += 1
-            inc_id = f"{base}.{n}"
-        inc = Incident(id=inc_id, incident_class=klass, suspects=_union([], suspects), confidence=round(confidence, 3),
-                       evidence=evidence[-MAX_EVIDENCE:], first_seen=first_seen, last_seen=now, status="open",
-                       severity=severity, summary=summary[:4096], jobs=_union([], jobs),
-                       finding_ids=_union([], finding_ids)[-MAX_IDS:])
-        self.state.incidents[inc_id] = inc
-        self.state.open_by_subject[key] = inc_id
-        return inc, True
-
-    def set_status(self, incident_id: str, status: Literal["open", "mitigating", "resolved", "dismissed"],
-                   now: float) -> Incident | None:
-        """Change an incident's status; returns the updated incident, or None if nothing changed."""
-        inc = self.state.incidents.get(incident_id)
-        if inc is None or inc.status == status:
-            return None
-        inc = msgspec.structs.replace(inc, status=status, last_seen=max(now, inc.last_seen or 0.0))
-        self.state.incidents[incident_id] = inc
-        if status in ("resolved", "dismissed"):
-            for key in [k for k, v in self.state.open_by_subject.items() if v == incident_id]:
-                del self.state.open_by_subject[key]
-        return inc
 
     # --- housekeeping -------------------------------------------------------------------------------
 
@@ -616,85 +316,7 @@ class Triage:
                 del self.state.jobs[job]
                 self._node_jobs = None
 
-
-@dataclass(frozen=True)
-class _FailureContext:
-    group: PendingGroup
-    rec: JobRecord
-    nodes: list[str]
-    first: float
-    signals: set[str]
-    log_evidence: list[Evidence]
-
-
-def _finding_class(f: Finding) -> IncidentClass | None:
-    hint = f.action_hint
-    if hint in QUIET_HINTS:
-        return None
-    if f.kind == "hard_fault":
-        if hint in ISOLATING_HINTS or (not hint and f.severity == "critical"):
-            return "hardware"
-        return "degradation"
-    if f.kind in ("degradation", "job"):
-        return "degradation"
-    return None
-
-
-def is_hardware_finding(f: Finding) -> bool:
-    """Evidence of a hardware fault (isolate at once), as opposed to degradation or network symptoms."""
-    return _is_hardware(f)
-
-
-def _is_hardware(f: Finding) -> bool:
-    return _finding_class(f) == "hardware" or (f.kind == "hard_fault" and f.severity == "critical"
-                                               and f.action_hint not in QUIET_HINTS)
-
-
-def _max_severity(values: Iterable[Severity]) -> Severity:
-    best: Severity = "info"
-    for v in values:
-        if SEVERITY_RANK[v] > SEVERITY_RANK[best]:
-            best = v
-    return best
-
-
-T = TypeVar("T")
-
-
-def _union(a: Iterable[T], b: Iterable[T]) -> list[T]:
-    """``a`` then ``b``, without repeats, in order."""
-    out: list[T] = []
-    for x in [*a, *b]:
-        if x not in out:
-            out.append(x)
-    return out
-
-
 def _link(f: Finding) -> str:
     """A link as the scorer and operators name it: ``device/port`` as findings give it, else ``node:port``."""
     return f.port if "/" in f.port else f"{f.node}:{f.port}"
-
-
-def _evidence_of(findings: list[Finding]) -> list[Evidence]:
-    out: list[Evidence] = []
-    for f in findings[:10]:
-        out += f.evidence[:2] or [Evidence(detector=f.detector, ts=f.ts, note=f.summary)]
-    return out
-
-
-def _log_evidence(by_node: dict[str, list[LineMatch]], loose: list[LineMatch]) -> list[Evidence]:
-    out: list[Evidence] = []
-    for node in sorted(by_node):
-        ranked = sorted(by_node[node], key=lambda m: (not m.distinctive, -m.priority))[:LOG_EVIDENCE_PER_NODE]
-        out += [Evidence(detector="log_patterns", metric=m.pattern or "", note=f"[{node}] {m.line}"[:1000])
-                for m in ranked]
-    for m in sorted(loose, key=lambda m: (not m.distinctive, -m.priority))[:LOG_EVIDENCE_PER_NODE]:
-        out.append(Evidence(detector="log_patterns", metric=m.pattern or "", note=m.line[:1000]))
-    return out[:20]
-
-
-def _exit_codes(group: PendingGroup) -> str:
-    codes = sorted({r.exit_code for r in group.reports if r.exit_code is not None})
-    return ", ".join(str(c) for c in codes) or "unknown"
-
 
