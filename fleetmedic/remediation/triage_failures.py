@@ -80,11 +80,12 @@ class JobFailureTriage(IncidentBook):
         if len(hw_nodes) > s.max_hardware_suspects:
             signals.add("widespread_hardware_evidence")
 
-        # 2. network, unless the log names a software cause of its own (an OOM on a node behind a
-        # broken leaf is still an OOM) and no network error
+        # 2. network, unless the log names a cause of its own and no network error: an OOM on a node
+        # behind a broken leaf is still an OOM, and a job its owner or the scheduler terminated (SIGTERM,
+        # preempted, evicted; reported per rank or for the whole job) was not killed by the fabric
         net_logs = {n for n, m in distinct.items() if m.incident_class == "network"}
-        own_cause = any(m.incident_class in ("transient_software", "job_bug") and m.signal != "preemption"
-                        for m in distinct.values())
+        own_cause = any(m.incident_class in ("transient_software", "job_bug")
+                        for m in (*distinct.values(), *([loose_best] if loose_best and loose_best.distinctive else [])))
         for leaf in sorted({leaf for n in ctx.nodes for leaf in self.topology.leaves_of(n)}
                            if net_logs or not own_cause else ()):
             inc_id = self.state.open_by_subject.get(f"network|switch:{leaf}")

@@ -68,11 +68,25 @@ def leaf_ports(w: World) -> None:
         w.finding(f"node-{i}", kind="network", severity="warning", detector="ib_ports", port="mlx5_0")
 
 
-def job_on_a_bad_leaf(w: World) -> None:
+def job_on_a_bad_leaf_findings(w: World) -> None:
     for i in range(2, 7):
         w.finding(f"node-{i}", kind="network", severity="critical", detector="ib_ports", port="mlx5_0")
     w.advance(40)
+
+
+def job_on_a_bad_leaf(w: World) -> None:
+    job_on_a_bad_leaf_findings(w)
     fail_all(w, lambda i, n: [timeout_line(i)])
+
+
+def restarted_by_its_owner_behind_a_bad_leaf(w: World) -> None:
+    """A planned restart (``kubectl delete pods``) of a job whose leaf has an open network incident: the
+    controller reports the attempt Terminated (exit 143) for the whole job, with no node."""
+    for i in range(2, 7):
+        w.finding(f"node-{i}", kind="network", severity="critical", detector="ib_ports", port="mlx5_0")
+    w.advance(40)
+    w.fail(JOB, "", ["attempt stopped for restart: user requested restart (kubectl delete pods)"], exit_code=143,
+           reason="Terminated")
 
 
 def hardware_on_many_nodes(w: World) -> None:
@@ -104,6 +118,10 @@ CASES = [
     Case("errors behind one leaf are one switch incident, not node incidents", leaf_ports, "network", "leaf-1"),
     Case("a job failing behind a leaf with an open incident blames the switch", job_on_a_bad_leaf, "network",
          "leaf-0"),
+    Case("a job its owner terminated behind a bad leaf is preempted, not a network failure",
+         restarted_by_its_owner_behind_a_bad_leaf, "transient_software", JOB),
+    Case("SIGTERM on every rank behind a bad leaf is a preemption, not a network failure",
+         lambda w: (job_on_a_bad_leaf_findings(w), fail_all(w, lambda i, n: [SIGTERM])), "transient_software", JOB),
     Case("hardware errors on every node are not pinned on any node", hardware_on_many_nodes, "unknown", JOB),
 ]
 
