@@ -27,6 +27,8 @@ hard_rules        hard_fault   DBE increase >= ``dbe_threshold``; row-remap fail
 xid_rules         hard_fault   an XID whose action isolates (catalog + overrides); others as
                                ``info`` evidence for triage
 xid_repeat        hard_fault   an application-class XID repeated on one GPU within a window
+                               (occurrences on more than ``repeat_max_gpus`` GPUs of the node
+                               at once are the application's every rank faulting: not counted)
 xid_trend         degradation  row-remap/contained-error XIDs trending on one GPU
 ================  ===========  =============================================================
 
@@ -515,17 +517,19 @@ class GpuDetector:
         xs = self.settings.xid
         horizon = msg.ts - max(xs.repeat_window_s, xs.trend_window_s)
         log = [e for e in live.xid_log if e[0] >= horizon]
+        log += [(ts, gpu, code) for ts, gpu, code, _ in events]
         out: list[_Condition] = []
         for ts, gpu, code, text in events:
-            log.append((ts, gpu, code))
             info = self.catalog.lookup(code)
             severity = "critical" if info.isolates else ("warning" if info.action == "investigate" else "info")
             ev = Evidence(detector="xid_rules", metric="xid", value=float(code), gpu=gpu, ts=ts,
                           note=f"{info.mnemonic} ({info.bucket or 'not in catalog'}): {text}"[:4000])
             out.append(_Condition(f"xid:{gpu}:{code}:{ts:.3f}", "xid_rules", "hard_fault", severity,
                                   f"XID {code} ({info.mnemonic}) on GPU {gpu}", ev, gpu, info.action))
-            if code in xs.repeat_xids:
-                n = sum(1 for t, g_, c in log if g_ == gpu and c == code and t >= ts - xs.repeat_window_s)
+            if code in xs.repeat_xids and not _xid_burst(log, ts, code, xs.repeat_burst_s, xs.repeat_max_gpus):
+                # occurrences on many GPUs at once (an application's every rank faulting) do not count
+                n = sum(1 for t, g_, c in log if g_ == gpu and c == code and t >= ts - xs.repeat_window_s
+                        and not _xid_burst(log, t, code, xs.repeat_burst_s, xs.repeat_max_gpus))
                 if n >= xs.repeat_count:
                     ev2 = Evidence(detector="xid_repeat", metric="xid", value=float(n), threshold=xs.repeat_count,
                                    window_s=xs.repeat_window_s, gpu=gpu, ts=ts)
@@ -619,6 +623,11 @@ def _split_waves(msgs: list[GpuTelemetry]) -> tuple[list[GpuTelemetry], list[Gpu
             seen.add(msg.node)
             now.append(msg)
     return now, later
+
+
+def _xid_burst(log: Sequence[tuple[float, int, int]], ts: float, code: int, within_s: float, max_gpus: int) -> bool:
+    """XID ``code`` struck more than ``max_gpus`` GPUs of the node within ``within_s`` of ``ts``."""
+    return len({g for t, g, c in log if c == code and abs(t - ts) <= within_s}) > max_gpus
 
 
 def _f(v: float | np.floating) -> float:

@@ -118,6 +118,31 @@ def test_xid_13_twice_on_the_same_gpu_within_the_window_is_escalated() -> None:
     assert sorted(f.detector for f in twice) == ["xid_repeat", "xid_rules"]
 
 
+def test_xid_13_on_every_gpu_at_once_is_the_applications_and_never_a_repeat() -> None:
+    """A job bug's illegal memory access faults every rank: XID 13 on all 8 GPUs in the same second,
+    again on each retry in place. That is the application's doing; the same XID twice on one GPU
+    alone is that GPU's."""
+    det = detector()
+    every_gpu = lambda ts: (lambda k: [r.XidEvent(gpu=g, xid=13, ts=ts + 0.01 * g) for g in range(8)])  # noqa: E731
+    found = []
+    for attempt in range(4):  # the job retried in place, failing the same way each time
+        found += run(det, 1, start=attempt * 40, xids=every_gpu(1000 + attempt * 400.0))
+    assert found and {f.detector for f in found} == {"xid_rules"}
+    lone = run(det, 1, start=200, xids=lambda k: [r.XidEvent(gpu=3, xid=13, ts=3000.0)])
+    assert [f.detector for f in lone] == ["xid_rules"]  # the bursts before it do not count
+    again = run(det, 1, start=210, xids=lambda k: [r.XidEvent(gpu=3, xid=13, ts=3100.0)])
+    assert sorted(f.detector for f in again) == ["xid_repeat", "xid_rules"]
+    assert [f.evidence[0].value for f in again if f.detector == "xid_repeat"] == [2.0]
+
+
+def test_how_many_gpus_at_once_make_an_xid_the_applications_is_configured() -> None:
+    det = detector("detection: {xid: {repeat_max_gpus: 8}}")
+    every_gpu = lambda ts: (lambda k: [r.XidEvent(gpu=g, xid=13, ts=ts) for g in range(8)])  # noqa: E731
+    run(det, 1, xids=every_gpu(1000.0))
+    found = run(det, 1, start=40, xids=every_gpu(1400.0))
+    assert sorted({f.gpu for f in found if f.detector == "xid_repeat"}) == list(range(8))
+
+
 def test_a_single_xid_63_is_not_a_trend_but_three_are() -> None:
     det = detector()
     found = []
