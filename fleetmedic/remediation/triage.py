@@ -55,6 +55,7 @@ from fleetmedic.remediation.triage_records import (
     TriageState,
     evidence_of,
     finding_class,
+    is_congestion,
     is_hardware_finding,
     max_severity,
 )
@@ -271,8 +272,11 @@ class Triage(JobFailureTriage):
             return [Assessment(inc, new, frozenset({"leaf_correlated", "kind:network"}), why, first,
                                affected_jobs=tuple(jobs), exclude_nodes=tuple(sorted(hosts)))]
         out = []
+        congestion = s.congestion_metrics
         for host in sorted({f.node for f in window if not self._is_device(f.node)}):
             mine = [f for f in window if f.node == host]
+            if all(is_congestion(f, congestion) for f in mine):
+                continue  # traffic waiting for credits on one node: its own load, not a broken link
             ports = sorted({_link(f) for f in mine if f.port})
             suspects = [Suspect(kind="node", name=host), *[Suspect(kind="link", name=p) for p in ports[:4]]]
             why = f"network errors on {host} ({', '.join(ports) or 'its NIC'}), not shared by its leaf's other nodes"
@@ -280,12 +284,11 @@ class Triage(JobFailureTriage):
             inc, new = self._open("network", f"link:{host}", suspects, 0.75, evidence_of(mine),
                                   max_severity(f.severity for f in mine), why, list(on_host), [f.id for f in mine],
                                   min(f.ts for f in mine), now)
-            seen = self._warnings(host, lambda g: g.kind == "network", now)
+            seen = self._warnings(host, lambda g: g.kind == "network" and not is_congestion(g, congestion), now)
             out.append(Assessment(inc, new, frozenset({"link", "kind:network"}), why, inc.first_seen,
                                   affected_jobs=on_host, exclude_nodes=(host,),
                                   confirmed=self._confirmed(inc.severity, seen)))
         return out
-
 
     # --- housekeeping -------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from fleetmedic.remediation.triage_records import (
     JobRecord,
     PendingGroup,
     evidence_of,
+    is_congestion,
     is_hardware,
 )
 
@@ -95,7 +96,9 @@ class JobFailureTriage(IncidentBook):
                 return [self._failure("network", f"switch:{leaf}", [Suspect(kind="switch", name=leaf)], 0.85,
                                       log_ev, why, ctx, now, signals | {"leaf_correlated"}, [],
                                       exclude=sorted(behind & set(ctx.nodes)))]
+        congestion = s.congestion_metrics
         net_findings = {n for n in job_nodes if any(f.kind == "network" and f.severity != "info" and lo <= f.ts <= now
+                                                    and not is_congestion(f, congestion)
                                                     for f in self.state.findings.get(n, ()))}
         net_nodes = (net_findings if net_logs or not own_cause else set()) | net_logs
         if net_nodes and len(net_nodes) <= s.max_hardware_suspects:

@@ -164,6 +164,13 @@ def finding_class(f: Finding) -> IncidentClass | None:
     return None
 
 
+def is_congestion(f: Finding, metrics: Iterable[str]) -> bool:
+    """A network finding whose every measurement is a congestion counter (``metrics``): traffic
+    waiting for credits, not a broken link or NIC."""
+    measured = [e.metric for e in f.evidence if e.detector != "link_peer"]
+    return f.kind == "network" and bool(measured) and set(measured) <= set(metrics)
+
+
 def is_hardware_finding(f: Finding) -> bool:
     """Evidence of a hardware fault (isolate at once), as opposed to degradation or network symptoms."""
     return is_hardware(f)

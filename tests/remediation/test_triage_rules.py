@@ -89,6 +89,20 @@ def restarted_by_its_owner_behind_a_bad_leaf(w: World) -> None:
            reason="Terminated")
 
 
+def congestion(w: World, node: str) -> None:
+    """An incast burst: PortXmitWait rose past its threshold on one of the node's NICs."""
+    w.finding(node, kind="network", severity="warning", detector="ib_counters", port=f"{node}/mlx5_2",
+              metric="port_xmit_wait", gpu=None)
+
+
+def failed_with_congestion_on_a_node(w: World) -> None:
+    congestion(w, "node-3")
+    w.advance(300)
+    congestion(w, "node-3")
+    w.advance(60)
+    fail_all(w, lambda i, n: [timeout_line(i)])
+
+
 def hardware_on_many_nodes(w: World) -> None:
     fail_all(w, lambda i, n: [ECC])
 
@@ -122,6 +136,8 @@ CASES = [
          restarted_by_its_owner_behind_a_bad_leaf, "transient_software", JOB),
     Case("SIGTERM on every rank behind a bad leaf is a preemption, not a network failure",
          lambda w: (job_on_a_bad_leaf_findings(w), fail_all(w, lambda i, n: [SIGTERM])), "transient_software", JOB),
+    Case("a job failing with congestion on one of its nodes is not a link failure",
+         failed_with_congestion_on_a_node, "transient_software", JOB),
     Case("hardware errors on every node are not pinned on any node", hardware_on_many_nodes, "unknown", JOB),
 ]
 
@@ -157,6 +173,32 @@ def test_a_single_node_with_port_errors_is_a_link_incident_isolated_at_the_job_b
     inc = w.incidents[-1]
     assert inc.incident_class == "network" and [s.name for s in inc.suspects] == ["node-9", "node-9:mlx5_0"]
     assert w.isolated() == {"node-9"} and not w.cmds("drain")
+
+
+def test_congestion_on_a_single_node_isolates_nothing_but_with_port_errors_it_is_evidence() -> None:
+    w = World(n=32)
+    w.place(JOB, NODES)
+    for _ in range(3):  # congestion bursts that persist: the node's own traffic, not a broken link
+        congestion(w, "node-9")
+        w.advance(600)
+    assert not w.incidents and not w.isolated()
+    for _ in range(2):  # symbol errors on the same NIC are a link problem; the congestion is evidence
+        congestion(w, "node-9")
+        w.finding("node-9", kind="network", severity="warning", detector="ib_counters", port="node-9/mlx5_2",
+                  metric="symbol_error_counter", gpu=None)
+        w.advance(600)
+    inc = w.last_incident(node="node-9")
+    assert inc.incident_class == "network" and {e.metric for e in inc.evidence} >= {"port_xmit_wait",
+                                                                                   "symbol_error_counter"}
+    assert w.isolated() == {"node-9"}
+
+
+def test_congestion_behind_most_of_a_leaf_is_still_one_switch_incident() -> None:
+    w = World(n=32)
+    for i in range(8, 13):
+        congestion(w, f"node-{i}")
+    w.advance(45)
+    assert [s.name for s in w.incidents[-1].suspects][:1] == ["leaf-1"] and not w.isolated()
 
 
 def test_findings_about_the_switch_itself_blame_the_switch() -> None:

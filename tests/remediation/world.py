@@ -123,11 +123,12 @@ class World:
                      exit_code=exit_code, reason=reason, log_excerpt=lines), self.now))
 
     def finding(self, node: str, kind: str = "hard_fault", severity: str = "critical", hint: str = "",
-                detector: str = "hard_rules", gpu: int | None = 0, port: str = "", summary: str = "") -> Decisions:
+                detector: str = "hard_rules", gpu: int | None = 0, port: str = "", summary: str = "",
+                metric: str = "x") -> Decisions:
         self._fid += 1
         f = Finding(id=f"f{self._fid}", ts=self.now, node=node, detector=detector, kind=kind,  # type: ignore[arg-type]
                     severity=severity, summary=summary or f"{detector} {kind} on {node}",  # type: ignore[arg-type]
-                    evidence=[Evidence(detector=detector, metric="x", value=1.0, ts=self.now)], gpu=gpu, port=port,
+                    evidence=[Evidence(detector=detector, metric=metric, value=1.0, ts=self.now)], gpu=gpu, port=port,
                     action_hint=hint)
         out = self._take(self.engine.on_finding(f, self.now))
         if self.auto_execute:
