@@ -16,7 +16,8 @@ the evidence chain. The rules, in the order they are tried for a failed job atte
    attempt) is a job bug too;
 5. **transient_software** — a distinctive software failure (OOM, segfault, illegal address) on a
    few nodes: retry; it counts against the node once per job (failures of ``escalate_after_failures``
-   distinct jobs escalate the node — the same job failing again in place proves nothing);
+   distinct jobs escalate the node — the same job failing again in place proves nothing; signals in
+   ``policy.node_neutral_signals``, by default memory exhaustion, never count against a node);
 6. **history** — nothing distinctive (only timeouts): a node that appears in
    ``suspect_after_failed_jobs`` such failed jobs within ``suspect_window_s`` becomes the suspect;
    otherwise a lone timeout with no other evidence is transient.

@@ -154,7 +154,8 @@ class JobFailureTriage(IncidentBook):
             ranked = sorted(soft, key=lambda n: (-soft[n].priority, n))
             klass = soft[ranked[0]].incident_class
             for n in ranked:
-                self.state.node_failures.setdefault(n, []).append((first, group.job))
+                if soft[n].signal not in self.policy.node_neutral_signals:
+                    self.state.node_failures.setdefault(n, []).append((first, group.job))
             why = (f"job {group.job} failed with {soft[ranked[0]].pattern} on {', '.join(ranked)}: "
                    "a software failure, retried; repeated failures on the same node escalate it")
             # a software failure: the job first (what to retry), then where it happened

@@ -48,7 +48,7 @@ def test_hardware_fault_replaces_the_job_at_once_while_the_node_is_isolated_repa
 def test_transient_software_errors_retry_in_place_and_only_repetition_on_one_node_escalates() -> None:
     w = World(n=32)
     w.place(JOB, nodes(0, 8))
-    fail_with(w, JOB, "node-2", OOM)
+    fail_with(w, JOB, "node-2", SEGV)
     w.advance(40)
     assert not w.isolated() and not w.cmds("retry_in_place")  # decided at 30 s, backoff 60 s first
     w.advance(60)
@@ -56,7 +56,7 @@ def test_transient_software_errors_retry_in_place_and_only_repetition_on_one_nod
     assert len(retry) == 1 and retry[0].params == {"retry": "1", "backoff_s": "60"}
     assert w.placements[JOB] == nodes(0, 8)  # in place
     w.progress(JOB)
-    fail_with(w, JOB, "node-2", OOM)  # the same job again on the same node proves nothing about the node
+    fail_with(w, JOB, "node-2", SEGV)  # the same job again on the same node proves nothing about the node
     w.advance(200)
     assert not w.isolated()
     w.place("ml/other", ["node-2", "node-20"])  # a second job fails on node-2 too
@@ -65,6 +65,27 @@ def test_transient_software_errors_retry_in_place_and_only_repetition_on_one_nod
     assert w.isolated() == {"node-2"}
     escalation = [a for a in w.audit if a.rule == "repeated-on-node"]
     assert escalation and "failures of 2 jobs on the node (threshold 2)" in escalation[0].explanation
+
+
+def test_out_of_memory_failures_of_different_jobs_on_one_node_never_count_against_it() -> None:
+    """CUDA OOM, the host's OOM killer and killed dataloader workers follow each job's memory use:
+    three jobs running out of memory on node-2 within the window isolate nothing (a transient
+    software failure each, retried), while two segfaults of different jobs there do."""
+    w = World(n=32)
+    host_oom = "Out of memory: Killed process 4242 (python) total-vm:123456kB, anon-rss:98765kB"
+    for j, line in enumerate([OOM, OOM, host_oom]):
+        job = f"ml/mem-{j}"
+        w.place(job, ["node-2", f"node-{20 + j}"])
+        fail_with(w, job, "node-2", line)
+        w.advance(300)
+        assert w.last_incident(job=job).incident_class == "transient_software"
+    assert not w.isolated() and not [a for a in w.audit if a.rule == "repeated-on-node"]
+    for j in range(2):
+        job = f"ml/segv-{j}"
+        w.place(job, ["node-2", f"node-{24 + j}"])
+        fail_with(w, job, "node-2", SEGV)
+        w.advance(300)
+    assert w.isolated() == {"node-2"}
 
 
 def test_a_failure_that_follows_the_job_to_other_nodes_is_a_job_bug() -> None:
