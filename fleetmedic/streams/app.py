@@ -6,8 +6,8 @@
   so an invalid message reaches our code and the dead-letter topic instead of faust's logs.
 - :func:`ensure_topics`: creates every topic of :data:`fleetmedic.topics.TOPICS` that is missing,
   with its partition count (compacted where the table says so: ``cluster.nodes``), plus the
-  pipeline's own: the compacted engine-state and stage-1 state topics and the decision stage's
-  fleet-inputs topic (:mod:`fleetmedic.streams.worker`); faust itself creates only its
+  pipeline's own: the compacted engine-state and stage-1 state topics, the decision stage's
+  fleet-inputs topic and its tick log (:mod:`fleetmedic.streams.worker`); faust itself creates only its
   internal topics and ignores a source topic that is missing when it subscribes
   (docs/development.md). Idempotent: existing topics are left as they are.
 """
@@ -55,6 +55,12 @@ def detect_state_topic(settings: Settings) -> str:
 def summaries_topic(settings: Settings) -> str:
     """Stage 1 -> decision stage: batches of node summaries and the switch ports (one partition)."""
     return f"{settings.kafka.consumer_group}-fleet-inputs"
+
+
+def ticks_topic(settings: Settings) -> str:
+    """The decision stage's tick log (one partition): each tick's event time and the input offsets
+    it had handled, so that a replay fires it at the same place (:mod:`fleetmedic.streams.replay`)."""
+    return f"{settings.kafka.consumer_group}-ticks"
 
 
 def kafka_client_options(settings: Settings) -> dict[str, Any]:
@@ -120,10 +126,15 @@ async def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
               for t in TOPICS]
     wanted.append(NewTopic(state_topic(settings), num_partitions=1, replication_factor=rf,
                            topic_configs={"cleanup.policy": "compact", "max.message.bytes": str(MAX_STATE_BYTES)}))
+    # the multivariate model's rows of a partition's nodes are one record: up to max_training_windows x 44 B x 2
     wanted.append(NewTopic(detect_state_topic(settings), num_partitions=partitions_of(settings, "telemetry.gpu"),
-                           replication_factor=rf, topic_configs={"cleanup.policy": "compact"}))
+                           replication_factor=rf, topic_configs={"cleanup.policy": "compact",
+                                                                 "max.message.bytes": str(MAX_STATE_BYTES)}))
     wanted.append(NewTopic(summaries_topic(settings), num_partitions=1, replication_factor=rf,
                            topic_configs={"retention.ms": str(6 * 3600 * 1000)}))
+    # read back from the latest snapshot on (every engine_snapshot_every_s): a week is plenty
+    wanted.append(NewTopic(ticks_topic(settings), num_partitions=1, replication_factor=rf,
+                           topic_configs={"retention.ms": str(7 * 24 * 3600 * 1000)}))
     admin = AIOKafkaAdminClient(**kafka_client_options(settings), request_timeout_ms=int(timeout * 1000))
     await admin.start()
     try:

@@ -27,24 +27,29 @@ worker first replays the inputs from the snapshot's offsets to their ends (:meth
 merged by record time, before Faust starts; the runner then commits the offsets reached for the
 group), so the decisions lost with the crash are made again from the same inputs in the same order; command
 ids are deterministic (``<incident>/<action>/<node>/<attempt>``) and a command whose id is on the
-topic since ``commands_from`` is not sent again (nor its audit record).
+topic since ``commands_from`` is not sent again. Audit ids are deterministic too (the engine's
+sequence number): an audit record whose id is on ``remediation.audit`` since ``audit_from`` is not
+sent again either (an operator command replayed after a crash does not repeat its audit record).
 
-Time: records carry their own time; ``now`` is an :class:`EventClock`, the newest record time
-seen, advanced by the wall time that passed since it was seen.
+Time: records carry their own time; ``now`` is an :class:`EventClock`, the newest event time seen
+(records' and ticks'). Only the tick advances it by the wall time that passed, and every tick is
+logged before its decisions go out (:mod:`fleetmedic.streams.replay`): a replay fires each tick
+at the same place among the inputs and with the same ``now``, so timeouts, retries and their
+attempt numbers (in the command ids) come out as in the first run.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import time
 from typing import Any
 
 import faust
 import msgspec
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.structs import ConsumerRecord, RecordMetadata
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
+from aiokafka.structs import RecordMetadata
 from prometheus_client import Counter
 
 from fleetmedic import records as r
@@ -53,11 +58,12 @@ from fleetmedic.models.stages import FleetDetection
 from fleetmedic.remediation.engine import DecisionEngine, Decisions
 from fleetmedic.remediation.operator import apply_operator_command
 from fleetmedic.signing import CommandExpired, SignatureError, sign, verify
-from fleetmedic.streams.app import kafka_client_options, partitions_of, state_topic, summaries_topic
+from fleetmedic.streams.app import partitions_of, state_topic, summaries_topic, ticks_topic
 from fleetmedic.streams.detect import PORT_KEY_PREFIX, SUMMARY_KEY, SummaryBatch
 from fleetmedic.streams.engine_metrics import EngineMetrics
 from fleetmedic.streams.metrics import PipelineMetrics
 from fleetmedic.streams.outputs import Outputs, Source
+from fleetmedic.streams.replay import Tick, TickRecord, decode_tick, encode_tick, read_ranges, replay_order
 from fleetmedic.streams.state import SNAPSHOT_KEY, DecideSnapshot
 
 log = logging.getLogger(__name__)
@@ -73,26 +79,30 @@ def decide_inputs(settings: Settings) -> dict[str, int]:
 
 
 class EventClock:
-    """Newest record time seen, advanced by the monotonic time elapsed since; never goes back."""
+    """The newest event time seen (records and ticks); never goes back. Only :meth:`wall_now`, the
+    tick's time, adds the monotonic time elapsed since it was seen."""
 
     def __init__(self, start: float = 0.0) -> None:
         self._ts = start
         self._at = time.monotonic()
 
     def observe(self, ts: float) -> float:
-        now = self.now()
-        if ts > now:
+        if ts > self._ts:
             self._ts, self._at = ts, time.monotonic()
-            return ts
-        return now
+        return self._ts
 
     def now(self) -> float:
+        return self._ts
+
+    def wall_now(self) -> float:
+        """Event time advanced by the wall time since it last moved (0 before any record)."""
         return self._ts + (time.monotonic() - self._at) if self._ts else 0.0
 
 
 class DecideStage:
     def __init__(self, settings: Settings, key: bytes, outputs: Outputs, metrics: PipelineMetrics,
-                 snapshot: DecideSnapshot | None, already_sent: set[str]) -> None:
+                 snapshot: DecideSnapshot | None, already_sent: set[str],
+                 already_audited: set[str] | None = None) -> None:
         self.settings = settings
         self.key = key
         self.outputs = outputs
@@ -110,15 +120,19 @@ class DecideStage:
         self.offsets: dict[str, dict[int, int]] = {t: dict(p) for t, p in offsets.items()}
         self.commands_from = snapshot.commands_from if snapshot else 0
         self.already_sent = set(already_sent)
+        self.audit_from = snapshot.audit_from if snapshot else 0
+        self.already_audited = set(already_audited or ())
         self.clock = EventClock(self.engine.state.clock)
         self._seen_findings: dict[str, None] = dict.fromkeys(snapshot.seen_findings if snapshot else [])
         self._app: faust.App | None = None
         self._lock = asyncio.Lock()
         self._command_acks: list[asyncio.Future[RecordMetadata]] = []
+        self._audit_acks: list[asyncio.Future[RecordMetadata]] = []
         self._decode_batch = msgspec.msgpack.Decoder(SummaryBatch).decode
         t = settings.topics.topic
         self.logical = {t(n): n for n in INPUTS}
         self.summaries = summaries_topic(settings)
+        self.ticks = ticks_topic(settings)
 
     def attach(self, app: faust.App, tick_every_s: float, snapshot_every_s: float) -> None:
         """Register the agent and the timers on ``app`` (after :meth:`replay`)."""
@@ -131,39 +145,25 @@ class DecideStage:
     # --- inputs ------------------------------------------------------------------------------------
 
     async def replay(self, ends: dict[TopicPartition, int], timeout: float = 60.0) -> int:
-        """Handle the inputs from the snapshot's offsets (the beginning without one) up to ``ends``,
-        merged in record-timestamp order (per partition in offset order): as they arrived, not
-        in whatever order a consumer with a backlog on every partition would hand them out (a
-        finding before the job event that preceded it would make other decisions)."""
+        """Handle the inputs and the logged ticks from the snapshot's offsets (the beginning without
+        one) up to ``ends`` (the ticks topic's among them), in :func:`replay_order`: each tick after
+        the records it had seen, with its logged time; records between two ticks merged in record-
+        timestamp order, as they arrived (a finding before the job event that preceded it would make
+        other decisions). Returns the number of records and ticks handled."""
         todo = {tp: (self.offsets.get(tp.topic, {}).get(tp.partition, 0), end) for tp, end in ends.items()}
-        todo = {tp: (start, end) for tp, (start, end) in todo.items() if end > start}
-        if not todo:
-            return 0
-        consumer = AIOKafkaConsumer(**kafka_client_options(self.settings), enable_auto_commit=False,
-                                    max_partition_fetch_bytes=8 << 20, request_timeout_ms=int(timeout * 1000))
-        await consumer.start()
-        by_partition: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]] = {tp: [] for tp in todo}
-        try:
-            consumer.assign(list(todo))
-            begins = await consumer.beginning_offsets(list(todo))
-            for tp, (start, _) in todo.items():
-                consumer.seek(tp, max(start, begins[tp]))
-            remaining = {tp for tp, (start, end) in todo.items() if max(start, begins[tp]) < end}
-            while remaining:
-                batch = await consumer.getmany(*remaining, timeout_ms=int(timeout * 1000))
-                if not batch:
-                    raise TimeoutError(f"replay: no records within {timeout}s from {sorted(map(str, remaining))}")
-                for tp, recs in batch.items():
-                    by_partition[tp] += [rec for rec in recs if rec.offset < todo[tp][1]]
-                    if await consumer.position(tp) >= todo[tp][1]:
-                        remaining.discard(tp)
-        finally:
-            await consumer.stop()
+        got = await read_ranges(self.settings, {tp: (a, b) for tp, (a, b) in todo.items() if b > a}, timeout)
+        ticks: list[Tick] = []
+        for tp in [tp for tp in got if tp.topic == self.ticks]:
+            ticks += [Tick(decode_tick(rec.value or b""), rec.offset) for rec in got.pop(tp)]
         count = 0
-        for rec in heapq.merge(*by_partition.values(), key=lambda rec: rec.timestamp):
-            self.metrics.messages_in.labels(rec.topic, "decide").inc()
-            await self._handle(Source.of_record(rec))
-            self.offsets.setdefault(rec.topic, {})[rec.partition] = rec.offset + 1
+        for item in replay_order(got, ticks):
+            if isinstance(item, Tick):
+                await self._apply_tick(self.clock.observe(item.record.now))
+                self.offsets[self.ticks] = {0: item.offset + 1}
+            else:
+                self.metrics.messages_in.labels(item.topic, "decide").inc()
+                await self._handle(Source.of_record(item))
+                self.offsets.setdefault(item.topic, {})[item.partition] = item.offset + 1
             count += 1
         return count
 
@@ -261,17 +261,28 @@ class DecideStage:
                 await self.outputs.findings(self.fleet_stage.on_port(port))
 
     async def _tick(self) -> None:
-        now = self.clock.now()
-        if now <= 0:
-            return  # no record seen yet: no time line to tick on
         started = time.perf_counter()
         async with self._lock:
-            await self.outputs.findings(self.fleet_stage.tick(now))
-            await self._send_decisions(self.engine.tick(now))
-            self.engine_metrics.update(self.engine.report(now), ((rec.name, rec.state, rec.since) for rec in
-                                                                 self.engine.state.nodes.values()))
+            now = self.clock.wall_now()
+            if now <= 0:
+                return  # no record seen yet: no time line to tick on
+            # logged (and acknowledged) before any of its decisions leaves: a replay fires it here again
+            inputs = {t: dict(p) for t, p in self.offsets.items() if t != self.ticks}
+            try:
+                sent = await self.outputs.send_raw(self.ticks, b"tick", encode_tick(TickRecord(now, inputs)))
+                self.offsets[self.ticks] = {0: (await sent).offset + 1}
+            except KafkaError as exc:  # a tick a replay would not know must not act: the next one will
+                log.warning("decide: tick at %.3f not logged (%r); skipped", now, exc)
+                return
+            await self._apply_tick(self.clock.observe(now))
         self._report_lag()
         self.metrics.latency.labels("tick").observe(time.perf_counter() - started)
+
+    async def _apply_tick(self, now: float) -> None:
+        await self.outputs.findings(self.fleet_stage.tick(now))
+        await self._send_decisions(self.engine.tick(now))
+        self.engine_metrics.update(self.engine.report(now), ((rec.name, rec.state, rec.since) for rec in
+                                                             self.engine.state.nodes.values()))
 
     def _report_lag(self) -> None:
         if self._app is None:
@@ -300,9 +311,10 @@ class DecideStage:
             self._command_acks.append(await self.outputs.send("remediation.commands", cmd.node or cmd.job,
                                                               sign(cmd, self.key)))
         for a in d.audit:
-            if a.command_ids and set(a.command_ids) <= self.already_sent:
+            if a.id in self.already_audited or (a.command_ids and set(a.command_ids) <= self.already_sent):
+                self.metrics.audit_suppressed.inc()
                 continue
-            await self.outputs.send("remediation.audit", a.node or a.job or "", a)
+            self._audit_acks.append(await self.outputs.send("remediation.audit", a.node or a.job or "", a))
 
     # --- state -------------------------------------------------------------------------------------
 
@@ -316,10 +328,13 @@ class DecideStage:
                                   offsets={t: dict(p) for t, p in self.offsets.items()}, commands_from=0,
                                   written_at=time.time(), seen_findings=list(self._seen_findings))
             acks, self._command_acks = self._command_acks, []
+            audit_acks, self._audit_acks = self._audit_acks, []
         await self.outputs.flush()
         if acks:
             self.commands_from = max(self.commands_from, 1 + max(a.result().offset for a in acks))
-        snap.commands_from = self.commands_from
+        if audit_acks:
+            self.audit_from = max(self.audit_from, 1 + max(a.result().offset for a in audit_acks))
+        snap.commands_from, snap.audit_from = self.commands_from, self.audit_from
         value = msgspec.msgpack.encode(snap)
         await (await self.outputs.send_raw(state_topic(self.settings), SNAPSHOT_KEY, value))
         self.metrics.snapshots.inc()

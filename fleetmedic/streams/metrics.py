@@ -41,3 +41,8 @@ class PipelineMetrics:
         self.suppressed = Counter("fleetmedic_commands_suppressed",
                                   "Commands rebuilt after a restart whose id was already on the commands topic",
                                   registry=registry)
+        self.model_bytes = Gauge("fleetmedic_model_state_bytes", "Stage 1: bytes of the multivariate model's "
+                                 "training rows last written to the state topic (all partitions)", registry=registry)
+        self.audit_suppressed = Counter("fleetmedic_audit_suppressed",
+                                        "Audit records rebuilt after a restart that were already on the audit topic",
+                                        registry=registry)

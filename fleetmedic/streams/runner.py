@@ -12,12 +12,13 @@ import time
 import faust
 from prometheus_client import CollectorRegistry, start_http_server
 
+from fleetmedic import records as r
 from fleetmedic.config import Settings
-from fleetmedic.streams.app import build_app, ensure_topics
+from fleetmedic.streams.app import build_app, ensure_topics, ticks_topic
 from fleetmedic.streams.decide import DecideStage, decide_inputs
 from fleetmedic.streams.metrics import PipelineMetrics
 from fleetmedic.streams.outputs import Outputs
-from fleetmedic.streams.state import command_ids_since, decode_snapshot, end_offsets, load_snapshot, reset_group_offsets
+from fleetmedic.streams.state import decode_snapshot, end_offsets, ids_since, load_snapshot, reset_group_offsets
 from fleetmedic.streams.worker import Pipeline, Role, WorkerOptions
 
 log = logging.getLogger("fleetmedic.worker")
@@ -35,18 +36,21 @@ async def prepare_decide(settings: Settings, key: bytes, metrics: PipelineMetric
     wait_s = 3 * options.session_timeout_s + 10
     # first: the group must have no live member (a crashed predecessor's session must end)
     await reset_group_offsets(settings, group, inputs, snapshot.offsets if snapshot else {}, wait_s)
-    already = await command_ids_since(settings, snapshot.commands_from if snapshot else 0)
-    stage = DecideStage(settings, key, Outputs(settings, metrics), metrics, snapshot, already)
+    already = await ids_since(settings, "remediation.commands", r.RemediationCommand,
+                              snapshot.commands_from if snapshot else 0)
+    audited = await ids_since(settings, "remediation.audit", r.AuditRecord, snapshot.audit_from if snapshot else 0)
+    stage = DecideStage(settings, key, Outputs(settings, metrics), metrics, snapshot, already, audited)
     started = time.monotonic()
     try:
-        replayed = await stage.replay(await end_offsets(settings, inputs))
+        replayed = await stage.replay(await end_offsets(settings, {**inputs, ticks_topic(settings): 1}))
         await stage.outputs.flush()
     finally:
         await stage.outputs.stop()
     reset = await reset_group_offsets(settings, group, inputs, stage.offsets, wait_s)
-    log.info("decision engine: %s; %d command ids already on the topic; replayed %d messages in %.2fs; "
-             "inputs from %s", f"restored ({len(raw or b'')} bytes, written at {snapshot.written_at:.3f})"
-             if snapshot else "fresh state", len(already), replayed, time.monotonic() - started,
+    state = f"restored ({len(raw or b'')} bytes, written at {snapshot.written_at:.3f})" if snapshot else "fresh state"
+    log.info("decision engine: %s; %d command ids already on the topic, %d audit ids on theirs; replayed %d "
+             "messages and ticks in %.2fs; inputs from %s", state, len(already), len(audited), replayed,
+             time.monotonic() - started,
              ", ".join(f"{tp.topic}[{tp.partition}]@{off}" for tp, off in sorted(reset.items())))
     return stage
 

@@ -4,13 +4,16 @@
   ``<group>-engine-state`` topic: the engine's and the fleet stage's state, the input offsets they
   reflect (per topic and partition: the next offset to read) and ``commands_from``, an offset of
   ``remediation.commands`` below which every command the snapshot's engine issued is already
-  on the topic. At start the runner reads it (:func:`load_snapshot`), points the decision
-  group's offsets back at the snapshot's (:func:`reset_group_offsets`) and collects the command
-  ids written since ``commands_from`` (:func:`command_ids_since`): the replayed inputs rebuild the
-  lost decisions, and a command whose id is already on the topic is not sent again.
+  on the topic, and ``audit_from``, the same for ``remediation.audit``. At start the runner reads
+  it (:func:`load_snapshot`), points the decision group's offsets back at the snapshot's
+  (:func:`reset_group_offsets`) and collects the command ids written since ``commands_from`` and
+  the audit ids since ``audit_from`` (:func:`ids_since`): the replayed inputs rebuild the lost
+  decisions, and a command or audit record whose id is already on its topic is not sent again.
 - Stage 1: one :class:`NodeStageState` per node (key: node) in ``<group>-detect-state``, written
-  to the partition of ``telemetry.gpu`` the node's telemetry arrives on; a worker that is assigned
-  that partition loads them (:func:`load_node_states`).
+  to the partition of ``telemetry.gpu`` the node's telemetry arrives on, and under
+  :data:`MODEL_KEY` the multivariate model's training rows of that partition's nodes (a
+  :class:`~fleetmedic.models.multivariate.ModelPart`: plain arrays, refitted on load, no pickle);
+  a worker that is assigned that partition loads them (:func:`load_detect_partition`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from fleetmedic.streams.app import MAX_STATE_BYTES, kafka_client_options, state_
 log = logging.getLogger(__name__)
 
 SNAPSHOT_KEY = b"engine"
+MODEL_KEY = b"__multivariate_model__"  # not a node name (Kubernetes names have no "_")
 
 
 class DecideSnapshot(msgspec.Struct, kw_only=True):
@@ -39,6 +43,7 @@ class DecideSnapshot(msgspec.Struct, kw_only=True):
     commands_from: int
     written_at: float = 0.0
     seen_findings: list[str] = []  # the latest finding ids handled, oldest first
+    audit_from: int = 0  # like commands_from, on remediation.audit
 
 
 class NodeStageState(msgspec.Struct, kw_only=True, array_like=True):
@@ -47,6 +52,7 @@ class NodeStageState(msgspec.Struct, kw_only=True, array_like=True):
     gpu: bytes | None
     ports: bytes
     written_at: float
+    multivariate: bytes | None = None  # the node's open window and outlier streak
 
 
 def decode_snapshot(data: bytes) -> DecideSnapshot:
@@ -91,13 +97,24 @@ async def load_snapshot(settings: Settings, timeout: float = 30.0) -> bytes | No
 async def load_node_states(settings: Settings, topic: str, partition: int,
                            timeout: float = 30.0) -> dict[str, NodeStageState]:
     """The latest state of every node in one partition of the stage-1 state topic."""
+    return (await load_detect_partition(settings, topic, partition, timeout))[0]
+
+
+async def load_detect_partition(settings: Settings, topic: str, partition: int,
+                                timeout: float = 30.0) -> tuple[dict[str, NodeStageState], bytes | None]:
+    """The latest state of every node in one partition of the stage-1 state topic, and the latest
+    multivariate model part (None if there is none)."""
     states: dict[str, NodeStageState] = {}
+    model: bytes | None = None
     for key, value in await _read_partition(settings, TopicPartition(topic, partition), timeout):
+        if key == MODEL_KEY:
+            model = value
+            continue
         try:
             states[key.decode()] = msgspec.msgpack.decode(value, type=NodeStageState)
         except (msgspec.DecodeError, UnicodeDecodeError) as exc:
             log.warning("%s[%d]: skipping an unreadable node state (%s)", topic, partition, exc)
-    return states
+    return states, model
 
 
 async def save_snapshot(settings: Settings, state: bytes) -> None:
@@ -125,7 +142,13 @@ async def end_offsets(settings: Settings, topics: dict[str, int], timeout: float
 
 async def command_ids_since(settings: Settings, offset: int, timeout: float = 30.0) -> set[str]:
     """Ids of the commands on ``remediation.commands`` (one partition) from ``offset`` on."""
-    tp = TopicPartition(settings.topics.topic("remediation.commands"), 0)
+    return await ids_since(settings, "remediation.commands", r.RemediationCommand, offset, timeout)
+
+
+async def ids_since(settings: Settings, name: str, record_type: type[r.RemediationCommand] | type[r.AuditRecord],
+                    offset: int, timeout: float = 30.0) -> set[str]:
+    """Ids of the records on the one-partition logical topic ``name`` from ``offset`` on."""
+    tp = TopicPartition(settings.topics.topic(name), 0)
     consumer = AIOKafkaConsumer(**kafka_client_options(settings), enable_auto_commit=False,
                                 auto_offset_reset="earliest", request_timeout_ms=int(timeout * 1000))
     await consumer.start()
@@ -144,7 +167,7 @@ async def command_ids_since(settings: Settings, offset: int, timeout: float = 30
                 raise TimeoutError(f"{tp.topic}: no records within {timeout}s (offset {position} of {end})")
             for rec in batch.get(tp, []):
                 try:
-                    ids.add(r.decode(r.RemediationCommand, rec.value or b"").id)
+                    ids.add(r.decode(record_type, rec.value or b"").id)
                 except r.InvalidRecord:
                     continue
             position = await consumer.position(tp)

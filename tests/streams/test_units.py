@@ -6,12 +6,15 @@ import time
 from pathlib import Path
 
 import pytest
+from aiokafka import TopicPartition
+from aiokafka.structs import ConsumerRecord
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
 from fleetmedic.cli import main
 from fleetmedic.config import parse_config
 from fleetmedic.streams.app import partitions_of, state_topic
 from fleetmedic.streams.metrics import PipelineMetrics
+from fleetmedic.streams.replay import Tick, TickRecord, decode_tick, encode_tick, replay_order
 from fleetmedic.streams.worker import EventClock
 
 
@@ -28,11 +31,31 @@ def test_metrics_live_on_the_injected_registry_only() -> None:
 
 def test_event_clock_follows_record_time_and_never_goes_back() -> None:
     clock = EventClock()
-    assert clock.now() == 0.0
+    assert clock.now() == 0.0 and clock.wall_now() == 0.0  # no record yet: no time line
     assert clock.observe(1000.0) == 1000.0
-    assert clock.observe(500.0) >= 1000.0  # an older record does not move time back
+    assert clock.observe(500.0) == 1000.0  # an older record does not move time back
     time.sleep(0.05)
-    assert clock.now() >= 1000.05  # and time passes while the stream is quiet
+    assert clock.now() == 1000.0  # records see event time only: a replay sees the same times
+    assert clock.wall_now() >= 1000.05  # the tick's time passes while the stream is quiet
+    assert clock.observe(clock.wall_now()) >= 1000.05
+
+
+def _rec(topic: str, partition: int, offset: int, timestamp: int) -> ConsumerRecord[bytes, bytes]:
+    return ConsumerRecord(topic, partition, offset, timestamp, 0, b"k", b"v", None, 1, 1, ())
+
+
+def test_replay_puts_each_logged_tick_after_exactly_the_records_it_had_seen() -> None:
+    a, b = TopicPartition("a", 0), TopicPartition("b", 0)
+    records = {a: [_rec("a", 0, o, ts) for o, ts in ((5, 100), (6, 300), (7, 400))],
+               b: [_rec("b", 0, o, ts) for o, ts in ((0, 200), (1, 250))]}
+    # live, the tick ran after a@5 and b@0 only (a@6, older than b@1 by timestamp, came later)
+    ticks = [Tick(TickRecord(now=1234.5, offsets={"a": {0: 6}, "b": {0: 1}}), offset=40),
+             Tick(TickRecord(now=1240.0, offsets={"a": {0: 6}, "b": {0: 1}}), offset=41)]
+    order = [(x.topic, x.offset) if isinstance(x, ConsumerRecord) else ("tick", x.offset)
+             for x in replay_order(records, ticks)]
+    assert order == [("a", 5), ("b", 0), ("tick", 40), ("tick", 41), ("b", 1), ("a", 6), ("a", 7)]
+    assert [type(x).__name__ for x in replay_order(records, [])] == ["ConsumerRecord"] * 5  # no ticks logged
+    assert decode_tick(encode_tick(ticks[0].record)) == ticks[0].record
 
 
 def test_partitions_follow_the_topic_table_and_config() -> None:
