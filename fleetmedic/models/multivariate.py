@@ -20,19 +20,27 @@ new ones), and an IsolationForest scores any point beyond the training range lik
 training point: a node 20 degC hotter scores no higher than one 3 degC hotter. Measured on
 injected anomalies in ``tests/models/test_other_detectors.py`` (AUC of both is asserted there).
 
-The fitted model is persisted with a version, the feature names and the training size
-(:meth:`MultivariateModel.to_bytes`; pickle inside, so only load bytes fleetmedic wrote, e.g. from
-its own changelog topic). Deterministic for a given ``seed``. Pure apart from scikit-learn.
+Persistence without pickle (loading pickles from a topic would be an injection path): the model
+is saved as plain arrays (:class:`~fleetmedic.models.multivariate_state.ModelPart`): its training
+inputs (the healthy windows of its last fit and those learned since, each with its node and
+time), the version and fit time, and for ``robust_covariance`` the fit itself (medians, scales,
+location and precision matrix: a MinCovDet fit of 20,000 windows takes seconds); an
+``isolation_forest`` is refitted on the same rows with the same ``seed`` (~1 s). Either way the
+restored model scores exactly as the saved one (:meth:`MultivariateModel.export_part`,
+:meth:`MultivariateModel.restore`). Rows are kept and fitted in a canonical order (window time,
+node), at most ``max_training_windows`` of the newest, so that a model split by node (stage 1
+writes one part per partition) and merged again is the same. A node's open window travels with
+the node's state (:meth:`NodeWindowFeatures.export_node`). Pure apart from scikit-learn.
 """
 
 from __future__ import annotations
 
 import math
-import pickle
 import warnings
-from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 from numpy.typing import NDArray
 from sklearn.covariance import MinCovDet
@@ -40,6 +48,17 @@ from sklearn.ensemble import IsolationForest
 
 from fleetmedic.config import MultivariateSettings
 from fleetmedic.models.gpu_signals import THROTTLE_MASK, median, reported
+from fleetmedic.models.multivariate_state import (
+    PART_FORMAT,
+    ModelPart,
+    Row,
+    array_of,
+    decode_part,
+    newest,
+    pack_rows,
+    raw,
+    unpack_rows,
+)
 from fleetmedic.records import Evidence, Finding, GpuTelemetry
 
 FEATURES: tuple[str, ...] = (
@@ -52,6 +71,7 @@ FEATURES: tuple[str, ...] = (
     "pcie_replay_per_min",
     "nvlink_errors_per_min",
 )
+W = len(FEATURES)  # features per window
 #: smallest scale per feature, in its unit (a constant feature must not make tiny changes infinite)
 SCALE_FLOORS: tuple[float, ...] = (0.5, 0.5, 5.0, 5.0, 0.02, 1.0, 1.0, 1.0)
 BUSY_UTIL = 50.0  # a sample counts when the node's median GPU utilisation is at least this
@@ -71,14 +91,25 @@ def _spread(vals: list[float]) -> float:
     return max(vals) - min(vals) if vals else math.nan
 
 
-@dataclass
-class _Window:
+N_GAUGES = 5  # the features that are means over the window's busy samples (the rest are rates)
+
+
+class _Window(msgspec.Struct, array_like=True):
+    """A node's open window: running sums of the busy samples' gauges and the counters' ends."""
+
     start: float
-    rows: list[list[float]] = field(default_factory=list)
-    first_counters: dict[str, float] = field(default_factory=dict)
-    last_counters: dict[str, float] = field(default_factory=dict)
+    rows: int = 0  # busy samples
+    sums: list[float] = msgspec.field(default_factory=lambda: [0.0] * N_GAUGES)  # of the finite values
+    finite: list[int] = msgspec.field(default_factory=lambda: [0] * N_GAUGES)
+    first_counters: dict[str, float] = {}
+    last_counters: dict[str, float] = {}
     last_ts: float = 0.0
     samples: int = 0
+
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode_window = msgspec.msgpack.Decoder(_Window).decode
+
 
 
 @dataclass
@@ -104,7 +135,12 @@ class NodeWindowFeatures:
         w.samples += 1
         util = reported(msg, "gpu_util")
         if not util or median(util) >= BUSY_UTIL:  # spreads between GPUs depend on the load: judge busy nodes
-            w.rows.append([_spread(t), _spread(reported(msg, "memory_temp")), _spread(p), _spread(c), throttled])
+            w.rows += 1
+            row = (_spread(t), _spread(reported(msg, "memory_temp")), _spread(p), _spread(c), throttled)
+            for i, v in enumerate(row):
+                if math.isfinite(v):
+                    w.sums[i] += v
+                    w.finite[i] += 1
         for feature, counters in _RATES.items():
             total = sum(sum(reported(msg, name)) for name in counters)
             w.first_counters.setdefault(feature, total)
@@ -112,14 +148,31 @@ class NodeWindowFeatures:
         w.last_ts = ts
         return done
 
+    def export_node(self, node: str) -> bytes | None:
+        """The node's open window (msgpack), or None."""
+        w = self._open.get(node)
+        return None if w is None else _encode(w)
+
+    def import_node(self, node: str, data: bytes | None) -> None:
+        """Load what :meth:`export_node` wrote (None: no open window)."""
+        if data is None:
+            self._open.pop(node, None)
+            return
+        w = _decode_window(data)
+        if len(w.sums) != N_GAUGES or len(w.finite) != N_GAUGES:
+            raise ValueError(f"multivariate window of {node}: {len(w.sums)} gauges, not {N_GAUGES}")
+        self._open[node] = w
+
+    def forget(self, node: str) -> None:
+        self._open.pop(node, None)
+
     @staticmethod
     def _close(w: _Window) -> NDArray[np.float64] | None:
-        if len(w.rows) < max(2, w.samples // 2):
+        if w.rows < max(2, w.samples // 2):
             return None  # mostly idle: nothing comparable
-        rows = np.array(w.rows)
-        if not np.all(np.isfinite(rows).any(axis=0)):
+        if min(w.finite) == 0:
             return None  # a feature never reported in the window (e.g. an exporter without power)
-        gauges = np.nanmean(rows, axis=0)
+        gauges = np.array(w.sums) / np.array(w.finite)
         minutes = max((w.last_ts - w.start) / 60.0, 1e-9)
         rates = [max(0.0, w.last_counters[f] - w.first_counters[f]) / minutes for f in _RATES]
         vec = np.concatenate([gauges, rates])
@@ -129,44 +182,70 @@ class NodeWindowFeatures:
 @dataclass
 class MultivariateModel:
     settings: MultivariateSettings
-    history: int = 20_000
     version: int = 0
     trained_on: int = 0
     fitted_at: float = float("-inf")
-    _model: IsolationForest | MinCovDet | None = None
+    _forest: IsolationForest | None = None  # isolation_forest
+    _location: NDArray[np.float64] | None = None  # robust_covariance: MinCovDet's location and precision
+    _precision: NDArray[np.float64] | None = None
     _ref: NDArray[np.float64] | None = None
     _spread: NDArray[np.float64] | None = None
-    _healthy: deque[NDArray[np.float64]] = field(default_factory=deque)
+    _trained: list[Row] = field(default_factory=list)  # the rows of the last fit, canonical order
+    _pending: list[Row] = field(default_factory=list)  # learned since (trimmed to the cap now and then)
+    revision: int = 0  # moves on every change (what to write again)
+
+    @property
+    def cap(self) -> int:
+        """The most healthy windows kept and fitted on (``multivariate.max_training_windows``)."""
+        return self.settings.max_training_windows
 
     @property
     def threshold(self) -> float:
         s = self.settings
         return s.distance_threshold if s.algorithm == "robust_covariance" else s.score_threshold
 
-    def learn(self, vector: NDArray[np.float64]) -> None:
-        """Remember a window judged healthy (no finding on its node)."""
-        self._healthy.append(vector)
-        while len(self._healthy) > self.history:
-            self._healthy.popleft()
+    def learn(self, vector: NDArray[np.float64], node: str = "", ts: float = 0.0) -> None:
+        """Remember a window of ``node`` closed at ``ts`` judged healthy (no finding on its node)."""
+        # rounded to float32 (7 digits: far finer than the telemetry) so that it persists in 4 bytes, exactly
+        self._pending.append((ts, node, np.asarray(vector, dtype=np.float32).astype(np.float64)))
+        self.revision += 1
+        if len(self._pending) >= 2 * self.cap:
+            self._pending = newest(self._pending, self.cap)
+
+    @property
+    def healthy(self) -> list[Row]:
+        """The rows the next fit would use: the newest ``cap`` of the last fit's and those learned since."""
+        return newest([*self._trained, *self._pending], self.cap)
 
     def maybe_refit(self, now: float) -> bool:
         s = self.settings
-        if now - self.fitted_at < s.refit_interval_s or len(self._healthy) < s.min_training_windows:
+        if now - self.fitted_at < s.refit_interval_s:
             return False
-        data = np.array(self._healthy)
+        rows = self.healthy
+        if len(rows) < s.min_training_windows:
+            return False
+        self._fit(rows, now)
+        self.version += 1
+        return True
+
+    def _fit(self, rows: list[Row], now: float) -> None:
+        """Fit on ``rows`` (canonical order): the same rows and seed give the same model."""
+        s = self.settings
+        data = np.array([row[2] for row in rows], dtype=np.float64)
         self._ref = np.median(data, axis=0)
         mad = np.median(np.abs(data - self._ref), axis=0) * 1.4826
         self._spread = np.maximum(mad, np.array(SCALE_FLOORS))
-        model: IsolationForest | MinCovDet
+        self._forest = self._location = self._precision = None
         if s.algorithm == "robust_covariance":
             with warnings.catch_warnings():  # constant features (error rates of a healthy fleet) are expected
                 warnings.filterwarnings("ignore", message=".*not full rank.*")
-                model = MinCovDet(random_state=s.seed).fit(self._scaled(data))
+                mcd = MinCovDet(random_state=s.seed).fit(self._scaled(data))
+            self._location, self._precision = mcd.location_, mcd.get_precision()
         else:
-            model = IsolationForest(n_estimators=s.n_estimators, random_state=s.seed).fit(data)
-        self._model, self.fitted_at, self.trained_on = model, now, len(data)
-        self.version += 1
-        return True
+            self._forest = IsolationForest(n_estimators=s.n_estimators, random_state=s.seed).fit(data)
+        self.fitted_at, self.trained_on = now, len(data)
+        self._trained, self._pending = rows, []
+        self.revision += 1
 
     def _scaled(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
         """Robust z per feature, counting only the side that means trouble (wider spreads between a
@@ -177,13 +256,18 @@ class MultivariateModel:
 
     def score(self, vectors: NDArray[np.float64]) -> NDArray[np.float64]:
         """Outlier scores (higher = more anomalous; see ``threshold``); NaN before the first fit."""
-        if self._model is None:
-            return np.full(len(np.atleast_2d(vectors)), np.nan)
-        if isinstance(self._model, MinCovDet):
-            d2: NDArray[np.float64] = self._model.mahalanobis(self._scaled(vectors))
+        if self._location is not None and self._precision is not None:
+            diff = self._scaled(vectors) - self._location  # squared robust Mahalanobis distance:
+            d2: NDArray[np.float64] = np.sum((diff @ self._precision) * diff, axis=1)
             return np.sqrt(np.maximum(d2, 0.0))
-        scores: NDArray[np.float64] = -self._model.score_samples(np.atleast_2d(vectors))
+        if self._forest is None:
+            return np.full(len(np.atleast_2d(vectors)), np.nan)
+        scores: NDArray[np.float64] = -self._forest.score_samples(np.atleast_2d(vectors))
         return scores
+
+    @property
+    def fitted(self) -> bool:
+        return self._ref is not None
 
     def judge(self, node: str, vector: NDArray[np.float64], now: float) -> Finding | None:
         score = float(self.score(vector[None, :])[0])
@@ -201,15 +285,77 @@ class MultivariateModel:
                        f"most off: {FEATURES[top]})",
                        evidence=[ev])
 
+    # --- persistence (no pickle: the training inputs, refitted on restore) ----------------------------
+
+    def export_part(self, keep: Callable[[str], bool] | None = None) -> bytes:
+        """The rows of the nodes ``keep`` accepts (default: all), with the version and fit time."""
+        def mine(rows: list[Row]) -> list[Row]:
+            return rows if keep is None else [row for row in rows if keep(row[1])]
+
+        self._pending = newest(self._pending, self.cap)
+        index: dict[str, int] = {}
+        trained, pending = pack_rows(mine(self._trained), index, W), pack_rows(mine(self._pending), index, W)
+        return _encode(ModelPart(format=PART_FORMAT, features=list(FEATURES), version=self.version,
+                                 trained_on=self.trained_on, fitted_at=self.fitted_at, nodes=list(index),
+                                 trained_ts=trained[0], trained_node=trained[1], trained_x=trained[2],
+                                 pending_ts=pending[0], pending_node=pending[1], pending_x=pending[2],
+                                 ref=raw(self._ref), spread=raw(self._spread), location=raw(self._location),
+                                 precision=raw(self._precision)))
+
+    def restore(self, parts: Iterable[bytes]) -> int:
+        """Merge exported parts (e.g. one per partition) into this model; return the rows loaded.
+
+        A model not fitted yet takes the parts' fit: their trained rows merged in canonical order and
+        fitted again with the same settings and seed (the same model as before the export when the
+        parts hold all its nodes). A model already fitted keeps its fit and learns the rows as new.
+        Raises ValueError for bytes that are not a part of this feature set."""
+        decoded = []
+        for data in parts:
+            try:
+                part = decode_part(data)
+            except msgspec.DecodeError as exc:
+                raise ValueError(f"model part: {exc}") from exc
+            if part.format != PART_FORMAT or tuple(part.features) != FEATURES:
+                raise ValueError(f"model part: format {part.format}, features {part.features}: not this model's")
+            decoded.append((part, unpack_rows(part.trained_ts, part.trained_node, part.trained_x, part.nodes, W),
+                            unpack_rows(part.pending_ts, part.pending_node, part.pending_x, part.nodes, W)))
+        loaded = sum(len(t) + len(p) for _, t, p in decoded)
+        self.revision += 1
+        if not self.fitted and any(t for _, t, _ in decoded):
+            fitted = max((part for part, t, _ in decoded if t), key=lambda part: (part.version, part.fitted_at))
+            trained = newest([row for _, t, _ in decoded for row in t], self.cap)
+            if self.settings.algorithm == "robust_covariance" and fitted.location:
+                self._load_fit(fitted, trained)
+            else:
+                self._fit(trained, fitted.fitted_at)
+            self.version = fitted.version
+            self._pending = newest([*self._pending, *(row for _, _, p in decoded for row in p)], self.cap)
+        else:
+            self._pending = newest([*self._pending, *(row for _, t, p in decoded for row in (*t, *p))], self.cap)
+        return loaded
+
+    def _load_fit(self, part: ModelPart, trained: list[Row]) -> None:
+        n = len(FEATURES)
+        ref, spread, location = (array_of(part.ref, n), array_of(part.spread, n), array_of(part.location, n))
+        precision = array_of(part.precision, n * n).reshape(n, n)
+        self._ref, self._spread, self._location, self._precision = ref, spread, location, precision
+        self._forest, self.fitted_at, self.trained_on = None, part.fitted_at, part.trained_on
+        self._trained = trained
+
+    def forget(self, nodes: set[str]) -> None:
+        """Drop the rows of ``nodes`` (another worker carries on with them); the current fit stays."""
+        if not nodes:
+            return
+        self.revision += 1
+        self._trained = [row for row in self._trained if row[1] not in nodes]
+        self._pending = [row for row in self._pending if row[1] not in nodes]
+
     def to_bytes(self) -> bytes:
-        return pickle.dumps({"format": 1, "version": self.version, "features": FEATURES, "trained_on": self.trained_on,
-                             "fitted_at": self.fitted_at, "model": self._model, "ref": self._ref,
-                             "spread": self._spread})
+        """The whole model as one part (see :meth:`export_part`)."""
+        return self.export_part()
 
     @classmethod
     def from_bytes(cls, settings: MultivariateSettings, data: bytes) -> MultivariateModel:
-        doc = pickle.loads(data)
-        if doc.get("format") != 1 or tuple(doc.get("features", ())) != FEATURES:
-            raise ValueError("model bytes: unknown format or feature set; refit needed")
-        return cls(settings, version=doc["version"], trained_on=doc["trained_on"], fitted_at=doc["fitted_at"],
-                   _model=doc["model"], _ref=doc["ref"], _spread=doc["spread"])
+        model = cls(settings)
+        model.restore([data])
+        return model

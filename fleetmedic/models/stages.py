@@ -54,6 +54,20 @@ class NodeDetection:
     def on_port(self, msg: PortTelemetry) -> list[Finding]:
         return self.ports.observe(msg)
 
+    def export_multivariate(self, node: str) -> bytes:
+        """The node's part of the multivariate state (msgpack): its open window, outlier streak and
+        latest finding time. The model itself is saved apart (:meth:`MultivariateModel.export_part`)."""
+        return msgspec.msgpack.encode((self.windows.export_node(node), self._outlier_streak.get(node, 0),
+                                       self._flagged_since.get(node)))
+
+    def import_multivariate(self, node: str, data: bytes) -> None:
+        """Load what :meth:`export_multivariate` wrote."""
+        window, streak, flagged = msgspec.msgpack.decode(data, type=tuple[bytes | None, int, float | None])
+        self.windows.import_node(node, window)
+        self._outlier_streak[node] = streak
+        if flagged is not None:
+            self._flagged_since[node] = flagged
+
     def _windows(self, msgs: Sequence[GpuTelemetry]) -> list[Finding]:
         out: list[Finding] = []
         for msg in msgs:
@@ -67,7 +81,7 @@ class NodeDetection:
                 if streak >= self.settings.multivariate.consecutive_windows:
                     out.append(finding)  # an outlier several windows in a row (continuity, as Minder)
             elif now - self._flagged_since.get(msg.node, float("-inf")) > self.settings.multivariate.window_s:
-                self.model.learn(vec)  # a window with no finding on its node counts as healthy
+                self.model.learn(vec, msg.node, now)  # a window with no finding on its node counts as healthy
             self.model.maybe_refit(now)
         return out
 

@@ -41,7 +41,7 @@ from fleetmedic.models.stages import NodeDetection, NodeSummary, summarise
 from fleetmedic.streams.app import detect_group, detect_state_topic, kafka_client_options, summaries_topic
 from fleetmedic.streams.metrics import PipelineMetrics
 from fleetmedic.streams.outputs import Outputs, Source
-from fleetmedic.streams.state import NodeStageState, load_node_states
+from fleetmedic.streams.state import MODEL_KEY, NodeStageState, load_detect_partition
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,8 @@ class DetectStage:
         self.summaries = summaries_topic(settings)
         self.consumer: AIOKafkaConsumer | None = None
         self._restored = asyncio.Event()
+        self._model_written: dict[int, int] = {}  # partition -> model revision last written there
+        self._model_sizes: dict[int, int] = {}  # partition -> bytes of the model part last written there
 
     # --- the loop ----------------------------------------------------------------------------------
 
@@ -173,10 +175,12 @@ class DetectStage:
             if partition is None:
                 continue
             value = _encode(NodeStageState(gpu=self.node_stage.gpu.export_state(node),
-                                           ports=self.node_stage.ports.export_device(node), written_at=now))
+                                           ports=self.node_stage.ports.export_device(node), written_at=now,
+                                           multivariate=self.node_stage.export_multivariate(node)))
             await self.outputs.send_raw(self.state_topic, node.encode(), value, partition=partition)
             written += len(value) + len(node)
         self.dirty -= nodes
+        written += await self._write_model(self.owned if only is None else self.owned & only)
         await self.outputs.flush()
         offsets = {tp: o for tp, o in self.next_offsets.items() if only is None or tp.partition in only}
         if offsets and self.consumer is not None:
@@ -184,6 +188,24 @@ class DetectStage:
             for tp in offsets:
                 self.committed[tp] = self.next_offsets.pop(tp)
         self.metrics.state_bytes.labels("detect").inc(written)
+        return written
+
+    async def _write_model(self, partitions: set[int]) -> int:
+        """The multivariate model's rows of each partition's nodes, where it changed since the last write."""
+        model, written = self.node_stage.model, 0
+        for partition in sorted(partitions):
+            if self._model_written.get(partition, 0) == model.revision:
+                continue
+
+            def here(node: str, p: int = partition) -> bool:
+                return self.partition_of.get(node) == p
+
+            value = model.export_part(here)
+            await self.outputs.send_raw(self.state_topic, MODEL_KEY, value, partition=partition)
+            self._model_written[partition] = model.revision
+            self._model_sizes[partition] = len(value)
+            written += len(value) + len(MODEL_KEY)
+        self.metrics.model_bytes.set(sum(self._model_sizes.values()))
         return written
 
     async def on_revoked(self, revoked: set[TopicPartition]) -> None:
@@ -194,25 +216,45 @@ class DetectStage:
 
     async def on_assigned(self, assigned: set[TopicPartition]) -> None:
         now_owned = {tp.partition for tp in assigned if tp.topic == self.gpu_topic}
-        for node in [n for n, p in self.partition_of.items() if p not in now_owned]:
+        gone = [n for n, p in self.partition_of.items() if p not in now_owned]
+        for node in gone:
             self.node_stage.gpu.forget(node)  # another worker carries on with it
+            self.node_stage.windows.forget(node)
             self.partition_of.pop(node)
             self.dirty.discard(node)
-        started, restored = time.monotonic(), 0
+        self.node_stage.model.forget(set(gone))
+        for partition in set(self._model_written) - now_owned:
+            del self._model_written[partition]
+            self._model_sizes.pop(partition, None)
+        started, restored, parts = time.monotonic(), 0, []
         for partition in sorted(now_owned - self.owned):
-            for node, st in (await load_node_states(self.settings, self.state_topic, partition)).items():
+            states, part = await load_detect_partition(self.settings, self.state_topic, partition)
+            parts += [part] if part is not None else []
+            for node, st in states.items():
                 if node in self.partition_of:
                     continue  # already live here: newer than what was written
                 if st.gpu is not None:
                     self.node_stage.gpu.import_state(node, st.gpu)
                 self.node_stage.ports.import_device(st.ports)
+                if st.multivariate is not None:
+                    self.node_stage.import_multivariate(node, st.multivariate)
                 self.partition_of[node] = partition
                 restored += 1
+        loaded = time.monotonic()
+        rows = self._restore_model(parts)
         self.owned = now_owned
         self._restored.set()
         self.metrics.nodes_restored.inc(restored)
-        log.info("detect: partitions %s of %s; restored %d node states in %.2fs", sorted(now_owned),
-                 self.gpu_topic, restored, time.monotonic() - started)
+        log.info("detect: partitions %s of %s; restored %d node states in %.2fs, %d model rows (refitted: "
+                 "version %d) in %.2fs", sorted(now_owned), self.gpu_topic, restored, loaded - started, rows,
+                 self.node_stage.model.version, time.monotonic() - loaded)
+
+    def _restore_model(self, parts: list[bytes]) -> int:
+        try:
+            return self.node_stage.model.restore(parts)
+        except ValueError as exc:  # another version's model: it relearns (min_training_windows)
+            log.warning("detect: multivariate model not restored: %s", exc)
+            return 0
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
