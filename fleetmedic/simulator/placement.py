@@ -137,9 +137,12 @@ class PlacementCounts(Struct, frozen=True, kw_only=True):
     ``in_leaf``/``replacements`` count replacement nodes (nodes the job did not run on before) of
     the re-placements whose leaf had room (``with_room`` of ``re_placements``), as the executor's
     bench does; ``leaf_fraction`` is their ratio. ``on_suspect`` counts nodes of any placement after
-    a failure (kept old nodes too) that were a suspect of that outage when it was placed (the node of
-    an active fault that caused it and whose truth says isolate the node or its link); a leaf-switch
-    fault has no suspect node. ``on_excluded`` counts placements on nodes the restart excluded."""
+    a failure (kept old nodes too) that were a suspect of that outage when it was placed: the node of
+    a fault behind one of the outage's failures so far that is still active and whose truth says
+    isolate the node or its link (a leaf-switch fault has no suspect node; a fault that strikes a
+    node only after the job was placed there is a new failure, not a repeat placement).
+    ``on_excluded`` counts placements on nodes the restart excluded. ``in_leaf_any``/``replacements_any``
+    count over every re-placement, room or not."""
 
     placements: int = 0
     re_placements: int = 0
@@ -149,6 +152,8 @@ class PlacementCounts(Struct, frozen=True, kw_only=True):
     leaf_fraction: float | None = None
     on_suspect: int = 0
     on_excluded: int = 0
+    replacements_any: int = 0
+    in_leaf_any: int = 0
 
 
 def restarter(by: str) -> str:
@@ -159,6 +164,7 @@ def restarter(by: str) -> str:
 def count_replacements(records: Iterable[tuple[Replacement, Collection[int]]], node_su: np.ndarray) -> PlacementCounts:
     """Sum ``(re-placement, the outage's suspect nodes at that moment)`` pairs."""
     placements = re_placements = with_room = replacements = in_leaf = on_suspect = on_excluded = 0
+    replacements_any = in_leaf_any = 0
     for rec, suspects in records:
         placements += 1
         on_suspect += sum(1 for n in rec.nodes if n in suspects)
@@ -167,14 +173,18 @@ def count_replacements(records: Iterable[tuple[Replacement, Collection[int]]], n
         if not new:
             continue
         re_placements += 1
+        stayed = sum(1 for n in new if int(node_su[n]) == rec.domain.su)
+        replacements_any += len(new)
+        in_leaf_any += stayed
         if rec.room:
             with_room += 1
             replacements += len(new)
-            in_leaf += sum(1 for n in new if int(node_su[n]) == rec.domain.su)
+            in_leaf += stayed
     return PlacementCounts(placements=placements, re_placements=re_placements, with_room=with_room,
                            replacements=replacements, in_leaf=in_leaf,
                            leaf_fraction=round(in_leaf / replacements, 4) if replacements else None,
-                           on_suspect=on_suspect, on_excluded=on_excluded)
+                           on_suspect=on_suspect, on_excluded=on_excluded, replacements_any=replacements_any,
+                           in_leaf_any=in_leaf_any)
 
 
 def suspects(causes: Iterable[Fault], t: float) -> set[int]:
@@ -190,8 +200,8 @@ def placement_counts(interruptions: Iterable[Interruption], fault_by_id: dict[st
     """The re-placements of every outage, summed: ``all`` and per restarter."""
     groups: dict[str, list[tuple[Replacement, set[int]]]] = {"all": []}
     for intr in interruptions:
-        causes = [fault_by_id[f[1]] for f in intr.failures if f[1] in fault_by_id]
-        for rec in intr.placements:
+        for rec in intr.placements:  # the faults behind the failures so far, not a later one
+            causes = [fault_by_id[f[1]] for f in intr.failures if f[1] in fault_by_id and f[0] <= rec.t]
             pair = (rec, suspects(causes, rec.t))
             groups["all"].append(pair)
             groups.setdefault(restarter(rec.by), []).append(pair)

@@ -160,7 +160,7 @@ def _replacements_from_events(sim: Simulator, events: list[JobEvent]) -> tuple[i
 
 def test_accounting_counts_leaf_locality_and_placements_on_suspects_from_the_run() -> None:
     # no isolation: the controller puts the job back on the node with the bad NIC (plain Kubernetes)
-    plain, plain_events = _run("nic_down@20m/1/1", operator=False)
+    plain, _ = _run("nic_down@20m/1/1", operator=False)
     acc = plain.accounting()
     ctl = acc.placement["job_controller"]
     assert ctl.placements >= 1 and ctl.on_suspect >= 1 and "fleetmedic" not in acc.placement
