@@ -190,3 +190,28 @@ def test_accounting_counts_leaf_locality_and_placements_on_suspects_from_the_run
         f"{fm.re_placements})")
     assert rows["placements on suspect nodes"].startswith("0 (")
     assert rows["wait for capacity p50 / max"].endswith(f"(n={wait.n})")
+
+
+def _oracle_run(preference: str) -> Simulator:
+    """32 nodes in 4 leaves of 8, jobs of 2 and 4 nodes asking for 60 % of them, 8 GPU faults; a
+    perfect fleetmedic cordons the faulty node of a failed job and restarts the job excluding it."""
+    sim = Simulator(SimConfig(fleet=FleetSpec(nodes=32, nodes_per_su=8, nodes_per_rack=4, spines=2),
+                              duration_s=6 * 3600, seed=2, faults="xid79:8", noise=NoiseSpec.named("none"),
+                              ports=False, workload=WorkloadSpec(target_utilization=0.6, job_sizes=(4, 2),
+                                                                 topology_preference=preference)))
+    for out in sim.run():
+        for e in out.job_events:
+            job = sim.workload.by_ref(e.job) if e.event == "failure" else None
+            bad = [sim.fleet.node_names[i] for i in (job.nodes if job else []) if sim.faults_on(i, e.ts)]
+            if bad:
+                sim.submit(_cmd("cordon", e.ts + 3, node=bad[0]))
+                sim.submit(_cmd("restart_job", e.ts + 3, job=e.job, exclude_nodes=bad))
+    return sim
+
+
+def test_in_the_closed_loop_fleetmedic_restarts_stay_in_the_leaf_and_without_the_preference_they_do_not() -> None:
+    aware = _oracle_run("fleetmedic").accounting().placement["fleetmedic"]
+    plain = _oracle_run("none").accounting().placement["fleetmedic"]
+    assert aware.with_room >= 2 and aware.in_leaf == aware.replacements and aware.leaf_fraction == 1.0
+    assert plain.with_room >= 2 and plain.in_leaf < plain.replacements
+    assert aware.on_suspect == plain.on_suspect == 0 and aware.on_excluded == plain.on_excluded == 0
