@@ -7,6 +7,12 @@ go back to the simulator, which plays the cluster: it cordons, drains, restarts 
 checkpoints, runs diagnostics and returns nodes to service. The demo prints, per injected fault,
 the story (fault -> finding -> incident -> commands -> job recovered -> node diagnosed -> returned
 to service) and a summary scored against the ground truth. ``--json`` writes it machine-readably.
+
+The simulator re-places a job that fleetmedic restarts toward its surviving ranks' leaf and rack, as
+the executor's preferred affinity asks the real scheduler to (``placement.enabled: false``: no
+preference); the job controller's own restarts get none. The summary counts, per restarter, the
+replacements that stayed in the original leaf where it had room, placements on suspect nodes and
+the time spent waiting for capacity.
 """
 
 from __future__ import annotations
@@ -73,12 +79,22 @@ def _main(args: argparse.Namespace) -> int:
     return 0
 
 
+def sim_config(settings: Any, nodes: int, duration_s: float, seed: int, faults: str) -> Any:
+    """The demo's simulator: fleetmedic's restarts are topology-aware when ``placement.enabled``."""
+    from fleetmedic.simulator.engine import SimConfig
+    from fleetmedic.simulator.workload import WorkloadSpec
+
+    preference = "fleetmedic" if settings.placement.enabled else "none"
+    return SimConfig(nodes=nodes, duration_s=duration_s, seed=seed, faults=faults,
+                     workload=WorkloadSpec(topology_preference=preference))
+
+
 def run_demo(settings: Any, nodes: int, duration_s: float, seed: int, faults: str) -> dict[str, Any]:
-    from fleetmedic.simulator.engine import SimConfig, Simulator
+    from fleetmedic.simulator.engine import Simulator
     from fleetmedic.streams.embedded import run_simulation
 
     started = time.monotonic()
-    sim = Simulator(SimConfig(nodes=nodes, duration_s=duration_s, seed=seed, faults=faults))
+    sim = Simulator(sim_config(settings, nodes, duration_s, seed, faults))
     run = run_simulation(sim, settings, key=DEMO_KEY)
     return _result(sim, run.pipeline.out, run.truth, run.accounting, run.pipeline.engine, time.monotonic() - started,
                    faults)
@@ -87,11 +103,11 @@ def run_demo(settings: Any, nodes: int, duration_s: float, seed: int, faults: st
 def run_demo_on_kafka(settings: Any, nodes: int, duration_s: float, seed: int, faults: str,
                       bootstrap: str) -> dict[str, Any]:
     """The same demo through a real broker and a ``fleetmedic worker`` (:mod:`fleetmedic.streams.kafka_demo`)."""
-    from fleetmedic.simulator.engine import SimConfig, Simulator
+    from fleetmedic.simulator.engine import Simulator
     from fleetmedic.streams.kafka_demo import run_on_kafka
 
     started = time.monotonic()
-    sim = Simulator(SimConfig(nodes=nodes, duration_s=duration_s, seed=seed, faults=faults))
+    sim = Simulator(sim_config(settings, nodes, duration_s, seed, faults))
     run = run_on_kafka(sim, settings, bootstrap, DEMO_KEY)
     result = _result(sim, run.out, list(sim.truth()), sim.accounting(), run.engine, time.monotonic() - started,
                      faults)
@@ -130,6 +146,9 @@ def _result(sim: Any, out: Any, truth: list[Any], accounting_: Any, engine_: Any
             "mttr_phases_p50_s": {k: v.get("p50_s") for k, v in accounting.get("phases", {}).items()},
             "effective_training_time_ratio": accounting.get("effective_training_time_ratio"),
             "repeat_failures_same_node": accounting.get("repeat_failures_same_node"),
+            "re_placements": accounting.get("placement", {}),
+            "capacity_wait_s": {k: accounting.get("phases", {}).get("wait_capacity", {}).get(k)
+                                for k in ("n", "p50_s", "max_s")},
             "dangerous_schedulable_node_h": accounting.get("dangerous_schedulable_node_h"),
             "healthy_unschedulable_node_h": accounting.get("healthy_unschedulable_node_h"),
             "node_states": engine.get("nodes"),
@@ -199,6 +218,7 @@ def print_timeline(result: dict[str, Any], out: Any) -> None:
         ("MTTR p50 by phase (s)", ", ".join(f"{k} {_f(v)}" for k, v in s["mttr_phases_p50_s"].items())),
         ("effective training time ratio", _f(s["effective_training_time_ratio"])),
         ("repeat failures on the same node", s["repeat_failures_same_node"]),
+        *placement_rows(s),
         ("node-h dangerous but schedulable", _f(s["dangerous_schedulable_node_h"])),
         ("node-h healthy but unschedulable", _f(s["healthy_unschedulable_node_h"])),
         ("commands", ", ".join(f"{k} {v}" for k, v in s["commands"].items())),
@@ -207,6 +227,25 @@ def print_timeline(result: dict[str, Any], out: Any) -> None:
     ]
     for label, value in rows:
         w(f"   {label:<38} {value}\n")
+
+
+def placement_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """Summary lines about re-placements: leaf locality per restarter, suspects, capacity wait."""
+    groups = {k: g for k, g in (s.get("re_placements") or {}).items() if k != "all"}
+    everyone = (s.get("re_placements") or {}).get("all") or {}
+    names = {"fleetmedic": "fleetmedic", "job_controller": "job controller", "user": "user"}
+    locality = [f"{names.get(k, k)} {g['in_leaf']}/{g['replacements']} nodes ({_f(g['leaf_fraction'])}; "
+                f"leaf had room in {g['with_room']} of {g['re_placements']})"
+                for k, g in sorted(groups.items()) if g.get("re_placements")]
+    suspects = ", ".join(f"{names.get(k, k)} {g.get('on_suspect', 0)}" for k, g in sorted(groups.items()))
+    wait = s.get("capacity_wait_s") or {}
+    return [
+        ("re-placements in the original leaf", "; ".join(locality) or "none"),
+        ("placements on suspect nodes", f"{everyone.get('on_suspect', 0)}" + (f" ({suspects})" if suspects else "")
+         + f", on excluded nodes {everyone.get('on_excluded', 0)}"),
+        ("wait for capacity p50 / max",
+         f"{_f(wait.get('p50_s'))} / {_f(wait.get('max_s'))} s (n={wait.get('n') or 0})"),
+    ]
 
 
 def _hms(seconds: float) -> str:

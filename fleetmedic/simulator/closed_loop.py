@@ -43,7 +43,9 @@ requested (it moved away) — clamped to [detected, restart]; for faults that ne
 step time / job wall time since first placement), node-hours "dangerous but schedulable" (a node
 with an active fault whose truth says isolate it, schedulable and up) and "healthy but
 unschedulable" (no such fault, but cordoned, tainted, diagnosing, rebooting, in repair, or holding a
-GPU the device plugin marked Unhealthy after an XID).
+GPU the device plugin marked Unhealthy after an XID). Re-placements (``placement``, by who restarted
+the job: ``all``, ``fleetmedic``, ``job_controller``, ``user``): leaf locality where the leaf had
+room and placements on suspect or excluded nodes (:class:`~fleetmedic.simulator.placement.PlacementCounts`).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from fleetmedic.records import RemediationCommand, RemediationResult
 from fleetmedic.simulator import logs
 from fleetmedic.simulator.faults import REMEDY_LEVEL, Fault
 from fleetmedic.simulator.logs import FailureReport
+from fleetmedic.simulator.placement import PlacementCounts, placement_counts
 
 if TYPE_CHECKING:
     from fleetmedic.simulator.engine import Simulator
@@ -112,6 +115,7 @@ class PhaseStats(Struct, frozen=True, kw_only=True):
     mean_s: float | None
     p50_s: float | None
     p90_s: float | None
+    max_s: float | None = None
 
 
 class OutageRecord(Struct, frozen=True, kw_only=True):
@@ -155,6 +159,7 @@ class Accounting(Struct, frozen=True, kw_only=True):
     commands: int
     results: dict[str, int]
     isolations: list[tuple[str, float, str]]  # (node, time, action) of applied isolating commands
+    placement: dict[str, PlacementCounts] = {}  # re-placements: "all" and by restarter
 
 
 def _stats(xs: list[float]) -> PhaseStats:
@@ -162,7 +167,7 @@ def _stats(xs: list[float]) -> PhaseStats:
         return PhaseStats(n=0, mean_s=None, p50_s=None, p90_s=None)
     a = np.array(xs)
     return PhaseStats(n=len(xs), mean_s=round(float(a.mean()), 3), p50_s=round(float(np.percentile(a, 50)), 3),
-                      p90_s=round(float(np.percentile(a, 90)), 3))
+                      p90_s=round(float(np.percentile(a, 90)), 3), max_s=round(float(a.max()), 3))
 
 
 class ClosedLoop:
@@ -525,6 +530,7 @@ class ClosedLoop:
             commands=len(self.log),
             results=dict(sorted(by_outcome.items())),
             isolations=[(names[n], round(t, 3), a) for n, t, a in self.isolations],
+            placement=placement_counts(wl.interruptions, fault_by_id, sim.fleet.node_su),
         )
 
     def _outage(self, intr: Interruption, fault_by_id: dict[str, Fault], end: float) -> OutageRecord:

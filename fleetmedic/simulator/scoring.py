@@ -44,7 +44,9 @@ node-day = false incidents / (nodes x days of the run).
 
 **Closed loop** (from ``accounting.json`` when given): MTTR and its phases (detect, isolate, wait
 for capacity, restore, first good step), repeat failures, effective training time ratio and
-node-hours dangerous-but-schedulable / healthy-but-unschedulable. Without it the two node-hour
+node-hours dangerous-but-schedulable / healthy-but-unschedulable, and re-placements (``placement``:
+replacements that stayed in the original leaf where it had room, placements on suspect or excluded
+nodes; "all" and per restarter). Without it the two node-hour
 figures are estimated from the truth and the command timeline (marked ``estimated``).
 """
 
@@ -109,6 +111,7 @@ class ClosedLoopScore(Struct, frozen=True, kw_only=True):
     repeat_failures_same_node: int | None = None
     effective_training_time_ratio: float | None = None
     job_failures: int | None = None
+    placement: dict[str, dict[str, float | int | None]] = {}
 
 
 class ScoreReport(Struct, frozen=True, kw_only=True):
@@ -374,7 +377,8 @@ def _closed_loop(faults: list[TruthRecord], episodes: list[tuple[str, float, flo
                  accounting: dict[str, object] | None) -> ClosedLoopScore | None:
     if accounting is not None:
         phases = accounting.get("phases", {})
-        assert isinstance(phases, dict)
+        placement = accounting.get("placement", {})
+        assert isinstance(phases, dict) and isinstance(placement, dict)
         return ClosedLoopScore(
             source="accounting",
             dangerous_schedulable_node_h=float(accounting.get("dangerous_schedulable_node_h", 0.0)),  # type: ignore[arg-type]
@@ -384,6 +388,7 @@ def _closed_loop(faults: list[TruthRecord], episodes: list[tuple[str, float, flo
             repeat_failures_same_node=accounting.get("repeat_failures_same_node"),  # type: ignore[arg-type]
             effective_training_time_ratio=accounting.get("effective_training_time_ratio"),  # type: ignore[arg-type]
             job_failures=accounting.get("job_failures"),  # type: ignore[arg-type]
+            placement={k: dict(v) for k, v in placement.items()},
         )
     if meta is None:
         return None
@@ -477,6 +482,11 @@ def format_report(rep: ScoreReport) -> str:
             out.append(f"effective training time ratio: {_f(c.effective_training_time_ratio, True)}, job failures "
                        f"{_f(c.job_failures)}, repeat failures {_f(c.repeat_failures)} "
                        f"(same node {_f(c.repeat_failures_same_node)})")
+        for who, p in sorted(c.placement.items()):
+            out.append(f"re-placements ({who}): {_f(p.get('re_placements'))}, replacements in the original leaf "
+                       f"{_f(p.get('in_leaf'))}/{_f(p.get('replacements'))} (leaf had room in "
+                       f"{_f(p.get('with_room'))}), on suspect nodes {_f(p.get('on_suspect'))}, on excluded "
+                       f"nodes {_f(p.get('on_excluded'))}")
     return "\n".join(out)
 
 

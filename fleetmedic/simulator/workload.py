@@ -15,7 +15,10 @@
   which is how a job lands on a bad node again when nobody cordoned it. Remediation commands
   (``restart_job``, ``requeue_job``, ``retry_in_place``) restart it now, excluding given nodes.
 - The scheduler places whole gangs on free, schedulable, up nodes of the job's SKU, packing into
-  one scalable unit where it can; a restarting job that does not fit holds back new jobs.
+  one scalable unit where it can; a restarting job that does not fit holds back new jobs. A restart
+  by a fleetmedic command is topology-aware (the replacements come from the surviving ranks' leaf,
+  then rack: what the executor's preferred affinity asks of kube-scheduler); the job controller's
+  own restarts are not (``topology_preference``, :mod:`fleetmedic.simulator.placement`).
 - New jobs arrive to keep about ``target_utilization`` of the fleet busy.
 
 Every interruption is recorded (:class:`Interruption`) with the marks the closed loop's MTTR
@@ -33,6 +36,14 @@ import numpy as np
 from fleetmedic.records import JobEvent, RankPlacement
 from fleetmedic.simulator.fleet import Fleet
 from fleetmedic.simulator.logs import FailureReport
+from fleetmedic.simulator.placement import (
+    PREFERENCES,
+    Replacement,
+    choose_nodes,
+    domain_had_room,
+    job_domain,
+    topology_aware,
+)
 from fleetmedic.simulator.telemetry import MODE_CKPT, MODE_HUNG, MODE_IDLE, MODE_STARTING, MODE_TRAIN, Load
 
 PENDING, STARTING, RESTORING, RUNNING, CHECKPOINTING, HUNG, FAILED, COMPLETED = (
@@ -63,6 +74,14 @@ class WorkloadSpec:
     backoff_limit: int = 6
     restart_delay_s: float = 30.0
     nccl_timeout_s: float = 600.0
+    # who re-places a job toward its surviving ranks' leaf/rack: "fleetmedic" (its restart_job and
+    # requeue_job, not the job controller's own restarts), "none", "all"
+    topology_preference: str = "fleetmedic"
+
+    def __post_init__(self) -> None:
+        if self.topology_preference not in PREFERENCES:
+            raise ValueError(f"topology_preference must be one of {', '.join(PREFERENCES)}, "
+                             f"not {self.topology_preference!r}")
 
 
 @dataclass
@@ -84,6 +103,7 @@ class Interruption:
     t_resumed: float | None = None
     t_first_step: float | None = None
     nodes_after: list[int] = field(default_factory=list)
+    placements: list[Replacement] = field(default_factory=list)  # every re-placement in this outage
 
     @property
     def cause(self) -> str:
@@ -241,34 +261,32 @@ class Workload:
                 ok &= schedulable
             if job.exclude:
                 ok[list(job.exclude)] = False
-            chosen = self._choose(job, ok)
+            chosen, record = self._choose(job, ok, t)
             if chosen is None:
                 if job.priority > 0:
                     blocked = True
                 continue
             free[chosen] = False
-            self._place(job, chosen, t)
+            self._place(job, chosen, t, record)
 
-    def _choose(self, job: Job, ok: np.ndarray) -> list[int] | None:
-        if int(ok.sum()) < job.n_nodes:
-            return None
+    def _choose(self, job: Job, ok: np.ndarray, t: float) -> tuple[list[int] | None, Replacement | None]:
         if job.in_place:
-            if all(ok[i] for i in job.prefer) and len(job.prefer) == job.n_nodes:
-                return list(job.prefer)
-            return None
-        chosen = [i for i in job.prefer if ok[i]][: job.n_nodes]
-        if len(chosen) < job.n_nodes:
-            taken = set(chosen)
-            cand = [int(i) for i in np.flatnonzero(ok) if int(i) not in taken]
-            su = self.fleet.node_su
-            by_su: dict[int, int] = {}
-            for i in cand:
-                by_su[int(su[i])] = by_su.get(int(su[i]), 0) + 1
-            cand.sort(key=lambda i: (-by_su[int(su[i])], int(su[i]), i))
-            chosen += cand[: job.n_nodes - len(chosen)]
-        return sorted(chosen)
+            if len(job.prefer) == job.n_nodes and all(ok[i] for i in job.prefer):
+                return list(job.prefer), None
+            return None, None
+        fleet = self.fleet
+        if not job.prefer:  # a new job
+            return choose_nodes(job.n_nodes, ok, (), fleet.node_su, fleet.node_rack, None), None
+        aware = topology_aware(self.spec.topology_preference, job.restart_by)
+        domain = job_domain(job.prefer, job.exclude, fleet.node_su, fleet.node_rack)
+        chosen = choose_nodes(job.n_nodes, ok, job.prefer, fleet.node_su, fleet.node_rack, domain if aware else None)
+        if chosen is None:
+            return None, None
+        room = domain_had_room(job.n_nodes, ok, job.prefer, fleet.node_su, domain)
+        return chosen, Replacement(t=t, by=job.restart_by, topology_aware=aware, before=tuple(job.prefer),
+                                   nodes=tuple(chosen), excluded=tuple(sorted(job.exclude)), domain=domain, room=room)
 
-    def _place(self, job: Job, nodes: list[int], t: float) -> None:
+    def _place(self, job: Job, nodes: list[int], t: float, record: Replacement | None = None) -> None:
         job.nodes = nodes
         job.state = STARTING
         job.state_until = t + job.startup_s
@@ -284,6 +302,8 @@ class Workload:
         placement = [RankPlacement(rank=r, node=names[nodes[r // g]], gpus=[r % g]) for r in range(len(nodes) * g)]
         self._emit(job, "placement", t, placement=placement)
         intr = self._open.get(job.idx)
+        if intr is not None and record is not None:
+            intr.placements.append(record)
         if intr is not None and intr.t_placed is None:
             intr.t_placed = t
             intr.nodes_after = list(nodes)

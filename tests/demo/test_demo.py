@@ -31,3 +31,14 @@ def test_the_demo_prints_a_timeline_and_a_summary_and_writes_json(
     assert summary["software_faults_isolated"] == 0
     assert summary["recall"] is not None and summary["recall"] > 0
     assert "mttr" in summary["mttr_phases_p50_s"]
+    # re-placements: the xid79 job is restarted by fleetmedic away from its node, inside its leaf
+    placed = summary["re_placements"]
+    fm = placed["fleetmedic"]
+    assert fm["re_placements"] >= 1 and fm["on_suspect"] == 0 and placed["all"]["on_excluded"] == 0
+    assert 0 <= fm["in_leaf"] <= fm["replacements"]
+    assert placed["all"]["placements"] == sum(g["placements"] for k, g in placed.items() if k != "all")
+    wait = summary["capacity_wait_s"]
+    assert wait["n"] >= 1 and wait["max_s"] >= wait["p50_s"] >= 0
+    assert (f"re-placements in the original leaf     fleetmedic {fm['in_leaf']}/{fm['replacements']} nodes"
+            in text)
+    assert f"placements on suspect nodes            {placed['all']['on_suspect']} (" in text

@@ -134,6 +134,16 @@ def test_accounting_figures_are_taken_as_given() -> None:
     assert "software faults that led to node isolation: 1" in text and "MTTR" in text
 
 
+def test_re_placement_counts_reach_the_report() -> None:
+    fm = {"placements": 4, "re_placements": 3, "with_room": 2, "replacements": 2, "in_leaf": 2, "leaf_fraction": 1.0,
+          "on_suspect": 0, "on_excluded": 0, "replacements_any": 3, "in_leaf_any": 2}
+    acc = {"phases": {}, "placement": {"all": fm, "fleetmedic": fm}}
+    rep = score(TRUTH, INCIDENTS, COMMANDS, META, acc)
+    assert rep.closed_loop is not None and rep.closed_loop.placement["fleetmedic"]["in_leaf"] == 2
+    assert ("re-placements (fleetmedic): 3, replacements in the original leaf 2/2 (leaf had room in 2), "
+            "on suspect nodes 0, on excluded nodes 0") in format_report(rep)
+
+
 def test_no_incidents_means_zero_recall_and_undefined_precision() -> None:
     rep = score(TRUTH, [], [], META)
     assert rep.recall == 0.0 and rep.precision is None and rep.top1_accuracy is None
