@@ -70,6 +70,9 @@ def false_incident_rows(truth: list[Any], incidents: list[Any], report: Any) -> 
     return rows
 
 
+PLACEMENT_COUNTS = ("re_placements", "with_room", "replacements", "in_leaf", "on_suspect", "on_excluded")
+
+
 def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 4) if b else None
 
@@ -106,6 +109,12 @@ def aggregate(results: list[dict[str, Any]], node_days: float) -> dict[str, Any]
         "healthy_isolated_per_fault": [r["report"]["isolation"]["healthy_isolated_per_fault"] for r in results],
     }
     overall["false_incidents_per_node_day"] = _ratio(overall["false_incidents"], node_days)
+    placement: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for res in results:
+        for who, counts in ((res["report"].get("closed_loop") or {}).get("placement") or {}).items():
+            for f in PLACEMENT_COUNTS:
+                placement[who][f] += int(counts.get(f) or 0)
+    overall["placement"] = {who: dict(v) for who, v in sorted(placement.items())}
     summary = {g: {"faults": int(v["faults"]), "precision": _ratio(v["detected"], v["detected"] + v["false_positives"]),
                    "recall": _ratio(v["detected"], v["faults"])} for g, v in sorted(groups.items())}
     return {"kinds": rows, "groups": summary, "overall": overall}
@@ -142,6 +151,15 @@ def markdown(args: argparse.Namespace, results: list[dict[str, Any]], agg: dict[
         f"Software faults that led to node isolation: {o['software_faults_isolated']} (target 0). "
         "Healthy nodes isolated per true fault, per seed: "
         f"{', '.join(fmt(x) for x in o['healthy_isolated_per_fault'])}.",
+        "",
+        "Re-placements after failures, summed over seeds (replacement nodes that stayed in the job's original "
+        "leaf, counted where that leaf had room; placements on a node of the outage's fault; goal 1.0 and 0):",
+        "",
+        "| restarted by | re-placements | leaf had room | in the original leaf | on suspects | on excluded nodes |",
+        "|---|---|---|---|---|---|",
+        *(f"| {who} | {p['re_placements']} | {p['with_room']} | {p['in_leaf']}/{p['replacements']} "
+          f"({fmt(_ratio(p['in_leaf'], p['replacements']))}) | {p['on_suspect']} | {p['on_excluded']} |"
+          for who, p in o["placement"].items() if who != "all"),
         "",
         "## By fault kind",
         "",
