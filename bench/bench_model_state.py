@@ -24,6 +24,7 @@ from functools import partial
 
 import msgspec
 import numpy as np
+from numpy.typing import NDArray
 
 from fleetmedic.config import Settings
 from fleetmedic.models.multivariate import FEATURES, MultivariateModel
@@ -66,7 +67,7 @@ def main() -> None:
         measure(algorithm, a.nodes, a.cap, a.rounds, probe)
 
 
-def measure(algorithm: str, nodes: int, cap: int, rounds: int, probe: np.ndarray) -> None:  # type: ignore[type-arg]
+def measure(algorithm: str, nodes: int, cap: int, rounds: int, probe: NDArray[np.float64]) -> None:
     model = build(algorithm, nodes, cap)
     part = model.to_bytes()
     export_s = best(model.to_bytes, rounds)

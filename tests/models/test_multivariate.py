@@ -11,10 +11,12 @@ from pathlib import Path
 import msgspec
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 
 import fleetmedic
 from fleetmedic.config import MultivariateSettings, Settings
-from fleetmedic.models.multivariate import FEATURES, ModelPart, MultivariateModel
+from fleetmedic.models.multivariate import FEATURES, MultivariateModel
+from fleetmedic.models.multivariate_state import ModelPart
 from fleetmedic.models.stages import NodeDetection
 from tests.models.synth import gpu_message
 
@@ -34,7 +36,7 @@ def _learned(settings: MultivariateSettings, windows: int = 400, seed: int = 0) 
     return model
 
 
-def _probe(seed: int = 7) -> np.ndarray:  # type: ignore[type-arg]
+def _probe(seed: int = 7) -> NDArray[np.float64]:
     rng = np.random.default_rng(seed)
     return np.abs(rng.normal([2.5, 3.0, 25.0, 35.0, 0.05, 1.0, 0.5, 0.5], [2.0, 2.0, 20.0, 30.0, 0.05, 2.0, 1.0, 1.0],
                              size=(50, len(FEATURES))))
@@ -125,7 +127,7 @@ def test_no_module_of_the_package_uses_pickle() -> None:
             elif (isinstance(node, ast.keyword) and node.arg == "allow_pickle"
                   and not (isinstance(node.value, ast.Constant) and node.value.value is False)):
                 offenders.append(f"{path}:{node.value.lineno}: allow_pickle")
-            offenders += [f"{path}:{node.lineno}: {n}" for n in names if n in banned]
+            offenders += [f"{path}:{getattr(node, 'lineno', 0)}: {n}" for n in names if n in banned]
     assert not offenders, offenders
 
 
@@ -153,7 +155,8 @@ def test_stage1_restored_mid_stream_finds_and_learns_exactly_as_one_never_restor
 
     second = NodeDetection(detection)
     for n, (gpu, mv) in nodes.items():
-        second.gpu.import_state(n, gpu)
+        if gpu is not None:
+            second.gpu.import_state(n, gpu)
         second.import_multivariate(n, mv)
     second.model.restore(parts)
     found += [f.id for b in batches[50:] for f in second.on_gpu(b)]

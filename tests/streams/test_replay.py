@@ -112,7 +112,8 @@ def _drive(run: Run, bootstrap: str, kill: bool) -> tuple[list[str], list[AuditK
             stop_worker(proc, run.log)
     got = collect_sync(bootstrap, [run.topic("remediation.commands"), run.topic("remediation.audit")],
                        lambda c: False, timeout=4)
-    audit = [(a.id, a.decision, a.node, a.job, tuple(a.command_ids), a.actor) for a in _audit(got, run)]
+    audit: list[AuditKey] = [(a.id, str(a.decision), a.node, a.job, tuple(a.command_ids), a.actor)
+                             for a in _audit(got, run)]
     return [c.id for c in _commands(got, run)], audit, run.log.read_text()
 
 
