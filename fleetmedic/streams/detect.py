@@ -15,12 +15,16 @@ detectors themselves (docs/streams.md has the figures), and the loop controls it
 
 State and offsets, together: every ``streams.detect_snapshot_every_s`` (and when partitions are
 revoked, and at a stop) the loop writes the state of every node changed since the last write
-(:class:`~fleetmedic.streams.state.NodeStageState`, key: node) to the compacted
-``<group>-detect-state`` topic, in the node's partition of ``telemetry.gpu``, waits for the
+(:class:`~fleetmedic.streams.state.NodeStageState`, key: node: baselines, NIC counters, the
+multivariate window) and, where the multivariate model changed, its part for each partition
+(training rows and fit as plain arrays, key :data:`~fleetmedic.streams.state.MODEL_KEY`) to the
+compacted ``<group>-detect-state`` topic, in the node's partition of ``telemetry.gpu``, waits for the
 broker's acknowledgement of everything, and only then commits the input offsets. A worker that
-is assigned a partition loads its nodes' states and resumes at the committed offset: the state
-is exactly that of the committed offset, and the telemetry after it is processed again (a crash
-replays at most one snapshot interval; findings of that interval can appear twice).
+is assigned a partition loads its nodes' states and the model parts (merged, see
+:meth:`~fleetmedic.models.multivariate.MultivariateModel.restore`) and resumes at the committed
+offset: the state is exactly that of the committed offset, and the telemetry after it is
+processed again (a crash replays at most one snapshot interval; findings of that interval can
+appear twice).
 """
 
 from __future__ import annotations
