@@ -10,6 +10,11 @@ metrics in ``upper_only`` only a node above its peers counts (across a SKU fleet
 the others is doing less work, e.g. spinning in NCCL at 100 % "utilisation"; a cooling fault
 makes it hotter).
 
+With ``adjust_by`` (the SKU comparison: ``peers.sku_adjust_by``, power by default), a metric is
+judged by its residual from a robust straight-line fit against that metric across the group: a GPU's
+temperature rises with the power it draws, so a node running a heavier job than its peers is not
+hotter *than it should be*; a failing fan or a blocked inlet makes it hotter at the same power.
+
 This catches what per-GPU baselines cannot: a whole node drifting together (a failing fan or
 PSU heats all eight GPUs, so sibling residuals stay flat). It runs where several nodes are seen
 together (the correlation stage). Pure; ``now`` is injected.
@@ -54,6 +59,7 @@ class PeerComparison:
     detector: str = "job_peers"
     metrics: tuple[str, ...] = SUMMARY_METRICS
     upper_only: tuple[str, ...] = ()
+    adjust_by: str = ""  # judge metrics by their residual from a fit against this one ("": as they are)
     min_scale: Mapping[str, float] = field(
         default_factory=lambda: {"gpu_temp": 1.0, "memory_temp": 1.0, "power_usage": 10.0, "sm_clock": 15.0,
                                  "mem_clock": 15.0}
@@ -83,6 +89,11 @@ class PeerComparison:
             return []
         metrics = sorted({m for n in fresh for m in self._latest[n].values if m in self.metrics})
         x = np.array([[self._latest[n].values.get(m, np.nan) for m in metrics] for n in fresh])
+        expected = np.zeros_like(x)
+        if self.adjust_by:
+            by = np.array([self._latest[n].values.get(self.adjust_by, np.nan) for n in fresh])
+            expected = np.stack([_robust_line(by, x[:, j]) for j in range(len(metrics))], axis=1)
+        x = x - expected
         med = nanmedian_last_axis(x.T)[:, 0]
         mad = nanmedian_last_axis(np.abs(x - med).T)[:, 0] * MAD_TO_STD
         floor = np.array([self.min_scale.get(m, 1e-9) for m in metrics])
@@ -104,11 +115,35 @@ class PeerComparison:
                 continue
             self._reported[node] = now
             m = metrics[worst[i]]
-            ev = Evidence(detector=self.detector, metric=m, value=float(x[i, worst[i]]), baseline=float(med[worst[i]]),
-                          score=score, threshold=self.settings.z_threshold, window_s=now - since, ts=now,
-                          note=f"against {len(fresh) - 1} peers in {group}")
+            j = worst[i]
+            adjusted = f", expected at its {self.adjust_by}" if self.adjust_by and expected[i, j] else ""
+            ev = Evidence(detector=self.detector, metric=m, value=float(x[i, j] + expected[i, j]),
+                          baseline=float(med[j] + expected[i, j]), score=score, threshold=self.settings.z_threshold,
+                          window_s=now - since, ts=now, note=f"against {len(fresh) - 1} peers in {group}{adjusted}")
             out.append(Finding(id=f"{node}:{self.detector}:{m}:{now:.3f}", ts=now, node=node, detector=self.detector,
                                kind="degradation", severity="warning",
                                summary=f"{node} {m} unlike its {len(fresh) - 1} peers in {group} (z={score:.1f})",
                                evidence=[ev], job=group if self.detector == "job_peers" else ""))
         return out
+
+
+def _robust_line(x: np.ndarray, y: np.ndarray, max_points: int = 200) -> np.ndarray:
+    """``y`` expected from ``x`` by a Theil-Sen line (the median of the pairwise slopes, so the
+    outlier being looked for cannot tilt it; never negative: a GPU does not cool as it draws more
+    power); zeros where no line can be fitted (fewer than 4 points, ``x`` constant), so that ``y`` is
+    then judged as it is; NaN for a point without ``x`` when the line is used. At most
+    ``max_points`` evenly spaced points are paired (the cost grows with their square)."""
+    ok = np.flatnonzero(np.isfinite(x) & np.isfinite(y))
+    if ok.size < 4:
+        return np.zeros_like(y)
+    pts = ok[np.linspace(0, ok.size - 1, min(ok.size, max_points)).astype(int)]
+    dx = x[pts][:, None] - x[pts][None, :]
+    dy = y[pts][:, None] - y[pts][None, :]
+    upper = np.triu(np.abs(dx) > 0, k=1)
+    if not upper.any():
+        return np.zeros_like(y)
+    slope = max(0.0, float(np.median(dy[upper] / dx[upper])))
+    icpt = float(np.median(y[ok] - slope * x[ok]))
+    out = np.full_like(y, np.nan)  # a node without the other metric is not judged
+    out[ok] = slope * x[ok] + icpt
+    return out

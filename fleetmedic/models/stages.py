@@ -103,7 +103,8 @@ class FleetDetection:
         # across a SKU fleet only temperatures compare (clocks and power follow each job's workload),
         # and only a node hotter than its peers is suspect (a cooler one is doing less work)
         self.sku_peers = PeerComparison(s.peers, reassert_s=s.reassert_s, detector="sku_peers",
-                                        metrics=("gpu_temp", "memory_temp"), upper_only=("gpu_temp", "memory_temp"))
+                                        metrics=("gpu_temp", "memory_temp"), upper_only=("gpu_temp", "memory_temp"),
+                                        adjust_by=s.peers.sku_adjust_by)
         self.stragglers = StragglerDetector(s.straggler)
         self.switch_ports = PortDetector(s)
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fleetmedic import records as r
-from fleetmedic.config import Settings
+from fleetmedic.config import Settings, parse_config
 from fleetmedic.models.baseline import EwmaBaseline, alpha_for_halflife
 from fleetmedic.models.multivariate import MultivariateModel, NodeWindowFeatures
 from fleetmedic.models.peers import PeerComparison, node_summary
@@ -117,6 +117,31 @@ class TestPeers:
         restored = FleetDetection(S)
         restored.restore(fleet.to_bytes())
         assert restored._placed == {"n0": 1}
+
+    def test_across_a_sku_a_node_hot_for_its_power_is_flagged_not_one_running_a_heavier_job(self) -> None:
+        """Busy nodes run different jobs: temperature follows the power each draws. n10 and n11 run a
+        heavier job (more power, hotter, as physics says); n3 has a failing fan (hotter at the same
+        power). Only n3 is unlike its SKU peers; judged on raw temperatures a heavy one was too."""
+        def run(settings: str) -> set[str]:
+            fleet = FleetDetection(parse_config(settings).detection)
+            rng = np.random.default_rng(5)
+            found: list[r.Finding] = []
+            for k in range(40):
+                for i in range(12):
+                    load = 1.3 if i >= 10 else 0.85 + 0.015 * i
+                    msg = gpu_message(f"n{i}", 1000 + 10 * k, rng, load=load,
+                                      hot={g: 8.0 for g in range(8)} if i == 3 else None)
+                    fleet.on_gpu(msgspec.structs.replace(msg, sku="H100", metrics=msgspec.structs.replace(
+                        msg.metrics, gpu_util=[99.0] * 8)))
+                found += fleet.tick(1000 + 10 * k)
+            hot = [f for f in found if f.detector == "sku_peers"]
+            if settings == "":
+                assert all("expected at its power_usage" in f.evidence[0].note for f in hot)
+                assert all(f.evidence[0].value > 70 for f in hot if f.node == "n3")  # the raw temperature
+            return {f.node for f in hot}
+
+        assert run("") == {"n3"}
+        assert run("detection: {peers: {sku_adjust_by: ''}}") & {"n10", "n11"}
 
     def nodes(self, n: int, hot_node: int | None, k: int, rng: np.random.Generator) -> list[r.GpuTelemetry]:
         return [gpu_message(f"n{i}", 1000 + 10 * k, rng, hot={g: 6.0 for g in range(8)} if i == hot_node else None)
