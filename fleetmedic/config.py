@@ -125,6 +125,8 @@ class PeerSettings(Section, frozen=True, kw_only=True):
     z_threshold: PosFloat = 3.5
     continuity_window_s: PosFloat = 120.0
     min_peers: Annotated[int, Meta(ge=2, le=100_000)] = 4
+    # across a SKU fleet, temperatures are judged against what the node's power draw predicts ("": raw)
+    sku_adjust_by: Literal["", "power_usage", "gpu_util", "sm_clock"] = "power_usage"
 
 
 class StragglerSettings(Section, frozen=True, kw_only=True):
@@ -140,6 +142,7 @@ class MultivariateSettings(Section, frozen=True, kw_only=True):
     window_s: PosFloat = 300.0
     refit_interval_s: PosFloat = 3600.0
     min_training_windows: PosInt = 64
+    max_training_windows: PosInt = 20_000
     consecutive_windows: PosInt = 2
     distance_threshold: PosFloat = 25.0
     n_estimators: PosInt = 100
@@ -171,6 +174,8 @@ class XidSettings(Section, frozen=True, kw_only=True):
     repeat_xids: list[int] = msgspec.field(default_factory=lambda: [13, 31, 43])
     repeat_count: Annotated[int, Meta(ge=2, le=1000)] = 2
     repeat_window_s: PosFloat = 3600.0
+    repeat_max_gpus: Annotated[int, Meta(ge=1, le=1024)] = 2  # an XID on more GPUs at once is the application's
+    repeat_burst_s: NonNegFloat = 10.0  # "at once": within this many seconds
     trend_xids: list[int] = msgspec.field(default_factory=lambda: [63, 94])
     trend_count: Annotated[int, Meta(ge=2, le=1000)] = 3
     trend_window_s: PosFloat = 86_400.0
@@ -214,6 +219,9 @@ class TriageSettings(Section, frozen=True, kw_only=True):
     warning_confirmations: PosInt = 2  # also applies to degradation of any severity
     warning_confirm_window_s: PosFloat = 1800.0
     warning_confirm_min_span_s: NonNegFloat = 300.0
+    # port counters that show congestion, not a broken link: never a link incident (or the cause of a
+    # failed job) on their own; they still count towards a leaf switch's incident
+    congestion_metrics: list[str] = msgspec.field(default_factory=lambda: ["port_xmit_wait"])
     patterns_file: str = ""
     rack_label: str = "fleetmedic.io/rack"
     leaf_label: str = "fleetmedic.io/leaf"
@@ -331,6 +339,8 @@ class PolicySettings(Section, frozen=True, kw_only=True):
     transient_retry_backoff_s: NonNegFloat = 60.0
     escalate_after_failures: PosInt = 2
     escalate_window_s: PosFloat = 86_400.0
+    # failure signals that never count against a node: memory exhaustion follows the job's sizing
+    node_neutral_signals: list[str] = msgspec.field(default_factory=lambda: ["oom"])
     suspect_after_failed_jobs: Annotated[int, Meta(ge=2, le=1_000_000)] = 2
     suspect_window_s: PosFloat = 21_600.0
     diagnostics_timeout_s: PosFloat = 3600.0
