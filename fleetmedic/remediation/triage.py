@@ -259,6 +259,12 @@ class Triage(JobFailureTriage):
         severity = max_severity(f.severity for f in window)
         first = min(f.ts for f in window)
         ids = [f.id for f in window]
+        # a node whose every link went down at once is down itself (power, kernel): its own incident,
+        # never evidence against a leaf
+        dark = {h for h in hosts if self._went_dark(h, first - s.network_settle_s)}
+        hosts -= dark
+        dark_now = [self._node_down(h, [f for f in window if f.node == h], now) for h in sorted(dark)
+                    if any(f.node == h for f in window)]
         if leaf and (on_switch or (len(hosts) >= s.leaf_min_nodes and len(hosts) >= s.leaf_min_fraction * len(behind))):
             ports = sorted({_link(f) for f in window if f.port})[:10]
             suspects = [Suspect(kind="switch", name=leaf), *[Suspect(kind="link", name=p) for p in ports]]
@@ -271,10 +277,10 @@ class Triage(JobFailureTriage):
             inc, new = self._open("network", f"switch:{leaf}", suspects, conf, evidence, severity, why, jobs, ids,
                                   first, now)
             return [Assessment(inc, new, frozenset({"leaf_correlated", "kind:network"}), why, first,
-                               affected_jobs=tuple(jobs), exclude_nodes=tuple(sorted(hosts)))]
-        out = []
+                               affected_jobs=tuple(jobs), exclude_nodes=tuple(sorted(hosts))), *dark_now]
+        out = dark_now
         congestion = s.congestion_metrics
-        for host in sorted({f.node for f in window if not self._is_device(f.node)}):
+        for host in sorted({f.node for f in window if not self._is_device(f.node)} - dark):
             mine = [f for f in window if f.node == host]
             if all(is_congestion(f, congestion) for f in mine):
                 continue  # traffic waiting for credits on one node: its own load, not a broken link
@@ -290,6 +296,23 @@ class Triage(JobFailureTriage):
                                   affected_jobs=on_host, exclude_nodes=(host,),
                                   confirmed=self._confirmed(inc.severity, seen)))
         return out
+
+    def _went_dark(self, host: str, since: float) -> bool:
+        """Links on every leaf ``host`` hangs off (two or more) went down since ``since``."""
+        leaves = self.topology.leaves_of(host)
+        down = {self.topology.leaf_for_port(host, f.port) for f in self.state.findings.get(host, ())
+                if f.ts >= since and f.detector == "link_state" and f.severity == "critical"}
+        return len(leaves) >= 2 and leaves <= down
+
+    def _node_down(self, host: str, mine: list[Finding], now: float) -> Assessment:
+        ports = sorted({_link(f) for f in mine if f.port})
+        why = f"every link of {host} went down at once ({', '.join(ports)}): the node itself is down"
+        on_host = self.jobs_on(host)
+        inc, new = self._open("hardware", f"node:{host}", [Suspect(kind="node", name=host)], 0.85,
+                              evidence_of(mine), "critical", why, list(on_host), [f.id for f in mine],
+                              min(f.ts for f in mine), now)
+        return Assessment(inc, new, frozenset({"node_down", "kind:network"}), why, inc.first_seen,
+                          affected_jobs=on_host, exclude_nodes=(host,))
 
     # --- housekeeping -------------------------------------------------------------------------------
 

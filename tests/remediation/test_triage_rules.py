@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from fleetmedic.remediation.engine import DecisionEngine
+from fleetmedic.remediation.topology import Topology
 from tests.remediation.world import (
     CHILD,
     ECC,
@@ -242,3 +244,45 @@ def test_a_single_warning_is_watched_but_not_acted_on_until_it_repeats() -> None
     w.advance(3600)
     w.finding("node-9", kind="degradation", severity="warning", detector="gpu_drift")  # too late to confirm
     assert not w.commands
+
+
+def rail_world() -> World:
+    """16 nodes, two rails: NIC mlx5_0 on leaf-r0-<su>, mlx5_1 on leaf-r1-<su>, 8 nodes per unit."""
+    w = World(n=16)
+    w.topology = Topology.from_dict({f"node-{i}": {"rack": f"r{i // 4}", "pool": "h100", "rails": {
+        "mlx5_0": f"leaf-r0-{i // 8}", "mlx5_1": f"leaf-r1-{i // 8}"}} for i in range(16)})
+    w.engine = DecisionEngine(w.settings, w.topology)
+    return w
+
+
+def link_down(w: World, i: int, rail: int) -> None:
+    w.finding(f"node-{i}", kind="network", severity="critical", detector="link_state", port=f"leaf-r{rail}-0/{i}",
+              metric="link_state", gpu=None)
+
+
+def test_a_node_whose_every_link_goes_down_at_once_is_down_itself() -> None:
+    w = rail_world()
+    link_down(w, 5, 0)
+    link_down(w, 5, 1)
+    w.advance(45)
+    inc = w.last_incident(node="node-5")
+    assert inc.incident_class == "hardware" and [s.name for s in inc.suspects] == ["node-5"]
+    assert "went down at once" in inc.summary and w.isolated() == {"node-5"}
+    # one link of a node going down is that link's problem
+    link_down(w, 9, 0)
+    w.advance(45)
+    assert w.last_incident(node="node-9").incident_class == "network"
+
+
+def test_a_node_going_down_behind_a_troubled_leaf_is_its_own_incident_not_the_leafs() -> None:
+    w = rail_world()
+    for i in (1, 2, 3, 4):  # the leaf of rail 0 has trouble on half its ports
+        w.finding(f"node-{i}", kind="network", severity="warning", detector="ib_counters", port=f"leaf-r0-0/{i}",
+                  metric="symbol_error_counter", gpu=None)
+    link_down(w, 6, 0)  # and node-6 crashes meanwhile
+    link_down(w, 6, 1)
+    w.advance(45)
+    leaf = [i for i in w.incidents if any(s.name == "leaf-r0-0" for s in i.suspects)]
+    assert leaf and "4 of 8 nodes" in leaf[-1].summary
+    node = w.last_incident(node="node-6")
+    assert node.incident_class == "hardware" and node.suspects[0].name == "node-6"
