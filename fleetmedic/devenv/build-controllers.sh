@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the real workload controllers the executor's tests run out of cluster, from the Go module
 # proxy, into a cache outside the repository: the JobSet controller (sigs.k8s.io/jobset) and the
-# Kubeflow training-operator, at the versions of the CRDs committed under tests/data/crds.
-# Idempotent: exits at once when both binaries exist.
+# Kubeflow training-operator, at the versions of the CRDs committed under tests/data/crds, and Kueue.
+# Idempotent: exits at once when the binaries exist.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=versions.env
@@ -26,4 +26,5 @@ build() {  # build <module> <version> <package in the module> <output name>
 }
 build sigs.k8s.io/jobset "v$JOBSET_VERSION" . jobset-manager
 build github.com/kubeflow/training-operator "v$TRAINING_OPERATOR_VERSION" ./cmd/training-operator.v1 training-operator
+build sigs.k8s.io/kueue "v$KUEUE_VERSION" ./cmd/kueue kueue-manager  # its CRDs are read from the same source tree
 echo "$OUT"

@@ -126,7 +126,8 @@ def build_helm(lay: settings.Layout, log: Path) -> None:
 
 
 def controllers_ready(lay: settings.Layout) -> bool:
-    return os.access(lay.jobset_manager, os.X_OK) and os.access(lay.training_operator, os.X_OK)
+    return all(os.access(b, os.X_OK) for b in (lay.jobset_manager, lay.training_operator, lay.kueue_manager)) \
+        and lay.kueue_crds.is_dir()
 
 
 def build_controllers(lay: settings.Layout, log: Path) -> None:
@@ -203,10 +204,11 @@ def build(kafka: bool = True, kube: bool = True) -> int:
                 build_helm(lay, logs / "build-helm.log")
                 print(f"Helm: built in {time.monotonic() - t:.0f}s -> {lay.helm}")
             if controllers_ready(lay):
-                print(f"JobSet {lay.jobset_version} + training-operator {lay.training_operator_version} controllers: "
+                print(f"JobSet {lay.jobset_version} + training-operator {lay.training_operator_version} + Kueue "
+                      f"{lay.kueue_version} controllers: "
                       f"present in {lay.jobset_manager.parent}")
             else:
-                print("JobSet and training-operator controllers: building with Go (about 15-20 min on 2 cores the "
+                print("JobSet, training-operator and Kueue controllers: building with Go (about 25 min on 2 cores the "
                       f"first time; log: {logs / 'build-controllers.log'}) ...", flush=True)
                 t = time.monotonic()
                 build_controllers(lay, logs / "build-controllers.log")

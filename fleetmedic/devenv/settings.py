@@ -38,6 +38,7 @@ class Layout:
     helm_version: str = "3.22.0"
     jobset_version: str = "0.12.0"
     training_operator_version: str = "1.9.0"
+    kueue_version: str = "0.17.0"
 
     @property
     def k8s_dir(self) -> Path:
@@ -75,6 +76,16 @@ class Layout:
         return self.cache / "controllers" / f"training-operator-v{self.training_operator_version}"
 
     @property
+    def kueue_manager(self) -> Path:
+        """The real Kueue controller manager (sigs.k8s.io/kueue), run out of cluster by the executor tests."""
+        return self.cache / "controllers" / f"kueue-manager-v{self.kueue_version}"
+
+    @property
+    def kueue_crds(self) -> Path:
+        """Kueue's own CRDs, from the module source the manager was built from."""
+        return self.cache / "build" / f"kueue-manager-v{self.kueue_version}" / "config" / "components" / "crd" / "bases"
+
+    @property
     def maven_repo(self) -> Path:
         return self.cache / "m2"
 
@@ -90,6 +101,7 @@ def layout() -> Layout:
         helm_version=versions["HELM_VERSION"],
         jobset_version=versions["JOBSET_VERSION"],
         training_operator_version=versions["TRAINING_OPERATOR_VERSION"],
+        kueue_version=versions["KUEUE_VERSION"],
     )
 
 

@@ -1,107 +1,167 @@
-"""restart_job on a Kueue-managed Job goes through its Kueue Workload (fleetmedic.executor.kueue).
+"""restart_job on a Kueue-managed Job goes through its Kueue Workload (fleetmedic.executor.kueue),
+against **Kueue's own CRDs and the real Kueue controller manager** (sigs.k8s.io/kueue, built from
+the Go module proxy by ``fleetmedic dev build``), run out of cluster against the test cluster.
 
-Kueue's controller cannot run here, so these tests prove what can be proven on the real API
-server: detection (the ``workloads.kueue.x-k8s.io`` API served, the queue-name label, a Workload
-owned by the Job), the calls on the Workload (``spec.active`` false, then true again), that
-nothing is left inactive when no controller evicts it, and (with the test doing Kueue's part: on
-``active: false`` it suspends the Job, on ``active: true`` it resumes it, as Kueue's eviction and
-admission would) that the placement is written while the Job is suspended, between the two.
-The Workload CRD installed here is a minimal one written for these tests (group, version, kind and
-plural as Kueue serves them; schema not checked), not Kueue's own.
+Kueue runs with its ``batch/job`` integration for the test's namespace only, no leader election, its
+certificate management off (self-signed certificates written for its webhook and metrics servers)
+and no webhook configurations registered: the API server never calls Kueue's webhooks, so the tests
+create their Jobs suspended with the queue-name label, as Kueue's mutating webhook would leave them.
+Everything else is Kueue's: it creates the Workload, admits it against the ClusterQueue's quota,
+un-suspends the Job, and on ``spec.active: false`` evicts the Workload and suspends the Job.
+
+Proves: detection and dry run; that with no Kueue controller running nothing is left inactive; and
+with the real controller, that the restart deactivates the Workload, Kueue evicts it and suspends
+the Job, the placement (exclusion of the suspect, preference toward the surviving ranks) is written
+while suspended, and Kueue admits the Job again, whose new pods avoid the suspect.
 """
 
 from __future__ import annotations
 
-import threading
-import time
+import contextlib
+import os
+import subprocess
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client, watch
+import yaml
+from kubernetes import client
 
 from fleetmedic.config import Settings
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.devenv import proc, settings
 from fleetmedic.executor import kueue
 from fleetmedic.executor.capacity import PlacementRestarter
 from fleetmedic.executor.workloads_plan import excluded_nodes
-from tests.executor.test_workloads_support import gpu_job, live_pods, quarantine, running, wait
+from tests.executor.test_workloads_support import GPUS, gpu_job, live_pods, quarantine, real_controller, running, wait
 
-VERSION = "v1beta1"
-CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-    "metadata": {"name": f"workloads.{kueue.GROUP}"},
-    "spec": {"group": kueue.GROUP, "scope": "Namespaced",
-             "names": {"plural": "workloads", "singular": "workload", "kind": "Workload", "listKind": "WorkloadList"},
-             "versions": [{"name": VERSION, "served": True, "storage": True,
-                           "schema": {"openAPIV3Schema": {"type": "object",
-                                                          "x-kubernetes-preserve-unknown-fields": True}}}]},
-}
+KUEUE, pytestmark = real_controller("FLEETMEDIC_KUEUE", settings.layout().kueue_manager, "Kueue manager")
+METRICS_CERTS = Path("/etc/kueue/metrics/certs")  # fixed in Kueue's main when its cert management is off
 
 
 @pytest.fixture(scope="module")
-def workload_crd(kube_api: client.ApiClient) -> str:
+def kueue_crds(kube_api: client.ApiClient) -> str:
+    """Kueue's CRDs installed (replacing any older definition); the served Workload version."""
     ext = client.ApiextensionsV1Api(kube_api)
+    names = []
+    for path in sorted(settings.layout().kueue_crds.glob("*.yaml")):
+        body = yaml.safe_load(path.read_text())
+        names.append(body["metadata"]["name"])
+        try:
+            ext.create_custom_resource_definition(body)
+        except client.ApiException as exc:
+            if exc.status != 409:
+                raise
+            body["metadata"]["resourceVersion"] = ext.read_custom_resource_definition(
+                body["metadata"]["name"]).metadata.resource_version
+            ext.replace_custom_resource_definition(body["metadata"]["name"], body)
+
+    def established() -> bool:
+        for name in names:
+            conds = ext.read_custom_resource_definition(name).status.conditions or []
+            if not any(c.type == "Established" and c.status == "True" for c in conds):
+                return False
+        return True
+
+    wait("Kueue CRDs established", established, 60)
+    return str(wait("Workload API served", lambda: kueue.served_version(kube_api), 30))
+
+
+def _self_signed(directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    if (directory / "tls.crt").exists() and (directory / "tls.key").exists():
+        return
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "365",
+                    "-subj", "/CN=127.0.0.1", "-keyout", str(directory / "tls.key"),
+                    "-out", str(directory / "tls.crt")], check=True, capture_output=True)
+
+
+@pytest.fixture
+def kueue_queue(kube_api: client.ApiClient, namespace: str, kueue_crds: str) -> Iterator[str]:
+    """A ResourceFlavor, a ClusterQueue with 64 GPUs of quota for the namespace, and its LocalQueue."""
+    custom = client.CustomObjectsApi(kube_api)
+    g, v = kueue.GROUP, kueue_crds
+    flavor, cq = f"{namespace}-flavor", f"{namespace}-cq"
+    custom.create_cluster_custom_object(g, v, "resourceflavors", {
+        "apiVersion": f"{g}/{v}", "kind": "ResourceFlavor", "metadata": {"name": flavor}})
+    custom.create_cluster_custom_object(g, v, "clusterqueues", {
+        "apiVersion": f"{g}/{v}", "kind": "ClusterQueue", "metadata": {"name": cq},
+        "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                 "resourceGroups": [{"coveredResources": [fl.GPU], "flavors": [
+                     {"name": flavor, "resources": [{"name": fl.GPU, "nominalQuota": 64}]}]}]}})
+    custom.create_namespaced_custom_object(g, v, namespace, "localqueues", {
+        "apiVersion": f"{g}/{v}", "kind": "LocalQueue", "metadata": {"name": "team-a"},
+        "spec": {"clusterQueue": cq}})
+    yield "team-a"
+    for plural, name in (("clusterqueues", cq), ("resourceflavors", flavor)):
+        with contextlib.suppress(client.ApiException):
+            custom.delete_cluster_custom_object(g, v, plural, name)
+
+
+class Manager:
+    def __init__(self, process: subprocess.Popen[bytes], log: Path) -> None:
+        self.process, self.log = process, log
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+    def alive(self) -> bool:
+        """True while the manager runs; a manager that exited fails the test with its log."""
+        if self.process.poll() is not None:
+            raise AssertionError(f"the Kueue manager exited ({self.process.returncode}):\n{self.tail()}")
+        return True
+
+
+@pytest.fixture
+def kueue_manager(kube_config: Path, namespace: str, kueue_queue: str, tmp_path: Path) -> Iterator[Manager]:
+    """The real Kueue controller manager, managing batch Jobs of the test's namespace."""
+    _self_signed(METRICS_CERTS)
+    _self_signed(tmp_path / "webhook-certs")
+    metrics, health, webhook, visibility = proc.free_ports(4)
+    config = tmp_path / "kueue.yaml"
+    config.write_text(yaml.safe_dump({
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
+        "namespace": "kueue-system",  # Kueue's own: its managed-jobs selector must not match it
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{health}"},
+        "metrics": {"bindAddress": f"127.0.0.1:{metrics}"},
+        "webhook": {"port": webhook, "host": "127.0.0.1", "certDir": str(tmp_path / "webhook-certs")},
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {"enable": False},
+        "manageJobsWithoutQueueName": False,
+        "managedJobsNamespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+        "integrations": {"frameworks": ["batch/job"]},
+    }))
+    log = tmp_path / "kueue.log"
+    with log.open("wb") as out:
+        manager = subprocess.Popen(
+            [KUEUE, f"--config={config}", "--feature-gates=VisibilityOnDemand=false",
+             f"--visibility-server-port={visibility}"],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": str(kube_config)})
     try:
-        ext.create_custom_resource_definition(client.V1CustomResourceDefinition.from_dict(CRD))
-    except client.ApiException as exc:
-        if exc.status != 409:
-            raise
-    wait("Workload API served", lambda: kueue.served_version(kube_api), 30)
-    return kueue.served_version(kube_api)
+        yield Manager(manager, log)
+    finally:
+        manager.terminate()
+        try:
+            manager.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            manager.kill()
 
 
-def _queued_job(api: client.ApiClient, namespace: str, fleet: fl.Fleet, name: str, workload: bool) -> dict[str, Any]:
+def _queued_job(api: client.ApiClient, namespace: str, fleet: fl.Fleet, name: str, *, suspend: bool) -> str:
     manifest = gpu_job(name, fleet, 2)
     manifest["metadata"]["labels"] = {kueue.QUEUE_LABEL: "team-a"}
-    job = client.BatchV1Api(api).create_namespaced_job(namespace, client.V1Job.from_dict(manifest))
-    wait("2 Running pods", lambda: running(api, namespace, f"app={name}", 2))
-    if workload:
-        body = {"apiVersion": f"{kueue.GROUP}/{VERSION}", "kind": "Workload",
-                "metadata": {"name": f"job-{name}-1a2b3", "ownerReferences": [
-                    {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job.metadata.uid,
-                     "controller": True, "blockOwnerDeletion": True}]},
-                "spec": {"active": True, "queueName": "team-a", "priority": 100,
-                         "podSets": [{"name": "main", "count": 2}]}}
-        client.CustomObjectsApi(api).create_namespaced_custom_object(kueue.GROUP, VERSION, namespace, "workloads", body)
-    return {"uid": job.metadata.uid, "workload": f"job-{name}-1a2b3"}
+    manifest["spec"]["suspend"] = suspend  # as Kueue's mutating webhook leaves a queued Job
+    return str(client.BatchV1Api(api).create_namespaced_job(namespace, client.V1Job.from_dict(manifest)).metadata.uid)
 
 
-class WorkloadWatch:
-    """Records ``spec.active`` of the namespace's Workloads as the API server reports each change;
-    with ``act_as_kueue``, suspends the Job on ``active: false`` and resumes it on ``true``."""
+def _workload(api: client.ApiClient, version: str, namespace: str, job_uid: str) -> dict[str, Any] | None:
+    return kueue.owning_workload(api, version, namespace, job_uid)
 
-    def __init__(self, api: client.ApiClient, namespace: str, job: str, act_as_kueue: bool) -> None:
-        self.api, self.namespace, self.job, self.act = api, namespace, job, act_as_kueue
-        self.active: list[bool] = []
-        self.template_at_reactivation: dict[str, Any] | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
 
-    def _run(self) -> None:
-        custom = client.CustomObjectsApi(self.api)
-        while not self._stop.is_set():
-            w = watch.Watch()
-            for ev in w.stream(custom.list_namespaced_custom_object, kueue.GROUP, VERSION, self.namespace,
-                               "workloads", timeout_seconds=1):
-                active = bool(ev["object"].get("spec", {}).get("active", True))
-                if ev["type"] != "MODIFIED" or (self.active and self.active[-1] == active):
-                    continue
-                self.active.append(active)
-                if self.act:
-                    batch = client.BatchV1Api(self.api)
-                    if active:
-                        job = batch.read_namespaced_job(self.job, self.namespace)
-                        self.template_at_reactivation = client.ApiClient().sanitize_for_serialization(
-                            job.spec.template.spec)
-                    batch.patch_namespaced_job(self.job, self.namespace, {"spec": {"suspend": not active}})
-
-    def stop(self) -> list[bool]:
-        time.sleep(0.5)
-        self._stop.set()
-        self._thread.join(timeout=5)
-        return self.active
+def _conditions(workload: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    conditions = (workload.get("status") or {}).get("conditions") or []
+    return {c["type"]: (c["status"], c.get("reason", "")) for c in conditions}
 
 
 @pytest.fixture
@@ -109,11 +169,23 @@ def fleet4(make_fleet: Callable[..., fl.Fleet]) -> Iterator[fl.Fleet]:
     yield make_fleet(4)
 
 
-def test_detection_dry_run_and_no_controller_leaves_the_workload_active(
-    kube_api: client.ApiClient, namespace: str, fleet4: fl.Fleet, workload_crd: str
+def test_without_a_kueue_controller_nothing_is_left_inactive(
+    kube_api: client.ApiClient, namespace: str, fleet4: fl.Fleet, kueue_crds: str
 ) -> None:
-    info = _queued_job(kube_api, namespace, fleet4, "queued", workload=True)
-    assert kueue.owning_workload(kube_api, workload_crd, namespace, info["uid"])["metadata"]["name"] == info["workload"]
+    """Detection, dry run, and the timeout path, with Kueue's CRDs but no controller running: the
+    test writes the Workload a Kueue would have written."""
+    uid = _queued_job(kube_api, namespace, fleet4, "queued", suspend=False)
+    wait("2 Running pods", lambda: running(kube_api, namespace, "app=queued", 2))
+    pod_template = {"spec": {"containers": [{"name": "trainer", "image": "example.invalid/trainer:1",
+                                             "resources": {"requests": GPUS}}]}}
+    client.CustomObjectsApi(kube_api).create_namespaced_custom_object(kueue.GROUP, kueue_crds, namespace, "workloads", {
+        "apiVersion": f"{kueue.GROUP}/{kueue_crds}", "kind": "Workload",
+        "metadata": {"name": "job-queued-1a2b3", "ownerReferences": [
+            {"apiVersion": "batch/v1", "kind": "Job", "name": "queued", "uid": uid, "controller": True,
+             "blockOwnerDeletion": True}]},
+        "spec": {"active": True, "queueName": "team-a",
+                 "podSets": [{"name": "main", "count": 2, "template": pod_template}]}})
+    assert kueue.owning_workload(kube_api, kueue_crds, namespace, uid)["metadata"]["name"] == "job-queued-1a2b3"
     restarter = PlacementRestarter(kube_api, Settings())
     before = {p.metadata.uid for p in live_pods(kube_api, namespace, "app=queued")}
     suspect = next(p.spec.node_name for p in live_pods(kube_api, namespace, "app=queued"))
@@ -122,50 +194,60 @@ def test_detection_dry_run_and_no_controller_leaves_the_workload_active(
     dry = restarter.restart(f"{namespace}/queued", action="restart_job", exclude_nodes=[suspect], params={},
                             dry_run=True, actor="t")
     assert dry.outcome == "skipped" and "through Kueue Workload" in dry.reason
-    assert dry.details["kueue_workload"] == f"{namespace}/{info['workload']}"
+    assert dry.details["kueue_workload"] == f"{namespace}/job-queued-1a2b3"
 
-    seen = WorkloadWatch(kube_api, namespace, "queued", act_as_kueue=False)
     out = restarter.restart(f"{namespace}/queued", action="restart_job", exclude_nodes=[suspect],
                             params={"timeout_s": "2"}, dry_run=False, actor="t")
     assert out.outcome == "failed" and "Kueue did not evict" in out.reason and "set active again" in out.reason
-    assert seen.stop() == [False, True]  # deactivated, then restored
-    w = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(kueue.GROUP, workload_crd, namespace,
-                                                                      "workloads", info["workload"])
+    w = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(kueue.GROUP, kueue_crds, namespace,
+                                                                      "workloads", "job-queued-1a2b3")
     assert w["spec"]["active"] is True
     job = client.BatchV1Api(kube_api).read_namespaced_job("queued", namespace)
     assert not job.spec.suspend and {p.metadata.uid for p in live_pods(kube_api, namespace, "app=queued")} == before
 
 
-def test_requeue_through_the_workload_writes_the_placement_while_evicted(
-    kube_api: client.ApiClient, namespace: str, fleet4: fl.Fleet, workload_crd: str
+def test_real_kueue_requeues_the_job_with_the_placement(
+    kube_api: client.ApiClient, namespace: str, fleet4: fl.Fleet, kueue_crds: str, kueue_manager: Manager
 ) -> None:
-    info = _queued_job(kube_api, namespace, fleet4, "queued", workload=True)
-    pods = live_pods(kube_api, namespace, "app=queued")
+    uid = _queued_job(kube_api, namespace, fleet4, "queued", suspend=True)
+    pods = wait("Kueue admits the Job: 2 Running pods",
+                lambda: kueue_manager.alive() and running(kube_api, namespace, "app=queued", 2), timeout=90)
+    first = _workload(kube_api, kueue_crds, namespace, uid)
+    assert first is not None and _conditions(first).get("Admitted", ("",))[0] == "True", kueue_manager.tail()
     suspect = pods[0].spec.node_name
     quarantine(kube_api, suspect)
-    seen = WorkloadWatch(kube_api, namespace, "queued", act_as_kueue=True)
 
     out = PlacementRestarter(kube_api, Settings()).restart(f"{namespace}/queued", action="restart_job",
-                                                           exclude_nodes=[suspect], params={}, dry_run=False,
-                                                           actor="t")
+                                                           exclude_nodes=[suspect], params={"timeout_s": "60"},
+                                                           dry_run=False, actor="t")
 
-    assert out.outcome == "applied", out.reason
+    assert out.outcome == "applied", (out.reason, kueue_manager.tail())
     assert out.details["mechanism"] == "kueue_workload" and out.details["capacity"] == "sufficient"
-    assert seen.stop() == [False, True]
-    # the exclusion and the preference were on the template when the Workload was reactivated
-    assert seen.template_at_reactivation is not None
-    assert excluded_nodes(seen.template_at_reactivation["affinity"]) == {suspect}
-    assert seen.template_at_reactivation["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
-    after = wait("2 new Running pods", lambda: running(kube_api, namespace, "app=queued", 2,
-                                                       {p.metadata.uid for p in pods}))
+    job = client.BatchV1Api(kube_api).read_namespaced_job("queued", namespace)
+    template = client.ApiClient().sanitize_for_serialization(job.spec.template.spec)
+    assert excluded_nodes(template["affinity"]) == {suspect}
+    assert template["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    after = wait("Kueue admits the Job again: 2 new Running pods",
+                 lambda: kueue_manager.alive() and running(kube_api, namespace, "app=queued", 2,
+                                                           {p.metadata.uid for p in pods}), timeout=90)
     assert suspect not in {p.spec.node_name for p in after}
-    del info
+    now = _workload(kube_api, kueue_crds, namespace, uid)
+    assert now is not None and now["spec"].get("active", True) is True
+    assert _conditions(now).get("Admitted", ("",))[0] == "True"
+    # Kueue itself evicted the Workload fleetmedic deactivated, suspended the Job, and admitted the
+    # same Workload again (the placement written while suspended did not make it a new one)
+    events = client.CoreV1Api(kube_api).list_namespaced_event(namespace).items
+    seen = {(e.involved_object.kind, e.reason) for e in events}
+    assert {("Workload", "EvictedDueToDeactivated"), ("Job", "Suspended"), ("Job", "Stopped")} <= seen, seen
+    assert sum(1 for e in events if e.reason == "CreatedWorkload") == 1
+    assert now["metadata"]["uid"] == first["metadata"]["uid"]
 
 
 def test_a_queue_label_without_a_workload_restarts_the_ordinary_way(
-    kube_api: client.ApiClient, namespace: str, fleet4: fl.Fleet, workload_crd: str
+    kube_api: client.ApiClient, namespace: str, fleet4: fl.Fleet, kueue_crds: str
 ) -> None:
-    _queued_job(kube_api, namespace, fleet4, "plain", workload=False)
+    _queued_job(kube_api, namespace, fleet4, "plain", suspend=False)
+    wait("2 Running pods", lambda: running(kube_api, namespace, "app=plain", 2))
     suspect = live_pods(kube_api, namespace, "app=plain")[0].spec.node_name
     quarantine(kube_api, suspect)
     out = PlacementRestarter(kube_api, Settings()).restart(f"{namespace}/plain", action="restart_job",
