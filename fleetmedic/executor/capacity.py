@@ -12,7 +12,9 @@
    they do not tolerate) get the required ``hostname NotIn`` (so the isolation is in the same
    write that lets the pods be recreated); the pod templates get preferred node affinity toward the
    surviving ranks' NVLink domain / leaf / rack / spine / pool (and the standby pool); and the
-   capacity verdict is taken (Job and PyTorchJob; JobSets keep the exclusion only).
+   capacity verdict is taken (Job, PyTorchJob, JobSet). A JobSet whose webhook refuses the template
+   change gets the same placement on its suspended child Jobs, in the patch that excludes the
+   suspects (:func:`.placement.child_job_ops`).
 4. No healthy capacity: the result says ``capacity: insufficient`` and what is missing, a Warning
    Event ``FleetmedicCapacityWait`` goes on the workload, ``fleetmedic_executor_capacity_waits_total``
    counts it; the pods stay Pending in the scheduler's queue with their own priority, and the
@@ -113,8 +115,12 @@ class PlacementRestarter:
         def adjust(kind: WorkloadKind, obj: dict[str, Any], pods: list[client.V1Pod], plan: RestartPlan) -> RestartPlan:
             return self._adjust(kind, obj, pods, plan, exclude_nodes, params, seen)
 
+        def adjust_child(child: dict[str, Any], ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            recipe: pm.Recipe | None = seen.get("recipe")
+            return pm.child_job_ops(child, ops, recipe) if recipe is not None else ops
+
         out = wl.restart_workload(self.api, job, action=action, exclude_nodes=exclude_nodes, params=params,
-                                  dry_run=dry_run, actor=actor, adjust_plan=adjust)
+                                  dry_run=dry_run, actor=actor, adjust_plan=adjust, adjust_child=adjust_child)
         verdict: pm.CapacityVerdict | None = seen.get("verdict")
         details = {**out.details, **seen.get("details", {})}
         if verdict is None or out.outcome != "applied":
@@ -134,8 +140,6 @@ class PlacementRestarter:
                 exclude: Sequence[str], params: Mapping[str, str], seen: dict[str, Any]) -> RestartPlan:
         cfg = self.settings.placement
         seen.update(kind=kind, obj=obj)
-        if kind is JOBSET:  # the JobSet webhook refuses template changes: exclusion only (docs/placement.md)
-            return plan
         current = [p.spec.node_name for p in pods if p.spec and p.spec.node_name]
         nodes = self.nodes(knowing=current)
         states = {_name(n): self._state(n, {}) for n in nodes}
@@ -155,18 +159,14 @@ class PlacementRestarter:
         previous = pm.previous_placement(meta.get("annotations") or {})
         earlier = [n for n in ((meta.get("annotations") or {}).get(ANNOTATION_EXCLUDED) or "").split(",") if n]
         release = pm.back_in_service(earlier, [*exclude, *keep_off], states, self.settings.executor.taint_key)
+        recipe = pm.Recipe(tuple(terms), tuple(tolerations), previous, tuple(keep_off), tuple(release))
+        seen["recipe"] = recipe  # a JobSet whose webhook refuses the template: applied to its child Jobs
         ops = [op for op in plan.template_ops if not op["path"].endswith("/affinity")]
         new_specs = []
         for (ptr, spec), affinity in zip(paths, (s["affinity"] for s in specs_now), strict=True):
-            placed = pm.place(spec, affinity, terms, tolerations, previous, keep_off, release)
-            final_aff = placed.affinity if placed.affinity is not None else affinity
-            if final_aff != spec.get("affinity"):
-                ops.append({"op": "add", "path": ptr + "/affinity", "value": final_aff or {}})
-            if placed.tolerations is not None:
-                ops.append({"op": "add", "path": ptr + "/tolerations", "value": placed.tolerations})
-            new_specs.append({**spec, "affinity": final_aff,
-                              "tolerations": placed.tolerations if placed.tolerations is not None
-                              else spec.get("tolerations")})
+            spec_ops, new_spec = pm.placed_ops(ptr, spec, affinity, recipe)
+            ops += spec_ops
+            new_specs.append(new_spec)
         still = pm.unisolated(exclude, fresh, new_specs)
         if still:  # cannot happen: place() ANDs them into every required term
             raise WorkloadError(f"excluded node(s) {', '.join(still)} neither isolated nor excluded by the plan")
@@ -206,6 +206,15 @@ class PlacementRestarter:
             out: list[pm.Demand] = []
             for (_, rspec), s in zip(sorted((spec.get("pytorchReplicaSpecs") or {}).items()), specs, strict=False):
                 out += [pm.Demand(pm.pod_gpus(s, res), s)] * int((rspec or {}).get("replicas") or 1)
+            return out
+        if kind is JOBSET:  # every child Job's pods: replicas x parallelism per replicated job
+            out = []
+            for rjob, s in zip(spec.get("replicatedJobs") or [], specs, strict=False):
+                job_spec = (rjob.get("template") or {}).get("spec") or {}
+                parallelism = job_spec.get("parallelism")
+                replicas = rjob.get("replicas")
+                count = (1 if replicas is None else int(replicas)) * (1 if parallelism is None else int(parallelism))
+                out += [pm.Demand(pm.pod_gpus(s, res), s)] * count
             return out
         return []
 

@@ -169,6 +169,50 @@ def place(pod_spec: Mapping[str, Any], affinity: Mapping[str, Any] | None, terms
                   tolerations=tol_after if tol_after != tol_before else None)
 
 
+@dataclass(frozen=True)
+class Recipe:
+    """What one restart adds to every pod template: the preferred ``terms`` and ``tolerations``
+    (replacing fleetmedic's ``previous`` ones), the nodes to ``keep_off`` (required NotIn) and the
+    exclusions to ``release`` (nodes back in service)."""
+
+    terms: tuple[dict[str, Any], ...] = ()
+    tolerations: tuple[dict[str, Any], ...] = ()
+    previous: Mapping[str, Sequence[Mapping[str, Any]]] = field(default_factory=dict)
+    keep_off: tuple[str, ...] = ()
+    release: tuple[str, ...] = ()
+
+
+def placed_ops(pointer: str, pod_spec: Mapping[str, Any], affinity: Mapping[str, Any] | None,
+               recipe: Recipe) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """JSON-patch ops that give the pod spec at ``pointer`` the recipe's placement on top of
+    ``affinity`` (the planner's, else the spec's own), and the pod spec as it will be."""
+    placed = place(pod_spec, affinity, recipe.terms, recipe.tolerations, recipe.previous, recipe.keep_off,
+                   recipe.release)
+    final_aff = placed.affinity if placed.affinity is not None else (dict(affinity) if affinity else None)
+    ops: list[dict[str, Any]] = []
+    if final_aff != pod_spec.get("affinity"):
+        ops.append({"op": "add", "path": pointer + "/affinity", "value": final_aff or {}})
+    if placed.tolerations is not None:
+        ops.append({"op": "add", "path": pointer + "/tolerations", "value": placed.tolerations})
+    tolerations = placed.tolerations if placed.tolerations is not None else pod_spec.get("tolerations")
+    return ops, {**pod_spec, "affinity": final_aff, "tolerations": tolerations}
+
+
+CHILD_POD_SPEC: Final = "/spec/template/spec"
+
+
+def child_job_ops(child_job: Mapping[str, Any], planned_ops: Sequence[Mapping[str, Any]],
+                  recipe: Recipe) -> list[dict[str, Any]]:
+    """The one patch for a suspended child Job of a JobSet: its own plan's ops (the exclusion) with
+    the affinity replaced by one that also carries the recipe (preference, release, tolerations)."""
+    spec = ((child_job.get("spec") or {}).get("template") or {}).get("spec") or {}
+    affinity_path = CHILD_POD_SPEC + "/affinity"
+    planned = next((op["value"] for op in planned_ops if op.get("path") == affinity_path), spec.get("affinity"))
+    keep = [dict(op) for op in planned_ops if op.get("path") not in (affinity_path, CHILD_POD_SPEC + "/tolerations")]
+    ops, _ = placed_ops(CHILD_POD_SPEC, spec, planned, recipe)
+    return keep + ops
+
+
 # --- isolation of the excluded nodes -----------------------------------------------------------------
 
 

@@ -58,6 +58,8 @@ EVENT_REASONS = {"restart_job": "FleetmedicReplaceJob", "requeue_job": "Fleetmed
 CONFLICT_RETRIES = 5
 # (kind, workload, its live pods, plan) -> the plan to carry out; see fleetmedic.executor.capacity
 AdjustPlan = Callable[[WorkloadKind, dict[str, Any], list[client.V1Pod], RestartPlan], RestartPlan]
+# (a JobSet's suspended child Job, the JSON-patch ops its own plan made) -> the ops to write to it
+AdjustChild = Callable[[dict[str, Any], list[dict[str, Any]]], list[dict[str, Any]]]
 
 
 class _Changed(Exception):
@@ -73,12 +75,12 @@ class WorkloadOutcome:
 
 def restart_workload(api: client.ApiClient, job: str, *, action: str, exclude_nodes: Sequence[str],
                      params: Mapping[str, str], dry_run: bool, actor: str,
-                     adjust_plan: AdjustPlan | None = None) -> WorkloadOutcome:
+                     adjust_plan: AdjustPlan | None = None, adjust_child: AdjustChild | None = None) -> WorkloadOutcome:
     """Carry out ``action`` on workload ``job`` ("namespace/name"); see the module docstring."""
     try:
         for _ in range(CONFLICT_RETRIES):
             try:
-                return _restart(api, job, action, exclude_nodes, params, dry_run, actor, adjust_plan)
+                return _restart(api, job, action, exclude_nodes, params, dry_run, actor, adjust_plan, adjust_child)
             except _Changed:  # the workload changed between our read and our first write: plan again
                 continue
         return WorkloadOutcome("failed", f"workload {job} kept changing ({CONFLICT_RETRIES} conflicts)")
@@ -92,7 +94,7 @@ def restart_workload(api: client.ApiClient, job: str, *, action: str, exclude_no
 
 def _restart(api: client.ApiClient, job: str, action: str, exclude_nodes: Sequence[str],
              params: Mapping[str, str], dry_run: bool, actor: str,
-             adjust_plan: AdjustPlan | None = None) -> WorkloadOutcome:
+             adjust_plan: AdjustPlan | None = None, adjust_child: AdjustChild | None = None) -> WorkloadOutcome:
     namespace, name = parse_job_ref(job)
     found = find_workload(api, namespace, name, params.get("kind", ""))
     if found is None:
@@ -124,7 +126,7 @@ def _restart(api: client.ApiClient, job: str, action: str, exclude_nodes: Sequen
     if kind is JOB:
         _suspend_resume(api, plan, obj, timeout)
     elif kind is JOBSET and (resuming or plan.template_ops):
-        _jobset_with_exclusion(api, plan, obj, params, timeout, actor, details)
+        _jobset_with_exclusion(api, plan, obj, params, timeout, actor, details, adjust_child)
     else:
         details["deleted"] = str(_patch_then_delete(api, plan, obj))
     _record_event(api, kind, obj, EVENT_REASONS[action], plan.summary, actor)
@@ -226,7 +228,8 @@ def _suspended_and_empty(api: client.ApiClient, namespace: str, name: str) -> bo
 
 
 def _jobset_with_exclusion(api: client.ApiClient, plan: RestartPlan, obj: Mapping[str, Any],
-                           params: Mapping[str, str], timeout: float, actor: str, details: dict[str, str]) -> None:
+                           params: Mapping[str, str], timeout: float, actor: str, details: dict[str, str],
+                           adjust_child: AdjustChild | None = None) -> None:
     """Patch the JobSet's template and recreate its children; where the JobSet webhook refuses the
     template change (or a suspension of ours is to be finished), go through the child Jobs."""
     from fleetmedic.executor.workloads_jobset import suspend_and_patch_children
@@ -240,8 +243,10 @@ def _jobset_with_exclusion(api: client.ApiClient, plan: RestartPlan, obj: Mappin
                 raise
             details["template_refused"] = _message(exc)[:300]
     details["mechanism"] = "suspend_patch_children"
-    details["children_patched"] = str(suspend_and_patch_children(api, plan, obj, params, timeout, actor))
-    details["note"] = "exclusion is on the child Jobs: a JobSet-level restart recreates them without it"
+    details["children_patched"] = str(suspend_and_patch_children(api, plan, obj, params, timeout, actor,
+                                                                 adjust_child))
+    what = "exclusion and placement preference are" if adjust_child else "exclusion is"
+    details["note"] = f"{what} on the child Jobs: a JobSet-level restart recreates them from the template without it"
 
 
 def _patch_then_delete(api: client.ApiClient, plan: RestartPlan, obj: Mapping[str, Any]) -> int:

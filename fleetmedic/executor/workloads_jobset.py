@@ -6,9 +6,12 @@ scheduling gates change, for Kueue. Node affinity is not among them. So when the
 the template patch, :func:`suspend_and_patch_children` takes the route the controller leaves
 open: suspend the JobSet (the controller suspends its child Jobs, the Job controller removes their
 pods), put the node affinity on each suspended child Job (batch/v1 allows scheduling directives of
-a suspended Job to change), resume the JobSet. On resume the controller merges only the fields
-above into the children, so their affinity stays and the recreated pods honour it. A later
-JobSet-level restart (its failure policy recreates the children from the template) drops it: the
+a suspended Job to change), resume the JobSet. With the placement step the same child patch also
+carries the preferred node affinity toward the surviving ranks' domain and the standby
+tolerations. On resume the controller merges only the fields above into the children (labels,
+annotations and nodeSelector as maps, tolerations as a union), so their affinity and tolerations
+stay and the recreated pods honour them. A later JobSet-level restart (its failure policy
+recreates the children from the template) drops the affinity, exclusion and preference alike: the
 result says so, and the quarantine taint still applies to pods that do not tolerate it.
 
 Crash-safe like the batch Job path: the JobSet carries ``fleetmedic.io/restart-in-progress`` while
@@ -19,9 +22,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from kubernetes import client
+
+if TYPE_CHECKING:
+    from fleetmedic.executor.workloads import AdjustChild
 
 from fleetmedic.executor.workloads_plan import (
     ANNOTATION_IN_PROGRESS,
@@ -34,8 +40,11 @@ from fleetmedic.executor.workloads_plan import (
 
 
 def suspend_and_patch_children(api: client.ApiClient, plan: RestartPlan, obj: Mapping[str, Any],
-                               params: Mapping[str, str], timeout: float, actor: str) -> int:
-    """Suspend, patch the child Jobs' node affinity, resume; returns how many children were patched."""
+                               params: Mapping[str, str], timeout: float, actor: str,
+                               adjust_child: AdjustChild | None = None) -> int:
+    """Suspend, patch the child Jobs' node affinity, resume; returns how many children were patched.
+    ``adjust_child`` (the placement step, :mod:`fleetmedic.executor.capacity`) turns each child's
+    own exclusion ops into the ops that also carry the preference and tolerations: one patch."""
     from fleetmedic.executor.workloads import _patch, wait_for
 
     meta = obj.get("metadata") or {}
@@ -52,8 +61,9 @@ def suspend_and_patch_children(api: client.ApiClient, plan: RestartPlan, obj: Ma
     for child in _children(api, plan, uid):
         child_plan = plan_restart(JOB, child, action=plan.action, exclude_nodes=plan.excluded,
                                   current_nodes=plan.preferred, params=params, now=time.time(), actor=actor)
-        if child_plan.template_ops:
-            _patch(api, JOB, plan.namespace, str(child["metadata"]["name"]), child_plan.template_ops)
+        ops = adjust_child(child, child_plan.template_ops) if adjust_child else child_plan.template_ops
+        if ops:
+            _patch(api, JOB, plan.namespace, str(child["metadata"]["name"]), ops)
             patched += 1
     resume = [{"op": "add", "path": "/spec/suspend", "value": False},
               *plan.annotation_ops(annotations, remove=[ANNOTATION_IN_PROGRESS])]

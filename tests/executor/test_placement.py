@@ -168,3 +168,36 @@ def test_exclusions_of_nodes_back_in_service_are_lifted_so_a_job_never_runs_out_
     assert owner_term["matchExpressions"][0] in term["matchExpressions"]  # the owner's own terms stay
     only_ours = with_node_exclusion({}, ["n1"])
     assert pm.place(_spec(), only_ours, [], [], {}, release=["n1"]).affinity == {}  # nothing of ours is left
+
+
+def test_a_jobset_child_job_gets_its_exclusion_and_the_preference_in_one_patch() -> None:
+    """A suspended child Job of a JobSet: the ops its own plan made (the NotIn) are merged with the
+    restart's recipe: fleetmedic's earlier preference replaced, a node back in service released,
+    the standby toleration added; the owner's own preference kept."""
+    topo = _topo([_node(i) for i in range(8)], standby_label="fleetmedic.io/standby")
+    old_term = {"weight": 40, "preference": {"matchExpressions": [{"key": LEAF, "operator": "In", "values": ["x"]}]}}
+    owners = {"weight": 1, "preference": {"matchExpressions": [{"key": "team", "operator": "In", "values": ["a"]}]}}
+    affinity = with_node_exclusion({"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution":
+                                                     [owners, old_term]}}, ["n7"])
+    child = {"spec": {"suspend": True, "template": {"spec": _spec(affinity=affinity)}}}
+    planned = [{"op": "add", "path": "/spec/template/spec/affinity", "value": with_node_exclusion(affinity, ["n1"])},
+               {"op": "add", "path": "/spec/template/metadata/labels", "value": {"a": "b"}}]
+    terms = pm.preferred_terms(topo, pm.job_domain(topo, ["n0", "n1", "n2"], ["n1"]))
+    recipe = pm.Recipe(tuple(terms), tuple(pm.standby_tolerations(topo.settings)), {"preferences": [old_term]},
+                       keep_off=("n1",), release=("n7",))
+
+    ops = pm.child_job_ops(child, planned, recipe)
+
+    by_path = {op["path"]: op["value"] for op in ops}
+    assert by_path["/spec/template/metadata/labels"] == {"a": "b"}  # the child plan's other ops stay
+    after = by_path["/spec/template/spec/affinity"]
+    assert excluded_nodes(after) == {"n1"}  # the new suspect in, the repaired n7 out
+    prefs = after["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert prefs[0] == owners and old_term not in prefs and prefs[1:] == terms
+    leaf_terms = [p for p in prefs if p["preference"]["matchExpressions"][0]["key"] == LEAF]
+    assert [t["preference"]["matchExpressions"][0]["values"] for t in leaf_terms] == [["leaf-0"]]
+    assert by_path["/spec/template/spec/tolerations"] == [KWOK, *pm.standby_tolerations(topo.settings)]
+    assert [op["path"] for op in ops].count("/spec/template/spec/affinity") == 1
+    # nothing to add: no ops at all (the child is left as it is)
+    same = {"spec": {"template": {"spec": _spec()}}}
+    assert pm.child_job_ops(same, [], pm.Recipe()) == []

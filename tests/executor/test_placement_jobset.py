@@ -1,0 +1,124 @@
+"""Topology-aware restart_job of a **JobSet**, on the real control plane with the real JobSet
+controller (v0.12.0, out of cluster) and its real webhooks, through
+:class:`~fleetmedic.executor.capacity.PlacementRestarter`.
+
+The JobSet webhook refuses any affinity change on ``replicatedJobs``, so the placement goes onto
+the suspended child Jobs: the same patch carries the exclusion of the suspect and the preferred
+node affinity toward the surviving ranks' leaf/rack. A JobSet of two replicated jobs (3 pods of 8
+GPUs) runs in one leaf of a 4-leaf fleet; one of its nodes is quarantined; a dry run changes
+nothing; the restart puts every replacement back in the leaf (3 healthy nodes there, 12 free ones
+in the other leaves) and none on the suspect, and every child Job carries the exclusion and the
+preferred terms. With the child-Job preference switched off the test fails (checked: on the child
+Jobs' terms always, on the leaf in some runs: the scheduler does not always scatter them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from prometheus_client import CollectorRegistry
+
+from fleetmedic.config import PlacementSettings, Settings
+from fleetmedic.devenv import fleet as fl
+from fleetmedic.executor.capacity import PlacementRestarter
+from fleetmedic.executor.placement import ANNOTATION_PLACEMENT
+from fleetmedic.executor.placement_metrics import PlacementMetrics
+from fleetmedic.executor.workloads_plan import excluded_nodes
+from tests.executor.test_placement_support import leaves_of, set_cordon
+from tests.executor.test_workloads_jobset_controller import (  # noqa: F401  (the fixture and the skip mark)
+    _create_when_served,
+    _register_webhooks,
+    jobset_controller,
+    pytestmark,
+)
+from tests.executor.test_workloads_support import BindingWatch, pod_spec, quarantine, running, wait
+
+JS_GROUP, JS_VERSION = "jobset.x-k8s.io", "v1alpha2"
+SELECTOR = "jobset.sigs.k8s.io/jobset-name=placed"
+
+
+def _jobset(fleet: fl.Fleet) -> dict[str, Any]:
+    def rjob(name: str, replicas: int) -> dict[str, Any]:
+        return {"name": name, "replicas": replicas, "template": {"spec": {
+            "parallelism": 1, "completions": 1, "backoffLimit": 0,
+            "template": {"spec": pod_spec(fleet, restart_policy="OnFailure")}}}}
+
+    return {"apiVersion": f"{JS_GROUP}/{JS_VERSION}", "kind": "JobSet", "metadata": {"name": "placed"},
+            "spec": {"replicatedJobs": [rjob("leader", 1), rjob("workers", 2)]}}
+
+
+def _children(api: client.ApiClient, namespace: str) -> list[client.V1Job]:
+    return client.BatchV1Api(api).list_namespaced_job(namespace, label_selector=SELECTOR).items
+
+
+def test_a_jobset_restart_prefers_the_surviving_ranks_leaf_through_its_child_jobs(
+    kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet], jobset_controller: Path  # noqa: F811
+) -> None:
+    hooks = _register_webhooks(kube_api, namespace, jobset_controller.parent)
+    reg = client.AdmissionregistrationV1Api(kube_api)
+    try:
+        fleet = make_fleet(16, nodes_per_rack=2, racks_per_leaf=2)
+        leaf_of = leaves_of(kube_api, fleet)
+        leaf = min(leaf_of.values())
+        others = [n for n, lf in leaf_of.items() if lf != leaf]
+        custom = client.CustomObjectsApi(kube_api)
+        set_cordon(kube_api, others, True)  # the JobSet starts in one leaf, with no affinity of its own
+        try:
+            wait("the webhook server to answer", lambda: _create_when_served(custom, namespace, _jobset(fleet)))
+            before = wait("3 Running pods", lambda: running(kube_api, namespace, SELECTOR, 3), timeout=90)
+        finally:
+            set_cordon(kube_api, others, False)
+        assert {leaf_of[p.spec.node_name] for p in before} == {leaf}
+        suspect = sorted(p.spec.node_name for p in before)[0]
+        quarantine(kube_api, suspect)
+        registry = CollectorRegistry()
+        restarter = PlacementRestarter(kube_api, Settings(placement=PlacementSettings()), PlacementMetrics(registry))
+        versions = {j.metadata.name: j.metadata.resource_version for j in _children(kube_api, namespace)}
+        js_version = custom.get_namespaced_custom_object(JS_GROUP, JS_VERSION, namespace, "jobsets", "placed")[
+            "metadata"]["resourceVersion"]
+
+        dry = restarter.restart(f"{namespace}/placed", action="restart_job", exclude_nodes=[suspect], params={},
+                                dry_run=True, actor="t")
+
+        assert dry.outcome == "skipped" and dry.details["dry_run"] == "true", dry.reason
+        assert dry.details["preferred_domain"] == f"leaf={leaf}" and dry.details["capacity_pods"] == "3", dry.details
+        assert {j.metadata.name: j.metadata.resource_version for j in _children(kube_api, namespace)} == versions
+        assert custom.get_namespaced_custom_object(JS_GROUP, JS_VERSION, namespace, "jobsets", "placed")[
+            "metadata"]["resourceVersion"] == js_version
+        assert running(kube_api, namespace, SELECTOR, 3) is not None
+
+        old = {p.metadata.uid for p in before}
+        watcher = BindingWatch(kube_api, namespace).start()
+        out = restarter.restart(f"{namespace}/placed", action="restart_job", exclude_nodes=[suspect],
+                                params={"command_id": "c-1"}, dry_run=False, actor="t")
+
+        assert out.outcome == "applied", out.reason
+        assert out.details["mechanism"] == "suspend_patch_children", out.details
+        assert out.details["children_patched"] == "3", out.details
+        assert out.details["capacity"] == "sufficient" and out.details["capacity_fit_in_domain"] == "3", out.details
+        assert "preference" in out.details["note"]
+        after = wait("3 replacement pods Running", lambda: running(kube_api, namespace, SELECTOR, 3, old), timeout=120)
+        nodes_after = sorted(p.spec.node_name for p in after)
+        assert suspect not in nodes_after
+        assert [leaf_of[n] for n in nodes_after] == [leaf] * 3, f"replacements on {nodes_after}, leaf {leaf}"
+        seen = [node for uid, _, node in watcher.stop() if uid not in old]
+        assert seen and suspect not in seen
+        for job in _children(kube_api, namespace):
+            spec = job.spec.template.spec
+            assert excluded_nodes(kube_api.sanitize_for_serialization(spec.affinity)) == {suspect}, job.metadata.name
+            prefs = spec.affinity.node_affinity.preferred_during_scheduling_ignored_during_execution
+            assert [(p.weight, p.preference.match_expressions[0].key) for p in prefs] == [
+                (40, fl.LABEL_LEAF), (20, fl.LABEL_RACK), (5, fl.LABEL_POOL)], job.metadata.name
+            assert prefs[0].preference.match_expressions[0].values == [leaf]
+        js = custom.get_namespaced_custom_object(JS_GROUP, JS_VERSION, namespace, "jobsets", "placed")
+        assert not js["spec"].get("suspend")
+        assert ANNOTATION_PLACEMENT in js["metadata"]["annotations"]
+        assert js["metadata"]["annotations"]["fleetmedic.io/excluded-nodes"] == suspect
+        assert registry.get_sample_value("fleetmedic_executor_placements_total", {"capacity": "sufficient"}) == 1
+    finally:
+        for name in hooks:
+            reg.delete_mutating_webhook_configuration(name)
+            reg.delete_validating_webhook_configuration(name)
