@@ -4,7 +4,8 @@
 :meth:`PlacementRestarter.restart` is what the executor calls for ``restart_job`` / ``requeue_job``:
 
 1. A workload whose replacement pods are already waiting (unscheduled) with every excluded node
-   kept off is not restarted again (``skipped``): that would only recreate pending pods.
+   kept off (for a JobSet: by its child Jobs' pod templates) is not restarted again (``skipped``):
+   that would only recreate pending pods.
 2. A Kueue-managed Job (``kueue.x-k8s.io/queue-name`` and a Workload object, CRD present) is
    requeued through its Workload (:mod:`.kueue`).
 3. Otherwise the workload's restart plan is adjusted before anything is written: the excluded nodes
@@ -43,6 +44,7 @@ from fleetmedic.config import Settings
 from fleetmedic.executor import placement as pm
 from fleetmedic.executor import workloads as wl
 from fleetmedic.executor.placement_metrics import PlacementMetrics
+from fleetmedic.executor.workloads_jobset import child_jobs
 from fleetmedic.executor.workloads_plan import (
     ANNOTATION_EXCLUDED,
     JOB,
@@ -277,9 +279,13 @@ class PlacementRestarter:
         kind, obj = found
         pods = wl.workload_pods(self.api, kind, obj)
         pending = [p for p in pods if not (p.spec and p.spec.node_name)]
-        if not pending or kind is JOBSET:
+        if not pending:
             return None
         specs = [spec for _, spec in pod_spec_paths(kind, obj)]
+        if kind is JOBSET:  # the exclusion may be on the child Jobs only (the webhook refused the template)
+            meta = obj.get("metadata") or {}
+            children = child_jobs(self.api, namespace, name, str(meta.get("uid")))
+            specs = [((c.get("spec") or {}).get("template") or {}).get("spec") or {} for c in children] or specs
         fresh = {n: self._read_state(n) for n in sorted(set(exclude))}
         if pm.unisolated(exclude, fresh, specs) or any(p.spec.node_name in set(exclude) for p in pods if p.spec):
             return None

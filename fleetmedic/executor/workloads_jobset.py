@@ -72,8 +72,13 @@ def suspend_and_patch_children(api: client.ApiClient, plan: RestartPlan, obj: Ma
 
 
 def _children(api: client.ApiClient, plan: RestartPlan, uid: str) -> list[dict[str, Any]]:
+    return child_jobs(api, plan.namespace, plan.name, uid)
+
+
+def child_jobs(api: client.ApiClient, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
+    """The JobSet's live child Jobs (owned by ``uid``, not being deleted), as JSON dicts."""
     listed = cast(dict[str, Any], client.CustomObjectsApi(api).list_namespaced_custom_object(
-        "batch", "v1", plan.namespace, "jobs", label_selector=f"{JOBSET.job_label}={plan.name}"))
+        "batch", "v1", namespace, "jobs", label_selector=f"{JOBSET.job_label}={name}"))
     return [j for j in listed.get("items") or []
             if not j["metadata"].get("deletionTimestamp")
             and any(r.get("uid") == uid for r in j["metadata"].get("ownerReferences") or [])]

@@ -10,6 +10,10 @@ nothing; the restart puts every replacement back in the leaf (3 healthy nodes th
 in the other leaves) and none on the suspect, and every child Job carries the exclusion and the
 preferred terms. With the child-Job preference switched off the test fails (checked: on the child
 Jobs' terms always, on the leaf in some runs: the scheduler does not always scatter them).
+
+Scarce capacity: a 4-pod JobSet on 4 nodes, one quarantined: ``capacity: insufficient`` with what
+is missing, a Warning Event on the JobSet, the metric, one pod Pending; the same command again is
+refused as thrashing (the exclusion is on the child Jobs, which the check reads).
 """
 
 from __future__ import annotations
@@ -34,20 +38,20 @@ from tests.executor.test_workloads_jobset_controller import (  # noqa: F401  (th
     jobset_controller,
     pytestmark,
 )
-from tests.executor.test_workloads_support import BindingWatch, pod_spec, quarantine, running, wait
+from tests.executor.test_workloads_support import BindingWatch, live_pods, pod_spec, quarantine, running, wait
 
 JS_GROUP, JS_VERSION = "jobset.x-k8s.io", "v1alpha2"
 SELECTOR = "jobset.sigs.k8s.io/jobset-name=placed"
 
 
-def _jobset(fleet: fl.Fleet) -> dict[str, Any]:
+def _jobset(fleet: fl.Fleet, workers: int = 2) -> dict[str, Any]:
     def rjob(name: str, replicas: int) -> dict[str, Any]:
         return {"name": name, "replicas": replicas, "template": {"spec": {
             "parallelism": 1, "completions": 1, "backoffLimit": 0,
             "template": {"spec": pod_spec(fleet, restart_policy="OnFailure")}}}}
 
     return {"apiVersion": f"{JS_GROUP}/{JS_VERSION}", "kind": "JobSet", "metadata": {"name": "placed"},
-            "spec": {"replicatedJobs": [rjob("leader", 1), rjob("workers", 2)]}}
+            "spec": {"replicatedJobs": [rjob("leader", 1), rjob("workers", workers)]}}
 
 
 def _children(api: client.ApiClient, namespace: str) -> list[client.V1Job]:
@@ -118,6 +122,56 @@ def test_a_jobset_restart_prefers_the_surviving_ranks_leaf_through_its_child_job
         assert ANNOTATION_PLACEMENT in js["metadata"]["annotations"]
         assert js["metadata"]["annotations"]["fleetmedic.io/excluded-nodes"] == suspect
         assert registry.get_sample_value("fleetmedic_executor_placements_total", {"capacity": "sufficient"}) == 1
+    finally:
+        for name in hooks:
+            reg.delete_mutating_webhook_configuration(name)
+            reg.delete_validating_webhook_configuration(name)
+
+
+def test_a_jobset_without_healthy_capacity_is_reported_and_not_thrashed(
+    kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet], jobset_controller: Path  # noqa: F811
+) -> None:
+    hooks = _register_webhooks(kube_api, namespace, jobset_controller.parent)
+    reg = client.AdmissionregistrationV1Api(kube_api)
+    try:
+        fleet = make_fleet(4)
+        custom = client.CustomObjectsApi(kube_api)
+        wait("the webhook server to answer", lambda: _create_when_served(custom, namespace, _jobset(fleet, 3)))
+        before = wait("4 Running pods", lambda: running(kube_api, namespace, SELECTOR, 4), timeout=90)
+        suspect = sorted(p.spec.node_name for p in before)[0]
+        quarantine(kube_api, suspect)
+        registry = CollectorRegistry()
+        settings = Settings(placement=PlacementSettings(capacity_wait_s=0.5, capacity_poll_s=0.1))
+        restarter = PlacementRestarter(kube_api, settings, PlacementMetrics(registry))
+
+        out = restarter.restart(f"{namespace}/placed", action="restart_job", exclude_nodes=[suspect], params={},
+                                dry_run=False, actor="t")
+
+        assert out.outcome == "applied", out.reason
+        assert out.details["mechanism"] == "suspend_patch_children", out.details
+        assert out.details["capacity"] == "insufficient", out.details
+        assert out.details["capacity_missing"].startswith("1 of 4 pod(s) (32 GPU(s) in all) do not fit on the 3 "
+                                                          "healthy"), out.details
+        assert "no healthy capacity" in out.reason
+        assert out.details["capacity_still_waiting"] == "true", out.details
+        assert registry.get_sample_value("fleetmedic_executor_capacity_waits_total", {"action": "restart_job"}) == 1
+        assert registry.get_sample_value("fleetmedic_executor_placements_total", {"capacity": "insufficient"}) == 1
+        events = client.CoreV1Api(kube_api).list_namespaced_event(
+            namespace, field_selector="involvedObject.kind=JobSet,involvedObject.name=placed").items
+        assert any(e.reason == "FleetmedicCapacityWait" and e.type == "Warning" for e in events)
+        wait("3 replacement pods Running", lambda: running(kube_api, namespace, SELECTOR, 3,
+                                                           {p.metadata.uid for p in before}), timeout=120)
+        pending = wait("1 Pending pod", lambda: [p for p in live_pods(kube_api, namespace, SELECTOR)
+                                                 if p.status.phase == "Pending" and not p.spec.node_name])
+        assert len(pending) == 1
+
+        again = restarter.restart(f"{namespace}/placed", action="restart_job", exclude_nodes=[suspect], params={},
+                                  dry_run=False, actor="t")
+
+        assert again.outcome == "skipped" and again.details["capacity"] == "waiting", again.reason
+        assert again.details["excluded_nodes"] == suspect
+        assert [p.metadata.uid for p in live_pods(kube_api, namespace, SELECTOR) if not p.spec.node_name] == \
+            [pending[0].metadata.uid]
     finally:
         for name in hooks:
             reg.delete_mutating_webhook_configuration(name)
