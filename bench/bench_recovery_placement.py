@@ -1,7 +1,8 @@
 """Topology-aware recovery on the real control plane: does a restarted job stay in its leaf?
 
     FLEETMEDIC_KUBECONFIG=/tmp/fleetmedic-dev/kube/kubeconfig \\
-        .venv/bin/python bench/bench_recovery_placement.py [--nodes 64] [--leaves 8] [--pods 4] [--rounds 3]
+        .venv/bin/python bench/bench_recovery_placement.py [--nodes 64] [--leaves 8] [--pods 4] [--rounds 3] \\
+        [--kind Job|JobSet]
 
 A labelled kwok fleet (``--nodes`` nodes in ``--leaves`` leaves, 4 nodes per rack) runs one
 ``--pods`` x 8-GPU batch Job per leaf, each started while only its leaf was schedulable (no
@@ -19,17 +20,26 @@ does) and restarts all jobs concurrently through ``PlacementRestarter`` (what th
 - scarce capacity: a job whose fleet has no healthy node left for one pod; a node's worth of GPUs
   is freed ``--free-after`` seconds later; the restarter's measured wait (``capacity_wait_s``);
 - the per-restart cost of reading the cluster (list nodes, list pods), which the node cache spares.
+
+``--kind JobSet``: one JobSet per leaf instead (a leader and ``--pods - 1`` workers, each a 1-pod
+child Job), with the real JobSet controller (``FLEETMEDIC_JOBSET_MANAGER`` or what ``fleetmedic
+dev build`` built) run out of cluster and its webhooks registered for the bench's namespaces, so
+the placement goes the way a real cluster makes it go: onto the suspended child Jobs. The
+scarce-capacity and read-cost figures are the Job's (``--scarce-trials 0`` skips the former).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
+import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +51,8 @@ from fleetmedic.config import PlacementSettings, Settings
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv.kclient import connect
 from fleetmedic.executor.capacity import PlacementRestarter
+from tests.executor.jobset_support import JS_GROUP, JS_VERSION, register_webhooks, unregister_webhooks
+from tests.executor.jobset_support import jobset_controller as run_jobset_controller
 from tests.executor.test_placement_support import (
     Recovery,
     ScheduleWatch,
@@ -66,14 +78,15 @@ def new_namespace(core: client.CoreV1Api) -> str:
 
 
 def scenario(api: client.ApiClient, nodes: int, topo: fl.Topology, pods: int, rounds: int, enabled: bool,
-             policy: str) -> dict[str, Any]:
+             policy: str, kind: str = "Job", controller_dir: Path | None = None) -> dict[str, Any]:
     """One phase on its own fresh fleet and namespace (nothing left over from another phase)."""
     core = client.CoreV1Api(api)
     fleet = fl.create_fleet(api, nodes, name=fl.new_fleet_name("bench-place"), topo=topo, timeout=180)
     ns = new_namespace(core)
+    hooks = register_webhooks(api, ns, controller_dir) if controller_dir else []
     try:
         leaf_of = leaves_of(api, fleet)
-        jobs = start_one_job_per_leaf(api, ns, fleet, pods, replacement_policy=policy)
+        jobs = start_one_job_per_leaf(api, ns, fleet, pods, replacement_policy=policy, kind=kind)
         restarter = PlacementRestarter(api, Settings(placement=PlacementSettings(enabled=enabled)))
         watcher = ScheduleWatch(api, ns).start()
         suspects: dict[str, float] = {}  # node -> when it was quarantined
@@ -82,6 +95,10 @@ def scenario(api: client.ApiClient, nodes: int, topo: fl.Topology, pods: int, ro
             recoveries += recover_round(api, restarter, ns, jobs, pods, leaf_of, suspects, pick=r)
         bindings = watcher.stop()
     finally:
+        if kind == "JobSet":
+            client.CustomObjectsApi(api).delete_collection_namespaced_custom_object(
+                JS_GROUP, JS_VERSION, ns, "jobsets", propagation_policy="Background")
+        unregister_webhooks(api, hooks)
         client.BatchV1Api(api).delete_collection_namespaced_job(ns, propagation_policy="Background")
         core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
         core.delete_namespace(ns)
@@ -100,7 +117,8 @@ def scenario(api: client.ApiClient, nodes: int, topo: fl.Topology, pods: int, ro
     return {"recoveries": len(recoveries), "failed": sum(x.outcome != "applied" for x in recoveries),
             "with_capacity": len(counted), "in_leaf": sum(x.in_leaf for x in counted), "placed": placed,
             "repeats": len(repeats), "seconds": [x.seconds for x in recoveries],
-            "waits": sum(x.details.get("capacity") == "insufficient" for x in recoveries)}
+            "waits": sum(x.details.get("capacity") == "insufficient" for x in recoveries),
+            "routes": dict(Counter(x.details.get("mechanism", "?") for x in recoveries))}
 
 
 def scarce(api: client.ApiClient, free_after: float, trials: int) -> list[float]:
@@ -159,8 +177,22 @@ def report(name: str, r: dict[str, Any]) -> float:
     print(f"{name:9s}: {r['recoveries']} recoveries ({r['failed']} failed), {r['with_capacity']} with leaf capacity: "
           f"replacements in the original leaf {r['in_leaf']}/{r['placed']} = {frac:.2f}; repeat placements on "
           f"suspects {r['repeats']}; recovery p50 {statistics.median(s):.2f}s p99 {pct(s, 0.99):.2f}s; "
-          f"capacity waits {r['waits']}")
+          f"capacity waits {r['waits']}; routes {r['routes']}")
     return frac
+
+
+def jobset_controller(api: client.ApiClient, kubeconfig: Path, stack: contextlib.ExitStack) -> Path:
+    """Start the real JobSet controller for the run (the CRDs installed first); its directory."""
+    from fleetmedic.devenv import settings
+
+    manager = os.environ.get("FLEETMEDIC_JOBSET_MANAGER") or str(settings.layout().jobset_manager)
+    if not Path(manager).is_file():
+        raise SystemExit(f"no JobSet controller binary at {manager} (fleetmedic dev build, or set "
+                         "FLEETMEDIC_JOBSET_MANAGER)")
+    fl.install_crds(api, sorted((Path(__file__).resolve().parents[1] / "tests" / "data" / "crds").glob("*.yaml")))
+    workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-jobset-")))
+    stack.enter_context(run_jobset_controller(manager, kubeconfig, workdir))
+    return workdir
 
 
 def main() -> int:
@@ -169,6 +201,7 @@ def main() -> int:
     ap.add_argument("--leaves", type=int, default=8)
     ap.add_argument("--pods", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--kind", choices=["Job", "JobSet"], default="Job")
     ap.add_argument("--free-after", type=float, default=3.0)
     ap.add_argument("--scarce-trials", type=int, default=3)
     ap.add_argument("--replacement-policy", choices=["Failed", "TerminatingOrFailed"], default="Failed",
@@ -182,21 +215,25 @@ def main() -> int:
     if not kubeconfig:
         print("set FLEETMEDIC_KUBECONFIG (fleetmedic dev up)", file=sys.stderr)
         return 2
-    with connect(Path(kubeconfig)) as api:
+    with connect(Path(kubeconfig)) as api, contextlib.ExitStack() as stack:
         topo = fl.Topology(nodes_per_rack=4, racks_per_leaf=per_leaf // 4)
+        controller_dir = jobset_controller(api, Path(kubeconfig), stack) if args.kind == "JobSet" else None
         print(f"fleet: {args.nodes} nodes, {args.leaves} leaves, {per_leaf} nodes/leaf; "
-              f"{args.leaves} jobs of {args.pods} x 8 GPUs (podReplacementPolicy {args.replacement_policy}), "
+              f"{args.leaves} {args.kind}s of {args.pods} x 8 GPUs (podReplacementPolicy {args.replacement_policy}), "
               f"{args.rounds} rounds; a fresh fleet per phase")
-        placed = scenario(api, args.nodes, topo, args.pods, args.rounds, True, args.replacement_policy)
-        base = scenario(api, args.nodes, topo, args.pods, args.rounds, False, args.replacement_policy)
+        placed = scenario(api, args.nodes, topo, args.pods, args.rounds, True, args.replacement_policy, args.kind,
+                          controller_dir)
+        base = scenario(api, args.nodes, topo, args.pods, args.rounds, False, args.replacement_policy, args.kind,
+                        controller_dir)
         n_nodes, t_nodes, n_pods, t_pods = read_cost(api)
         waits = scarce(api, args.free_after, args.scarce_trials)
     f_placed = report("placement", placed)
     f_base = report("baseline", base)
     print(f"leaf locality placement / baseline: {f_placed / f_base:.2f}x" if f_base else
           "leaf locality placement / baseline: baseline kept no replacement in its leaf")
-    print(f"scarce capacity: {len(waits)} waits, capacity freed after {args.free_after:.1f}s, waited p50 "
-          f"{statistics.median(waits):.1f}s max {max(waits):.1f}s")
+    if waits:
+        print(f"scarce capacity: {len(waits)} waits, capacity freed after {args.free_after:.1f}s, waited p50 "
+              f"{statistics.median(waits):.1f}s max {max(waits):.1f}s")
     print(f"cluster reads per restart: list {n_nodes} nodes {t_nodes * 1000:.1f} ms (cached "
           f"placement.node_cache_s), list {n_pods} live pods {t_pods * 1000:.1f} ms")
     return 0 if placed["repeats"] == 0 and placed["failed"] == 0 else 1

@@ -31,10 +31,9 @@ from fleetmedic.executor.capacity import PlacementRestarter
 from fleetmedic.executor.placement import ANNOTATION_PLACEMENT
 from fleetmedic.executor.placement_metrics import PlacementMetrics
 from fleetmedic.executor.workloads_plan import excluded_nodes
+from tests.executor.jobset_support import create_when_served, register_webhooks, unregister_webhooks
 from tests.executor.test_placement_support import leaves_of, set_cordon
 from tests.executor.test_workloads_jobset_controller import (  # noqa: F401  (the fixture and the skip mark)
-    _create_when_served,
-    _register_webhooks,
     jobset_controller,
     pytestmark,
 )
@@ -61,8 +60,7 @@ def _children(api: client.ApiClient, namespace: str) -> list[client.V1Job]:
 def test_a_jobset_restart_prefers_the_surviving_ranks_leaf_through_its_child_jobs(
     kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet], jobset_controller: Path  # noqa: F811
 ) -> None:
-    hooks = _register_webhooks(kube_api, namespace, jobset_controller.parent)
-    reg = client.AdmissionregistrationV1Api(kube_api)
+    hooks = register_webhooks(kube_api, namespace, jobset_controller.parent)
     try:
         fleet = make_fleet(16, nodes_per_rack=2, racks_per_leaf=2)
         leaf_of = leaves_of(kube_api, fleet)
@@ -71,7 +69,7 @@ def test_a_jobset_restart_prefers_the_surviving_ranks_leaf_through_its_child_job
         custom = client.CustomObjectsApi(kube_api)
         set_cordon(kube_api, others, True)  # the JobSet starts in one leaf, with no affinity of its own
         try:
-            wait("the webhook server to answer", lambda: _create_when_served(custom, namespace, _jobset(fleet)))
+            wait("the webhook server to answer", lambda: create_when_served(custom, namespace, _jobset(fleet)))
             before = wait("3 Running pods", lambda: running(kube_api, namespace, SELECTOR, 3), timeout=90)
         finally:
             set_cordon(kube_api, others, False)
@@ -123,20 +121,17 @@ def test_a_jobset_restart_prefers_the_surviving_ranks_leaf_through_its_child_job
         assert js["metadata"]["annotations"]["fleetmedic.io/excluded-nodes"] == suspect
         assert registry.get_sample_value("fleetmedic_executor_placements_total", {"capacity": "sufficient"}) == 1
     finally:
-        for name in hooks:
-            reg.delete_mutating_webhook_configuration(name)
-            reg.delete_validating_webhook_configuration(name)
+        unregister_webhooks(kube_api, hooks)
 
 
 def test_a_jobset_without_healthy_capacity_is_reported_and_not_thrashed(
     kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet], jobset_controller: Path  # noqa: F811
 ) -> None:
-    hooks = _register_webhooks(kube_api, namespace, jobset_controller.parent)
-    reg = client.AdmissionregistrationV1Api(kube_api)
+    hooks = register_webhooks(kube_api, namespace, jobset_controller.parent)
     try:
         fleet = make_fleet(4)
         custom = client.CustomObjectsApi(kube_api)
-        wait("the webhook server to answer", lambda: _create_when_served(custom, namespace, _jobset(fleet, 3)))
+        wait("the webhook server to answer", lambda: create_when_served(custom, namespace, _jobset(fleet, 3)))
         before = wait("4 Running pods", lambda: running(kube_api, namespace, SELECTOR, 4), timeout=90)
         suspect = sorted(p.spec.node_name for p in before)[0]
         quarantine(kube_api, suspect)
@@ -173,6 +168,4 @@ def test_a_jobset_without_healthy_capacity_is_reported_and_not_thrashed(
         assert [p.metadata.uid for p in live_pods(kube_api, namespace, SELECTOR) if not p.spec.node_name] == \
             [pending[0].metadata.uid]
     finally:
-        for name in hooks:
-            reg.delete_mutating_webhook_configuration(name)
-            reg.delete_validating_webhook_configuration(name)
+        unregister_webhooks(kube_api, hooks)

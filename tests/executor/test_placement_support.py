@@ -10,11 +10,13 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from kubernetes import client, watch
 
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.executor.capacity import PlacementRestarter
+from tests.executor.jobset_support import create_when_served
 from tests.executor.test_workloads_support import gpu_job, live_pods, quarantine, wait
 
 
@@ -32,14 +34,16 @@ def set_cordon(api: client.ApiClient, nodes: Sequence[str], cordoned: bool) -> N
 
 def start_one_job_per_leaf(api: client.ApiClient, namespace: str, fleet: fl.Fleet, pods: int,
                            leaves: Sequence[str] | None = None,
-                           replacement_policy: str | None = "Failed") -> dict[str, str]:
+                           replacement_policy: str | None = "Failed", kind: str = "Job") -> dict[str, str]:
     """A ``pods`` x 8-GPU Job named ``job-<i>`` in each leaf (each started while only its leaf is
     schedulable, so it starts there without any affinity of its own); returns job -> leaf. The
     fleet is left uncordoned. ``podReplacementPolicy: Failed`` (default here): the Job controller
-    creates replacements once the old pods are gone, so their GPUs are free for them."""
+    creates replacements once the old pods are gone, so their GPUs are free for them. With
+    ``kind="JobSet"``, a JobSet (a JobSet controller must run) of one leader and ``pods - 1``
+    workers, each a 1-pod child Job; its pods carry ``app=job-<i>`` too."""
     leaf_of = leaves_of(api, fleet)
     wanted = sorted(set(leaf_of.values())) if leaves is None else list(leaves)
-    batch = client.BatchV1Api(api)
+    batch, custom = client.BatchV1Api(api), client.CustomObjectsApi(api)
     jobs: dict[str, str] = {}
     set_cordon(api, list(leaf_of), True)
     try:
@@ -50,13 +54,30 @@ def start_one_job_per_leaf(api: client.ApiClient, namespace: str, fleet: fl.Flee
             manifest = gpu_job(name, fleet, pods)
             if replacement_policy:
                 manifest["spec"]["podReplacementPolicy"] = replacement_policy
-            batch.create_namespaced_job(namespace, client.V1Job.from_dict(manifest))
+            if kind == "JobSet":
+                body = jobset_manifest(name, fleet, pods, replacement_policy)
+                wait(f"{name}: created", lambda b=body: create_when_served(custom, namespace, b), 60)
+            else:
+                batch.create_namespaced_job(namespace, client.V1Job.from_dict(manifest))
             wait(f"{name}: {pods} Running pods", lambda n=name: _running(api, namespace, n, pods), 90)
             set_cordon(api, members, True)
             jobs[name] = leaf
     finally:
         set_cordon(api, list(leaf_of), False)
     return jobs
+
+
+def jobset_manifest(name: str, fleet: fl.Fleet, pods: int, replacement_policy: str | None) -> dict[str, Any]:
+    """A JobSet ``name``: replicated jobs ``leader`` (1) and ``workers`` (``pods - 1``), 1 pod each."""
+    def rjob(rname: str, replicas: int) -> dict[str, Any]:
+        job = gpu_job(name, fleet, 1)["spec"]
+        job["backoffLimit"] = 0
+        if replacement_policy:
+            job["podReplacementPolicy"] = replacement_policy
+        return {"name": rname, "replicas": replicas, "template": {"spec": job}}
+
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": name},
+            "spec": {"replicatedJobs": [rjob("leader", 1), rjob("workers", pods - 1)]}}
 
 
 def _running(api: client.ApiClient, namespace: str, name: str, count: int,

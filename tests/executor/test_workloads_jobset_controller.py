@@ -15,21 +15,18 @@ the patched template, and no replacement pod is bound to the quarantined node.
 
 from __future__ import annotations
 
-import base64
-import os
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client import ApiException
 
 from fleetmedic.devenv import fleet as fl
-from fleetmedic.devenv import proc, settings
+from fleetmedic.devenv import settings
 from fleetmedic.executor.workloads import restart_workload
 from fleetmedic.executor.workloads_plan import excluded_nodes
+from tests.executor.jobset_support import create_when_served, register_webhooks
+from tests.executor.jobset_support import jobset_controller as run_jobset_controller
 from tests.executor.test_workloads_support import (
     TOLERATE_ALL,
     BindingWatch,
@@ -50,32 +47,8 @@ WEBHOOK_DEFAULTS = {"successPolicy": {"operator": "All"}, "startupPolicy": {"sta
 
 @pytest.fixture
 def jobset_controller(kube_config: Path, crds: list[str], tmp_path: Path) -> Iterator[Path]:
-    certs = tmp_path / "certs"
-    certs.mkdir()
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=jobset",
-                    "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(certs / "tls.key"), "-out", str(certs / "tls.crt")],
-                   check=True, capture_output=True)
-    webhook, health = proc.free_ports(2)
-    (tmp_path / "webhook-port").write_text(str(webhook))
-    config = tmp_path / "jobset.yaml"
-    config.write_text(f"""apiVersion: config.jobset.x-k8s.io/v1alpha1
-kind: Configuration
-internalCertManagement: {{enable: false}}
-webhook: {{port: {webhook}, host: 127.0.0.1, certDir: {certs}}}
-metrics: {{bindAddress: "0"}}
-health: {{healthProbeBindAddress: "127.0.0.1:{health}"}}
-leaderElection: {{leaderElect: false}}
-""")
-    log = tmp_path / "jobset-controller.log"
-    with log.open("wb") as out:
-        manager = subprocess.Popen([MANAGER, f"--config={config}"], stdout=out, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "KUBECONFIG": str(kube_config)})
-    try:
+    with run_jobset_controller(MANAGER, kube_config, tmp_path) as log:
         yield log
-    finally:
-        manager.terminate()
-        manager.wait(timeout=10)
 
 
 def test_real_jobset_controller_recreates_child_jobs_from_the_patched_template(
@@ -110,25 +83,8 @@ def test_real_jobset_controller_recreates_child_jobs_from_the_patched_template(
         assert excluded_nodes(affinity) == {suspect}, jobset_controller.read_text()[-2000:]
 
 
-def _register_webhooks(api: client.ApiClient, namespace: str, controller_dir: Path) -> list[str]:
-    """The controller's JobSet defaulting and validating webhooks, as its manifests register them,
-    but by URL (it runs out of cluster) and for the test namespace only."""
-    port = (controller_dir / "webhook-port").read_text()
-    ca = base64.b64encode((controller_dir / "certs" / "tls.crt").read_bytes()).decode()
-    reg = client.AdmissionregistrationV1Api(api)
-    common = {"sideEffects": "None", "admissionReviewVersions": ["v1"], "failurePolicy": "Fail", "timeoutSeconds": 10,
-              "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}
-    rule = {"apiGroups": ["jobset.x-k8s.io"], "apiVersions": ["v1alpha2"], "resources": ["jobsets"]}
-    name = f"fleetmedic-test-{namespace}"
-    reg.create_mutating_webhook_configuration(client.V1MutatingWebhookConfiguration.from_dict({
-        "metadata": {"name": name}, "webhooks": [{**common, "name": "mjobset.kb.io", "rules": [
-            {**rule, "operations": ["CREATE"]}], "clientConfig": {
-            "url": f"https://127.0.0.1:{port}/mutate-jobset-x-k8s-io-v1alpha2-jobset", "caBundle": ca}}]}))
-    reg.create_validating_webhook_configuration(client.V1ValidatingWebhookConfiguration.from_dict({
-        "metadata": {"name": name}, "webhooks": [{**common, "name": "vjobset.kb.io", "rules": [
-            {**rule, "operations": ["CREATE", "UPDATE"]}], "clientConfig": {
-            "url": f"https://127.0.0.1:{port}/validate-jobset-x-k8s-io-v1alpha2-jobset", "caBundle": ca}}]}))
-    return [name]
+_register_webhooks = register_webhooks  # the names other JobSet tests import
+_create_when_served = create_when_served
 
 
 def test_with_the_real_jobset_webhooks_the_exclusion_goes_onto_the_suspended_child_jobs(
@@ -171,12 +127,3 @@ def test_with_the_real_jobset_webhooks_the_exclusion_goes_onto_the_suspended_chi
         for name in names:
             reg.delete_mutating_webhook_configuration(name)
             reg.delete_validating_webhook_configuration(name)
-
-
-def _create_when_served(custom: client.CustomObjectsApi, namespace: str, manifest: dict[str, Any]) -> Any:
-    try:
-        return custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", manifest)
-    except ApiException as exc:
-        if exc.status >= 500:  # the webhook server is not listening yet
-            return None
-        raise
