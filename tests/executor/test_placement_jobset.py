@@ -77,7 +77,8 @@ def test_a_jobset_restart_prefers_the_surviving_ranks_leaf_through_its_child_job
         suspect = sorted(p.spec.node_name for p in before)[0]
         quarantine(kube_api, suspect)
         registry = CollectorRegistry()
-        restarter = PlacementRestarter(kube_api, Settings(placement=PlacementSettings()), PlacementMetrics(registry))
+        settings = Settings(placement=PlacementSettings(node_cache_s=0.0))  # sees the repair below at once
+        restarter = PlacementRestarter(kube_api, settings, PlacementMetrics(registry))
         versions = {j.metadata.name: j.metadata.resource_version for j in _children(kube_api, namespace)}
         js_version = custom.get_namespaced_custom_object(JS_GROUP, JS_VERSION, namespace, "jobsets", "placed")[
             "metadata"]["resourceVersion"]
@@ -120,6 +121,29 @@ def test_a_jobset_restart_prefers_the_surviving_ranks_leaf_through_its_child_job
         assert ANNOTATION_PLACEMENT in js["metadata"]["annotations"]
         assert js["metadata"]["annotations"]["fleetmedic.io/excluded-nodes"] == suspect
         assert registry.get_sample_value("fleetmedic_executor_placements_total", {"capacity": "sufficient"}) == 1
+
+        # the suspect is repaired and returned; another rank's node fails: its exclusion is lifted, the
+        # new suspect excluded, and the terms replaced, not piled up, on the same child Jobs
+        core = client.CoreV1Api(kube_api)
+        core.patch_node(suspect, {"spec": {"unschedulable": False, "taints": [
+            t.to_dict() for t in core.read_node(suspect).spec.taints or [] if t.key != "fleetmedic.io/quarantine"]}})
+        second = nodes_after[0]
+        quarantine(kube_api, second)
+        again = restarter.restart(f"{namespace}/placed", action="restart_job", exclude_nodes=[second],
+                                  params={"command_id": "c-2"}, dry_run=False, actor="t")
+
+        assert again.outcome == "applied", again.reason
+        assert again.details["mechanism"] == "suspend_patch_children", again.details
+        assert again.details.get("exclusion_released") == suspect, again.details
+        final = wait("3 replacement pods Running", lambda: running(kube_api, namespace, SELECTOR, 3,
+                                                                   {p.metadata.uid for p in after}), timeout=120)
+        assert second not in {p.spec.node_name for p in final}
+        assert {leaf_of[p.spec.node_name] for p in final} == {leaf}
+        for job in _children(kube_api, namespace):
+            spec = job.spec.template.spec
+            assert excluded_nodes(kube_api.sanitize_for_serialization(spec.affinity)) == {second}, job.metadata.name
+            prefs = spec.affinity.node_affinity.preferred_during_scheduling_ignored_during_execution
+            assert len(prefs) == 3, job.metadata.name
     finally:
         unregister_webhooks(kube_api, hooks)
 

@@ -83,14 +83,10 @@ def test_real_jobset_controller_recreates_child_jobs_from_the_patched_template(
         assert excluded_nodes(affinity) == {suspect}, jobset_controller.read_text()[-2000:]
 
 
-_register_webhooks = register_webhooks  # the names other JobSet tests import
-_create_when_served = create_when_served
-
-
 def test_with_the_real_jobset_webhooks_the_exclusion_goes_onto_the_suspended_child_jobs(
     kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet], jobset_controller: Path
 ) -> None:
-    names = _register_webhooks(kube_api, namespace, jobset_controller.parent)
+    names = register_webhooks(kube_api, namespace, jobset_controller.parent)
     reg = client.AdmissionregistrationV1Api(kube_api)
     try:
         fleet = make_fleet(6)
@@ -99,7 +95,7 @@ def test_with_the_real_jobset_webhooks_the_exclusion_goes_onto_the_suspended_chi
                     "spec": {"replicatedJobs": [{"name": "workers", "replicas": 4, "template": {"spec": {
                         "parallelism": 1, "completions": 1, "backoffLimit": 0,
                         "template": {"spec": pod_spec(fleet, TOLERATE_ALL, restart_policy="OnFailure")}}}}]}}
-        created = wait("the webhook server to answer", lambda: _create_when_served(custom, namespace, manifest))
+        created = wait("the webhook server to answer", lambda: create_when_served(custom, namespace, manifest))
         assert created["spec"]["network"]["enableDNSHostnames"] is True  # defaulted by the real webhook
         selector = f"{JS}/jobset-name=hooked"
         before = wait("4 Running pods", lambda: running(kube_api, namespace, selector, 4), timeout=90)
