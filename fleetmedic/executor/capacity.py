@@ -6,8 +6,9 @@
 1. A workload whose replacement pods are already waiting (unscheduled) with every excluded node
    kept off (for a JobSet: by its child Jobs' pod templates) is not restarted again (``skipped``):
    that would only recreate pending pods.
-2. A Kueue-managed Job (``kueue.x-k8s.io/queue-name`` and a Workload object, CRD present) is
-   requeued through its Workload (:mod:`.kueue`).
+2. A Kueue-managed Job or JobSet (``kueue.x-k8s.io/queue-name`` and a Workload object, CRD
+   present) is requeued through its Workload (:mod:`.kueue`; a JobSet's placement goes onto its
+   suspended child Jobs).
 3. Otherwise the workload's restart plan is adjusted before anything is written: the excluded nodes
    are re-read from the API server and any the pods could still land on (not cordoned, no taint
    they do not tolerate) get the required ``hostname NotIn`` (so the isolation is in the same
@@ -104,15 +105,6 @@ class PlacementRestarter:
         if waiting is not None:
             return waiting
         seen: dict[str, Any] = {}
-        if cfg.kueue == "auto":
-            from fleetmedic.executor import kueue
-
-            queued = kueue.requeue_if_managed(self.api, job, action=action, exclude_nodes=exclude_nodes,
-                                              params=params, dry_run=dry_run, actor=actor,
-                                              adjust=lambda k, o, p, plan: self._adjust(k, o, p, plan, exclude_nodes,
-                                                                                        params, seen))
-            if queued is not None:
-                return dataclasses.replace(queued, details={**queued.details, **seen.get("details", {})})
 
         def adjust(kind: WorkloadKind, obj: dict[str, Any], pods: list[client.V1Pod], plan: RestartPlan) -> RestartPlan:
             return self._adjust(kind, obj, pods, plan, exclude_nodes, params, seen)
@@ -120,6 +112,15 @@ class PlacementRestarter:
         def adjust_child(child: dict[str, Any], ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
             recipe: pm.Recipe | None = seen.get("recipe")
             return pm.child_job_ops(child, ops, recipe) if recipe is not None else ops
+
+        if cfg.kueue == "auto":  # a Kueue-managed Job or JobSet: through its Workload (kueue.py)
+            from fleetmedic.executor import kueue
+
+            queued = kueue.requeue_if_managed(self.api, job, action=action, exclude_nodes=exclude_nodes,
+                                              params=params, dry_run=dry_run, actor=actor, adjust=adjust,
+                                              adjust_child=adjust_child)
+            if queued is not None:
+                return dataclasses.replace(queued, details={**queued.details, **seen.get("details", {})})
 
         out = wl.restart_workload(self.api, job, action=action, exclude_nodes=exclude_nodes, params=params,
                                   dry_run=dry_run, actor=actor, adjust_plan=adjust, adjust_child=adjust_child)

@@ -55,7 +55,7 @@ def suspend_and_patch_children(api: client.ApiClient, plan: RestartPlan, obj: Ma
                                                         *marker], if_version=str(meta.get("resourceVersion")))
         annotations[ANNOTATION_IN_PROGRESS] = plan.summary
     uid = str(meta.get("uid"))
-    wait_for(lambda: _all_suspended(_children(api, plan, uid)), timeout,
+    wait_for(lambda: all_suspended(_children(api, plan, uid)), timeout,
              f"JobSet {plan.namespace}/{plan.name}: its child Jobs were not suspended")
     patched = 0
     for child in _children(api, plan, uid):
@@ -84,7 +84,9 @@ def child_jobs(api: client.ApiClient, namespace: str, name: str, uid: str) -> li
             and any(r.get("uid") == uid for r in j["metadata"].get("ownerReferences") or [])]
 
 
-def _all_suspended(children: list[dict[str, Any]]) -> bool:
+def all_suspended(children: list[dict[str, Any]]) -> bool:
+    """Every child Job is suspended, has no active pod, and its start time is cleared (so batch/v1
+    lets its pod template's scheduling directives change)."""
     return bool(children) and all(
         (j.get("spec") or {}).get("suspend") and not (j.get("status") or {}).get("active")
         and not (j.get("status") or {}).get("startTime") for j in children)

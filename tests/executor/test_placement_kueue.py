@@ -28,16 +28,38 @@ import pytest
 import yaml
 from kubernetes import client
 
-from fleetmedic.config import Settings
+from fleetmedic.config import PlacementSettings, Settings
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv import proc, settings
 from fleetmedic.executor import kueue
 from fleetmedic.executor.capacity import PlacementRestarter
 from fleetmedic.executor.workloads_plan import excluded_nodes
-from tests.executor.test_workloads_support import GPUS, gpu_job, live_pods, quarantine, real_controller, running, wait
+from tests.executor.jobset_support import (
+    JS_GROUP,
+    JS_VERSION,
+    create_when_served,
+    register_webhooks,
+    unregister_webhooks,
+)
+from tests.executor.jobset_support import jobset_controller as run_jobset_controller
+from tests.executor.test_workloads_support import (
+    GPUS,
+    gpu_job,
+    live_pods,
+    pod_spec,
+    quarantine,
+    real_controller,
+    running,
+    wait,
+)
 
 KUEUE, pytestmark = real_controller("FLEETMEDIC_KUEUE", settings.layout().kueue_manager, "Kueue manager")
+JOBSET_MANAGER, JOBSET_MARKS = real_controller("FLEETMEDIC_JOBSET_MANAGER", settings.layout().jobset_manager,
+                                               "JobSet controller")
 METRICS_CERTS = Path("/etc/kueue/metrics/certs")  # fixed in Kueue's main when its cert management is off
+FLAVOR_LABELS = {fl.LABEL_POOL: "h100"}  # every fleet's pool (make_fleet's default)
+FLAVOR_TOLERATION = {"key": "example.com/flavor", "operator": "Exists", "effect": "NoSchedule"}
+JS_SELECTOR = "jobset.sigs.k8s.io/jobset-name=queued"
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +101,14 @@ def _self_signed(directory: Path) -> None:
 
 @pytest.fixture
 def kueue_queue(kube_api: client.ApiClient, namespace: str, kueue_crds: str) -> Iterator[str]:
-    """A ResourceFlavor, a ClusterQueue with 64 GPUs of quota for the namespace, and its LocalQueue."""
+    """A ResourceFlavor (node label and toleration, which Kueue writes into the pod templates on
+    admission), a ClusterQueue with 64 GPUs of quota for the namespace, and its LocalQueue."""
     custom = client.CustomObjectsApi(kube_api)
     g, v = kueue.GROUP, kueue_crds
     flavor, cq = f"{namespace}-flavor", f"{namespace}-cq"
     custom.create_cluster_custom_object(g, v, "resourceflavors", {
-        "apiVersion": f"{g}/{v}", "kind": "ResourceFlavor", "metadata": {"name": flavor}})
+        "apiVersion": f"{g}/{v}", "kind": "ResourceFlavor", "metadata": {"name": flavor},
+        "spec": {"nodeLabels": FLAVOR_LABELS, "tolerations": [FLAVOR_TOLERATION]}})
     custom.create_cluster_custom_object(g, v, "clusterqueues", {
         "apiVersion": f"{g}/{v}", "kind": "ClusterQueue", "metadata": {"name": cq},
         "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
@@ -114,8 +138,10 @@ class Manager:
 
 
 @pytest.fixture
-def kueue_manager(kube_config: Path, namespace: str, kueue_queue: str, tmp_path: Path) -> Iterator[Manager]:
-    """The real Kueue controller manager, managing batch Jobs of the test's namespace."""
+def kueue_manager(kube_config: Path, namespace: str, kueue_queue: str, crds: list[str],
+                  tmp_path: Path) -> Iterator[Manager]:
+    """The real Kueue controller manager, managing batch Jobs and JobSets (its integrations need
+    their CRDs at start) of the test's namespace."""
     _self_signed(METRICS_CERTS)
     _self_signed(tmp_path / "webhook-certs")
     metrics, health, webhook, visibility = proc.free_ports(4)
@@ -130,7 +156,7 @@ def kueue_manager(kube_config: Path, namespace: str, kueue_queue: str, tmp_path:
         "internalCertManagement": {"enable": False},
         "manageJobsWithoutQueueName": False,
         "managedJobsNamespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-        "integrations": {"frameworks": ["batch/job"]},
+        "integrations": {"frameworks": ["batch/job", "jobset.x-k8s.io/jobset"]},
     }))
     log = tmp_path / "kueue.log"
     with log.open("wb") as out:
@@ -254,3 +280,191 @@ def test_a_queue_label_without_a_workload_restarts_the_ordinary_way(
                                                            exclude_nodes=[suspect], params={}, dry_run=False,
                                                            actor="t")
     assert out.outcome == "applied" and out.details["mechanism"] == "suspend_resume", out.reason
+
+
+# --- JobSets ---------------------------------------------------------------------------------------
+
+
+def _needs_jobset_controller(test: Callable[..., None]) -> Callable[..., None]:
+    for mark in JOBSET_MARKS:
+        test = mark(test)
+    return test
+
+
+@pytest.fixture
+def js_controller(kube_api: client.ApiClient, kube_config: Path, crds: list[str], namespace: str,
+                  tmp_path: Path) -> Iterator[Path]:
+    """The real JobSet controller with its webhooks registered for the test's namespace."""
+    with run_jobset_controller(JOBSET_MANAGER, kube_config, tmp_path / "jobset") as log:
+        hooks = register_webhooks(kube_api, namespace, log.parent)
+        try:
+            yield log
+        finally:
+            unregister_webhooks(kube_api, hooks)
+
+
+def _queued_jobset(api: client.ApiClient, namespace: str, fleet: fl.Fleet, *, suspend: bool) -> str:
+    """A JobSet of a leader and one worker (1 pod x 8 GPUs each) in LocalQueue team-a; suspended as
+    Kueue's JobSet webhook leaves a queued one (that webhook is not registered here)."""
+    def rjob(name: str) -> dict[str, Any]:
+        return {"name": name, "replicas": 1, "template": {"spec": {
+            "parallelism": 1, "completions": 1, "backoffLimit": 0,
+            "template": {"spec": pod_spec(fleet, restart_policy="OnFailure")}}}}
+
+    manifest = {"apiVersion": f"{JS_GROUP}/{JS_VERSION}", "kind": "JobSet",
+                "metadata": {"name": "queued", "labels": {kueue.QUEUE_LABEL: "team-a"}},
+                "spec": {"suspend": suspend, "replicatedJobs": [rjob("leader"), rjob("workers")]}}
+    custom = client.CustomObjectsApi(api)
+    created = wait("the JobSet webhook server to answer", lambda: create_when_served(custom, namespace, manifest))
+    return str(created["metadata"]["uid"])
+
+
+def _child_specs(api: client.ApiClient, namespace: str) -> dict[str, dict[str, Any]]:
+    jobs = client.BatchV1Api(api).list_namespaced_job(namespace, label_selector=JS_SELECTOR).items
+    return {j.metadata.name: api.sanitize_for_serialization(j.spec.template.spec) for j in jobs}
+
+
+@_needs_jobset_controller
+def test_without_a_kueue_controller_a_jobset_is_left_active_and_untouched(
+    kube_api: client.ApiClient, namespace: str, fleet4: fl.Fleet, kueue_crds: str, js_controller: Path
+) -> None:
+    """Detection of a JobSet's Workload, dry run, and the timeout path, with the real JobSet
+    controller and Kueue's CRDs but no Kueue controller: the test writes the Workload."""
+    uid = _queued_jobset(kube_api, namespace, fleet4, suspend=False)
+    before = wait("2 Running pods", lambda: running(kube_api, namespace, JS_SELECTOR, 2), timeout=90)
+    pod_template = {"spec": {"containers": [{"name": "trainer", "image": "example.invalid/trainer:1",
+                                             "resources": {"requests": GPUS}}]}}
+    client.CustomObjectsApi(kube_api).create_namespaced_custom_object(kueue.GROUP, kueue_crds, namespace, "workloads", {
+        "apiVersion": f"{kueue.GROUP}/{kueue_crds}", "kind": "Workload",
+        "metadata": {"name": "jobset-queued-1a2b3", "ownerReferences": [
+            {"apiVersion": f"{JS_GROUP}/{JS_VERSION}", "kind": "JobSet", "name": "queued", "uid": uid,
+             "controller": True, "blockOwnerDeletion": True}]},
+        "spec": {"active": True, "queueName": "team-a", "podSets": [
+            {"name": n, "count": 1, "template": pod_template} for n in ("leader", "workers")]}})
+    suspect = before[0].spec.node_name
+    quarantine(kube_api, suspect)
+    children = _child_specs(kube_api, namespace)
+    restarter = PlacementRestarter(kube_api, Settings())
+
+    # named by one of its child Jobs: resolves to the JobSet
+    child = next(iter(children))
+    dry = restarter.restart(f"{namespace}/{child}", action="restart_job", exclude_nodes=[suspect], params={},
+                            dry_run=True, actor="t")
+    assert dry.outcome == "skipped" and "through Kueue Workload" in dry.reason and "child Jobs" in dry.reason
+    assert dry.details["kind"] == "JobSet" and dry.details["kueue_workload"] == f"{namespace}/jobset-queued-1a2b3"
+
+    out = restarter.restart(f"{namespace}/queued", action="restart_job", exclude_nodes=[suspect],
+                            params={"timeout_s": "2"}, dry_run=False, actor="t")
+    assert out.outcome == "failed" and "Kueue did not evict" in out.reason and "set active again" in out.reason
+    w = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(kueue.GROUP, kueue_crds, namespace,
+                                                                      "workloads", "jobset-queued-1a2b3")
+    assert w["spec"]["active"] is True and "fleetmedic.io/restart-in-progress" not in (
+        w["metadata"].get("annotations") or {})
+    js = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(JS_GROUP, JS_VERSION, namespace, "jobsets",
+                                                                       "queued")
+    assert not js["spec"].get("suspend")
+    assert _child_specs(kube_api, namespace) == children
+    assert {p.metadata.uid for p in live_pods(kube_api, namespace, JS_SELECTOR)} == {p.metadata.uid for p in before}
+
+
+@_needs_jobset_controller
+def test_real_kueue_requeues_a_jobset_with_the_placement_on_its_child_jobs(
+    kube_api: client.ApiClient, namespace: str, fleet4: fl.Fleet, kueue_crds: str, js_controller: Path,
+    kueue_manager: Manager
+) -> None:
+    """Real Kueue (jobset integration) + real JobSet controller and webhooks: the restart goes
+    through the Workload, the placement is on the suspended child Jobs, and it survives Kueue's
+    readmission, which writes the flavor's nodeSelector and toleration into the JobSet's templates
+    (merged into the children by the JobSet controller)."""
+    uid = _queued_jobset(kube_api, namespace, fleet4, suspend=True)
+    pods = wait("Kueue admits the JobSet: 2 Running pods",
+                lambda: kueue_manager.alive() and running(kube_api, namespace, JS_SELECTOR, 2), timeout=120)
+    first = _workload(kube_api, kueue_crds, namespace, uid)
+    assert first is not None and _conditions(first).get("Admitted", ("",))[0] == "True", kueue_manager.tail()
+    suspect = pods[0].spec.node_name
+    quarantine(kube_api, suspect)
+    standby = {"key": "fleetmedic.io/standby", "operator": "Exists", "effect": "NoSchedule"}
+    settings_ = Settings(placement=PlacementSettings(standby_label="fleetmedic.io/standby"))  # + its toleration
+
+    out = PlacementRestarter(kube_api, settings_).restart(f"{namespace}/queued", action="restart_job",
+                                                          exclude_nodes=[suspect], params={"timeout_s": "60"},
+                                                          dry_run=False, actor="t")
+
+    assert out.outcome == "applied", (out.reason, kueue_manager.tail())
+    assert out.details["mechanism"] == "kueue_workload" and out.details["kind"] == "JobSet", out.details
+    assert out.details["children_patched"] == "2" and out.details["capacity"] == "sufficient", out.details
+    after = wait("Kueue admits the JobSet again: 2 new Running pods",
+                 lambda: kueue_manager.alive() and running(kube_api, namespace, JS_SELECTOR, 2,
+                                                           {p.metadata.uid for p in pods}), timeout=120)
+    assert suspect not in {p.spec.node_name for p in after}
+    # the placement survived the readmission on the child Jobs, next to what Kueue merged in
+    specs = _child_specs(kube_api, namespace)
+    assert len(specs) == 2
+    for name, spec in specs.items():
+        assert excluded_nodes(spec.get("affinity")) == {suspect}, (name, spec.get("affinity"))
+        assert spec["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"], name
+        assert spec["nodeSelector"] == {fl.LABEL_FLEET: fleet4.name, **FLAVOR_LABELS}, name
+        assert FLAVOR_TOLERATION in spec["tolerations"] and standby in spec["tolerations"], name
+    for p in after:  # the pods were created from them
+        assert excluded_nodes(kube_api.sanitize_for_serialization(p.spec.affinity)) == {suspect}
+        assert {t.key for t in p.spec.tolerations} >= {standby["key"], FLAVOR_TOLERATION["key"]}
+    js = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(JS_GROUP, JS_VERSION, namespace, "jobsets",
+                                                                       "queued")
+    assert not js["spec"].get("suspend") and js["metadata"]["annotations"]["fleetmedic.io/excluded-nodes"] == suspect
+    for rjob in js["spec"]["replicatedJobs"]:  # Kueue's admission is on the template, fleetmedic's is not
+        template = rjob["template"]["spec"]["template"]["spec"]
+        assert template["nodeSelector"] == {fl.LABEL_FLEET: fleet4.name, **FLAVOR_LABELS}
+        assert not template.get("affinity")
+    now = _workload(kube_api, kueue_crds, namespace, uid)
+    assert now is not None and now["spec"].get("active", True) is True
+    assert _conditions(now).get("Admitted", ("",))[0] == "True"
+    assert "fleetmedic.io/restart-in-progress" not in (now["metadata"].get("annotations") or {})
+    # Kueue evicted the Workload fleetmedic deactivated and stopped the JobSet, then admitted the
+    # same Workload again, its pod sets untouched (a template change would have made Kueue update it)
+    events = client.CoreV1Api(kube_api).list_namespaced_event(namespace).items
+    seen = {(e.involved_object.kind, e.reason) for e in events}
+    assert {("Workload", "EvictedDueToDeactivated"), ("JobSet", "Stopped"), ("JobSet", "Started")} <= seen, seen
+    assert ("JobSet", "UpdatedWorkload") not in seen, seen
+    assert sum(1 for e in events if e.reason == "CreatedWorkload" and e.involved_object.kind == "JobSet") == 1
+    assert now["metadata"]["uid"] == first["metadata"]["uid"] and now["spec"]["podSets"] == first["spec"]["podSets"]
+
+
+def test_a_workload_deactivated_by_someone_else_is_left_alone_and_fleetmedics_own_is_finished(
+    kube_api: client.ApiClient, namespace: str, fleet4: fl.Fleet, kueue_crds: str, kueue_manager: Manager
+) -> None:
+    """A Workload someone else deactivated is not touched; one carrying fleetmedic's marker (an
+    executor died between deactivating and reactivating it) is finished by the next restart."""
+    uid = _queued_job(kube_api, namespace, fleet4, "queued", suspend=True)
+    pods = wait("Kueue admits the Job: 2 Running pods",
+                lambda: kueue_manager.alive() and running(kube_api, namespace, "app=queued", 2), timeout=90)
+    workload = _workload(kube_api, kueue_crds, namespace, uid)
+    assert workload is not None
+    wname = workload["metadata"]["name"]
+    suspect = pods[0].spec.node_name
+    quarantine(kube_api, suspect)
+    custom = client.CustomObjectsApi(kube_api)
+    custom.patch_namespaced_custom_object(kueue.GROUP, kueue_crds, namespace, "workloads", wname,
+                                          {"spec": {"active": False}}, _content_type=kueue.MERGE_PATCH)
+    restarter = PlacementRestarter(kube_api, Settings())
+
+    other = restarter.restart(f"{namespace}/queued", action="restart_job", exclude_nodes=[suspect],
+                              params={"timeout_s": "60"}, dry_run=False, actor="t")
+
+    assert other.outcome == "skipped" and "deactivated by someone else" in other.reason, other.reason
+    w = custom.get_namespaced_custom_object(kueue.GROUP, kueue_crds, namespace, "workloads", wname)
+    assert w["spec"]["active"] is False
+
+    custom.patch_namespaced_custom_object(kueue.GROUP, kueue_crds, namespace, "workloads", wname, {
+        "metadata": {"annotations": {"fleetmedic.io/restart-in-progress": "requeue Job"}}},
+        _content_type=kueue.MERGE_PATCH)  # as an executor that died after deactivating it leaves it
+    out = restarter.restart(f"{namespace}/queued", action="restart_job", exclude_nodes=[suspect],
+                            params={"timeout_s": "60"}, dry_run=False, actor="t")
+
+    assert out.outcome == "applied", (out.reason, kueue_manager.tail())
+    w = custom.get_namespaced_custom_object(kueue.GROUP, kueue_crds, namespace, "workloads", wname)
+    assert w["spec"]["active"] is True and "fleetmedic.io/restart-in-progress" not in (
+        w["metadata"].get("annotations") or {})
+    after = wait("Kueue admits the Job again: 2 new Running pods",
+                 lambda: kueue_manager.alive() and running(kube_api, namespace, "app=queued", 2,
+                                                           {p.metadata.uid for p in pods}), timeout=90)
+    assert suspect not in {p.spec.node_name for p in after}
