@@ -1,18 +1,28 @@
-"""restart_job on a Kueue-managed Job goes through its Kueue Workload (fleetmedic.executor.kueue),
-against **Kueue's own CRDs and the real Kueue controller manager** (sigs.k8s.io/kueue, built from
-the Go module proxy by ``fleetmedic dev build``), run out of cluster against the test cluster.
+"""restart_job on a Kueue-managed Job or JobSet goes through its Kueue Workload
+(fleetmedic.executor.kueue), against **Kueue's own CRDs and the real Kueue controller manager**
+(sigs.k8s.io/kueue, built from the Go module proxy by ``fleetmedic dev build``), run out of cluster
+against the test cluster; the JobSet tests also run the **real JobSet controller** (v0.12.0) with
+its webhooks registered for the test's namespace (tests/executor/jobset_support.py).
 
-Kueue runs with its ``batch/job`` integration for the test's namespace only, no leader election, its
-certificate management off (self-signed certificates written for its webhook and metrics servers)
-and no webhook configurations registered: the API server never calls Kueue's webhooks, so the tests
-create their Jobs suspended with the queue-name label, as Kueue's mutating webhook would leave them.
-Everything else is Kueue's: it creates the Workload, admits it against the ClusterQueue's quota,
-un-suspends the Job, and on ``spec.active: false`` evicts the Workload and suspends the Job.
+Kueue runs with its ``batch/job`` and ``jobset.x-k8s.io/jobset`` integrations for the test's
+namespace only, no leader election, its certificate management off (self-signed certificates
+written for its webhook and metrics servers) and no webhook configurations registered: the API
+server never calls Kueue's webhooks, so the tests create their Jobs and JobSets suspended with the
+queue-name label, as Kueue's mutating webhooks would leave them. Everything else is Kueue's: it
+creates the Workload, admits it against the ClusterQueue's quota (its flavor's node label and
+toleration go into the pod templates), un-suspends the workload, and on ``spec.active: false``
+evicts the Workload and suspends the workload.
 
-Proves: detection and dry run; that with no Kueue controller running nothing is left inactive; and
-with the real controller, that the restart deactivates the Workload, Kueue evicts it and suspends
-the Job, the placement (exclusion of the suspect, preference toward the surviving ranks) is written
-while suspended, and Kueue admits the Job again, whose new pods avoid the suspect.
+Proves: detection and dry run; that with no Kueue controller running nothing is left inactive
+(Job and JobSet); with the real controller, that the restart deactivates the Workload, Kueue evicts
+it and suspends the Job, the placement (exclusion of the suspect, preference toward the surviving
+ranks) is written while suspended, and Kueue admits the same Job again, whose new pods avoid the
+suspect; for a JobSet, that the placement goes onto its suspended child Jobs and survives Kueue's
+readmission (which rewrites the JobSet's templates) next to the flavor's nodeSelector and
+toleration, while the Workload's pod sets stay as they were (same Workload, no update); that a
+Workload someone else deactivated is left alone and one fleetmedic left inactive is finished.
+Routing the JobSet around Kueue (checked) fails both JobSet tests: the dry run names no Workload,
+and the restart times out because Kueue keeps the child Jobs running.
 """
 
 from __future__ import annotations
