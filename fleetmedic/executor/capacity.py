@@ -119,8 +119,11 @@ class PlacementRestarter:
             queued = kueue.requeue_if_managed(self.api, job, action=action, exclude_nodes=exclude_nodes,
                                               params=params, dry_run=dry_run, actor=actor, adjust=adjust,
                                               adjust_child=adjust_child)
-            if queued is not None:
-                return dataclasses.replace(queued, details={**queued.details, **seen.get("details", {})})
+            if queued is not None:  # Kueue keeps it queued with its priority: no capacity wait of ours
+                details = {**queued.details, **seen.get("details", {})}
+                if queued.outcome == "applied" and self.metrics and "capacity" in details:
+                    self.metrics.placements.labels(capacity=details["capacity"]).inc()
+                return dataclasses.replace(queued, details=details)
 
         out = wl.restart_workload(self.api, job, action=action, exclude_nodes=exclude_nodes, params=params,
                                   dry_run=dry_run, actor=actor, adjust_plan=adjust, adjust_child=adjust_child)

@@ -37,12 +37,14 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
+from prometheus_client import CollectorRegistry
 
 from fleetmedic.config import PlacementSettings, Settings
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv import proc, settings
 from fleetmedic.executor import kueue
 from fleetmedic.executor.capacity import PlacementRestarter
+from fleetmedic.executor.placement_metrics import PlacementMetrics
 from fleetmedic.executor.workloads_plan import excluded_nodes
 from tests.executor.jobset_support import (
     JS_GROUP,
@@ -252,13 +254,16 @@ def test_real_kueue_requeues_the_job_with_the_placement(
     assert first is not None and _conditions(first).get("Admitted", ("",))[0] == "True", kueue_manager.tail()
     suspect = pods[0].spec.node_name
     quarantine(kube_api, suspect)
+    registry = CollectorRegistry()
+    settings_ = Settings(placement=PlacementSettings(standby_label="fleetmedic.io/standby"))  # + its toleration
 
-    out = PlacementRestarter(kube_api, Settings()).restart(f"{namespace}/queued", action="restart_job",
-                                                           exclude_nodes=[suspect], params={"timeout_s": "60"},
-                                                           dry_run=False, actor="t")
+    out = PlacementRestarter(kube_api, settings_, PlacementMetrics(registry)).restart(
+        f"{namespace}/queued", action="restart_job", exclude_nodes=[suspect], params={"timeout_s": "60"},
+        dry_run=False, actor="t")
 
     assert out.outcome == "applied", (out.reason, kueue_manager.tail())
     assert out.details["mechanism"] == "kueue_workload" and out.details["capacity"] == "sufficient"
+    assert registry.get_sample_value("fleetmedic_executor_placements_total", {"capacity": "sufficient"}) == 1
     job = client.BatchV1Api(kube_api).read_namespaced_job("queued", namespace)
     template = client.ApiClient().sanitize_for_serialization(job.spec.template.spec)
     assert excluded_nodes(template["affinity"]) == {suspect}
@@ -267,6 +272,8 @@ def test_real_kueue_requeues_the_job_with_the_placement(
                  lambda: kueue_manager.alive() and running(kube_api, namespace, "app=queued", 2,
                                                            {p.metadata.uid for p in pods}), timeout=90)
     assert suspect not in {p.spec.node_name for p in after}
+    for p in after:  # the standby toleration (a pod-set toleration for Kueue) and the flavor's survived
+        assert {t.key for t in p.spec.tolerations} >= {"fleetmedic.io/standby", FLAVOR_TOLERATION["key"]}
     now = _workload(kube_api, kueue_crds, namespace, uid)
     assert now is not None and now["spec"].get("active", True) is True
     assert _conditions(now).get("Admitted", ("",))[0] == "True"
@@ -395,14 +402,16 @@ def test_real_kueue_requeues_a_jobset_with_the_placement_on_its_child_jobs(
     quarantine(kube_api, suspect)
     standby = {"key": "fleetmedic.io/standby", "operator": "Exists", "effect": "NoSchedule"}
     settings_ = Settings(placement=PlacementSettings(standby_label="fleetmedic.io/standby"))  # + its toleration
+    registry = CollectorRegistry()
 
-    out = PlacementRestarter(kube_api, settings_).restart(f"{namespace}/queued", action="restart_job",
-                                                          exclude_nodes=[suspect], params={"timeout_s": "60"},
-                                                          dry_run=False, actor="t")
+    out = PlacementRestarter(kube_api, settings_, PlacementMetrics(registry)).restart(
+        f"{namespace}/queued", action="restart_job", exclude_nodes=[suspect], params={"timeout_s": "60"},
+        dry_run=False, actor="t")
 
     assert out.outcome == "applied", (out.reason, kueue_manager.tail())
     assert out.details["mechanism"] == "kueue_workload" and out.details["kind"] == "JobSet", out.details
     assert out.details["children_patched"] == "2" and out.details["capacity"] == "sufficient", out.details
+    assert registry.get_sample_value("fleetmedic_executor_placements_total", {"capacity": "sufficient"}) == 1
     after = wait("Kueue admits the JobSet again: 2 new Running pods",
                  lambda: kueue_manager.alive() and running(kube_api, namespace, JS_SELECTOR, 2,
                                                            {p.metadata.uid for p in pods}), timeout=120)
