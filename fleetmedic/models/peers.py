@@ -10,10 +10,12 @@ metrics in ``upper_only`` only a node above its peers counts (across a SKU fleet
 the others is doing less work, e.g. spinning in NCCL at 100 % "utilisation"; a cooling fault
 makes it hotter).
 
-With ``adjust_by`` (the SKU comparison: ``peers.sku_adjust_by``, power by default), a metric is
-judged by its residual from a robust straight-line fit against that metric across the group: a GPU's
-temperature rises with the power it draws, so a node running a heavier job than its peers is not
-hotter *than it should be*; a failing fan or a blocked inlet makes it hotter at the same power.
+With ``adjust_by`` (the SKU comparison of busy nodes: ``peers.sku_adjust_by``, power by default),
+a metric is judged by its residual from a robust straight-line fit against that metric across the
+group: a GPU's temperature rises with the power it draws, so a node running a heavier job than its
+peers is not hotter *than it should be*; a failing fan or a blocked inlet makes it hotter at the
+same power. Idle nodes all draw idle power: a line fitted to its noise explains nothing and only
+shrinks the spread the outlier is measured against, so they are compared as they are.
 
 This catches what per-GPU baselines cannot: a whole node drifting together (a failing fan or
 PSU heats all eight GPUs, so sibling residuals stay flat). It runs where several nodes are seen
@@ -80,8 +82,10 @@ class PeerComparison:
     def observe(self, node: str, ts: float, summary: Mapping[str, float]) -> None:
         self._latest[node] = _Seen(float(ts), dict(summary))
 
-    def evaluate(self, group: str, nodes: Iterable[str], now: float, max_age_s: float = 60.0) -> list[Finding]:
-        """Judge the nodes of one peer group (a job, or a SKU fleet); return findings for outliers."""
+    def evaluate(self, group: str, nodes: Iterable[str], now: float, max_age_s: float = 60.0,
+                 adjust: bool = True) -> list[Finding]:
+        """Judge the nodes of one peer group (a job, or a SKU fleet); return findings for outliers.
+        ``adjust=False`` compares the metrics as they are even with ``adjust_by`` set."""
         fresh = [n for n in nodes if n in self._latest and now - self._latest[n].ts <= max_age_s]
         if len(fresh) < self.settings.min_peers:
             for n in fresh:
@@ -90,7 +94,7 @@ class PeerComparison:
         metrics = sorted({m for n in fresh for m in self._latest[n].values if m in self.metrics})
         x = np.array([[self._latest[n].values.get(m, np.nan) for m in metrics] for n in fresh])
         expected = np.zeros_like(x)
-        if self.adjust_by:
+        if self.adjust_by and adjust:
             by = np.array([self._latest[n].values.get(self.adjust_by, np.nan) for n in fresh])
             expected = np.stack([_robust_line(by, x[:, j]) for j in range(len(metrics))], axis=1)
         x = x - expected

@@ -172,7 +172,9 @@ class FleetDetection:
         for job, nodes in sorted(self._jobs.items()):
             out.extend(self.peers.evaluate(job, sorted(nodes), now, max_age))
         for sku, nodes in sorted(self._skus.items()):
-            out.extend(self.sku_peers.evaluate(f"sku {sku}", sorted(nodes), now, max_age))
+            # idle nodes draw the same idle power: their temperatures are compared as they are
+            out.extend(self.sku_peers.evaluate(f"sku {sku}", sorted(nodes), now, max_age,
+                                               adjust=not sku.endswith(" idle")))
         return out
 
 
