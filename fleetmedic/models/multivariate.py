@@ -35,9 +35,10 @@ the node's state (:meth:`NodeWindowFeatures.export_node`). Pure apart from sciki
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -47,7 +48,8 @@ from sklearn.covariance import MinCovDet
 from sklearn.ensemble import IsolationForest
 
 from fleetmedic.config import MultivariateSettings
-from fleetmedic.models.gpu_signals import THROTTLE_MASK, median, reported
+from fleetmedic.models import sample_columns as sc
+from fleetmedic.models.gpu_signals import THROTTLE_MASK
 from fleetmedic.models.multivariate_state import (
     PART_FORMAT,
     ModelPart,
@@ -87,11 +89,39 @@ _RATES = {
 }
 
 
-def _spread(vals: list[float]) -> float:
-    return max(vals) - min(vals) if vals else math.nan
-
-
 N_GAUGES = 5  # the features that are means over the window's busy samples (the rest are rates)
+_GAUGE_SPREADS = ("gpu_temp", "memory_temp", "power_usage", "sm_clock")
+_RATE_COUNTERS = tuple(name for counters in _RATES.values() for name in counters)
+_SAMPLE_METRICS = (*_GAUGE_SPREADS, "clocks_event_reasons", "gpu_util", *_RATE_COUNTERS)
+
+
+def _sample_features(msgs: Sequence[GpuTelemetry]) -> tuple[list[list[float]], list[bool], list[list[float]]]:
+    """Per message: the gauge row (4 spreads between GPUs, the throttled share), whether the node
+    was busy (median utilisation >= BUSY_UTIL, or not reported), and each rate feature's counter
+    total; computed for the whole batch at once (:mod:`~fleetmedic.models.sample_columns`)."""
+    n = len(msgs)
+    rows: list[list[float]] = [[]] * n
+    busy: list[bool] = [True] * n
+    totals: list[list[float]] = [[]] * n
+    for idx in sc.by_gpu_count(msgs):
+        if not msgs[idx[0]].gpus:  # a node with no GPUs listed: nothing reported
+            for i in idx:
+                rows[i], totals[i] = [math.nan] * N_GAUGES, [0.0] * len(_RATES)
+            continue
+        x = sc.columns([msgs[i] for i in idx], _SAMPLE_METRICS)
+        k = len(_GAUGE_SPREADS)
+        gauges = np.concatenate([sc.spread(x[:, :k, :]), sc.share_with_bits(x[:, k, :], THROTTLE_MASK)[:, None]],
+                                axis=1)
+        util = sc.nanmedian(x[:, k + 1, :])
+        counters = np.nansum(x[:, k + 2 :, :], axis=2)  # [messages, counters]
+        starts = np.cumsum([0, *(len(c) for c in _RATES.values())])
+        sums = np.stack([counters[:, a:b].sum(axis=1) for a, b in itertools.pairwise(starts)], axis=1)
+        for j, i in enumerate(idx):
+            rows[i] = gauges[j].tolist()
+            busy[i] = not util[j] < BUSY_UTIL  # NaN (not reported) counts as busy
+            totals[i] = sums[j].tolist()
+    return rows, busy, totals
+
 
 
 class _Window(msgspec.Struct, array_like=True):
@@ -120,33 +150,35 @@ class NodeWindowFeatures:
     _open: dict[str, _Window] = field(default_factory=dict)
 
     def add(self, msg: GpuTelemetry) -> NDArray[np.float64] | None:
-        ts = float(msg.ts)
-        w = self._open.get(msg.node)
-        done: NDArray[np.float64] | None = None
-        if w is not None and ts - w.start >= self.window_s:
-            done = self._close(w)
-            w = None
-        if w is None:
-            w = self._open[msg.node] = _Window(start=ts)
-        # plain Python on 8 values: numpy's per-call overhead costs more than the arithmetic here
-        t, p, c = reported(msg, "gpu_temp"), reported(msg, "power_usage"), reported(msg, "sm_clock")
-        reasons = reported(msg, "clocks_event_reasons")
-        throttled = sum(1 for v in reasons if int(v) & THROTTLE_MASK) / len(reasons) if reasons else math.nan
-        w.samples += 1
-        util = reported(msg, "gpu_util")
-        if not util or median(util) >= BUSY_UTIL:  # spreads between GPUs depend on the load: judge busy nodes
-            w.rows += 1
-            row = (_spread(t), _spread(reported(msg, "memory_temp")), _spread(p), _spread(c), throttled)
-            for i, v in enumerate(row):
-                if math.isfinite(v):
-                    w.sums[i] += v
-                    w.finite[i] += 1
-        for feature, counters in _RATES.items():
-            total = sum(sum(reported(msg, name)) for name in counters)
-            w.first_counters.setdefault(feature, total)
-            w.last_counters[feature] = total
-        w.last_ts = ts
-        return done
+        return self.add_batch([msg])[0]
+
+    def add_batch(self, msgs: Sequence[GpuTelemetry]) -> list[NDArray[np.float64] | None]:
+        """Add each message's sample in order; per message, the feature vector of the window it
+        closed (or None). The per-sample reductions run over the whole batch at once."""
+        rows, busy, totals = _sample_features(msgs)
+        out: list[NDArray[np.float64] | None] = []
+        for i, msg in enumerate(msgs):
+            ts = float(msg.ts)
+            w = self._open.get(msg.node)
+            done: NDArray[np.float64] | None = None
+            if w is not None and ts - w.start >= self.window_s:
+                done = self._close(w)
+                w = None
+            if w is None:
+                w = self._open[msg.node] = _Window(start=ts)
+            w.samples += 1
+            if busy[i]:  # spreads between GPUs depend on the load: judge busy nodes
+                w.rows += 1
+                for j, v in enumerate(rows[i]):
+                    if math.isfinite(v):
+                        w.sums[j] += v
+                        w.finite[j] += 1
+            for feature, total in zip(_RATES, totals[i], strict=True):
+                w.first_counters.setdefault(feature, total)
+                w.last_counters[feature] = total
+            w.last_ts = ts
+            out.append(done)
+        return out
 
     def export_node(self, node: str) -> bytes | None:
         """The node's open window (msgpack), or None."""

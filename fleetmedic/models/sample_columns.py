@@ -1,0 +1,73 @@
+"""Per-message reductions over a node's GPUs, for a whole micro-batch at once.
+
+Stage 1 reduces every telemetry message to a few numbers besides the GPU detector's work: the
+multivariate model's window inputs (spreads between GPUs, the throttled share, the busy test, the
+error counters' totals) and the per-node medians the peer comparisons use. Done one message at a
+time in plain Python that cost as much as the GPU detector itself; here one ``[messages, metrics,
+GPUs]`` array per GPU count serves the whole batch.
+
+The results equal the one-message definitions exactly (a missing value is NaN and left out, an
+empty reduction is NaN, counters sum as integers in floats): :func:`columns` maps ``None`` to NaN,
+as dropping it from the list did. Pure: numpy only.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from operator import attrgetter
+
+import msgspec
+import numpy as np
+from numpy.typing import NDArray
+
+from fleetmedic.records import GpuTelemetry
+
+F64 = NDArray[np.float64]
+_astuple = msgspec.structs.astuple
+
+
+def columns(msgs: Sequence[GpuTelemetry], names: Sequence[str]) -> F64:
+    """``[messages, names, gpus]`` for messages with the same GPU count (NaN: not reported)."""
+    g = len(msgs[0].gpus)
+    nan_row = [float("nan")] * g
+    get = attrgetter(*names)
+    rows = []
+    for m in msgs:
+        cols = get(m.metrics) if len(names) > 1 else (get(m.metrics),)
+        rows.append([c if c else nan_row for c in cols])
+    return np.array(rows, dtype=np.float64)
+
+
+def by_gpu_count(msgs: Sequence[GpuTelemetry]) -> list[list[int]]:
+    """Indices of ``msgs`` grouped by their GPU count (one array shape per group)."""
+    groups: dict[int, list[int]] = {}
+    for i, m in enumerate(msgs):
+        groups.setdefault(len(m.gpus), []).append(i)
+    return list(groups.values())
+
+
+def spread(x: F64) -> F64:
+    """Max minus min over the last axis, of the reported values (NaN when none)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices are expected: NaN
+        out: F64 = np.nanmax(x, axis=-1) - np.nanmin(x, axis=-1)
+    return out
+
+
+def nanmedian(x: F64) -> F64:
+    """Median over the last axis, of the reported values (NaN when none)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out: F64 = np.nanmedian(x, axis=-1)
+    return out
+
+
+def share_with_bits(x: F64, mask: int) -> F64:
+    """Share of the reported values (integers in floats) with any bit of ``mask`` set (NaN: none)."""
+    finite = np.isfinite(x)
+    hits = ((np.where(finite, x, 0).astype(np.int64) & mask) != 0) & finite
+    n = finite.sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out: F64 = np.where(n > 0, hits.sum(axis=-1) / np.maximum(n, 1), np.nan)
+    return out
