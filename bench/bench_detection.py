@@ -27,7 +27,7 @@ import numpy as np
 from fleetmedic import records as r
 from fleetmedic.config import Settings
 from fleetmedic.models.gpu_detector import GpuDetector, metrics_array
-from fleetmedic.models.stages import NodeDetection, summarise
+from fleetmedic.models.stages import NodeDetection, summarise_batch
 
 
 def make_messages(nodes: int, ticks: int, seed: int = 0) -> list[bytes]:
@@ -123,8 +123,7 @@ def main() -> None:
         for i in range(0, len(wire), args.batch):
             msgs = [dec.decode(b) for b in wire[i : i + args.batch]]
             stage.on_gpu(msgs)
-            for m in msgs:
-                summarise(m)
+            summarise_batch(msgs)
 
     def full_single() -> None:
         det = GpuDetector(settings)

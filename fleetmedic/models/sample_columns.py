@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from itertools import chain
 from operator import attrgetter
 
-import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
 from fleetmedic.records import GpuTelemetry
 
 F64 = NDArray[np.float64]
-_astuple = msgspec.structs.astuple
+_chain = chain.from_iterable
 
 
 def columns(msgs: Sequence[GpuTelemetry], names: Sequence[str]) -> F64:
@@ -36,7 +36,11 @@ def columns(msgs: Sequence[GpuTelemetry], names: Sequence[str]) -> F64:
     for m in msgs:
         cols = get(m.metrics) if len(names) > 1 else (get(m.metrics),)
         rows.append([c if c else nan_row for c in cols])
-    return np.array(rows, dtype=np.float64)
+    try:  # ~2x faster than np.array; a None inside a column (one GPU not reporting) needs np.array
+        flat = np.fromiter(_chain(_chain(rows)), dtype=np.float64, count=len(rows) * len(names) * g)
+    except TypeError:
+        return np.array(rows, dtype=np.float64)
+    return flat.reshape(len(rows), len(names), g)
 
 
 def by_gpu_count(msgs: Sequence[GpuTelemetry]) -> list[list[int]]:

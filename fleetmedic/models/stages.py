@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 import msgspec
 
 from fleetmedic.config import DetectionSettings
+from fleetmedic.models import sample_columns as sc
 from fleetmedic.models.gpu_detector import GpuDetector
 from fleetmedic.models.gpu_signals import median, reported
 from fleetmedic.models.multivariate import MultivariateModel, NodeWindowFeatures
-from fleetmedic.models.peers import PeerComparison, node_summary
+from fleetmedic.models.peers import SUMMARY_METRICS, PeerComparison, node_summary
 from fleetmedic.models.port_detector import PortDetector
 from fleetmedic.models.straggler import StragglerDetector
 from fleetmedic.records import Finding, GpuTelemetry, JobEvent, PortTelemetry
@@ -70,8 +71,7 @@ class NodeDetection:
 
     def _windows(self, msgs: Sequence[GpuTelemetry]) -> list[Finding]:
         out: list[Finding] = []
-        for msg in msgs:
-            vec = self.windows.add(msg)
+        for msg, vec in zip(msgs, self.windows.add_batch(msgs), strict=True):
             if vec is None:
                 continue
             now = float(msg.ts)
@@ -190,6 +190,26 @@ class NodeSummary(msgspec.Struct, frozen=True, array_like=True):
 
 def summarise(msg: GpuTelemetry) -> NodeSummary:
     return NodeSummary(msg.node, float(msg.ts), msg.sku or "", _load_band(msg), node_summary(msg))
+
+
+_BATCH_METRICS = (*SUMMARY_METRICS, "gpu_util")
+
+
+def summarise_batch(msgs: Sequence[GpuTelemetry]) -> list[NodeSummary]:
+    """:func:`summarise` of each message, with the medians of the whole batch computed at once."""
+    out: list[NodeSummary | None] = [None] * len(msgs)
+    for idx in sc.by_gpu_count(msgs):
+        if not msgs[idx[0]].gpus:
+            for i in idx:
+                out[i] = summarise(msgs[i])
+            continue
+        medians = sc.nanmedian(sc.columns([msgs[i] for i in idx], _BATCH_METRICS)).tolist()
+        for i, row in zip(idx, medians, strict=True):
+            m, util = msgs[i], row[-1]
+            values = {name: v for name, v in zip(SUMMARY_METRICS, row, strict=False) if v == v}  # NaN: not reported
+            band = "" if util != util else ("idle" if util < 10 else ("busy" if util > 90 else ""))
+            out[i] = NodeSummary(m.node, float(m.ts), m.sku or "", band, values)
+    return [s for s in out if s is not None]
 
 
 def _load_band(msg: GpuTelemetry) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings
-from fleetmedic.models.stages import FleetDetection, NodeDetection
+from fleetmedic.models.stages import FleetDetection, NodeDetection, summarise_batch
 from fleetmedic.remediation.engine import DecisionEngine, Decisions
 from fleetmedic.remediation.topology import Placement, Topology
 from fleetmedic.signing import sign
@@ -56,8 +56,8 @@ class EmbeddedPipeline:
     # --- inputs ---------------------------------------------------------------------------------
 
     def gpu(self, msgs: list[r.GpuTelemetry], now: float) -> list[r.RemediationCommand]:
-        for msg in msgs:
-            self.fleet_stage.on_gpu(msg)
+        for summary in summarise_batch(msgs):
+            self.fleet_stage.on_summary(summary)
         return self._findings(self.node_stage.on_gpu(msgs), now)
 
     def port(self, msg: r.PortTelemetry, now: float) -> list[r.RemediationCommand]:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from fleetmedic import records as r
 from fleetmedic.models.gpu_signals import THROTTLE_MASK, median, reported
 from fleetmedic.models.multivariate import _RATES, BUSY_UTIL, NodeWindowFeatures, _sample_features
+from fleetmedic.models.stages import summarise, summarise_batch
 
 
 def _reference(msg: r.GpuTelemetry) -> tuple[list[float], bool, list[float]]:
@@ -79,3 +80,23 @@ def test_a_batch_gives_the_windows_of_one_message_at_a_time(msgs: list[r.GpuTele
         assert (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b, equal_nan=True))
     for node in {m.node for m in msgs}:
         assert batched.export_node(node) == single.export_node(node)
+
+
+@st.composite
+def summary_messages(draw: st.DrawFn) -> list[r.GpuTelemetry]:
+    out = []
+    for i in range(draw(st.integers(1, 10))):
+        g = draw(st.sampled_from([0, 1, 3, 8]))
+        metrics = r.GpuMetrics(
+            gpu_temp=_column(draw, g, 20, 95), memory_temp=_column(draw, g, 20, 105),
+            power_usage=_column(draw, g, 50, 800), sm_clock=_column(draw, g, 200, 2000),
+            mem_clock=_column(draw, g, 500, 3000), gpu_util=_column(draw, g, 0, 100))
+        out.append(r.GpuTelemetry(node=f"n{i}", ts=1000.0 + i, gpus=list(range(g)), metrics=metrics,
+                                  sku=draw(st.sampled_from(["", "H100"]))))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(summary_messages())
+def test_batched_summaries_equal_one_message_summaries(msgs: list[r.GpuTelemetry]) -> None:
+    assert summarise_batch(msgs) == [summarise(m) for m in msgs]
