@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 GROUP = "kueue.x-k8s.io"
 PLURAL = "workloads"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_STOPPING = "kueue.x-k8s.io/stopping"  # on a Job while Kueue stops it (pkg/controller/jobs/job)
 MERGE_PATCH = "application/merge-patch+json"
 Adjust = Callable[[WorkloadKind, dict[str, Any], list[client.V1Pod], RestartPlan], RestartPlan]
 
@@ -156,7 +157,7 @@ def requeue_if_managed(api: client.ApiClient, job: str, *, action: str, exclude_
                                         params=params, actor=actor, adjust=adjust, adjust_child=adjust_child)
     except (ApiException, WorkloadError) as exc:
         _set_active(api, version, namespace, wname, True)
-        why = f"{exc.status} {exc.reason}" if isinstance(exc, ApiException) else str(exc)
+        why = f"{exc.status} {wl._message(exc)}" if isinstance(exc, ApiException) else str(exc)
         return wl.WorkloadOutcome("failed", f"{kind.kind} {ref}: the placement was not written ({why[:300]}); "
                                             f"Workload {wname} set active again", details)
     _set_active(api, version, namespace, wname, True)  # readmission goes through Kueue's queue
@@ -213,8 +214,9 @@ def _set_active(api: client.ApiClient, version: str, namespace: str, name: str, 
 
 
 def _evicted(api: client.ApiClient, kind: WorkloadKind, obj: Mapping[str, Any]) -> bool:
-    """Kueue has suspended the workload and its pods are gone (a JobSet: every child Job suspended,
-    without active pods or start time, as the JobSet and Job controllers leave them)."""
+    """Kueue has stopped the workload and its pods are gone (a JobSet: every child Job suspended,
+    without active pods or start time, as the JobSet and Job controllers leave them; Kueue
+    suspends a JobSet and restores its templates in one write)."""
     meta = obj.get("metadata") or {}
     namespace, name = str(meta.get("namespace")), str(meta.get("name"))
     now = cast(dict[str, Any], client.CustomObjectsApi(api).get_namespaced_custom_object(
@@ -224,4 +226,9 @@ def _evicted(api: client.ApiClient, kind: WorkloadKind, obj: Mapping[str, Any]) 
     if kind is JOBSET:
         return all_suspended(child_jobs(api, namespace, name, str(meta.get("uid")))) and \
             not wl.workload_pods(api, kind, now)
-    return not (now.get("status") or {}).get("active")
+    status = now.get("status") or {}
+    stopping = KUEUE_STOPPING in ((now.get("metadata") or {}).get("annotations") or {})
+    # batch/v1 lets the template change again once the start time is cleared; Kueue suspends a Job,
+    # then restores its template (nodeSelector, tolerations) and only then drops its annotation:
+    # a placement written before that could be undone (tolerations) or fail (a stale JSON patch)
+    return not status.get("active") and not status.get("startTime") and not stopping
