@@ -542,6 +542,11 @@ class PcieDegradation(Fault):
     def gpu_post(self, tick: GpuTick) -> None:
         tick.model.pcie_width[self.node, self.gpu] = float(self.params["width"])
 
+    def on_stop(self, host: FaultHost, t: float) -> None:
+        # the fault is over when the link retrains at full width: the telemetry must say so too
+        # (otherwise detectors keep seeing x8 after the truth window ends, and are scored false)
+        host.gpu.pcie_width[self.node, self.gpu] = float(host.fleet.sku_of(self.node).pcie_width)
+
 
 # --- network ---------------------------------------------------------------------------------------
 

@@ -154,3 +154,16 @@ def test_xid_gauge_holds_the_last_xid_until_an_exporter_restart_or_reboot() -> N
     assert set(np.unique(after[~np.isnan(after)])) <= {63.0, 48.0, 0.0}
     assert (after == 63).any()  # 48 then 63 within a second: the gauge shows the last one
     assert GPU_FIELD_INDEX["xid_errors"] >= 0
+
+
+def test_pcie_width_recovers_when_the_degradation_ends() -> None:
+    """The link is back at full width once the fault's truth window closes: a detector still seeing
+    x8 afterwards would be scored against a fault that is over."""
+    r = _run(f"pcie_degradation@{int(ONSET_S)}s+10m/{NODE}/{SUB}")
+    (t,) = r.sim.truth()
+    ts, width = r.gpu_series(NODE, "pcie_link_width")
+    during = (ts > t.onset + 30) & (ts < t.end - 30)
+    after = ts > t.end + 30
+    assert during.any() and after.any()
+    assert (width[during, SUB] < 16).all()
+    assert (width[after, SUB] == 16).all()
