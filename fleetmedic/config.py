@@ -127,6 +127,9 @@ class PeerSettings(Section, frozen=True, kw_only=True):
     min_peers: Annotated[int, Meta(ge=2, le=100_000)] = 4
     # across a SKU fleet, temperatures are judged against what the node's power draw predicts ("": raw)
     sku_adjust_by: Literal["", "power_usage", "gpu_util", "sm_clock"] = "power_usage"
+    # across a SKU fleet, a node is judged against its own usual deviation from the median, learned
+    # with this half-life (frozen while it stands out); 0: against the median itself
+    offset_halflife_s: NonNegFloat = 21_600.0
 
 
 class StragglerSettings(Section, frozen=True, kw_only=True):

@@ -17,6 +17,14 @@ peers is not hotter *than it should be*; a failing fan or a blocked inlet makes 
 same power. Idle nodes all draw idle power: a line fitted to its noise explains nothing and only
 shrinks the spread the outlier is measured against, so they are compared as they are.
 
+With ``learn_offsets`` (the SKU comparison: ``peers.offset_halflife_s``), each node's usual place
+among its peers is learned as a slow exponential average of its deviation from the group median
+(half-life ``offset_halflife_s``, per group and metric; frozen while the node stands out) and a
+node is judged by how far it is from *its usual place*: a node in the warm slot of a rack, or with
+a warmer inlet, is a few degrees above its SKU's median every day, which is not a fault; a
+failing fan moves it away from where it usually is within minutes, far faster than the average
+follows.
+
 This catches what per-GPU baselines cannot: a whole node drifting together (a failing fan or
 PSU heats all eight GPUs, so sibling residuals stay flat). It runs where several nodes are seen
 together (the correlation stage). Pure; ``now`` is injected.
@@ -61,6 +69,7 @@ class PeerComparison:
     detector: str = "job_peers"
     metrics: tuple[str, ...] = SUMMARY_METRICS
     upper_only: tuple[str, ...] = ()
+    learn_offsets: bool = False  # judge a node against its own usual deviation from the group (offset_halflife_s)
     adjust_by: str = ""  # judge metrics by their residual from a fit against this one ("": as they are)
     min_scale: Mapping[str, float] = field(
         default_factory=lambda: {"gpu_temp": 1.0, "memory_temp": 1.0, "power_usage": 10.0, "sm_clock": 15.0,
@@ -69,15 +78,19 @@ class PeerComparison:
     _latest: dict[str, _Seen] = field(default_factory=dict)
     _since: dict[str, float] = field(default_factory=dict)  # node -> when it first stood out
     _reported: dict[str, float] = field(default_factory=dict)
+    _offsets: dict[str, _Offset] = field(default_factory=dict)  # "<group>|<node>" -> its usual deviation
 
     def export_state(self) -> bytes:
-        return msgspec.msgpack.encode([self._latest, self._since, self._reported])
+        return msgspec.msgpack.encode([self._latest, self._since, self._reported, self._offsets])
 
     def import_state(self, data: bytes) -> None:
-        latest, since, reported = msgspec.msgpack.decode(
-            data, type=tuple[dict[str, _Seen], dict[str, float], dict[str, float]]
-        )
-        self._latest, self._since, self._reported = latest, since, reported
+        parts = msgspec.msgpack.decode(data, type=list[msgspec.Raw])
+        if len(parts) not in (3, 4):
+            raise ValueError(f"peer comparison state: {len(parts)} parts, not 3 or 4")
+        self._latest = msgspec.msgpack.decode(parts[0], type=dict[str, _Seen])
+        self._since = msgspec.msgpack.decode(parts[1], type=dict[str, float])
+        self._reported = msgspec.msgpack.decode(parts[2], type=dict[str, float])
+        self._offsets = msgspec.msgpack.decode(parts[3], type=dict[str, _Offset]) if len(parts) == 4 else {}
 
     def observe(self, node: str, ts: float, summary: Mapping[str, float]) -> None:
         self._latest[node] = _Seen(float(ts), dict(summary))
@@ -99,9 +112,11 @@ class PeerComparison:
             expected = np.stack([_robust_line(by, x[:, j]) for j in range(len(metrics))], axis=1)
         x = x - expected
         med = nanmedian_last_axis(x.T)[:, 0]
-        mad = nanmedian_last_axis(np.abs(x - med).T)[:, 0] * MAD_TO_STD
+        dev = x - med
+        usual = self._usual(group, fresh, metrics) if self.learn_offsets else np.zeros_like(dev)
+        mad = nanmedian_last_axis(np.abs(dev - usual).T)[:, 0] * MAD_TO_STD
         floor = np.array([self.min_scale.get(m, 1e-9) for m in metrics])
-        signed = (x - med) / np.maximum(mad, floor)
+        signed = (dev - usual) / np.maximum(mad, floor)
         z = np.where([m in self.upper_only for m in metrics], np.maximum(signed, 0.0), np.abs(signed))
         z = np.nan_to_num(z, nan=0.0)
         worst = z.argmax(axis=1)
@@ -110,6 +125,8 @@ class PeerComparison:
             score = float(z[i, worst[i]])
             if score < self.settings.z_threshold:
                 self._since.pop(node, None)
+                if self.learn_offsets:
+                    self._learn(group, node, metrics, dev[i], now)
                 continue
             since = self._since.setdefault(node, now)
             if now - since < self.settings.continuity_window_s:
@@ -122,13 +139,43 @@ class PeerComparison:
             j = worst[i]
             adjusted = f", expected at its {self.adjust_by}" if self.adjust_by and expected[i, j] else ""
             ev = Evidence(detector=self.detector, metric=m, value=float(x[i, j] + expected[i, j]),
-                          baseline=float(med[j] + expected[i, j]), score=score, threshold=self.settings.z_threshold,
+                          baseline=float(med[j] + usual[i, j] + expected[i, j]), score=score,
+                          threshold=self.settings.z_threshold,
                           window_s=now - since, ts=now, note=f"against {len(fresh) - 1} peers in {group}{adjusted}")
             out.append(Finding(id=f"{node}:{self.detector}:{m}:{now:.3f}", ts=now, node=node, detector=self.detector,
                                kind="degradation", severity="warning",
                                summary=f"{node} {m} unlike its {len(fresh) - 1} peers in {group} (z={score:.1f})",
                                evidence=[ev], job=group if self.detector == "job_peers" else ""))
         return out
+
+
+    def _usual(self, group: str, nodes: list[str], metrics: list[str]) -> np.ndarray:
+        """Each node's learned usual deviation from the group median, per metric (0 when unknown)."""
+        out = np.zeros((len(nodes), len(metrics)))
+        for i, node in enumerate(nodes):
+            off = self._offsets.get(f"{group}|{node}")
+            if off is not None:
+                out[i] = [off.values.get(m, 0.0) for m in metrics]
+        return out
+
+    def _learn(self, group: str, node: str, metrics: list[str], dev: np.ndarray, now: float) -> None:
+        """Move the node's usual deviation toward what it is now (it does not stand out)."""
+        half = self.settings.offset_halflife_s
+        key = f"{group}|{node}"
+        off = self._offsets.get(key)
+        if off is None:
+            off = self._offsets[key] = _Offset(ts=now, values={})
+        a = 1.0 - 0.5 ** (max(0.0, now - off.ts) / half) if half > 0 else 0.0
+        for m, d in zip(metrics, dev.tolist(), strict=True):
+            if d == d:  # NaN: not reported
+                prev = off.values.get(m, 0.0)
+                off.values[m] = prev + a * (d - prev)
+        off.ts = now
+
+
+class _Offset(msgspec.Struct):
+    ts: float
+    values: dict[str, float]
 
 
 def _robust_line(x: np.ndarray, y: np.ndarray, max_points: int = 200) -> np.ndarray:

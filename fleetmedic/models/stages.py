@@ -104,7 +104,8 @@ class FleetDetection:
         # and only a node hotter than its peers is suspect (a cooler one is doing less work)
         self.sku_peers = PeerComparison(s.peers, reassert_s=s.reassert_s, detector="sku_peers",
                                         metrics=("gpu_temp", "memory_temp"), upper_only=("gpu_temp", "memory_temp"),
-                                        adjust_by=s.peers.sku_adjust_by)
+                                        adjust_by=s.peers.sku_adjust_by,
+                                        learn_offsets=s.peers.offset_halflife_s > 0)
         self.stragglers = StragglerDetector(s.straggler)
         self.switch_ports = PortDetector(s)
 

@@ -270,3 +270,51 @@ class TestBaseline:
         assert b.mean.tolist() == [1.0, 2.0] and b.count.tolist() == [1.0, 1.0]
         c = EwmaBaseline.from_bytes(b.to_bytes())
         assert np.allclose(c.mean, b.mean) and np.allclose(c.count, b.count)
+
+
+class TestSkuOffsets:
+    """A node in a warm rack slot is a few degrees above its SKU's median every day: judged against
+    its own usual place among its peers it is not a fault; a failing fan still is."""
+
+    @staticmethod
+    def run(settings: str) -> dict[str, list[float]]:
+        fleet = FleetDetection(parse_config(settings).detection)
+        rng = np.random.default_rng(11)
+        spread = {f"n{i}": d for i, d in enumerate([-2.0, -1.5, -1.0, -0.5, 4.0, 0.5, 1.0, 1.5, 2.0, -1.8, 1.8, 0.0])}
+        found: dict[str, list[float]] = {}
+        for k in range(0, 8 * 3600, 60):
+            t = 1000.0 + k
+            for node, d in spread.items():
+                # hours 0-6: the fleet's temperatures spread widely (n4's +4 degC is within it);
+                # from hour 6 they are uniform, so n4 stands out; at hour 7 n7's fan fails
+                extra = d if (k < 6 * 3600 or node == "n4") else 0.0
+                if node == "n7" and k >= 7 * 3600:
+                    extra += 9.0
+                msg = gpu_message(node, t, rng, load=0.0, hot={g: extra for g in range(8)})
+                fleet.on_gpu(msgspec.structs.replace(msg, sku="H100", metrics=msgspec.structs.replace(
+                    msg.metrics, gpu_util=[0.0] * 8)))
+            for f in fleet.tick(t):
+                if f.detector == "sku_peers":
+                    found.setdefault(f.node, []).append(k / 3600)
+        return found
+
+    def test_a_warm_slot_is_learned_and_a_failing_fan_still_stands_out(self) -> None:
+        without = self.run("detection: {peers: {offset_halflife_s: 0}}")
+        assert any(h >= 6 for h in without.get("n4", [])), without  # against the median: a false finding
+        learned = self.run("detection: {peers: {offset_halflife_s: 1800}}")
+        assert not any(h >= 6 for h in learned.get("n4", [])), learned
+        assert any(7 <= h < 7.2 for h in learned.get("n7", [])), learned  # the fan, within minutes
+
+    def test_offsets_survive_the_state_round_trip(self) -> None:
+        a = PeerComparison(S.peers, detector="sku_peers", learn_offsets=True)
+        for k in range(30):
+            for i in range(6):
+                a.observe(f"n{i}", 100.0 + k, {"gpu_temp": 40.0 + i * 0.3})
+            a.evaluate("sku H100 idle", [f"n{i}" for i in range(6)], 100.0 + k)
+        b = PeerComparison(S.peers, detector="sku_peers", learn_offsets=True)
+        b.import_state(a.export_state())
+        assert b._offsets == a._offsets and b._offsets
+        old = msgspec.msgpack.encode([a._latest, a._since, a._reported])  # a state written before offsets
+        c = PeerComparison(S.peers, detector="sku_peers", learn_offsets=True)
+        c.import_state(old)
+        assert c._offsets == {} and c._latest == a._latest
