@@ -44,6 +44,7 @@ def messages(draw: st.DrawFn) -> list[r.GpuTelemetry]:
         metrics = r.GpuMetrics(
             gpu_temp=_column(draw, g, 20, 95), memory_temp=_column(draw, g, 20, 105),
             power_usage=_column(draw, g, 50, 800), sm_clock=_column(draw, g, 200, 2000),
+            mem_clock=_column(draw, g, 500, 3000),
             clocks_event_reasons=_column(draw, g, 0, 2 ** 12, integer=True),
             gpu_util=_column(draw, g, 0, 100),
             ecc_sbe_vol_total=_column(draw, g, 0, 10 ** 6, integer=True),
@@ -52,7 +53,7 @@ def messages(draw: st.DrawFn) -> list[r.GpuTelemetry]:
             nvlink_replay_error_count_total=_column(draw, g, 0, 10 ** 6, integer=True),
         )
         out.append(r.GpuTelemetry(node=f"n{draw(st.integers(0, 3))}", ts=1000.0 + 30 * i, gpus=list(range(g)),
-                                  metrics=metrics))
+                                  metrics=metrics, sku=draw(st.sampled_from(["", "H100"]))))
     return out
 
 
@@ -82,21 +83,7 @@ def test_a_batch_gives_the_windows_of_one_message_at_a_time(msgs: list[r.GpuTele
         assert batched.export_node(node) == single.export_node(node)
 
 
-@st.composite
-def summary_messages(draw: st.DrawFn) -> list[r.GpuTelemetry]:
-    out = []
-    for i in range(draw(st.integers(1, 10))):
-        g = draw(st.sampled_from([0, 1, 3, 8]))
-        metrics = r.GpuMetrics(
-            gpu_temp=_column(draw, g, 20, 95), memory_temp=_column(draw, g, 20, 105),
-            power_usage=_column(draw, g, 50, 800), sm_clock=_column(draw, g, 200, 2000),
-            mem_clock=_column(draw, g, 500, 3000), gpu_util=_column(draw, g, 0, 100))
-        out.append(r.GpuTelemetry(node=f"n{i}", ts=1000.0 + i, gpus=list(range(g)), metrics=metrics,
-                                  sku=draw(st.sampled_from(["", "H100"]))))
-    return out
-
-
 @settings(max_examples=200, deadline=None)
-@given(summary_messages())
+@given(messages())
 def test_batched_summaries_equal_one_message_summaries(msgs: list[r.GpuTelemetry]) -> None:
     assert summarise_batch(msgs) == [summarise(m) for m in msgs]
