@@ -17,13 +17,15 @@ peers is not hotter *than it should be*; a failing fan or a blocked inlet makes 
 same power. Idle nodes all draw idle power: a line fitted to its noise explains nothing and only
 shrinks the spread the outlier is measured against, so they are compared as they are.
 
-With ``learn_offsets`` (the SKU comparison: ``peers.offset_halflife_s``), each node's usual place
+With ``learn_offsets`` (the SKU comparison of idle nodes: ``peers.offset_halflife_s``), each node's usual place
 among its peers is learned as a slow exponential average of its deviation from the group median
 (half-life ``offset_halflife_s``, per group and metric; frozen while the node stands out) and a
 node is judged by how far it is from *its usual place*: a node in the warm slot of a rack, or with
 a warmer inlet, is a few degrees above its SKU's median every day, which is not a fault; a
 failing fan moves it away from where it usually is within minutes, far faster than the average
-follows.
+follows. Busy nodes are not judged this way: their place among their peers follows the jobs they
+run (a node hosting a cooler job for hours would learn a cool place and then stand out on its
+next, ordinary job), and the power line above accounts for the job.
 
 This catches what per-GPU baselines cannot: a whole node drifting together (a failing fan or
 PSU heats all eight GPUs, so sibling residuals stay flat). It runs where several nodes are seen
@@ -96,9 +98,11 @@ class PeerComparison:
         self._latest[node] = _Seen(float(ts), dict(summary))
 
     def evaluate(self, group: str, nodes: Iterable[str], now: float, max_age_s: float = 60.0,
-                 adjust: bool = True) -> list[Finding]:
+                 adjust: bool = True, usual: bool = True) -> list[Finding]:
         """Judge the nodes of one peer group (a job, or a SKU fleet); return findings for outliers.
-        ``adjust=False`` compares the metrics as they are even with ``adjust_by`` set."""
+        ``adjust=False`` compares the metrics as they are even with ``adjust_by`` set; ``usual=False``
+        compares against the group median even with ``learn_offsets`` (a group whose deviations
+        follow the jobs it runs, not the nodes)."""
         fresh = [n for n in nodes if n in self._latest and now - self._latest[n].ts <= max_age_s]
         if len(fresh) < self.settings.min_peers:
             for n in fresh:
@@ -113,10 +117,11 @@ class PeerComparison:
         x = x - expected
         med = nanmedian_last_axis(x.T)[:, 0]
         dev = x - med
-        usual = self._usual(group, fresh, metrics) if self.learn_offsets else np.zeros_like(dev)
-        mad = nanmedian_last_axis(np.abs(dev - usual).T)[:, 0] * MAD_TO_STD
+        learn = self.learn_offsets and usual
+        place = self._usual(group, fresh, metrics) if learn else np.zeros_like(dev)
+        mad = nanmedian_last_axis(np.abs(dev - place).T)[:, 0] * MAD_TO_STD
         floor = np.array([self.min_scale.get(m, 1e-9) for m in metrics])
-        signed = (dev - usual) / np.maximum(mad, floor)
+        signed = (dev - place) / np.maximum(mad, floor)
         z = np.where([m in self.upper_only for m in metrics], np.maximum(signed, 0.0), np.abs(signed))
         z = np.nan_to_num(z, nan=0.0)
         worst = z.argmax(axis=1)
@@ -125,7 +130,7 @@ class PeerComparison:
             score = float(z[i, worst[i]])
             if score < self.settings.z_threshold:
                 self._since.pop(node, None)
-                if self.learn_offsets:
+                if learn:
                     self._learn(group, node, metrics, dev[i], now)
                 continue
             since = self._since.setdefault(node, now)
@@ -139,7 +144,7 @@ class PeerComparison:
             j = worst[i]
             adjusted = f", expected at its {self.adjust_by}" if self.adjust_by and expected[i, j] else ""
             ev = Evidence(detector=self.detector, metric=m, value=float(x[i, j] + expected[i, j]),
-                          baseline=float(med[j] + usual[i, j] + expected[i, j]), score=score,
+                          baseline=float(med[j] + place[i, j] + expected[i, j]), score=score,
                           threshold=self.settings.z_threshold,
                           window_s=now - since, ts=now, note=f"against {len(fresh) - 1} peers in {group}{adjusted}")
             out.append(Finding(id=f"{node}:{self.detector}:{m}:{now:.3f}", ts=now, node=node, detector=self.detector,

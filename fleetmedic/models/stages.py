@@ -173,9 +173,11 @@ class FleetDetection:
         for job, nodes in sorted(self._jobs.items()):
             out.extend(self.peers.evaluate(job, sorted(nodes), now, max_age))
         for sku, nodes in sorted(self._skus.items()):
-            # idle nodes draw the same idle power: their temperatures are compared as they are
-            out.extend(self.sku_peers.evaluate(f"sku {sku}", sorted(nodes), now, max_age,
-                                               adjust=not sku.endswith(" idle")))
+            # idle nodes draw the same idle power: their temperatures are compared as they are, each
+            # against its usual place (a warm rack slot); busy ones against what their power predicts
+            idle = sku.endswith(" idle")
+            out.extend(self.sku_peers.evaluate(f"sku {sku}", sorted(nodes), now, max_age, adjust=not idle,
+                                               usual=idle))
         return out
 
 

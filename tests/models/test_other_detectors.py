@@ -305,6 +305,20 @@ class TestSkuOffsets:
         assert not any(h >= 6 for h in learned.get("n4", [])), learned
         assert any(7 <= h < 7.2 for h in learned.get("n7", [])), learned  # the fan, within minutes
 
+    def test_busy_nodes_are_judged_against_the_median_not_a_learned_place(self) -> None:
+        """A busy node's place among its peers follows its job: learning it would make a node that
+        hosted a cool job for hours stand out on its next, ordinary one."""
+        fleet = FleetDetection(parse_config("detection: {peers: {offset_halflife_s: 600}}").detection)
+        rng = np.random.default_rng(3)
+        for k in range(0, 3 * 3600, 60):
+            for i in range(10):
+                msg = gpu_message(f"n{i}", 1000.0 + k, rng, load=0.9)
+                fleet.on_gpu(msgspec.structs.replace(msg, sku="H100", metrics=msgspec.structs.replace(
+                    msg.metrics, gpu_util=[99.0] * 8)))
+            fleet.tick(1000.0 + k)
+        assert fleet.sku_peers._offsets == {}
+        assert set(fleet._skus) == {"H100 busy"}  # the busy band was judged, with no place learned
+
     def test_offsets_survive_the_state_round_trip(self) -> None:
         a = PeerComparison(S.peers, detector="sku_peers", learn_offsets=True)
         for k in range(30):
