@@ -79,18 +79,22 @@ def test_a_jobset_restart_prefers_the_surviving_ranks_leaf_through_its_child_job
         registry = CollectorRegistry()
         settings = Settings(placement=PlacementSettings(node_cache_s=0.0))  # sees the repair below at once
         restarter = PlacementRestarter(kube_api, settings, PlacementMetrics(registry))
-        versions = {j.metadata.name: j.metadata.resource_version for j in _children(kube_api, namespace)}
-        js_version = custom.get_namespaced_custom_object(JS_GROUP, JS_VERSION, namespace, "jobsets", "placed")[
-            "metadata"]["resourceVersion"]
+        # what a dry run must not change: spec (generation) and annotations; the controllers keep
+        # updating status (and so resourceVersion) on their own
+        versions = {j.metadata.name: (j.metadata.generation, j.metadata.annotations)
+                    for j in _children(kube_api, namespace)}
+        js_meta = custom.get_namespaced_custom_object(JS_GROUP, JS_VERSION, namespace, "jobsets", "placed")["metadata"]
+        js_version = (js_meta["generation"], js_meta.get("annotations"))
 
         dry = restarter.restart(f"{namespace}/placed", action="restart_job", exclude_nodes=[suspect], params={},
                                 dry_run=True, actor="t")
 
         assert dry.outcome == "skipped" and dry.details["dry_run"] == "true", dry.reason
         assert dry.details["preferred_domain"] == f"leaf={leaf}" and dry.details["capacity_pods"] == "3", dry.details
-        assert {j.metadata.name: j.metadata.resource_version for j in _children(kube_api, namespace)} == versions
-        assert custom.get_namespaced_custom_object(JS_GROUP, JS_VERSION, namespace, "jobsets", "placed")[
-            "metadata"]["resourceVersion"] == js_version
+        assert {j.metadata.name: (j.metadata.generation, j.metadata.annotations)
+                for j in _children(kube_api, namespace)} == versions
+        js_meta = custom.get_namespaced_custom_object(JS_GROUP, JS_VERSION, namespace, "jobsets", "placed")["metadata"]
+        assert (js_meta["generation"], js_meta.get("annotations")) == js_version
         assert running(kube_api, namespace, SELECTOR, 3) is not None
 
         old = {p.metadata.uid for p in before}
