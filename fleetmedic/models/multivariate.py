@@ -93,6 +93,7 @@ N_GAUGES = 5  # the features that are means over the window's busy samples (the 
 _GAUGE_SPREADS = ("gpu_temp", "memory_temp", "power_usage", "sm_clock")
 _RATE_COUNTERS = tuple(name for counters in _RATES.values() for name in counters)
 _SAMPLE_METRICS = (*_GAUGE_SPREADS, "clocks_event_reasons", "gpu_util", *_RATE_COUNTERS)
+_RATE_SPANS = tuple(itertools.pairwise(itertools.accumulate((len(c) for c in _RATES.values()), initial=0)))
 
 
 def _sample_features(msgs: Sequence[GpuTelemetry]) -> tuple[list[list[float]], list[bool], list[list[float]]]:
@@ -114,14 +115,12 @@ def _sample_features(msgs: Sequence[GpuTelemetry]) -> tuple[list[list[float]], l
                                 axis=1)
         util = sc.nanmedian(x[:, k + 1, :])
         counters = np.nansum(x[:, k + 2 :, :], axis=2)  # [messages, counters]
-        starts = np.cumsum([0, *(len(c) for c in _RATES.values())])
-        sums = np.stack([counters[:, a:b].sum(axis=1) for a, b in itertools.pairwise(starts)], axis=1)
+        sums = np.stack([counters[:, a:b].sum(axis=1) for a, b in _RATE_SPANS], axis=1)
         for j, i in enumerate(idx):
             rows[i] = gauges[j].tolist()
             busy[i] = not util[j] < BUSY_UTIL  # NaN (not reported) counts as busy
             totals[i] = sums[j].tolist()
     return rows, busy, totals
-
 
 
 class _Window(msgspec.Struct, array_like=True):
@@ -139,7 +138,6 @@ class _Window(msgspec.Struct, array_like=True):
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode_window = msgspec.msgpack.Decoder(_Window).decode
-
 
 
 @dataclass

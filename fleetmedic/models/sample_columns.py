@@ -15,28 +15,45 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from functools import lru_cache
 from itertools import chain
-from operator import attrgetter
+from operator import itemgetter
+from typing import Any
 
+import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
-from fleetmedic.records import GpuTelemetry
+from fleetmedic.models.gpu_signals import nanmedian_last_axis
+from fleetmedic.records import GPU_METRICS, GpuTelemetry
 
 F64 = NDArray[np.float64]
+_astuple = msgspec.structs.astuple
 _chain = chain.from_iterable
 
 
+@lru_cache(maxsize=32)
+def _getter(names: tuple[str, ...]) -> Any:
+    """Picks ``names``' columns, in that order, out of ``astuple(msg.metrics)`` (always a tuple)."""
+    pick = itemgetter(*(GPU_METRICS.index(n) for n in names))
+    return pick if len(names) > 1 else (lambda row: (pick(row),))
+
+
 def columns(msgs: Sequence[GpuTelemetry], names: Sequence[str]) -> F64:
-    """``[messages, names, gpus]`` for messages with the same GPU count (NaN: not reported)."""
+    """``[messages, names, gpus]`` for messages with the same GPU count (NaN: not reported).
+
+    ``np.fromiter`` over the chained columns is ~2x faster than ``np.array``; a ``null`` inside a
+    column (one GPU not reporting) falls back to ``np.array``, which maps it to NaN."""
+    get = _getter(tuple(names))
     g = len(msgs[0].gpus)
     nan_row = [float("nan")] * g
-    get = attrgetter(*names)
     rows = []
     for m in msgs:
-        cols = get(m.metrics) if len(names) > 1 else (get(m.metrics),)
-        rows.append([c if c else nan_row for c in cols])
-    try:  # ~2x faster than np.array; a None inside a column (one GPU not reporting) needs np.array
+        cols = get(_astuple(m.metrics))
+        if None in cols:  # a metric no GPU reported
+            cols = tuple(nan_row if c is None else c for c in cols)
+        rows.append(cols)
+    try:
         flat = np.fromiter(_chain(_chain(rows)), dtype=np.float64, count=len(rows) * len(names) * g)
     except TypeError:
         return np.array(rows, dtype=np.float64)
@@ -61,9 +78,7 @@ def spread(x: F64) -> F64:
 
 def nanmedian(x: F64) -> F64:
     """Median over the last axis, of the reported values (NaN when none)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        out: F64 = np.nanmedian(x, axis=-1)
+    out: F64 = nanmedian_last_axis(x)[..., 0]
     return out
 
 

@@ -210,13 +210,16 @@ def summarise_batch(msgs: Sequence[GpuTelemetry]) -> list[NodeSummary]:
         for i, row in zip(idx, medians, strict=True):
             m, util = msgs[i], row[-1]
             values = {name: v for name, v in zip(SUMMARY_METRICS, row, strict=False) if v == v}  # NaN: not reported
-            band = "" if util != util else ("idle" if util < 10 else ("busy" if util > 90 else ""))
-            out[i] = NodeSummary(m.node, float(m.ts), m.sku or "", band, values)
+            out[i] = NodeSummary(m.node, float(m.ts), m.sku or "", _band(util), values)
     return [s for s in out if s is not None]
 
 
 def _load_band(msg: GpuTelemetry) -> str:
-    util = median(reported(msg, "gpu_util"))
+    return _band(median(reported(msg, "gpu_util")))
+
+
+def _band(util: float) -> str:
+    """The load band of a node's median GPU utilisation ("": not reported, or in between)."""
     if util != util:  # not reported
         return ""
     return "idle" if util < 10 else ("busy" if util > 90 else "")
