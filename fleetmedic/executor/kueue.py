@@ -42,7 +42,7 @@ from kubernetes import client
 from kubernetes.client import ApiException
 
 from fleetmedic.executor import workloads as wl
-from fleetmedic.executor.workloads_jobset import all_suspended, child_jobs
+from fleetmedic.executor.workloads_jobset import all_suspended, child_jobs, patch_children
 from fleetmedic.executor.workloads_plan import (
     ANNOTATION_IN_PROGRESS,
     JOB,
@@ -184,15 +184,7 @@ def _write_placement(api: client.ApiClient, kind: WorkloadKind, obj: Mapping[str
     record = plan.annotation_ops((current.get("metadata") or {}).get("annotations") or {})
     placed: dict[str, str] = {}
     if kind is JOBSET:
-        patched = 0
-        for child in child_jobs(api, namespace, name, str(meta.get("uid"))):
-            child_plan = plan_restart(JOB, child, action=action, exclude_nodes=plan.excluded,
-                                      current_nodes=plan.preferred, params=params, now=time.time(), actor=actor)
-            ops = adjust_child(child, child_plan.template_ops) if adjust_child else child_plan.template_ops
-            if ops:
-                custom.patch_namespaced_custom_object("batch", "v1", namespace, "jobs", str(child["metadata"]["name"]),
-                                                      ops, _content_type=wl.JSON_PATCH)
-                patched += 1
+        patched = patch_children(api, plan, str(meta.get("uid")), params, actor, adjust_child)
         placed = {"children_patched": str(patched),
                   "note": "placement on the child Jobs, which keep it through Kueue's readmission; a JobSet-level "
                           "restart recreates them from the template without it"}

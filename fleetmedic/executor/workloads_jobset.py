@@ -57,6 +57,19 @@ def suspend_and_patch_children(api: client.ApiClient, plan: RestartPlan, obj: Ma
     uid = str(meta.get("uid"))
     wait_for(lambda: all_suspended(_children(api, plan, uid)), timeout,
              f"JobSet {plan.namespace}/{plan.name}: its child Jobs were not suspended")
+    patched = patch_children(api, plan, uid, params, actor, adjust_child)
+    resume = [{"op": "add", "path": "/spec/suspend", "value": False},
+              *plan.annotation_ops(annotations, remove=[ANNOTATION_IN_PROGRESS])]
+    _patch(api, JOBSET, plan.namespace, plan.name, resume)
+    return patched
+
+
+def patch_children(api: client.ApiClient, plan: RestartPlan, uid: str, params: Mapping[str, str], actor: str,
+                   adjust_child: AdjustChild | None) -> int:
+    """Write each suspended child Job's plan (its exclusion; through ``adjust_child`` also the
+    placement) in one patch per child; returns how many children were patched."""
+    from fleetmedic.executor.workloads import _patch
+
     patched = 0
     for child in _children(api, plan, uid):
         child_plan = plan_restart(JOB, child, action=plan.action, exclude_nodes=plan.excluded,
@@ -65,9 +78,6 @@ def suspend_and_patch_children(api: client.ApiClient, plan: RestartPlan, obj: Ma
         if ops:
             _patch(api, JOB, plan.namespace, str(child["metadata"]["name"]), ops)
             patched += 1
-    resume = [{"op": "add", "path": "/spec/suspend", "value": False},
-              *plan.annotation_ops(annotations, remove=[ANNOTATION_IN_PROGRESS])]
-    _patch(api, JOBSET, plan.namespace, plan.name, resume)
     return patched
 
 
