@@ -201,6 +201,8 @@ class DetectionSettings(Section, frozen=True, kw_only=True):
     link_speed_min_ratio: Fraction = 0.9  # an up link below this share of its expected speed is degraded
     dbe_threshold: PosInt = 1
     thermal_throttle_fraction: Fraction = 0.2
+    hw_thermal_is_hard: bool = True  # HW thermal slowdown (0x40) on a GPU is a hard fault (cooling)
+    power_brake_min_gpu_fraction: Fraction = 0.5  # HW power brake (0x80) on this share of a node's GPUs: PSU; 0 = off
 
 
 # --- triage, policy, safety ---------------------------------------------------------------------

@@ -23,7 +23,10 @@ gpu_throttle      degradation  share of samples in thermal/power slowdown above
 pcie_width        degradation  PCIe link width below the widest seen on that GPU
 hbm_rows          degradation  uncorrectable remapped rows went up, or a remap is pending
 hard_rules        hard_fault   DBE increase >= ``dbe_threshold``; row-remap failure; NVLink
-                               link down; a GPU that stopped reporting (fell off the bus)
+                               link down; a GPU that stopped reporting (fell off the bus); HW
+                               thermal slowdown on a GPU (cooling failed; ``hw_thermal_is_hard``)
+power_brake       hard_fault   HW power brake on >= ``power_brake_min_gpu_fraction`` of the
+                               node's GPUs in one sample (power delivery / PSU; one per node)
 xid_rules         hard_fault   an XID whose action isolates (catalog + overrides); others as
                                ``info`` evidence for triage
 xid_repeat        hard_fault   an application-class XID repeated on one GPU within a window
@@ -48,6 +51,8 @@ from numpy.typing import NDArray
 from fleetmedic.config import DetectionSettings
 from fleetmedic.models.baseline import alpha_for_halflife
 from fleetmedic.models.gpu_signals import (
+    HW_POWER_BRAKE,
+    HW_THERMAL,
     KNOWN_SIGNALS,
     MEAN,
     PLANES,
@@ -343,7 +348,13 @@ class GpuDetector:
         stale = reset | ~(dt <= s.max_sample_gap_s)
         throttle = np.where(stale[:, None], 0.0, slab.throttle[idx])
         reasons = x[:, M["clocks_event_reasons"], :]
-        slowed = (np.nan_to_num(reasons).astype(np.int64) & THROTTLE_MASK) != 0
+        bits = np.nan_to_num(reasons).astype(np.int64)
+        slowed = (bits & THROTTLE_MASK) != 0
+        if s.hw_thermal_is_hard:
+            hard["hw_thermal"] = (bits & HW_THERMAL) != 0
+        braking = (bits & HW_POWER_BRAKE) != 0
+        min_braking = max(1, int(np.ceil(s.power_brake_min_gpu_fraction * bits.shape[1])))
+        power_brake = (braking.sum(axis=1) >= min_braking) & (s.power_brake_min_gpu_fraction > 0)
         throttle += self.alpha * (np.where(np.isfinite(reasons), slowed, throttle) - throttle)
         # reported while it happens: the share decays slowly once the cause is gone (a recovered GPU)
         throttled = (throttle > s.thermal_throttle_fraction) & slowed
@@ -359,6 +370,7 @@ class GpuDetector:
             | throttled.any(axis=1)
             | narrow.any(axis=1)
             | xid_changed.any(axis=1)
+            | power_brake
         )
         for mask in hard.values():
             busy |= mask.any(axis=1)
@@ -370,6 +382,8 @@ class GpuDetector:
         for i in map(int, np.flatnonzero(busy)):
             msg, live = msgs[i], lives[i]
             conditions = self._conditions(i, msg, res, hard, throttle[i], throttled[i], narrow[i], x[i], prev[i])
+            if power_brake[i]:
+                conditions.append(self._power_brake_condition(msg, braking[i]))
             conditions.extend(self._xid_conditions(msg, live, xid_changed[i], x[i]))
             findings.extend(self._report(msg, live, conditions))
         return findings
@@ -445,9 +459,22 @@ class GpuDetector:
         before = float(prev[W[metric], g]) if metric in W else float("nan")
         ev = Evidence(detector=detector, metric=metric, value=value, baseline=_f(before), gpu=gpu, ts=msg.ts)
         severity = "critical" if kind == "hard_fault" else "warning"
-        # hard faults are events: one finding per change, keyed by the value reached
-        return _Condition(f"{key}:{gpu}:{value:g}", detector, kind, severity, summary.format(gpu=gpu, value=value), ev,
-                          gpu, hint)
+        # hard faults are events: one finding per change, keyed by the value reached; a state (a
+        # slowdown bit) is one condition while it lasts, whatever else the bitmask holds
+        state = key in _HARD_STATES
+        return _Condition(f"{key}:{gpu}" if state else f"{key}:{gpu}:{value:g}", detector, kind, severity,
+                          summary.format(gpu=gpu, value=value), ev, gpu, hint)
+
+    def _power_brake_condition(self, msg: GpuTelemetry, braking: NDArray[np.bool_]) -> _Condition:
+        """One node-level condition: the board braked most of its GPUs at once (power delivery)."""
+        gpus = [msg.gpus[g] for g in np.flatnonzero(braking)]
+        frac = self.settings.power_brake_min_gpu_fraction
+        ev = Evidence(detector="power_brake", metric="clocks_event_reasons", value=float(len(gpus)),
+                      threshold=frac * len(msg.gpus), ts=msg.ts,
+                      note="HW power brake (0x80) on GPUs " + ",".join(map(str, gpus)))
+        return _Condition("power_brake", "power_brake", "hard_fault", "critical",
+                          f"HW power brake on {len(gpus)} of {len(msg.gpus)} GPUs: power delivery (PSU) fault",
+                          ev, None, "isolate")
 
     def _gpu_set_changed(self, msg: GpuTelemetry, live: _Live) -> list[Finding]:
         missing = sorted(set(live.gpus) - set(msg.gpus))
@@ -547,7 +574,7 @@ class _Condition:
     severity: str
     summary: str
     evidence: Evidence
-    gpu: int
+    gpu: int | None
     hint: str
 
 
@@ -559,9 +586,13 @@ _HARD: dict[str, tuple[str, str, str, str, str]] = {
                     "isolate"),
     "remapped_rows": ("uncorrectable_remapped_rows", "hbm_rows", "degradation",
                       "GPU {gpu}: uncorrectable remapped rows rose to {value:g}", "investigate"),
+    "hw_thermal": ("clocks_event_reasons", "hard_rules", "hard_fault",
+                   "GPU {gpu}: HW thermal slowdown (over-temperature protection; cooling failed)", "isolate"),
     "remap_pending": ("row_remap_pending", "hbm_rows", "degradation", "GPU {gpu}: row remap pending (needs reset)",
                       "reset_gpu"),
 }
+#: hard conditions that are states (a bit held while it lasts), not counters that step
+_HARD_STATES = frozenset({"hw_thermal"})
 
 
 def _hard_conditions(x: F64, prev: F64, reset: NDArray[np.bool_], dbe_threshold: int) -> dict[str, NDArray[np.bool_]]:

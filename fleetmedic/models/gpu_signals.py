@@ -78,6 +78,10 @@ M: Final = {name: i for i, name in enumerate(USED_METRICS)}
 
 # clocks_event_reasons bits that mean the GPU is slowed by heat or power protection
 THROTTLE_MASK: Final = 0x8 | 0x20 | 0x40 | 0x80  # HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE
+#: the GPU's own over-temperature protection cut its clocks (by half or more): cooling has failed
+HW_THERMAL: Final = 0x40
+#: the board asserted the external power brake (e.g. a power supply failed or lost redundancy)
+HW_POWER_BRAKE: Final = 0x80
 
 WATCHED_ROWS: Final = np.array([M[n] for n in WATCHED])
 

@@ -82,6 +82,42 @@ def test_dbe_is_a_hard_fault_in_the_sample_it_appears() -> None:
     assert run(det, 5, start=51, counters=dbe) == []  # the same count is not a new fault
 
 
+def test_hw_thermal_slowdown_is_a_hard_fault_in_the_sample_it_appears_and_one_while_it_lasts() -> None:
+    # the GPU's own over-temperature protection halved its clocks: cooling failed (fan, heatsink)
+    det = detector()
+    run(det, 50)
+    hot = lambda k: {"clocks_event_reasons": [0, 0, 0, 0x60 | (0x4 if k % 2 else 0), 0, 0, 0, 0]}  # noqa: E731
+    first = run(det, 1, start=50, gauges=hot)
+    assert [(f.detector, f.kind, f.gpu, f.action_hint) for f in first if f.kind == "hard_fault"] == [
+        ("hard_rules", "hard_fault", 3, "isolate")]
+    # the other bits (a power cap coming and going) do not make it a new fault every sample
+    assert not any(f.kind == "hard_fault" for f in run(det, 20, start=51, gauges=hot))
+    # software thermal slowdown alone (0x20) is the GPU managing its heat: no hard fault
+    soft = detector()
+    warm = lambda k: {"clocks_event_reasons": [0, 0, 0, 0x20, 0, 0, 0, 0]}  # noqa: E731
+    assert not any(f.kind == "hard_fault" for f in run(soft, 60, gauges=warm))
+    off = detector("detection: {hw_thermal_is_hard: false}")
+    assert not any(f.kind == "hard_fault" for f in run(off, 60, gauges=hot))
+
+
+def test_power_brake_on_most_gpus_of_a_node_is_one_hard_fault_on_the_node_at_once() -> None:
+    det = detector()
+    run(det, 50)
+    brake = lambda k: {"clocks_event_reasons": [0x88] * 6 + [0, 0]}  # noqa: E731
+    found = run(det, 1, start=50, gauges=brake)
+    assert [(f.detector, f.kind, f.gpu, f.severity) for f in found] == [("power_brake", "hard_fault", None, "critical")]
+    assert found[0].evidence[0].value == 6.0 and "0,1,2,3,4,5" in found[0].evidence[0].note
+    assert not any(f.detector == "power_brake" for f in run(det, 20, start=51, gauges=brake))
+    # one GPU braking is that GPU's power trouble (a straggler), not the node's power delivery
+    one = detector()
+    lone = lambda k: {"clocks_event_reasons": [0x84, 0, 0, 0, 0, 0, 0, 0]}  # noqa: E731
+    assert not any(f.kind == "hard_fault" for f in run(one, 60, gauges=lone))
+    strict = detector("detection: {power_brake_min_gpu_fraction: 1.0}")
+    assert not any(f.detector == "power_brake" for f in run(strict, 60, gauges=brake))
+    off = detector("detection: {power_brake_min_gpu_fraction: 0.0}")
+    assert not any(f.detector == "power_brake" for f in run(off, 60, gauges=brake))
+
+
 def test_counter_reset_on_reboot_is_not_a_fault_or_a_rate_spike() -> None:
     det = detector()
     high = {"ecc_sbe_vol_total": [500] * 8, "pcie_replay_counter": [900] * 8}
