@@ -46,6 +46,8 @@ def run_seed(seed: int, nodes: int, hours: float, faults: str) -> dict[str, Any]
         "findings": len(out.findings),
         "report": msgspec.to_builtins(report),
         "false_incidents": false_incident_rows(run.truth, out.incidents, report),
+        "delays": [{"kind": t.kind, "class": t.fault_class, "delay_s": report.delays.get(t.id)}
+                   for t in run.truth if not t.is_negative_control],
     }
 
 
@@ -75,6 +77,14 @@ PLACEMENT_COUNTS = ("re_placements", "with_room", "replacements", "in_leaf", "on
 
 def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 4) if b else None
+
+
+def _quantile(xs: list[float], q: float) -> float | None:
+    """The ``q`` quantile of the pooled per-fault delays (nearest rank), or None when there are none."""
+    if not xs:
+        return None
+    ys = sorted(xs)
+    return round(ys[min(len(ys) - 1, int(q * len(ys)))], 1)
 
 
 def aggregate(results: list[dict[str, Any]], node_days: float) -> dict[str, Any]:
@@ -115,8 +125,16 @@ def aggregate(results: list[dict[str, Any]], node_days: float) -> dict[str, Any]
             for f in PLACEMENT_COUNTS:
                 placement[who][f] += int(counts.get(f) or 0)
     overall["placement"] = {who: dict(v) for who, v in sorted(placement.items())}
+    group_delays: dict[str, list[float]] = defaultdict(list)
+    for res in results:
+        for d in res.get("delays", []):
+            if d["delay_s"] is not None:
+                cls = d["class"]
+                group_delays["hard" if cls in HARD else ("silent" if cls in SILENT else cls)].append(d["delay_s"])
     summary = {g: {"faults": int(v["faults"]), "precision": _ratio(v["detected"], v["detected"] + v["false_positives"]),
-                   "recall": _ratio(v["detected"], v["faults"])} for g, v in sorted(groups.items())}
+                   "recall": _ratio(v["detected"], v["faults"]),
+                   "delay_p50_s": _quantile(group_delays[g], 0.5), "delay_p90_s": _quantile(group_delays[g], 0.9)}
+               for g, v in sorted(groups.items())}
     return {"kinds": rows, "groups": summary, "overall": overall}
 
 
@@ -135,13 +153,17 @@ def markdown(args: argparse.Namespace, results: list[dict[str, Any]], agg: dict[
         f"Seeds: {', '.join(str(r['seed']) for r in results)}; CPU per seed: "
         + ", ".join(f"{r['cpu_s']} s" for r in results) + ".",
         "",
-        "## By group (targets: hard faults recall 1.0 / precision >= 0.99; silent degradation P, R >= 0.95)",
+        "## By group (targets: hard faults recall 1.0 / precision >= 0.99, found within one sample interval "
+        "(10 s); silent degradation P, R >= 0.95, delay p50 <= 120 s)",
         "",
-        "| group | faults | precision | recall |",
-        "|---|---|---|---|",
+        "Delays are pooled over every detected fault of the group (onset to the first incident that names it).",
+        "",
+        "| group | faults | precision | recall | delay p50 (s) | delay p90 (s) |",
+        "|---|---|---|---|---|---|",
     ]
     for g, v in agg["groups"].items():
-        lines.append(f"| {g} | {v['faults']} | {fmt(v['precision'])} | {fmt(v['recall'])} |")
+        lines.append(f"| {g} | {v['faults']} | {fmt(v['precision'])} | {fmt(v['recall'])} | "
+                     f"{fmt(v.get('delay_p50_s'))} | {fmt(v.get('delay_p90_s'))} |")
     o = agg["overall"]
     lines += [
         "",

@@ -133,6 +133,7 @@ class ScoreReport(Struct, frozen=True, kw_only=True):
     isolation: IsolationScore
     closed_loop: ClosedLoopScore | None
     matches: dict[str, list[str]]  # fault id -> incident ids
+    delays: dict[str, float] = {}  # fault id -> detection delay (s), for the detected faults
 
 
 # --- names ------------------------------------------------------------------------------------------
@@ -370,6 +371,7 @@ def score(truth: list[TruthRecord], incidents: list[Incident], commands: list[Re
         isolation=iso,
         closed_loop=_closed_loop(faults, episodes, meta, accounting),
         matches={k: [i.id for i in v] for k, v in matches.items()},
+        delays={k: round(v, 3) for k, v in delays.items()},
     )
 
 
