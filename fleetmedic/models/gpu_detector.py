@@ -166,6 +166,10 @@ class _Live:
     boot_id: str = ""
     active: dict[str, list[float]] = field(default_factory=dict)
     xid_log: list[tuple[float, int, int]] = field(default_factory=list)
+    gpu_list: list[int] = field(init=False)  # ``gpus`` as messages carry them, for a cheap comparison
+
+    def __post_init__(self) -> None:
+        self.gpu_list = list(self.gpus)
 
     @property
     def planes(self) -> F64:
@@ -290,8 +294,10 @@ class GpuDetector:
 
     def observe_batch(self, msgs: Sequence[GpuTelemetry]) -> list[Finding]:
         """Findings for a batch of messages, in message order per node."""
-        findings: list[Finding] = []
         pending = list(msgs)
+        if pending and len({m.node for m in pending}) == len(pending) and len({len(m.gpus) for m in pending}) == 1:
+            return self._observe_distinct(pending)  # the usual micro-batch: one message per node, one SKU
+        findings: list[Finding] = []
         while pending:
             wave, pending = _split_waves(pending)
             by_width: dict[int, list[GpuTelemetry]] = {}
@@ -305,26 +311,32 @@ class GpuDetector:
         """One message per node, all with the same GPU count (so all in one slab)."""
         s = self.settings
         findings: list[Finding] = []
-        lives: list[_Live] = []
-        boot_changed: list[bool] = []
-        attention: list[bool] = []
-        for msg in msgs:
-            live = self._nodes.get(msg.node)
-            gpus = tuple(msg.gpus)
+        # per-message Python work is a few comprehensions; the rare cases (a new node, a changed GPU
+        # set, a reboot) are handled for those messages only
+        n = len(msgs)
+        nodes = self._nodes
+        lives = [nodes.get(m.node) for m in msgs]
+        for i in [i for i, (lv, m) in enumerate(zip(lives, msgs, strict=True)) if lv is None or lv.gpu_list != m.gpus]:
+            msg, live, gpus = msgs[i], lives[i], tuple(msgs[i].gpus)
             if live is None:
-                live = self._nodes[msg.node] = self._new_live(gpus)
-            elif live.gpus != gpus:
+                live = nodes[msg.node] = self._new_live(gpus)
+            else:
                 findings.extend(self._gpu_set_changed(msg, live))
-                live = self._nodes[msg.node] = self._realigned(msg.node, live, gpus)
-            boot_changed.append(live.boot_id != msg.boot_id)
-            live.boot_id = msg.boot_id
-            lives.append(live)
-            attention.append(bool(msg.xids or live.xid_log or live.active))
-        slab = lives[0].slab
-        idx = np.array([lv.slot for lv in lives], dtype=np.intp)
-        ts = np.array([float(m.ts) for m in msgs])
+                live = nodes[msg.node] = self._realigned(msg.node, live, gpus)
+            lives[i] = live
+        known: list[_Live] = lives  # type: ignore[assignment]  # every entry is set above
+        boot_changed = np.zeros(n, dtype=bool)
+        for i in [i for i, (lv, m) in enumerate(zip(known, msgs, strict=True)) if lv.boot_id != m.boot_id]:
+            boot_changed[i] = True
+            known[i].boot_id = msgs[i].boot_id
+        attention = np.zeros(n, dtype=bool)
+        pairs = zip(known, msgs, strict=True)
+        attention[[i for i, (lv, m) in enumerate(pairs) if m.xids or lv.xid_log or lv.active]] = True
+        slab = known[0].slab
+        idx = np.fromiter([lv.slot for lv in known], dtype=np.intp, count=n)
+        ts = np.fromiter([m.ts for m in msgs], dtype=np.float64, count=n)
         seen = slab.samples[idx] > 0
-        reset = np.array(boot_changed) & seen
+        reset = boot_changed & seen
         dt = np.where(seen, ts - slab.prev_ts[idx], np.nan)
         x = metrics_batch(msgs)
         prev = slab.prev[idx]
@@ -365,7 +377,7 @@ class GpuDetector:
         xid_changed = np.isfinite(gauge) & (gauge > 0) & ~(gauge == gauge_before)
         # which nodes have anything to say: only those pay for per-node Python work
         busy = (
-            np.array(attention)
+            attention
             | (res.persistent | res.drifting).any(axis=(1, 2))
             | throttled.any(axis=1)
             | narrow.any(axis=1)
@@ -380,7 +392,7 @@ class GpuDetector:
         slab.prev_ts[idx] = ts
         slab.samples[idx] += 1
         for i in map(int, np.flatnonzero(busy)):
-            msg, live = msgs[i], lives[i]
+            msg, live = msgs[i], known[i]
             conditions = self._conditions(i, msg, res, hard, throttle[i], throttled[i], narrow[i], x[i], prev[i])
             if power_brake[i]:
                 conditions.append(self._power_brake_condition(msg, braking[i]))
