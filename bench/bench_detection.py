@@ -27,7 +27,7 @@ import numpy as np
 from fleetmedic import records as r
 from fleetmedic.config import Settings
 from fleetmedic.models.gpu_detector import GpuDetector, metrics_array
-from fleetmedic.models.stages import NodeDetection, summarise_batch
+from fleetmedic.models.stages import NodeDetection, stage1_batch, summarise_batch
 
 
 def make_messages(nodes: int, ticks: int, seed: int = 0) -> list[bytes]:
@@ -122,8 +122,9 @@ def main() -> None:
         stage = NodeDetection(settings)
         for i in range(0, len(wire), args.batch):
             msgs = [dec.decode(b) for b in wire[i : i + args.batch]]
-            stage.on_gpu(msgs)
-            summarise_batch(msgs)
+            batch = stage1_batch(msgs)  # as the detect worker does: the columns converted once for both
+            stage.on_gpu(msgs, batch)
+            summarise_batch(msgs, batch)
 
     def full_single() -> None:
         det = GpuDetector(settings)

@@ -70,7 +70,7 @@ from fleetmedic.models.gpu_signals import (
     compute_signals,
     step_baselines,
 )
-from fleetmedic.models.sample_columns import columns
+from fleetmedic.models.sample_columns import MetricBatch, columns
 from fleetmedic.models.xid_catalog import XidCatalog, default_catalog
 from fleetmedic.records import Evidence, Finding, GpuTelemetry
 
@@ -292,11 +292,14 @@ class GpuDetector:
     def observe(self, msg: GpuTelemetry) -> list[Finding]:
         return self.observe_batch([msg])
 
-    def observe_batch(self, msgs: Sequence[GpuTelemetry]) -> list[Finding]:
-        """Findings for a batch of messages, in message order per node."""
+    def observe_batch(self, msgs: Sequence[GpuTelemetry], batch: MetricBatch | None = None) -> list[Finding]:
+        """Findings for a batch of messages, in message order per node. ``batch``: the messages'
+        columns already converted (:class:`~fleetmedic.models.sample_columns.MetricBatch`)."""
         pending = list(msgs)
         if pending and len({m.node for m in pending}) == len(pending) and len({len(m.gpus) for m in pending}) == 1:
-            return self._observe_distinct(pending)  # the usual micro-batch: one message per node, one SKU
+            # the usual micro-batch: one message per node, one GPU count
+            shared = batch is not None and len(batch.groups) == 1 and bool(pending[0].gpus)
+            return self._observe_distinct(pending, batch.take(0, USED_METRICS) if batch and shared else None)
         findings: list[Finding] = []
         while pending:
             wave, pending = _split_waves(pending)
@@ -307,8 +310,9 @@ class GpuDetector:
                 findings.extend(self._observe_distinct(group))
         return findings
 
-    def _observe_distinct(self, msgs: list[GpuTelemetry]) -> list[Finding]:
-        """One message per node, all with the same GPU count (so all in one slab)."""
+    def _observe_distinct(self, msgs: list[GpuTelemetry], x: F64 | None = None) -> list[Finding]:
+        """One message per node, all with the same GPU count (so all in one slab); ``x``: their
+        :func:`metrics_batch`, when already converted."""
         s = self.settings
         findings: list[Finding] = []
         # per-message Python work is a few comprehensions; the rare cases (a new node, a changed GPU
@@ -338,7 +342,8 @@ class GpuDetector:
         seen = slab.samples[idx] > 0
         reset = boot_changed & seen
         dt = np.where(seen, ts - slab.prev_ts[idx], np.nan)
-        x = metrics_batch(msgs)
+        if x is None:
+            x = metrics_batch(msgs)
         prev = slab.prev[idx]
         planes = slab.planes[idx]
         y = compute_signals(x, prev, dt, reset, self.plan, s.max_sample_gap_s)

@@ -92,24 +92,28 @@ _RATES = {
 N_GAUGES = 5  # the features that are means over the window's busy samples (the rest are rates)
 _GAUGE_SPREADS = ("gpu_temp", "memory_temp", "power_usage", "sm_clock")
 _RATE_COUNTERS = tuple(name for counters in _RATES.values() for name in counters)
-_SAMPLE_METRICS = (*_GAUGE_SPREADS, "clocks_event_reasons", "gpu_util", *_RATE_COUNTERS)
+SAMPLE_METRICS = (*_GAUGE_SPREADS, "clocks_event_reasons", "gpu_util", *_RATE_COUNTERS)
 _RATE_SPANS = tuple(itertools.pairwise(itertools.accumulate((len(c) for c in _RATES.values()), initial=0)))
 
 
-def _sample_features(msgs: Sequence[GpuTelemetry]) -> tuple[list[list[float]], list[bool], list[list[float]]]:
+def _sample_features(
+    msgs: Sequence[GpuTelemetry], batch: sc.MetricBatch | None = None
+) -> tuple[list[list[float]], list[bool], list[list[float]]]:
     """Per message: the gauge row (4 spreads between GPUs, the throttled share), whether the node
     was busy (median utilisation >= BUSY_UTIL, or not reported), and each rate feature's counter
-    total; computed for the whole batch at once (:mod:`~fleetmedic.models.sample_columns`)."""
+    total; computed for the whole batch at once (:mod:`~fleetmedic.models.sample_columns`), from
+    ``batch``'s columns when given."""
     n = len(msgs)
     rows: list[list[float]] = [[]] * n
     busy: list[bool] = [True] * n
     totals: list[list[float]] = [[]] * n
-    for idx in sc.by_gpu_count(msgs):
+    batch = batch or sc.MetricBatch.of(msgs, SAMPLE_METRICS)
+    for group, idx in enumerate(batch.groups):
         if not msgs[idx[0]].gpus:  # a node with no GPUs listed: nothing reported
             for i in idx:
                 rows[i], totals[i] = [math.nan] * N_GAUGES, [0.0] * len(_RATES)
             continue
-        x = sc.columns([msgs[i] for i in idx], _SAMPLE_METRICS)
+        x = batch.take(group, SAMPLE_METRICS)
         k = len(_GAUGE_SPREADS)
         gauges = np.concatenate([sc.spread(x[:, :k, :]), sc.share_with_bits(x[:, k, :], THROTTLE_MASK)[:, None]],
                                 axis=1)
@@ -150,10 +154,13 @@ class NodeWindowFeatures:
     def add(self, msg: GpuTelemetry) -> NDArray[np.float64] | None:
         return self.add_batch([msg])[0]
 
-    def add_batch(self, msgs: Sequence[GpuTelemetry]) -> list[NDArray[np.float64] | None]:
+    def add_batch(
+        self, msgs: Sequence[GpuTelemetry], batch: sc.MetricBatch | None = None
+    ) -> list[NDArray[np.float64] | None]:
         """Add each message's sample in order; per message, the feature vector of the window it
-        closed (or None). The per-sample reductions run over the whole batch at once."""
-        rows, busy, totals = _sample_features(msgs)
+        closed (or None). The per-sample reductions run over the whole batch at once (over
+        ``batch``'s converted columns when given)."""
+        rows, busy, totals = _sample_features(msgs, batch)
         out: list[NDArray[np.float64] | None] = []
         for i, msg in enumerate(msgs):
             ts = float(msg.ts)

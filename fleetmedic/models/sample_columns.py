@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain
 from operator import itemgetter
@@ -58,6 +59,41 @@ def columns(msgs: Sequence[GpuTelemetry], names: Sequence[str]) -> F64:
     except TypeError:
         return np.array(rows, dtype=np.float64)
     return flat.reshape(len(rows), len(names), g)
+
+
+@dataclass(frozen=True)
+class MetricBatch:
+    """A micro-batch's metric columns, converted once and shared by everything that reduces them.
+
+    Converting the messages' lists into numpy is the largest cost of stage 1; the GPU detector, the
+    multivariate model's windows and the peer summaries each read a subset of the same columns, so
+    :meth:`of` converts the union once per GPU count and :meth:`take` hands each its rows (a view
+    where they are contiguous). ``groups[k]`` are the message indices of ``arrays[k]``
+    (``[messages, names, gpus]``; None for messages that list no GPUs)."""
+
+    names: tuple[str, ...]
+    groups: list[list[int]]
+    arrays: list[F64 | None]
+    _rows: dict[tuple[str, ...], slice | NDArray[np.intp]] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def of(cls, msgs: Sequence[GpuTelemetry], names: Sequence[str]) -> MetricBatch:
+        groups = by_gpu_count(msgs)
+        arrays = [columns([msgs[i] for i in idx], names) if msgs[idx[0]].gpus else None for idx in groups]
+        return cls(tuple(names), groups, arrays)
+
+    def take(self, group: int, names: Sequence[str]) -> F64:
+        """``[messages of the group, names, gpus]`` (the group must list GPUs)."""
+        x = self.arrays[group]
+        if x is None:
+            raise ValueError(f"group {group} of the batch lists no GPUs")
+        key = tuple(names)
+        rows = self._rows.get(key)
+        if rows is None:
+            at = [self.names.index(n) for n in key]
+            contiguous = at == list(range(at[0], at[0] + len(at)))
+            rows = self._rows[key] = slice(at[0], at[0] + len(at)) if contiguous else np.array(at, dtype=np.intp)
+        return x[:, rows, :]
 
 
 def by_gpu_count(msgs: Sequence[GpuTelemetry]) -> list[list[int]]:

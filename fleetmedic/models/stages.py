@@ -20,8 +20,8 @@ import msgspec
 from fleetmedic.config import DetectionSettings
 from fleetmedic.models import sample_columns as sc
 from fleetmedic.models.gpu_detector import GpuDetector
-from fleetmedic.models.gpu_signals import median, reported
-from fleetmedic.models.multivariate import MultivariateModel, NodeWindowFeatures
+from fleetmedic.models.gpu_signals import USED_METRICS, median, reported
+from fleetmedic.models.multivariate import SAMPLE_METRICS, MultivariateModel, NodeWindowFeatures
 from fleetmedic.models.peers import SUMMARY_METRICS, PeerComparison, node_summary
 from fleetmedic.models.port_detector import PortDetector
 from fleetmedic.models.straggler import StragglerDetector
@@ -44,12 +44,15 @@ class NodeDetection:
         self.windows = NodeWindowFeatures(self.settings.multivariate.window_s)
         self.model = MultivariateModel(self.settings.multivariate)
 
-    def on_gpu(self, msgs: Sequence[GpuTelemetry]) -> list[Finding]:
-        findings = self.gpu.observe_batch(msgs)
+    def on_gpu(self, msgs: Sequence[GpuTelemetry], batch: sc.MetricBatch | None = None) -> list[Finding]:
+        """Findings for a micro-batch; ``batch`` (:func:`stage1_batch`) when the caller converted the
+        messages' columns already (it also needs them for :func:`summarise_batch`)."""
+        batch = batch or stage1_batch(msgs)
+        findings = self.gpu.observe_batch(msgs, batch)
         for f in findings:
             self._flagged_since[f.node] = max(self._flagged_since.get(f.node, f.ts), f.ts)
         if self.settings.multivariate.enabled:
-            findings.extend(self._windows(msgs))
+            findings.extend(self._windows(msgs, batch))
         return findings
 
     def on_port(self, msg: PortTelemetry) -> list[Finding]:
@@ -69,9 +72,9 @@ class NodeDetection:
         if flagged is not None:
             self._flagged_since[node] = flagged
 
-    def _windows(self, msgs: Sequence[GpuTelemetry]) -> list[Finding]:
+    def _windows(self, msgs: Sequence[GpuTelemetry], batch: sc.MetricBatch) -> list[Finding]:
         out: list[Finding] = []
-        for msg, vec in zip(msgs, self.windows.add_batch(msgs), strict=True):
+        for msg, vec in zip(msgs, self.windows.add_batch(msgs, batch), strict=True):
             if vec is None:
                 continue
             now = float(msg.ts)
@@ -198,15 +201,26 @@ def summarise(msg: GpuTelemetry) -> NodeSummary:
 _BATCH_METRICS = (*SUMMARY_METRICS, "gpu_util")
 
 
-def summarise_batch(msgs: Sequence[GpuTelemetry]) -> list[NodeSummary]:
-    """:func:`summarise` of each message, with the medians of the whole batch computed at once."""
+#: every metric stage 1 reads, converted once per micro-batch (:func:`stage1_batch`)
+STAGE1_METRICS = tuple(dict.fromkeys((*USED_METRICS, *SAMPLE_METRICS, *_BATCH_METRICS)))
+
+
+def stage1_batch(msgs: Sequence[GpuTelemetry]) -> sc.MetricBatch:
+    """The micro-batch's columns for :meth:`NodeDetection.on_gpu` and :func:`summarise_batch`."""
+    return sc.MetricBatch.of(msgs, STAGE1_METRICS)
+
+
+def summarise_batch(msgs: Sequence[GpuTelemetry], batch: sc.MetricBatch | None = None) -> list[NodeSummary]:
+    """:func:`summarise` of each message, with the medians of the whole batch computed at once (from
+    ``batch``'s converted columns when given)."""
     out: list[NodeSummary | None] = [None] * len(msgs)
-    for idx in sc.by_gpu_count(msgs):
+    batch = batch or sc.MetricBatch.of(msgs, _BATCH_METRICS)
+    for group, idx in enumerate(batch.groups):
         if not msgs[idx[0]].gpus:
             for i in idx:
                 out[i] = summarise(msgs[i])
             continue
-        medians = sc.nanmedian(sc.columns([msgs[i] for i in idx], _BATCH_METRICS)).tolist()
+        medians = sc.nanmedian(batch.take(group, _BATCH_METRICS)).tolist()
         for i, row in zip(idx, medians, strict=True):
             m, util = msgs[i], row[-1]
             values = {name: v for name, v in zip(SUMMARY_METRICS, row, strict=False) if v == v}  # NaN: not reported

@@ -41,7 +41,7 @@ from aiokafka.structs import ConsumerRecord
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings
-from fleetmedic.models.stages import NodeDetection, NodeSummary, summarise_batch
+from fleetmedic.models.stages import NodeDetection, NodeSummary, stage1_batch, summarise_batch
 from fleetmedic.streams.app import detect_group, detect_state_topic, kafka_client_options, summaries_topic
 from fleetmedic.streams.metrics import PipelineMetrics
 from fleetmedic.streams.outputs import Outputs, Source
@@ -152,8 +152,9 @@ class DetectStage:
         for m in msgs:
             self.partition_of[m.node] = partition
         self.dirty.update(m.node for m in msgs)
-        await self.outputs.findings(self.node_stage.on_gpu(msgs))
-        await self.outputs.send_raw(self.summaries, SUMMARY_KEY, _encode(SummaryBatch(summarise_batch(msgs))))
+        batch = stage1_batch(msgs)  # the columns converted once for both
+        await self.outputs.findings(self.node_stage.on_gpu(msgs, batch))
+        await self.outputs.send_raw(self.summaries, SUMMARY_KEY, _encode(SummaryBatch(summarise_batch(msgs, batch))))
 
     async def _port(self, rec: ConsumerRecord[bytes, bytes]) -> None:
         msg = await self.outputs.decode(r.PortTelemetry, Source.of_record(rec), "detect")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings
-from fleetmedic.models.stages import FleetDetection, NodeDetection, summarise_batch
+from fleetmedic.models.stages import FleetDetection, NodeDetection, stage1_batch, summarise_batch
 from fleetmedic.remediation.engine import DecisionEngine, Decisions
 from fleetmedic.remediation.topology import Placement, Topology
 from fleetmedic.signing import sign
@@ -56,9 +56,10 @@ class EmbeddedPipeline:
     # --- inputs ---------------------------------------------------------------------------------
 
     def gpu(self, msgs: list[r.GpuTelemetry], now: float) -> list[r.RemediationCommand]:
-        for summary in summarise_batch(msgs):
+        batch = stage1_batch(msgs)  # the columns converted once for both
+        for summary in summarise_batch(msgs, batch):
             self.fleet_stage.on_summary(summary)
-        return self._findings(self.node_stage.on_gpu(msgs), now)
+        return self._findings(self.node_stage.on_gpu(msgs, batch), now)
 
     def port(self, msg: r.PortTelemetry, now: float) -> list[r.RemediationCommand]:
         stage = self.node_stage.on_port if msg.device_kind == "host" else self.fleet_stage.on_port

@@ -10,6 +10,7 @@ import pytest
 from fleetmedic import records as r
 from fleetmedic.config import Settings, parse_config
 from fleetmedic.models.gpu_detector import GpuDetector
+from fleetmedic.models.stages import stage1_batch
 from tests.models.synth import gpu_message
 
 DT = 10.0
@@ -271,6 +272,11 @@ def test_the_batch_path_finds_exactly_what_one_message_at_a_time_finds() -> None
     in_batches = [f for i in range(0, len(msgs), 64) for f in batched.observe_batch(msgs[i : i + 64])]
     assert sorted(f.id for f in one_by_one) == sorted(f.id for f in in_batches)
     assert len(one_by_one) >= 3
+    # one message per node (the usual micro-batch) from stage 1's shared columns: the same again
+    shared = detector()
+    per_tick = [msgs[i : i + 6] for i in range(0, len(msgs), 6)]
+    from_shared = [f for tick in per_tick for f in shared.observe_batch(tick, stage1_batch(tick))]
+    assert [f.id for f in from_shared] == [f.id for f in one_by_one]
 
 
 def test_state_restored_from_bytes_continues_exactly() -> None:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from fleetmedic import records as r
 from fleetmedic.models.gpu_signals import THROTTLE_MASK, median, reported
 from fleetmedic.models.multivariate import _RATES, BUSY_UTIL, NodeWindowFeatures, _sample_features
-from fleetmedic.models.stages import summarise, summarise_batch
+from fleetmedic.models.stages import stage1_batch, summarise, summarise_batch
 
 
 def _reference(msg: r.GpuTelemetry) -> tuple[list[float], bool, list[float]]:
@@ -64,26 +64,31 @@ def _same(a: float, b: float) -> bool:
 @settings(max_examples=200, deadline=None)
 @given(messages())
 def test_batched_sample_features_equal_the_one_message_definition(msgs: list[r.GpuTelemetry]) -> None:
-    rows, busy, totals = _sample_features(msgs)
-    for i, msg in enumerate(msgs):
-        ref_row, ref_busy, ref_totals = _reference(msg)
-        assert all(_same(a, b) for a, b in zip(rows[i], ref_row, strict=True)), (rows[i], ref_row)
-        assert busy[i] == ref_busy and totals[i] == ref_totals
+    for batch in (None, stage1_batch(msgs)):  # own columns, or stage 1's shared ones
+        rows, busy, totals = _sample_features(msgs, batch)
+        for i, msg in enumerate(msgs):
+            ref_row, ref_busy, ref_totals = _reference(msg)
+            assert all(_same(a, b) for a, b in zip(rows[i], ref_row, strict=True)), (rows[i], ref_row)
+            assert busy[i] == ref_busy and totals[i] == ref_totals
 
 
 @settings(max_examples=50, deadline=None)
 @given(messages())
 def test_a_batch_gives_the_windows_of_one_message_at_a_time(msgs: list[r.GpuTelemetry]) -> None:
-    batched, single = NodeWindowFeatures(window_s=60.0), NodeWindowFeatures(window_s=60.0)
-    got = batched.add_batch(msgs)
+    batched, shared, single = (NodeWindowFeatures(window_s=60.0) for _ in range(3))
+    got, got_shared = batched.add_batch(msgs), shared.add_batch(msgs, stage1_batch(msgs))
     want = [single.add(m) for m in msgs]
-    for a, b in zip(got, want, strict=True):
-        assert (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b, equal_nan=True))
+    for a, c, b in zip(got, got_shared, want, strict=True):
+        for x in (a, c):
+            assert (x is None) == (b is None)
+            assert x is None or np.array_equal(x, b, equal_nan=True)
     for node in {m.node for m in msgs}:
-        assert batched.export_node(node) == single.export_node(node)
+        assert batched.export_node(node) == shared.export_node(node) == single.export_node(node)
 
 
 @settings(max_examples=200, deadline=None)
 @given(messages())
 def test_batched_summaries_equal_one_message_summaries(msgs: list[r.GpuTelemetry]) -> None:
-    assert summarise_batch(msgs) == [summarise(m) for m in msgs]
+    want = [summarise(m) for m in msgs]
+    assert summarise_batch(msgs) == want
+    assert summarise_batch(msgs, stage1_batch(msgs)) == want  # from stage 1's shared columns
