@@ -231,20 +231,24 @@ def score(truth: list[TruthRecord], incidents: list[Incident], commands: list[Re
     false: list[Incident] = []
     by_id = {t.id: t for t in faults}
     for inc in incs:
-        best: tuple[int, float, float, str] | None = None
+        best: tuple[int, int, float, float, str] | None = None
         for t in faults:
             if not _in_window(inc.first_seen, t, params):
                 continue
             a = _about(inc, t)
             if a == 0:
                 continue
-            key = (-a, 0.0 if inc.first_seen >= t.onset else 1.0, abs(inc.first_seen - t.onset), t.id)
+            # among faults the incident names, the one it names most precisely (its GPU as well as its
+            # node) wins over the nearest in time: an XID on a GPU whose fault is still active is
+            # about that fault, even if a planned reboot of the same node happened just before
+            named = sum(1 for s in inc.suspects if names_fault(s.kind, s.name, t))
+            key = (-a, -named, 0.0 if inc.first_seen >= t.onset else 1.0, abs(inc.first_seen - t.onset), t.id)
             if best is None or key < best:
                 best = key
         if best is None:
             false.append(inc)
             continue
-        t = by_id[best[3]]
+        t = by_id[best[4]]
         if t.is_negative_control and inc.incident_class in INFRA_CLASSES:
             false.append(inc)
             matches[t.id].append(inc)  # recorded, but it is a false alarm

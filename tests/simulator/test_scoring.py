@@ -179,3 +179,20 @@ def test_only_a_repair_escalation_isolates_a_node() -> None:
     repair = msgspec.structs.replace(notify, id="e3", params={"escalation": "repair"})
     assert [e[0] for e in isolation_episodes([notify, switch])] == []
     assert [e[0] for e in isolation_episodes([repair])] == ["node-y"]
+
+
+def test_an_incident_naming_an_active_faults_gpu_is_that_fault_not_a_planned_reboot_just_before() -> None:
+    # XID 64 on node-a's GPU 0 hours after onset (the isolation was refused by the budget), minutes
+    # after an operator's planned reboot of the same node: the incident is about the GPU's fault
+    truth = [
+        _t("F1", "xid64", "hardware", "gpu", 1000, 90_000, "isolate_node", [("gpu", "node-a/0"), ("node", "node-a")],
+           ["node-a"], ["node-a"]),
+        _t("F2", "planned_reboot", "negative_control", "node", 30_000, 30_500, "no_action", [("node", "node-a")],
+           ["node-a"]),
+    ]
+    late = _i("I2", "hardware", 31_000, [("node", "node-a"), ("gpu", "node-a/gpu0")])
+    rep = score(truth, [_i("I1", "hardware", 1005, [("gpu", "node-a/0")]), late], [], META)
+    assert rep.matches == {"F1": ["I1", "I2"], "F2": []} and rep.false_incidents == 0
+    # an incident that names only the node right after its planned reboot is still the reboot's
+    rep = score(truth, [_i("I3", "hardware", 31_000, [("node", "node-a")])], [], META)
+    assert rep.matches["F2"] == ["I3"] and rep.false_incidents == 1
