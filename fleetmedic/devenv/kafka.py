@@ -122,7 +122,7 @@ class Kafka:
             if proc.port_open(port):
                 raise proc.ServiceError(f"port 127.0.0.1:{port} is taken; is another broker running?")
         if not (self.dir / "data" / "meta.properties").exists():
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            cluster_id = new_cluster_id()
             fmt = [*java, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)]
             with self.log.open("ab") as out:
                 done = subprocess.run(fmt, stdout=out, stderr=subprocess.STDOUT, timeout=60, check=False)
@@ -190,3 +190,13 @@ def reachable(bootstrap: str, timeout: float = 10.0) -> bool:
     except Exception:
         return False
     return True
+
+
+def new_cluster_id() -> str:
+    """A random KRaft cluster id (base64url of a UUID), as ``kafka-storage random-uuid`` makes it: never
+    starting with ``-``, which the storage tool's argument parser would take for an option (1 in 64
+    ids; the broker then never starts)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id

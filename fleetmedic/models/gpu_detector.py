@@ -21,7 +21,8 @@ gpu_throttle      degradation  share of samples in thermal/power slowdown above
                                it restarts after a reboot or a gap over ``max_sample_gap_s``),
                                reported in samples that are throttled (not while it decays)
 pcie_width        degradation  PCIe link width below the widest seen on that GPU
-hbm_rows          degradation  uncorrectable remapped rows went up, or a remap is pending
+hbm_rows          degradation  uncorrectable remapped rows went up (a pending remap is ``info``
+                               evidence: one remap is normal wear; repeated ones trend)
 hard_rules        hard_fault   DBE increase >= ``dbe_threshold``; row-remap failure; NVLink
                                link down; a GPU that stopped reporting (fell off the bus); HW
                                thermal slowdown on a GPU (cooling failed; ``hw_thermal_is_hard``)
@@ -475,7 +476,7 @@ class GpuDetector:
         value = float(x[M[metric], g])
         before = float(prev[W[metric], g]) if metric in W else float("nan")
         ev = Evidence(detector=detector, metric=metric, value=value, baseline=_f(before), gpu=gpu, ts=msg.ts)
-        severity = "critical" if kind == "hard_fault" else "warning"
+        severity = "critical" if kind == "hard_fault" else ("info" if key in _INFO_ONLY else "warning")
         # hard faults are events: one finding per change, keyed by the value reached; a state (a
         # slowdown bit) is one condition while it lasts, whatever else the bitmask holds
         state = key in _HARD_STATES
@@ -605,11 +606,14 @@ _HARD: dict[str, tuple[str, str, str, str, str]] = {
                       "GPU {gpu}: uncorrectable remapped rows rose to {value:g}", "investigate"),
     "hw_thermal": ("clocks_event_reasons", "hard_rules", "hard_fault",
                    "GPU {gpu}: HW thermal slowdown (over-temperature protection; cooling failed)", "isolate"),
-    "remap_pending": ("row_remap_pending", "hbm_rows", "degradation", "GPU {gpu}: row remap pending (needs reset)",
-                      "reset_gpu"),
+    "remap_pending": ("row_remap_pending", "hbm_rows", "degradation",
+                      "GPU {gpu}: row remap pending (takes effect at the next GPU reset)", "reset_gpu"),
 }
 #: hard conditions that are states (a bit held while it lasts), not counters that step
 _HARD_STATES = frozenset({"hw_thermal"})
+#: conditions that are evidence only: one row remap is normal HBM wear (XID 63, IGNORE in NVIDIA's
+#: catalog); remaps that keep coming are ``xid_trend``'s, uncorrectable rows and failures are above
+_INFO_ONLY = frozenset({"remap_pending"})
 
 
 def _hard_conditions(x: F64, prev: F64, reset: NDArray[np.bool_], dbe_threshold: int) -> dict[str, NDArray[np.bool_]]:

@@ -217,6 +217,16 @@ def test_nvlink_down_row_remap_failure_and_pcie_width_drop_are_found() -> None:
     assert got == {("hard_rules", 1), ("hard_rules", 2), ("pcie_width", 3)}
 
 
+def test_one_pending_row_remap_is_evidence_not_a_finding_to_act_on() -> None:
+    # one remap (XID 63) is normal HBM wear: recorded as info for triage, never a degradation warning
+    det = detector()
+    run(det, 5)
+    found = run(det, 3, start=5, gauges=lambda k: {"row_remap_pending": [0, 0, 0, 0, 0, 1, 0, 0]})
+    assert [(f.detector, f.gpu, f.severity) for f in found] == [("hbm_rows", 5, "info")]
+    rows = run(det, 1, start=8, counters=lambda k: {"uncorrectable_remapped_rows": [0, 0, 0, 0, 0, 1, 0, 0]})
+    assert [(f.detector, f.gpu, f.severity) for f in rows] == [("hbm_rows", 5, "warning")]
+
+
 def test_a_rising_sbe_rate_is_degradation() -> None:
     det = detector()
     run(det, 100, counters=lambda k: {"ecc_sbe_vol_total": [k // 10] * 8})

@@ -53,3 +53,12 @@ def test_records_produced_with_aiokafka_are_consumed_in_order_with_keys_and_head
     assert [k for k, _, _ in got] == [f"node-{i % 3}".encode() for i in range(20)]
     assert [h["seq"] for _, _, h in got] == [str(i).encode() for i in range(20)]
     assert committed == 20
+
+
+def test_cluster_ids_never_look_like_an_option_to_the_storage_tool() -> None:
+    # a base64url id starting with "-" made `kafka-storage format -t <id>` fail (1 start in 64)
+    from fleetmedic.devenv.kafka import new_cluster_id
+
+    ids = [new_cluster_id() for _ in range(5000)]
+    assert not any(i.startswith("-") for i in ids)
+    assert all(len(i) == 22 for i in ids) and len(set(ids)) == len(ids)
