@@ -216,6 +216,41 @@ class NodeWindowFeatures:
         return vec if np.all(np.isfinite(vec)) else None
 
 
+@dataclass(frozen=True)
+class Fit:
+    """A fitted model's arrays: the robust centre and spread of each feature, and MinCovDet's
+    location and precision (``robust_covariance``) or the forest (``isolation_forest``)."""
+
+    ref: NDArray[np.float64]
+    spread: NDArray[np.float64]
+    location: NDArray[np.float64] | None = None
+    precision: NDArray[np.float64] | None = None
+    forest: IsolationForest | None = None
+
+
+@dataclass(frozen=True)
+class RefitJob:
+    """A refit of the model on ``rows`` (canonical order): pure, so it may run in another thread."""
+
+    rows: list[Row]
+    now: float
+    settings: MultivariateSettings
+    held: tuple[Row, ...] = ()  # every row the model held when it was planned (kept alive: ids stay unique)
+
+    def run(self) -> Fit:
+        s = self.settings
+        data = np.array([row[2] for row in self.rows], dtype=np.float64)
+        ref = np.median(data, axis=0)
+        mad = np.median(np.abs(data - ref), axis=0) * 1.4826
+        spread = np.maximum(mad, np.array(SCALE_FLOORS))
+        if s.algorithm == "robust_covariance":
+            with warnings.catch_warnings():  # constant features (error rates of a healthy fleet) are expected
+                warnings.filterwarnings("ignore", message=".*not full rank.*")
+                mcd = MinCovDet(random_state=s.seed).fit(np.maximum((data - ref) / spread, 0.0))
+            return Fit(ref, spread, location=mcd.location_, precision=mcd.get_precision())
+        return Fit(ref, spread, forest=IsolationForest(n_estimators=s.n_estimators, random_state=s.seed).fit(data))
+
+
 @dataclass
 class MultivariateModel:
     settings: MultivariateSettings
@@ -229,6 +264,8 @@ class MultivariateModel:
     _spread: NDArray[np.float64] | None = None
     _trained: list[Row] = field(default_factory=list)  # the rows of the last fit, canonical order
     _pending: list[Row] = field(default_factory=list)  # learned since (trimmed to the cap now and then)
+    _fitting: bool = False  # a planned refit is running (plan_refit .. install)
+    _planned_at: float = float("-inf")
     revision: int = 0  # moves on every change (what to write again)
 
     @property
@@ -255,33 +292,56 @@ class MultivariateModel:
         return newest([*self._trained, *self._pending], self.cap)
 
     def maybe_refit(self, now: float) -> bool:
-        s = self.settings
-        if now - self.fitted_at < s.refit_interval_s:
+        """Refit now if one is due (:meth:`plan_refit`), in this thread."""
+        job = self.plan_refit(now)
+        if job is None:
             return False
-        rows = self.healthy
-        if len(rows) < s.min_training_windows:
-            return False
-        self._fit(rows, now)
-        self.version += 1
+        self.install(job, job.run())
         return True
 
-    def _fit(self, rows: list[Row], now: float) -> None:
-        """Fit on ``rows`` (canonical order): the same rows and seed give the same model."""
+    def plan_refit(self, now: float) -> RefitJob | None:
+        """The refit that is due (every ``refit_interval_s``, once ``min_training_windows`` healthy
+        windows are known), or None. Its :meth:`RefitJob.run` is pure and may run in another thread
+        (a worker keeps judging with the current fit meanwhile); :meth:`install` puts it in place. No
+        other refit is planned until then."""
+        if self._fitting or not self.refit_due(now):
+            return None
+        self._fitting, self._planned_at = True, now
+        return RefitJob(self.healthy, now, self.settings, (*self._trained, *self._pending))
+
+    def refit_due(self, now: float) -> bool:
+        """A refit is due: ``refit_interval_s`` since the last one was planned, and enough rows."""
         s = self.settings
-        data = np.array([row[2] for row in rows], dtype=np.float64)
-        self._ref = np.median(data, axis=0)
-        mad = np.median(np.abs(data - self._ref), axis=0) * 1.4826
-        self._spread = np.maximum(mad, np.array(SCALE_FLOORS))
-        self._forest = self._location = self._precision = None
-        if s.algorithm == "robust_covariance":
-            with warnings.catch_warnings():  # constant features (error rates of a healthy fleet) are expected
-                warnings.filterwarnings("ignore", message=".*not full rank.*")
-                mcd = MinCovDet(random_state=s.seed).fit(self._scaled(data))
-            self._location, self._precision = mcd.location_, mcd.get_precision()
-        else:
-            self._forest = IsolationForest(n_estimators=s.n_estimators, random_state=s.seed).fit(data)
-        self.fitted_at, self.trained_on = now, len(data)
+        if now - max(self.fitted_at, self._planned_at) < s.refit_interval_s:
+            return False
+        return len(self._trained) + len(self._pending) >= s.min_training_windows
+
+    def install(self, job: RefitJob, fit: Fit) -> None:
+        """Use ``fit`` (``job.run()``) from now on, as a new version. Rows learned while it ran stay
+        pending (those it left out as too old are dropped, as a fit in place drops them); rows of
+        nodes forgotten meanwhile (:meth:`forget`) leave the training set."""
+        kept = {id(row) for row in (*self._trained, *self._pending)}
+        held = {id(row) for row in job.held}
+        self._apply(job, fit)
+        self._trained = [row for row in job.rows if id(row) in kept]
+        self._pending = [row for row in self._pending if id(row) not in held]
+        self._fitting = False
+        self.version += 1
+
+    def cancel_refit(self) -> None:
+        """Forget the planned refit (it failed): the next one can be planned at once."""
+        self._fitting, self._planned_at = False, float("-inf")
+
+    def _fit(self, rows: list[Row], now: float) -> None:
+        """Fit on ``rows`` (canonical order) at once: the same rows and seed give the same model."""
+        job = RefitJob(rows, now, self.settings)
+        self._apply(job, job.run())
         self._trained, self._pending = rows, []
+
+    def _apply(self, job: RefitJob, fit: Fit) -> None:
+        self._ref, self._spread, self._location, self._precision, self._forest = (
+            fit.ref, fit.spread, fit.location, fit.precision, fit.forest)
+        self.fitted_at, self.trained_on = job.now, len(job.rows)
         self.revision += 1
 
     def _scaled(self, x: NDArray[np.float64]) -> NDArray[np.float64]:

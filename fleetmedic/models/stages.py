@@ -12,7 +12,9 @@ Time comes from the records and from the ``now`` passed to :meth:`FleetDetection
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import msgspec
@@ -21,11 +23,13 @@ from fleetmedic.config import DetectionSettings
 from fleetmedic.models import sample_columns as sc
 from fleetmedic.models.gpu_detector import GpuDetector
 from fleetmedic.models.gpu_signals import USED_METRICS, median, reported
-from fleetmedic.models.multivariate import SAMPLE_METRICS, MultivariateModel, NodeWindowFeatures
+from fleetmedic.models.multivariate import SAMPLE_METRICS, Fit, MultivariateModel, NodeWindowFeatures, RefitJob
 from fleetmedic.models.peers import SUMMARY_METRICS, PeerComparison, node_summary
 from fleetmedic.models.port_detector import PortDetector
 from fleetmedic.models.straggler import StragglerDetector
 from fleetmedic.records import Finding, GpuTelemetry, JobEvent, PortTelemetry
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -35,6 +39,10 @@ class NodeDetection:
     ports: PortDetector = field(init=False)
     windows: NodeWindowFeatures = field(init=False)
     model: MultivariateModel = field(init=False)
+    #: where the multivariate model's refits run: None = here, at once; a worker passes a thread
+    #: pool's ``submit`` so that its loop keeps consuming (and judging with the current fit) meanwhile
+    refit_runner: Callable[[Callable[[], Fit]], Future[Fit]] | None = None
+    _refit: tuple[RefitJob, Future[Fit]] | None = None
     _flagged_since: dict[str, float] = field(default_factory=dict)
     _outlier_streak: dict[str, int] = field(default_factory=dict)
 
@@ -85,8 +93,37 @@ class NodeDetection:
                     out.append(finding)  # an outlier several windows in a row (continuity, as Minder)
             elif now - self._flagged_since.get(msg.node, float("-inf")) > self.settings.multivariate.window_s:
                 self.model.learn(vec, msg.node, now)  # a window with no finding on its node counts as healthy
-            self.model.maybe_refit(now)
+            if self.refit_runner is None:
+                self.model.maybe_refit(now)
+            else:
+                self._refit_elsewhere(now)
         return out
+
+    def _refit_elsewhere(self, now: float) -> None:
+        """Install a refit that finished; plan and submit the next when due, at the same window as an
+        in-place refit (so the rows it fits on do not depend on timing). A refit due while the last
+        still runs waits for it: fits are never planned on rows older than the fit in place."""
+        if self._refit is not None and (self._refit[1].done() or self.model.refit_due(now)):
+            self.install_refit()
+        job = self.model.plan_refit(now)
+        if job is not None and self.refit_runner is not None:
+            self._refit = (job, self.refit_runner(job.run))
+
+    def refit_running(self) -> Future[Fit] | None:
+        """The refit submitted and not yet installed (a checkpoint waits for it), or None."""
+        return None if self._refit is None else self._refit[1]
+
+    def install_refit(self) -> None:
+        """Put the submitted refit in place, waiting for it if it still runs. A failed fit keeps the
+        current one (the error is logged) and is planned again at the next window."""
+        if self._refit is None:
+            return
+        (job, running), self._refit = self._refit, None
+        try:
+            self.model.install(job, running.result())
+        except Exception:
+            log.exception("refitting the multivariate model failed; the current fit stays")
+            self.model.cancel_refit()
 
 
 @dataclass

@@ -10,6 +10,11 @@ the decision stage's peer comparisons need: it never reads raw telemetry. Host N
 ``telemetry.port`` go through the node's port detector; switch ports are forwarded unchanged to
 the fleet-inputs topic (key ``port:<device>``).
 
+The multivariate model's refit (seconds for MinCovDet on its 20,000 windows) runs in a thread:
+stage 1 plans it at the window an in-place refit would run, keeps judging with the current fit
+until it is installed, and a checkpoint waits for it, so the state written is the same as that of
+a worker refitting in place.
+
 This loop is plain aiokafka, not a Faust agent: Faust's per-event machinery cost several times the
 detectors themselves (docs/streams.md has the figures), and the loop controls its commits.
 
@@ -33,6 +38,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -69,6 +75,10 @@ class DetectStage:
         self.batch_size, self.batch_within_s = batch_size, batch_within_s
         self.snapshot_every_s, self.session_timeout_s = snapshot_every_s, session_timeout_s
         self.node_stage = NodeDetection(settings.detection)
+        # the multivariate model's refit (seconds for MinCovDet on 20k windows) runs in a thread: the
+        # loop keeps consuming and judging with the current fit meanwhile
+        self._refits = ThreadPoolExecutor(max_workers=1, thread_name_prefix="refit")
+        self.node_stage.refit_runner = self._refits.submit
         self.decode_gpu = r.decoder_for(r.GpuTelemetry)
         self.partition_of: dict[str, int] = {}  # node -> its partition of telemetry.gpu
         self.dirty: set[str] = set()
@@ -121,6 +131,7 @@ class DetectStage:
         finally:
             await consumer.stop()
             self.consumer = None
+            self._refits.shutdown(wait=False, cancel_futures=True)
 
     def _report_lag(self, consumer: AIOKafkaConsumer, owned: set[TopicPartition]) -> None:
         for tp in owned:
@@ -156,6 +167,14 @@ class DetectStage:
         await self.outputs.findings(self.node_stage.on_gpu(msgs, batch))
         await self.outputs.send_raw(self.summaries, SUMMARY_KEY, _encode(SummaryBatch(summarise_batch(msgs, batch))))
 
+    async def _finish_refit(self) -> None:
+        """Wait for a running refit and install it (before a checkpoint: the state written is then
+        that of a worker that refitted in place, which a successor continues exactly)."""
+        running = self.node_stage.refit_running()
+        if running is not None:
+            await asyncio.wrap_future(running)
+            self.node_stage.install_refit()
+
     async def _port(self, rec: ConsumerRecord[bytes, bytes]) -> None:
         msg = await self.outputs.decode(r.PortTelemetry, Source.of_record(rec), "detect")
         if msg is None:
@@ -172,6 +191,7 @@ class DetectStage:
     async def checkpoint(self, partitions: Iterable[int] | None = None) -> int:
         """Write the changed nodes' state (of ``partitions``, default all), wait for every output,
         then commit the input offsets processed so far; return the state bytes written."""
+        await self._finish_refit()
         only = None if partitions is None else set(partitions)
         nodes = {n for n in self.dirty if only is None or self.partition_of.get(n) in only}
         written, now = 0, time.time()

@@ -58,6 +58,23 @@ def test_a_restored_model_scores_exactly_as_the_one_saved_and_goes_on_alike(algo
     assert np.array_equal(restored.score(_probe()), model.score(_probe())) and restored.version == 2
 
 
+def test_a_refit_run_elsewhere_equals_one_in_place_and_keeps_what_was_learned_meanwhile() -> None:
+    # the worker runs the fit in a thread and goes on judging and learning with the current fit
+    inline, planned = _learned(_settings()), _learned(_settings())
+    assert inline.maybe_refit(now=10_000.0)
+    job = planned.plan_refit(now=10_000.0)
+    assert job is not None and planned.plan_refit(now=10_001.0) is None  # one at a time
+    assert not planned.fitted  # still judging with the previous fit (none yet) until installed
+    fit = job.run()
+    planned.learn(np.full(len(FEATURES), 2.0), "n1", 10_500.0)  # learned while the fit ran
+    planned.forget({"n2"})  # n2 moved to another worker meanwhile
+    planned.install(job, fit)
+    assert planned.version == inline.version == 1 and planned.fitted_at == inline.fitted_at
+    assert np.array_equal(planned.score(_probe()), inline.score(_probe()))  # the same fit
+    assert [(ts, n) for ts, n, _ in planned._pending] == [(10_500.0, "n1")]
+    assert "n2" not in {n for _, n, _ in planned._trained} and len(planned._trained) < len(inline._trained)
+
+
 def test_parts_split_by_node_and_merged_again_fit_the_same_model() -> None:
     model = _learned(_settings())
     model.maybe_refit(now=10_000.0)
@@ -164,3 +181,29 @@ def test_stage1_restored_mid_stream_finds_and_learns_exactly_as_one_never_restor
     assert found == found_live
     assert any(":robust_covariance:" in f for f in found_live), "the drifting node was not flagged"
     assert second.model.to_bytes() == live.model.to_bytes() and second.model.version == live.model.version
+
+
+def test_stage1_refitting_in_a_thread_plans_on_the_same_rows_and_ends_with_the_same_model() -> None:
+    """Refits submitted to a thread pool (as the detect worker runs them) are planned at the same
+    windows as in place; judging goes on with the current fit meanwhile; waiting for the last one
+    gives the model of a stage that refitted in place."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    detection = msgspec.structs.replace(Settings().detection, multivariate=_settings(
+        window_s=30.0, min_training_windows=12, refit_interval_s=60.0))
+    rng = np.random.default_rng(5)
+    batches = [[gpu_message(n, 10.0 * k + 0.5, rng) for n in NODES] for k in range(1, 121)]
+    inline = NodeDetection(detection)
+    for b in batches:
+        inline.on_gpu(b)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        threaded = NodeDetection(detection)
+        threaded.refit_runner = pool.submit
+        for b in batches:
+            threaded.on_gpu(b)
+        running = threaded.refit_running()
+        threaded.install_refit()  # as a checkpoint does
+    assert inline.model.version >= 5 and threaded.model.version == inline.model.version
+    assert threaded.refit_running() is None and (running is None or running.done())
+    assert threaded.model.to_bytes() == inline.model.to_bytes()
+    assert np.array_equal(threaded.model.score(_probe()), inline.model.score(_probe()))
