@@ -117,6 +117,8 @@ def aggregate(results: list[dict[str, Any]], node_days: float) -> dict[str, Any]
         "top1": [r["report"]["top1_accuracy"] for r in results],
         "software_faults_isolated": sum(r["report"]["isolation"]["software_faults_isolated"] for r in results),
         "healthy_isolated_per_fault": [r["report"]["isolation"]["healthy_isolated_per_fault"] for r in results],
+        "job_failures": sum((r["report"].get("closed_loop") or {}).get("job_failures") or 0 for r in results),
+        "repeat_failures": sum((r["report"].get("closed_loop") or {}).get("repeat_failures") or 0 for r in results),
     }
     overall["false_incidents_per_node_day"] = _ratio(overall["false_incidents"], node_days)
     placement: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -172,7 +174,10 @@ def markdown(args: argparse.Namespace, results: list[dict[str, Any]], agg: dict[
         f"Top-1 attribution per seed: {', '.join(fmt(x) for x in o['top1'])}. "
         f"Software faults that led to node isolation: {o['software_faults_isolated']} (target 0). "
         "Healthy nodes isolated per true fault, per seed: "
-        f"{', '.join(fmt(x) for x in o['healthy_isolated_per_fault'])}.",
+        f"{', '.join(fmt(x) for x in o['healthy_isolated_per_fault'])}. "
+        f"Job failures: {o['job_failures']}, of which {o['repeat_failures']} were a fault killing a job again "
+        "(before it was found, while retried in place, or where the budget refused the isolation; on a node "
+        "that a restart had excluded: the placements column below).",
         "",
         "Re-placements after failures, summed over seeds (replacement nodes that stayed in the job's original "
         "leaf, counted where that leaf had room; placements on a node of the outage's fault; goal 1.0 and 0):",
