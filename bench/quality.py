@@ -175,9 +175,9 @@ def markdown(args: argparse.Namespace, results: list[dict[str, Any]], agg: dict[
         f"Software faults that led to node isolation: {o['software_faults_isolated']} (target 0). "
         "Healthy nodes isolated per true fault, per seed: "
         f"{', '.join(fmt(x) for x in o['healthy_isolated_per_fault'])}. "
-        f"Job failures: {o['job_failures']}, of which {o['repeat_failures']} were a fault killing a job again "
-        "(before it was found, while retried in place, or where the budget refused the isolation; on a node "
-        "that a restart had excluded: the placements column below).",
+        f"Job failures: {o['job_failures']}; {o['repeat_failures']} of them were further kills by a fault that had "
+        "killed a job before (a leaf switch fails every job behind it; jobs placed on a node before its fault "
+        "was found). Placements on a node a restart had excluded: the table below.",
         "",
         "Re-placements after failures, summed over seeds (replacement nodes that stayed in the job's original "
         "leaf, counted where that leaf had room; placements on a node of the outage's fault; goal 1.0 and 0):",
