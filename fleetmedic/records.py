@@ -457,7 +457,16 @@ RECORD_TYPES: Final[tuple[type[Record], ...]] = (
 
 R = TypeVar("R", bound=Record)
 
-_ENCODER = msgspec.json.Encoder()
+def _plain(obj: Any) -> Any:
+    """A numpy scalar (a float64 that slipped into a field) as the Python number it holds; anything
+    else unsupported is an error naming its type. Only called for types msgspec cannot encode."""
+    item = getattr(obj, "item", None)
+    if callable(item) and getattr(obj, "shape", None) == ():
+        return item()
+    raise NotImplementedError(f"cannot encode a {type(obj).__name__}")
+
+
+_ENCODER = msgspec.json.Encoder(enc_hook=_plain)
 _DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {}
 _PATH = re.compile(r"^(?P<reason>.*?)(?: - at `(?P<path>[^`]*)`)?$", re.DOTALL)
 

@@ -14,6 +14,8 @@ every rank and must not isolate a node). Pure; time comes from the events.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 import msgspec
@@ -95,7 +97,8 @@ class StragglerDetector:
     def _job_level(self, event: JobEvent, state: _JobSteps) -> list[Finding]:
         t = float(event.step_time_s or 0.0)
         if state.count >= self.settings.job_warmup_steps:
-            std = max(np.sqrt(state.var), 0.01 * max(state.mean, 1e-9))
+            # plain floats: the cusum is state (serialised) and evidence (encoded); a numpy scalar is neither
+            std = max(math.sqrt(max(state.var, 0.0)), 0.01 * max(state.mean, 1e-9))
             z = (t - state.mean) / std
             state.cusum = max(0.0, state.cusum + min(z, 6.0) - 0.5)
             slow = t >= self.settings.slowdown_ratio * state.mean

@@ -219,3 +219,18 @@ def test_a_gpu_can_be_read_as_one_row() -> None:
     assert row["gpu_temp"] == 62.0
     assert row["power_usage"] is None
     assert "memory_temp" not in row
+
+
+def test_a_numpy_scalar_in_a_field_encodes_as_its_number_and_other_objects_are_refused() -> None:
+    # a detector's float64 that slipped into evidence must not stop a worker from publishing it
+    import numpy as np
+
+    ev = r.Evidence(detector="d", metric="m", value=np.float64(1.5), score=np.int64(3), ts=1.0)  # type: ignore[arg-type]
+    f = r.Finding(id="x", ts=1.0, node="n", detector="d", kind="degradation", severity="warning", summary="s",
+                  evidence=[ev])
+    doc = json.loads(r.encode(f))
+    assert doc["evidence"][0]["value"] == 1.5 and doc["evidence"][0]["score"] == 3
+    bad = r.Finding(id="x", ts=1.0, node="n", detector="d", kind="degradation", severity="warning", summary="s",
+                    evidence=[r.Evidence(detector="d", metric="m", value=object(), ts=1.0)])  # type: ignore[arg-type]
+    with pytest.raises(NotImplementedError, match="cannot encode a object"):
+        r.encode(bad)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -130,7 +131,13 @@ CASES = [
 
 def run(case: Case, items: list[Any], det: Any | None = None) -> list[str]:
     det = det if det is not None else case.make()
-    return [f.id for item in items for f in case.feed(det, item)]
+    found = [f for item in items for f in case.feed(det, item)]
+    for f in found:
+        _strict_json(f)  # a finding goes onto Kafka: a numpy scalar anywhere in it would not encode
+    return [f.id for f in found]
+
+
+_strict_json = msgspec.json.Encoder().encode
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

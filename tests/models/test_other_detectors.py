@@ -197,6 +197,20 @@ class TestStraggler:
             found += det.observe(r.JobEvent(job="ml/b", event="progress", ts=step * 2.0, step=step, step_time_s=t))
         assert [f.kind for f in found] == ["job"]
 
+    def test_job_step_time_findings_and_state_hold_plain_floats(self) -> None:
+        # the finding goes onto Kafka and the state into a changelog: a numpy scalar encodes in neither
+        det = StragglerDetector(S.straggler)
+        det.observe(r.JobEvent(job="ml/c", event="placement", ts=0, placement=[r.RankPlacement(rank=0, node="n0")]))
+        rng = np.random.default_rng(1)
+        found = []
+        for step in range(80):  # noisy enough that the step-time spread, not its floor, sets the scale
+            t = 2.0 + rng.normal(0, 0.1) + (1.5 if step >= 50 else 0.0)
+            found += det.observe(r.JobEvent(job="ml/c", event="progress", ts=step * 2.0, step=step, step_time_s=t))
+        assert [f.detector for f in found] == ["job_step_time"]
+        assert type(found[0].evidence[0].score) is float
+        msgspec.json.encode(found[0])
+        msgspec.json.encode(det.export_state())
+
 
 def _windows(model_cfg: object, nodes: int, minutes: int, rng: np.random.Generator, **bad: object) -> list:  # type: ignore[type-arg]
     feats = NodeWindowFeatures(window_s=60.0)
