@@ -11,8 +11,10 @@ incident decides. A match can test
 - ``min_severity``;
 - history: ``repeated_on_node`` (a suspect node has attributed software failures of
   ``escalate_after_failures`` distinct jobs within ``escalate_window_s``; on probation scaled by
-  ``probation_threshold_scale``), ``retries_exhausted`` (the job spent ``transient_retry_max``
-  retries in place), ``on_probation`` (a suspect node is on probation after a return to service).
+  ``probation_threshold_scale``, except for the failure of a job that ran on that node alone,
+  signal ``single_node_job``, which cannot tell the job's bug from the node's fault),
+  ``retries_exhausted`` (the job spent ``transient_retry_max`` retries in place), ``on_probation``
+  (a suspect node is on probation after a return to service).
 
 A rule gives two ordered lists: ``job`` steps (restart/re-place, requeue, retry in place,
 escalate to the job owner) and ``node`` steps (cordon, taint, drain, diagnostics, reset, reboot,
@@ -50,7 +52,10 @@ class Policy:
         suspects = a.suspect_nodes
         on_probation = any(n in probation for n in suspects)
         failures = max(a.node_failures.values(), default=0)
-        threshold = min((self.failure_threshold(n in probation) for n in suspects),
+        # probation's lower threshold needs failures that point at the node: a job that ran on one node
+        # alone fails there whether the bug is its own or the node's (its retry elsewhere tells)
+        ambiguous = "single_node_job" in a.signals
+        threshold = min((self.failure_threshold(n in probation and not ambiguous) for n in suspects),
                         default=self.settings.escalate_after_failures)
         repeated = failures >= threshold and failures > 0
         exhausted = a.retries_in_place >= self.settings.transient_retry_max

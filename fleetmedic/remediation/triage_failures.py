@@ -158,10 +158,12 @@ class JobFailureTriage(IncidentBook):
                     self.state.node_failures.setdefault(n, []).append((first, group.job))
             why = (f"job {group.job} failed with {soft[ranked[0]].pattern} on {', '.join(ranked)}: "
                    "a software failure, retried; repeated failures on the same node escalate it")
-            # a software failure: the job first (what to retry), then where it happened
+            # a software failure: the job first (what to retry), then where it happened; a job that ran on
+            # one node alone cannot tell its own bug from the node's fault (policy: no probation shortcut)
             suspects = [Suspect(kind="job", name=group.job)] + [Suspect(kind="node", name=n) for n in ranked]
-            return [self._failure(klass, f"job:{group.job}", suspects, 0.6, log_ev, why, ctx, now, signals, [],
-                                  exclude=[])]
+            alone = {"single_node_job"} if len(ctx.nodes) == 1 else set()
+            return [self._failure(klass, f"job:{group.job}", suspects, 0.6, log_ev, why, ctx, now, signals | alone,
+                                  [], exclude=[])]
 
         # 6. nothing distinctive: history, else a lone timeout
         for n in ctx.nodes:

@@ -209,3 +209,30 @@ def test_hard_evidence_upgrades_a_preventive_plan_to_drain_now() -> None:
     hardware(w, "node-2")
     assert [c.action for c in w.cmds(node="node-2")] == ["cordon", "taint", "drain"]
     assert w.cmds("restart_job", job="ml/a")[0].exclude_nodes == ["node-2"]
+
+
+def test_a_one_node_job_bug_on_a_node_back_on_probation_isolates_nothing() -> None:
+    # seen in the quality benchmark: a node just back from repair ran a one-node job whose own bug (an
+    # illegal memory access) failed it; probation's lower threshold made that single failure isolate
+    # the node, though the job's retry on another node then failed the same way (a job bug)
+    from tests.remediation.world import ILLEGAL
+
+    w = World(config="safety: {node_cooldown_s: 0}")
+    hardware(w)
+    assert w.engine.node_state("node-3") == "probation"
+    w.advance(3600)
+    cordons = len(w.cmds("cordon", node="node-3"))  # the hardware fault's
+    w.place("ml/eval", ["node-3"])
+    w.fail("ml/eval", "node-3", [ILLEGAL])
+    w.advance(60)
+    assert len(w.cmds("cordon", node="node-3")) == cordons
+    w.place("ml/eval", ["node-5"], attempt=2)
+    w.fail("ml/eval", "node-5", [ILLEGAL])
+    w.advance(60)
+    assert any(i.incident_class == "job_bug" for i in w.incidents if "ml/eval" in i.jobs)
+    assert len(w.cmds("cordon", node="node-3")) == cordons and "node-5" not in w.isolated()
+    # a second, different job failing on the probation node is the node's doing
+    w.place("ml/other", ["node-3"])
+    w.fail("ml/other", "node-3", [ILLEGAL])
+    w.advance(60)
+    assert len(w.cmds("cordon", node="node-3")) == cordons + 1

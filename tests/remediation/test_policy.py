@@ -74,6 +74,15 @@ def test_probation_scales_the_repeat_threshold_and_makes_degradation_severe() ->
     assert POLICY.decide(early, probation={"node-1"}).rule == "degradation-on-probation"
 
 
+def test_on_probation_one_failure_of_a_job_that_ran_there_alone_does_not_isolate() -> None:
+    # a one-node job's illegal address on a node back from repair: its bug or the node's? Its retry
+    # elsewhere tells (triage: the failure follows the job); a second job failing there is the node
+    alone = assessment("transient_software", failures=1, signals=frozenset({"single_node_job"}))
+    assert POLICY.decide(alone, probation={"node-1"}).rule == "transient"
+    twice = assessment("transient_software", failures=2, signals=frozenset({"single_node_job"}))
+    assert POLICY.decide(twice, probation={"node-1"}).rule == "repeated-on-node"
+
+
 def test_the_first_matching_rule_wins_and_no_match_means_no_action() -> None:
     s = parse_config("""
 policy:
