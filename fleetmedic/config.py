@@ -331,6 +331,11 @@ def _default_rules() -> list[PolicyRule]:
           job=_steps("restart_job"), node=_steps(*at_boundary)),
         r(name="repeated-job-failures", match=RuleMatch(signals_any=["repeated_job_failures"]),
           job=_steps("restart_job"), node=_steps(*at_boundary)),
+        # a one-node job failed on a node back on probation: its restart goes elsewhere (its bug or the
+        # node's? if it fails there too it is the job's), the node is not isolated for it
+        r(name="probation-retry-elsewhere", match=RuleMatch(classes=["transient_software", "unknown"],
+                                                            signals_any=["single_node_job"], on_probation=True),
+          job=_steps("restart_job")),
         r(name="transient-retries-exhausted", match=RuleMatch(classes=["transient_software"], retries_exhausted=True),
           job=_steps("restart_job")),
         r(name="transient", match=RuleMatch(classes=["transient_software"]), job=_steps("retry_in_place")),

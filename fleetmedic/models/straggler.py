@@ -15,7 +15,6 @@ every rank and must not isolate a node). Pure; time comes from the events.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 
 import msgspec

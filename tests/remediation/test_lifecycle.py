@@ -226,6 +226,8 @@ def test_a_one_node_job_bug_on_a_node_back_on_probation_isolates_nothing() -> No
     w.fail("ml/eval", "node-3", [ILLEGAL])
     w.advance(60)
     assert len(w.cmds("cordon", node="node-3")) == cordons
+    restart = w.cmds("restart_job", job="ml/eval")[-1]  # its retry goes elsewhere
+    assert "node-3" in restart.exclude_nodes
     w.place("ml/eval", ["node-5"], attempt=2)
     w.fail("ml/eval", "node-5", [ILLEGAL])
     w.advance(60)

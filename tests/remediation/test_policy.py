@@ -78,7 +78,9 @@ def test_on_probation_one_failure_of_a_job_that_ran_there_alone_does_not_isolate
     # a one-node job's illegal address on a node back from repair: its bug or the node's? Its retry
     # elsewhere tells (triage: the failure follows the job); a second job failing there is the node
     alone = assessment("transient_software", failures=1, signals=frozenset({"single_node_job"}))
-    assert POLICY.decide(alone, probation={"node-1"}).rule == "transient"
+    d = POLICY.decide(alone, probation={"node-1"})
+    assert (d.rule, steps(d.job_steps), steps(d.node_steps)) == ("probation-retry-elsewhere", ["restart_job"], [])
+    assert POLICY.decide(alone).rule == "transient"  # not on probation: retried in place as usual
     twice = assessment("transient_software", failures=2, signals=frozenset({"single_node_job"}))
     assert POLICY.decide(twice, probation={"node-1"}).rule == "repeated-on-node"
 
