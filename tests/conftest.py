@@ -91,12 +91,20 @@ def kube_config(services_dir: Path) -> Iterator[Path]:
             _unavailable("Kubernetes", f"{settings.ENV_KUBECONFIG}={given}: /readyz does not answer ok")
         yield Path(given)
         return
-    cluster = Kube(services_dir / "kube", Ports.free())
-    try:
-        cluster.start(timeout=180)
-    except (proc.ServiceError, OSError) as exc:
-        cluster.stop()
-        _unavailable("Kubernetes", str(exc))
+    # free ports are picked, released, then bound by the components: on a busy machine another
+    # connection can take one in between (etcd then exits at once); a fresh set of ports, a fresh
+    # directory and up to three tries, each failure's log tail kept for the report
+    failures: list[str] = []
+    for attempt in range(3):
+        cluster = Kube(services_dir / ("kube" if attempt == 0 else f"kube-{attempt}"), Ports.free())
+        try:
+            cluster.start(timeout=180)
+            break
+        except (proc.ServiceError, OSError) as exc:
+            cluster.stop()
+            failures.append(f"try {attempt + 1}: {exc}")
+    else:
+        _unavailable("Kubernetes", "\n".join(failures))
     try:
         yield cluster.kubeconfig
     finally:
