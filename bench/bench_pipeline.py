@@ -6,13 +6,16 @@ Uses ``$FLEETMEDIC_KAFKA_BOOTSTRAP`` or starts its own broker (fleetmedic.devenv
 Pre-produces ``--messages`` GpuTelemetry messages (8 GPUs each, every dcgm field; bench_detection's
 generator) on a 2-partition ``telemetry.gpu``, then measures, in the same run:
 
-1. a plain aiokafka consumer reading and decoding them (msgspec, into GpuTelemetry): the baseline;
+1. a plain aiokafka consumer reading and decoding them (msgspec, into GpuTelemetry), the best of
+   two reads: the baseline;
 2. one ``fleetmedic worker --role detect`` process: GPU samples/s through stage 1 (decode,
    detectors, findings, node summaries) from its first message until it has read them all, in wall
    time and per CPU second of the worker (other load on a shared machine slows the former only);
    ratio against (1). Targets: >= 100k GPU samples/s, >= 0.5x;
-3. two ``--role detect`` workers on the two partitions, from the moment both consume: ratio against
-   (2) (target >= 1.7x), with the CPU share each worker got;
+3. two ``--role detect`` workers on the two partitions (a new group, both in its first assignment:
+   the bench's broker delays it 6 s for them), from the moment both consume: ratio against (2)
+   (target >= 1.7x), with the CPU share each worker got (on a machine with fewer cores than the
+   broker and two workers need, the rate per CPU second says whether they scale);
 4. ingest -> command latency: one ``--role all`` worker under a steady telemetry load (the target
    100k GPU samples/s, or 70 % of what (2) sustained if less), a hard fault (XID 79 on a fresh node)
    every second; latency = the fault message's produce time -> the first command for it on
@@ -67,7 +70,9 @@ def broker(workdir: Path) -> Iterator[str]:
     from fleetmedic.devenv.kafka import Kafka
 
     port, controller = proc.free_ports(2)
-    kafka = Kafka(workdir / "kafka", port=port, controller_port=controller, heap="1g")
+    # both scale-out workers join before the group's first assignment (production brokers wait 3 s)
+    kafka = Kafka(workdir / "kafka", port=port, controller_port=controller, heap="1g",
+                  extra=(("group.initial.rebalance.delay.ms", "6000"),))
     print(f"starting a broker on 127.0.0.1:{port} ...", flush=True)
     kafka.start(timeout=180)
     try:
@@ -157,6 +162,25 @@ class Worker:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def wait_for_partitions(workers: list[Worker], topic: str, timeout: float = 120) -> str:
+    """Until each worker holds one partition of ``topic``; "" if that was the group's first
+    assignment, else what happened before (a worker that read alone first)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = []
+        for w in workers:
+            w.counter("fleetmedic_messages_in_total", "")  # raises if it died
+            log = w.log.read_text(errors="replace")
+            seen.append(re.findall(r"detect: partitions \[([\d, ]*)\] of " + re.escape(topic), log))
+        last = [s[-1] if s else "" for s in seen]
+        if all(h and "," not in h for h in last) and len(set(last)) == len(workers):
+            first = [s[0] for s in seen]
+            return "" if first == last else f"the workers' first assignments were {first}"
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"workers hold partitions {last} of {topic} after {timeout:.0f}s")
+        time.sleep(0.2)
 
 
 def stage1_rate(workers: list[Worker], topic: str, total: int,
@@ -286,8 +310,9 @@ def throughput(work: Path, bootstrap: str, u: str, wire: list[bytes], keys: list
     took = asyncio.run(produce_all(bootstrap, topic, wire, keys))
     print(f"pre-produced in {took:.1f} s ({total / took:,.0f} messages/s)\n")
 
-    wall, cpu = asyncio.run(plain_consumer(bootstrap, topic, total))
-    base, base_cpu = total / wall, total / cpu
+    # the best of two reads: a busy spell on a shared machine would flatter the ratios below
+    reads = [asyncio.run(plain_consumer(bootstrap, topic, total)) for _ in range(2)]
+    base, base_cpu = total / min(w for w, _ in reads), total / min(c for _, c in reads)
     print(f"plain aiokafka consumer + decode  {8 * base:12,.0f} GPU samples/s  "
           f"{8 * base_cpu:12,.0f} per CPU s   (baseline)")
 
@@ -300,9 +325,12 @@ def throughput(work: Path, bootstrap: str, u: str, wire: list[bytes], keys: list
           f"{rate1 / base:5.2f}x wall, {per_cpu1 / base_cpu:5.2f}x CPU   (targets: >=100k, >=0.5x); "
           f"{share1[0]:.2f} cores")
 
+    # a new group over the same messages; the broker's group.initial.rebalance.delay.ms (see broker())
+    # lets both workers join before the first assignment, else the first would read both partitions alone
     cfg2, _ = config(work, bootstrap, prefix, f"bench{u}-two")
     two = [Worker(cfg2, "detect", work, f"two-{i}") for i in range(2)]
     try:
+        alone = wait_for_partitions(two, topic)
         rate2, per_cpu2, share2 = stage1_rate(two, topic, total)
     finally:
         for w in two:
@@ -310,6 +338,8 @@ def throughput(work: Path, bootstrap: str, u: str, wire: list[bytes], keys: list
     print(f"2 detect workers, 2 partitions     {8 * rate2:12,.0f} GPU samples/s  {8 * per_cpu2:12,.0f} per CPU s   "
           f"{rate2 / rate1:5.2f}x one worker (target >= 1.7x); cores used: "
           f"{', '.join(f'{c:.2f}' for c in share2)} of {os.cpu_count()}")
+    if alone:
+        print(f"  (not a scale-out figure: {alone})")
     return rate1
 
 

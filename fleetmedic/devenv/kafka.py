@@ -35,9 +35,14 @@ log4j.appender.out.layout.ConversionPattern=[%d] %p %m (%c)%n
 """
 
 
-def server_properties(data_dir: Path, port: int, controller_port: int) -> str:
-    """A KRaft single-node config with static voters: formats without --standalone on 3.9 and 4.x."""
-    return f"""\
+def server_properties(data_dir: Path, port: int, controller_port: int, extra: tuple[tuple[str, str], ...] = ()) -> str:
+    """A KRaft single-node config with static voters: formats without --standalone on 3.9 and 4.x;
+    ``extra`` (name, value) pairs override or add to it."""
+    return _DEFAULTS.format(data_dir=data_dir, port=port, controller_port=controller_port) + "".join(
+        f"{name}={value}\n" for name, value in extra)
+
+
+_DEFAULTS = """\
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:{controller_port}
@@ -68,6 +73,8 @@ class Kafka:
     port: int = DEFAULT_PORT
     controller_port: int = DEFAULT_CONTROLLER_PORT
     heap: str = "512m"
+    #: (name, value) pairs added to server.properties (a later one wins), e.g. a bench's group settings
+    extra: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def load(cls, dir: Path) -> Kafka:
@@ -116,7 +123,7 @@ class Kafka:
         self.dir.mkdir(parents=True, exist_ok=True)
         java = self._java()
         config = self.dir / "server.properties"
-        config.write_text(server_properties(self.dir / "data", self.port, self.controller_port))
+        config.write_text(server_properties(self.dir / "data", self.port, self.controller_port, self.extra))
         (self.dir / "log4j.properties").write_text(_LOG4J)
         for port in (self.port, self.controller_port):
             if proc.port_open(port):

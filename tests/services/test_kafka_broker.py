@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -62,3 +63,17 @@ def test_cluster_ids_never_look_like_an_option_to_the_storage_tool() -> None:
     ids = [new_cluster_id() for _ in range(5000)]
     assert not any(i.startswith("-") for i in ids)
     assert all(len(i) == 22 for i in ids) and len(set(ids)) == len(ids)
+
+
+def test_extra_broker_properties_override_the_defaults_and_add_new_ones(tmp_path: Path) -> None:
+    # java.util.Properties keeps the last value of a repeated key: an override is appended
+    from fleetmedic.devenv.kafka import server_properties
+
+    text = server_properties(tmp_path, 9092, 9093, (("group.initial.rebalance.delay.ms", "6000"), ("a.b", "c")))
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition("=")
+        values[name] = value  # the last one wins, as for Java
+    assert values["group.initial.rebalance.delay.ms"] == "6000" and values["a.b"] == "c"
+    assert values["listeners"] == "PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093"
+    assert values["log.dirs"] == str(tmp_path)
