@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -93,20 +94,22 @@ N_GAUGES = 5  # the features that are means over the window's busy samples (the 
 _GAUGE_SPREADS = ("gpu_temp", "memory_temp", "power_usage", "sm_clock")
 _RATE_COUNTERS = tuple(name for counters in _RATES.values() for name in counters)
 SAMPLE_METRICS = (*_GAUGE_SPREADS, "clocks_event_reasons", "gpu_util", *_RATE_COUNTERS)
+_ONES = (1,) * N_GAUGES
 _RATE_SPANS = tuple(itertools.pairwise(itertools.accumulate((len(c) for c in _RATES.values()), initial=0)))
 
 
 def _sample_features(
     msgs: Sequence[GpuTelemetry], batch: sc.MetricBatch | None = None
-) -> tuple[list[list[float]], list[bool], list[list[float]]]:
+) -> tuple[list[list[float]], list[bool], list[list[float]], list[bool]]:
     """Per message: the gauge row (4 spreads between GPUs, the throttled share), whether the node
-    was busy (median utilisation >= BUSY_UTIL, or not reported), and each rate feature's counter
-    total; computed for the whole batch at once (:mod:`~fleetmedic.models.sample_columns`), from
-    ``batch``'s columns when given."""
+    was busy (median utilisation >= BUSY_UTIL, or not reported), each rate feature's counter
+    total, and whether every gauge of the row is finite; computed for the whole batch at once
+    (:mod:`~fleetmedic.models.sample_columns`), from ``batch``'s columns when given."""
     n = len(msgs)
     rows: list[list[float]] = [[]] * n
     busy: list[bool] = [True] * n
     totals: list[list[float]] = [[]] * n
+    complete: list[bool] = [False] * n
     batch = batch or sc.MetricBatch.of(msgs, SAMPLE_METRICS)
     for group, idx in enumerate(batch.groups):
         if not msgs[idx[0]].gpus:  # a node with no GPUs listed: nothing reported
@@ -120,11 +123,11 @@ def _sample_features(
         util = sc.nanmedian(x[:, k + 1, :])
         counters = np.nansum(x[:, k + 2 :, :], axis=2)  # [messages, counters]
         sums = np.stack([counters[:, a:b].sum(axis=1) for a, b in _RATE_SPANS], axis=1)
-        for j, i in enumerate(idx):
-            rows[i] = gauges[j].tolist()
-            busy[i] = not util[j] < BUSY_UTIL  # NaN (not reported) counts as busy
-            totals[i] = sums[j].tolist()
-    return rows, busy, totals
+        idle = (util < BUSY_UTIL).tolist()  # NaN (not reported) counts as busy
+        full = np.isfinite(gauges).all(axis=1).tolist()
+        for i, row, total, not_busy, ok in zip(idx, gauges.tolist(), sums.tolist(), idle, full, strict=True):
+            rows[i], busy[i], totals[i], complete[i] = row, not not_busy, total, ok
+    return rows, busy, totals, complete
 
 
 class _Window(msgspec.Struct, array_like=True):
@@ -160,27 +163,33 @@ class NodeWindowFeatures:
         """Add each message's sample in order; per message, the feature vector of the window it
         closed (or None). The per-sample reductions run over the whole batch at once (over
         ``batch``'s converted columns when given)."""
-        rows, busy, totals = _sample_features(msgs, batch)
+        rows, busy, totals, complete = _sample_features(msgs, batch)
         out: list[NDArray[np.float64] | None] = []
+        window_s, windows, n_rates = self.window_s, self._open, len(_RATES)
         for i, msg in enumerate(msgs):
             ts = float(msg.ts)
-            w = self._open.get(msg.node)
+            w = windows.get(msg.node)
             done: NDArray[np.float64] | None = None
-            if w is not None and ts - w.start >= self.window_s:
+            if w is not None and ts - w.start >= window_s:
                 done = self._close(w)
                 w = None
             if w is None:
-                w = self._open[msg.node] = _Window(start=ts)
+                w = windows[msg.node] = _Window(start=ts)
             w.samples += 1
             if busy[i]:  # spreads between GPUs depend on the load: judge busy nodes
                 w.rows += 1
-                for j, v in enumerate(rows[i]):
-                    if math.isfinite(v):
-                        w.sums[j] += v
-                        w.finite[j] += 1
-            for feature, total in zip(_RATES, totals[i], strict=True):
-                w.first_counters.setdefault(feature, total)
-                w.last_counters[feature] = total
+                if complete[i]:  # every gauge reported (the usual case): one pass in C
+                    w.sums = list(map(operator.add, w.sums, rows[i]))
+                    w.finite = list(map(operator.add, w.finite, _ONES))
+                else:
+                    for j, v in enumerate(rows[i]):
+                        if math.isfinite(v):
+                            w.sums[j] += v
+                            w.finite[j] += 1
+            last = dict(zip(_RATES, totals[i], strict=True))
+            if len(w.first_counters) < n_rates:
+                w.first_counters = {**last, **w.first_counters}
+            w.last_counters = last
             w.last_ts = ts
             out.append(done)
         return out

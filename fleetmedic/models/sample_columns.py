@@ -13,24 +13,31 @@ as dropping it from the list did. Pure: numpy only.
 
 from __future__ import annotations
 
+import struct
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain
 from operator import itemgetter
-from typing import Any
+from typing import Any, get_type_hints
 
 import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
 from fleetmedic.models.gpu_signals import nanmedian_last_axis
-from fleetmedic.records import GPU_METRICS, GpuTelemetry
+from fleetmedic.records import GPU_METRICS, GpuMetrics, GpuTelemetry
 
 F64 = NDArray[np.float64]
 _astuple = msgspec.structs.astuple
 _chain = chain.from_iterable
+
+
+#: metrics whose values decode as Python ints (counters, bitmasks, link widths, XIDs): numpy converts a
+#: run of ints to int64 about twice as fast as it converts each int to a float on the way
+INT_METRICS: frozenset[str] = frozenset(
+    name for name, hint in get_type_hints(GpuMetrics, include_extras=True).items() if "[int," in repr(hint))
 
 
 @lru_cache(maxsize=32)
@@ -40,12 +47,35 @@ def _getter(names: tuple[str, ...]) -> Any:
     return pick if len(names) > 1 else (lambda row: (pick(row),))
 
 
+@lru_cache(maxsize=32)
+def _kinds(names: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...], NDArray[np.intp]]:
+    """``names`` split into float- and int-valued metrics, and where each of the two runs, put end
+    to end, goes back in ``names``' order."""
+    floats = tuple(n for n in names if n not in INT_METRICS)
+    ints = tuple(n for n in names if n in INT_METRICS)
+    order = np.array([(floats + ints).index(n) for n in names], dtype=np.intp)
+    return floats, ints, order
+
+
 def columns(msgs: Sequence[GpuTelemetry], names: Sequence[str]) -> F64:
     """``[messages, names, gpus]`` for messages with the same GPU count (NaN: not reported).
 
-    ``np.fromiter`` over the chained columns is ~2x faster than ``np.array``; a ``null`` inside a
-    column (one GPU not reporting) falls back to ``np.array``, which maps it to NaN."""
-    get = _getter(tuple(names))
+    The float-valued and the int-valued metrics are converted apart, each packed into an array of
+    its own dtype (:func:`_packer`: several times faster than ``np.array`` on the nested lists, and
+    ints become int64 without a float object each); the int64 values then become float64 as
+    ``float(int)`` would (exact below 2**53, correctly rounded above, both ways). A ``null`` inside a
+    column (one GPU not reporting), or a value not of its column's type, falls back to
+    ``np.array``, which maps ``null`` to NaN."""
+    key = tuple(names)
+    floats, ints, order = _kinds(key)
+    if not floats or not ints:
+        return _columns_of(msgs, key, np.float64 if floats else np.int64)
+    out = np.concatenate([_columns_of(msgs, floats, np.float64), _columns_of(msgs, ints, np.int64)], axis=1)
+    return out if np.array_equal(order, np.arange(len(order))) else out[:, order, :]
+
+
+def _columns_of(msgs: Sequence[GpuTelemetry], names: tuple[str, ...], dtype: type[np.generic]) -> F64:
+    get = _getter(names)
     g = len(msgs[0].gpus)
     nan_row = [float("nan")] * g
     rows = []
@@ -54,11 +84,22 @@ def columns(msgs: Sequence[GpuTelemetry], names: Sequence[str]) -> F64:
         if None in cols:  # a metric no GPU reported
             cols = tuple(nan_row if c is None else c for c in cols)
         rows.append(cols)
+    out = np.empty((len(rows), len(names), g), dtype=dtype)
     try:
-        flat = np.fromiter(_chain(_chain(rows)), dtype=np.float64, count=len(rows) * len(names) * g)
-    except TypeError:
+        _packer("d" if dtype is np.float64 else "q", out.size)(out, 0, *_chain(_chain(rows)))
+    except struct.error:  # a null inside a column (or, for ints, a NaN row or a value out of int64)
         return np.array(rows, dtype=np.float64)
-    return flat.reshape(len(rows), len(names), g)
+    return out.astype(np.float64, copy=False)
+
+
+@lru_cache(maxsize=64)
+def _packer(code: str, count: int) -> Any:
+    """``pack_into`` of ``count`` values of the struct type ``code`` ("d": float64, "q": int64).
+    Packing the chained values into the array's buffer takes ~40 % less time than ``np.fromiter``,
+    and refuses what is not of its type (a float among ints) instead of truncating it."""
+    packer = struct.Struct(f"={count}{code}")
+    assert packer.size == 8 * count  # standard sizes: "d" and "q" are 8 bytes, as float64 and int64
+    return packer.pack_into
 
 
 @dataclass(frozen=True)
@@ -78,9 +119,11 @@ class MetricBatch:
 
     @classmethod
     def of(cls, msgs: Sequence[GpuTelemetry], names: Sequence[str]) -> MetricBatch:
+        floats, ints, _ = _kinds(tuple(names))
+        ordered = floats + ints  # as :func:`columns` converts them: no reordering copy
         groups = by_gpu_count(msgs)
-        arrays = [columns([msgs[i] for i in idx], names) if msgs[idx[0]].gpus else None for idx in groups]
-        return cls(tuple(names), groups, arrays)
+        arrays = [columns([msgs[i] for i in idx], ordered) if msgs[idx[0]].gpus else None for idx in groups]
+        return cls(ordered, groups, arrays)
 
     def take(self, group: int, names: Sequence[str]) -> F64:
         """``[messages of the group, names, gpus]`` (the group must list GPUs)."""

@@ -18,6 +18,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import msgspec
+import numpy as np
 
 from fleetmedic.config import DetectionSettings
 from fleetmedic.models import sample_columns as sc
@@ -257,10 +258,13 @@ def summarise_batch(msgs: Sequence[GpuTelemetry], batch: sc.MetricBatch | None =
             for i in idx:
                 out[i] = summarise(msgs[i])
             continue
-        medians = sc.nanmedian(batch.take(group, _BATCH_METRICS)).tolist()
-        for i, row in zip(idx, medians, strict=True):
+        medians = sc.nanmedian(batch.take(group, _BATCH_METRICS))
+        holes = np.isnan(medians[:, : len(SUMMARY_METRICS)]).any(axis=1).tolist()
+        for i, row, hole in zip(idx, medians.tolist(), holes, strict=True):
             m, util = msgs[i], row[-1]
-            values = {name: v for name, v in zip(SUMMARY_METRICS, row, strict=False) if v == v}  # NaN: not reported
+            # NaN: not reported, left out
+            values = {k: v for k, v in zip(SUMMARY_METRICS, row, strict=False) if v == v} if hole else dict(
+                zip(SUMMARY_METRICS, row, strict=False))
             out[i] = NodeSummary(m.node, float(m.ts), m.sku or "", _band(util), values)
     return [s for s in out if s is not None]
 

@@ -65,11 +65,36 @@ def _same(a: float, b: float) -> bool:
 @given(messages())
 def test_batched_sample_features_equal_the_one_message_definition(msgs: list[r.GpuTelemetry]) -> None:
     for batch in (None, stage1_batch(msgs)):  # own columns, or stage 1's shared ones
-        rows, busy, totals = _sample_features(msgs, batch)
+        rows, busy, totals, complete = _sample_features(msgs, batch)
         for i, msg in enumerate(msgs):
             ref_row, ref_busy, ref_totals = _reference(msg)
             assert all(_same(a, b) for a, b in zip(rows[i], ref_row, strict=True)), (rows[i], ref_row)
             assert busy[i] == ref_busy and totals[i] == ref_totals
+            assert complete[i] == all(math.isfinite(v) for v in ref_row)
+
+
+@settings(max_examples=100, deadline=None)
+@given(messages())
+def test_windows_accumulate_the_one_message_definition(msgs: list[r.GpuTelemetry]) -> None:
+    # the open windows (one per node: the messages span less than window_s) hold, per gauge, the
+    # sum and count of the finite values of the busy samples, and the first and last counter totals
+    windows = NodeWindowFeatures(window_s=1e6)
+    assert windows.add_batch(msgs, stage1_batch(msgs)) == [None] * len(msgs)
+    for node in {m.node for m in msgs}:
+        mine = [m for m in msgs if m.node == node]
+        sums, finite, rows = [0.0] * 5, [0] * 5, 0
+        for m in mine:
+            row, busy, _ = _reference(m)
+            if busy:
+                rows += 1
+                for j, v in enumerate(row):
+                    if math.isfinite(v):
+                        sums[j] += v
+                        finite[j] += 1
+        w = windows._open[node]
+        assert (w.samples, w.rows, w.sums, w.finite) == (len(mine), rows, sums, finite)
+        assert w.first_counters == dict(zip(_RATES, _reference(mine[0])[2], strict=True))
+        assert w.last_counters == dict(zip(_RATES, _reference(mine[-1])[2], strict=True))
 
 
 @settings(max_examples=50, deadline=None)
@@ -92,3 +117,25 @@ def test_batched_summaries_equal_one_message_summaries(msgs: list[r.GpuTelemetry
     want = [summarise(m) for m in msgs]
     assert summarise_batch(msgs) == want
     assert summarise_batch(msgs, stage1_batch(msgs)) == want  # from stage 1's shared columns
+
+
+def test_columns_convert_ints_and_floats_exactly_and_never_truncate() -> None:
+    from fleetmedic.models.sample_columns import columns
+
+    def msg(sbe: list[int | float | None], temp: list[float | None]) -> r.GpuTelemetry:
+        return r.GpuTelemetry(node="n", ts=1.0, gpus=[0, 1], metrics=r.GpuMetrics(
+            ecc_sbe_vol_total=sbe, gpu_temp=temp))  # type: ignore[arg-type]
+
+    names = ("ecc_sbe_vol_total", "gpu_temp")  # int-valued first: the result keeps this order
+    cases = [
+        ([3, 2**63 - 1], [40.5, 41.0]),  # float(2**63 - 1) rounds as Python rounds it
+        ([3, None], [40.5, None]),  # a GPU not reporting: NaN
+        ([3.7, 1], [40.5, 41.0]),  # not an int (only a message built in code can hold it): as it is
+        ([2**53 + 1, 0], [1e308, -0.0]),
+    ]
+    for sbe, temp in cases:
+        x = columns([msg(sbe, temp), msg([0, 0], [1.0, 2.0])], names)
+        want = np.array([[[np.nan if v is None else float(v) for v in sbe],
+                          [np.nan if v is None else float(v) for v in temp]],
+                         [[0.0, 0.0], [1.0, 2.0]]])
+        assert x.dtype == np.float64 and np.array_equal(x, want, equal_nan=True), (sbe, temp, x)
