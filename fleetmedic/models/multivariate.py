@@ -36,8 +36,6 @@ the node's state (:meth:`NodeWindowFeatures.export_node`). Pure apart from sciki
 from __future__ import annotations
 
 import itertools
-import math
-import operator
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -94,44 +92,37 @@ N_GAUGES = 5  # the features that are means over the window's busy samples (the 
 _GAUGE_SPREADS = ("gpu_temp", "memory_temp", "power_usage", "sm_clock")
 _RATE_COUNTERS = tuple(name for counters in _RATES.values() for name in counters)
 SAMPLE_METRICS = (*_GAUGE_SPREADS, "clocks_event_reasons", "gpu_util", *_RATE_COUNTERS)
-_ONES = (1,) * N_GAUGES
 _RATE_SPANS = tuple(itertools.pairwise(itertools.accumulate((len(c) for c in _RATES.values()), initial=0)))
 
 
 def _sample_features(
     msgs: Sequence[GpuTelemetry], batch: sc.MetricBatch | None = None
-) -> tuple[list[list[float]], list[bool], list[list[float]], list[bool]]:
-    """Per message: the gauge row (4 spreads between GPUs, the throttled share), whether the node
-    was busy (median utilisation >= BUSY_UTIL, or not reported), each rate feature's counter
-    total, and whether every gauge of the row is finite; computed for the whole batch at once
+) -> tuple[NDArray[np.float64], NDArray[np.bool_], NDArray[np.float64]]:
+    """Per message (rows of the arrays): the gauges (4 spreads between GPUs, the throttled share),
+    whether the node was busy (median utilisation >= BUSY_UTIL, or not reported), and each rate
+    feature's counter total; computed for the whole batch at once
     (:mod:`~fleetmedic.models.sample_columns`), from ``batch``'s columns when given."""
     n = len(msgs)
-    rows: list[list[float]] = [[]] * n
-    busy: list[bool] = [True] * n
-    totals: list[list[float]] = [[]] * n
-    complete: list[bool] = [False] * n
+    gauges = np.full((n, N_GAUGES), np.nan)
+    busy = np.ones(n, dtype=bool)
+    totals = np.zeros((n, len(_RATES)))
     batch = batch or sc.MetricBatch.of(msgs, SAMPLE_METRICS)
+    k = len(_GAUGE_SPREADS)
     for group, idx in enumerate(batch.groups):
         if not msgs[idx[0]].gpus:  # a node with no GPUs listed: nothing reported
-            for i in idx:
-                rows[i], totals[i] = [math.nan] * N_GAUGES, [0.0] * len(_RATES)
             continue
-        x = batch.take(group, SAMPLE_METRICS)
-        k = len(_GAUGE_SPREADS)
-        gauges = np.concatenate([sc.spread(x[:, :k, :]), sc.share_with_bits(x[:, k, :], THROTTLE_MASK)[:, None]],
-                                axis=1)
-        util = sc.nanmedian(x[:, k + 1, :])
-        counters = np.nansum(x[:, k + 2 :, :], axis=2)  # [messages, counters]
-        sums = np.stack([counters[:, a:b].sum(axis=1) for a, b in _RATE_SPANS], axis=1)
-        idle = (util < BUSY_UTIL).tolist()  # NaN (not reported) counts as busy
-        full = np.isfinite(gauges).all(axis=1).tolist()
-        for i, row, total, not_busy, ok in zip(idx, gauges.tolist(), sums.tolist(), idle, full, strict=True):
-            rows[i], busy[i], totals[i], complete[i] = row, not not_busy, total, ok
-    return rows, busy, totals, complete
+        at = idx if len(idx) < n else slice(None)
+        gauges[at, :k] = sc.spread(batch.take(group, _GAUGE_SPREADS))
+        gauges[at, k] = sc.share_with_bits(batch.take(group, ("clocks_event_reasons",))[:, 0, :], THROTTLE_MASK)
+        busy[at] = ~(batch.medians(group, ("gpu_util",))[:, 0] < BUSY_UTIL)  # NaN (not reported): busy
+        counters = sc.nansum(batch.take(group, _RATE_COUNTERS))  # [messages, counters]
+        totals[at] = np.stack([counters[:, a:b].sum(axis=1) for a, b in _RATE_SPANS], axis=1)
+    return gauges, busy, totals
 
 
 class _Window(msgspec.Struct, array_like=True):
-    """A node's open window: running sums of the busy samples' gauges and the counters' ends."""
+    """A node's open window: running sums of the busy samples' gauges and the counters' ends (the
+    form it is saved in; :class:`NodeWindowFeatures` keeps every node's in arrays)."""
 
     start: float
     rows: int = 0  # busy samples
@@ -149,10 +140,26 @@ _decode_window = msgspec.msgpack.Decoder(_Window).decode
 
 @dataclass
 class NodeWindowFeatures:
-    """Accumulates each node's samples; :meth:`add` returns a feature vector when a window closes."""
+    """Accumulates each node's samples; :meth:`add` returns a feature vector when a window closes.
+
+    Every node's open window is one row of a few arrays (a slot per node), so that a micro-batch
+    updates all its nodes' windows in a handful of numpy operations; a node's samples are added in
+    their order (a batch holding a node twice is applied in waves), and the sums are the same
+    additions, in the same order, as one sample at a time in Python."""
 
     window_s: float
-    _open: dict[str, _Window] = field(default_factory=dict)
+    _slot: dict[str, int] = field(default_factory=dict)
+    _free: list[int] = field(default_factory=list)
+    _size: int = 0
+    _open: NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    _start: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    _last_ts: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    _rows: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    _samples: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    _sums: NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, N_GAUGES)))
+    _finite: NDArray[np.int64] = field(default_factory=lambda: np.zeros((0, N_GAUGES), dtype=np.int64))
+    _first: NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, len(_RATES))))  # NaN: not yet seen
+    _last: NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, len(_RATES))))
 
     def add(self, msg: GpuTelemetry) -> NDArray[np.float64] | None:
         return self.add_batch([msg])[0]
@@ -163,54 +170,107 @@ class NodeWindowFeatures:
         """Add each message's sample in order; per message, the feature vector of the window it
         closed (or None). The per-sample reductions run over the whole batch at once (over
         ``batch``'s converted columns when given)."""
-        rows, busy, totals, complete = _sample_features(msgs, batch)
-        out: list[NDArray[np.float64] | None] = []
-        window_s, windows, n_rates = self.window_s, self._open, len(_RATES)
-        for i, msg in enumerate(msgs):
-            ts = float(msg.ts)
-            w = windows.get(msg.node)
-            done: NDArray[np.float64] | None = None
-            if w is not None and ts - w.start >= window_s:
-                done = self._close(w)
-                w = None
-            if w is None:
-                w = windows[msg.node] = _Window(start=ts)
-            w.samples += 1
-            if busy[i]:  # spreads between GPUs depend on the load: judge busy nodes
-                w.rows += 1
-                if complete[i]:  # every gauge reported (the usual case): one pass in C
-                    w.sums = list(map(operator.add, w.sums, rows[i]))
-                    w.finite = list(map(operator.add, w.finite, _ONES))
-                else:
-                    for j, v in enumerate(rows[i]):
-                        if math.isfinite(v):
-                            w.sums[j] += v
-                            w.finite[j] += 1
-            last = dict(zip(_RATES, totals[i], strict=True))
-            if len(w.first_counters) < n_rates:
-                w.first_counters = {**last, **w.first_counters}
-            w.last_counters = last
-            w.last_ts = ts
-            out.append(done)
+        gauges, busy, totals = _sample_features(msgs, batch)
+        out: list[NDArray[np.float64] | None] = [None] * len(msgs)
+        get = self._slot.get
+        known = [get(m.node) for m in msgs]
+        slots: list[int] = known if None not in known else [self._slot_of(m.node) for m in msgs]  # type: ignore[assignment]
+        ts = np.fromiter([m.ts for m in msgs], dtype=np.float64, count=len(msgs))
+        if len(set(slots)) == len(slots):
+            self._add_wave(np.array(slots, dtype=np.intp), np.arange(len(msgs)), ts, gauges, busy, totals, out)
+            return out
+        seen: dict[int, int] = {}
+        waves: list[list[int]] = []
+        for i, slot in enumerate(slots):  # the k-th sample of each node goes in wave k
+            k = seen[slot] = seen.get(slot, -1) + 1
+            if k == len(waves):
+                waves.append([])
+            waves[k].append(i)
+        for wave in waves:
+            at = np.array(wave, dtype=np.intp)
+            self._add_wave(np.array([slots[i] for i in wave], dtype=np.intp), at, ts[at], gauges[at], busy[at],
+                           totals[at], out)
         return out
+
+    def _add_wave(self, idx: NDArray[np.intp], at: NDArray[np.intp], ts: NDArray[np.float64],
+                  gauges: NDArray[np.float64], busy: NDArray[np.bool_], totals: NDArray[np.float64],
+                  out: list[NDArray[np.float64] | None]) -> None:
+        """One sample each of distinct nodes (slots ``idx``; ``at``: their places in ``out``)."""
+        is_open = self._open[idx]
+        closing = is_open & (ts - self._start[idx] >= self.window_s)
+        for j in np.flatnonzero(closing).tolist():  # rare: a node's window ends
+            out[int(at[j])] = self._close(self._window(int(idx[j])))
+        fresh = idx[~is_open | closing]
+        if len(fresh):
+            self._open[fresh], self._start[fresh] = True, ts[~is_open | closing]
+            self._rows[fresh] = self._samples[fresh] = 0
+            self._sums[fresh], self._finite[fresh], self._first[fresh], self._last[fresh] = 0.0, 0, np.nan, np.nan
+        self._samples[idx] += 1
+        self._rows[idx] += busy
+        take = np.isfinite(gauges) & busy[:, None]  # spreads between GPUs depend on the load: busy samples only
+        self._sums[idx] = np.where(take, self._sums[idx] + gauges, self._sums[idx])
+        self._finite[idx] += take
+        first = self._first[idx]
+        self._first[idx] = np.where(np.isnan(first), totals, first)
+        self._last[idx], self._last_ts[idx] = totals, ts
+
+    def _slot_of(self, node: str) -> int:
+        slot = self._slot.get(node)
+        if slot is None:
+            if not self._free:
+                self._grow()
+            slot = self._slot[node] = self._free.pop()
+            self._open[slot] = False
+        return slot
+
+    def _grow(self) -> None:
+        old, new = self._size, max(64, 2 * self._size)
+        for name in ("_open", "_start", "_last_ts", "_rows", "_samples", "_sums", "_finite", "_first", "_last"):
+            a = getattr(self, name)
+            grown = np.zeros((new, *a.shape[1:]), dtype=a.dtype)
+            grown[:old] = a
+            setattr(self, name, grown)
+        self._free.extend(range(new - 1, old - 1, -1))  # lowest slot first
+        self._size = new
+
+    def _window(self, slot: int) -> _Window:
+        present = [(f, a, b) for f, a, b in zip(_RATES, self._first[slot].tolist(), self._last[slot].tolist(),
+                                                strict=True) if a == a]  # NaN: not seen in this window
+        return _Window(start=float(self._start[slot]), rows=int(self._rows[slot]), sums=self._sums[slot].tolist(),
+                       finite=self._finite[slot].tolist(), first_counters={f: a for f, a, _ in present},
+                       last_counters={f: b for f, _, b in present if b == b}, last_ts=float(self._last_ts[slot]),
+                       samples=int(self._samples[slot]))
+
+    def window(self, node: str) -> _Window | None:
+        """The node's open window (a copy), or None."""
+        slot = self._slot.get(node)
+        return None if slot is None or not self._open[slot] else self._window(slot)
 
     def export_node(self, node: str) -> bytes | None:
         """The node's open window (msgpack), or None."""
-        w = self._open.get(node)
+        w = self.window(node)
         return None if w is None else _encode(w)
 
     def import_node(self, node: str, data: bytes | None) -> None:
         """Load what :meth:`export_node` wrote (None: no open window)."""
         if data is None:
-            self._open.pop(node, None)
+            self.forget(node)
             return
         w = _decode_window(data)
         if len(w.sums) != N_GAUGES or len(w.finite) != N_GAUGES:
             raise ValueError(f"multivariate window of {node}: {len(w.sums)} gauges, not {N_GAUGES}")
-        self._open[node] = w
+        slot = self._slot_of(node)
+        self._open[slot], self._start[slot], self._last_ts[slot] = True, w.start, w.last_ts
+        self._rows[slot], self._samples[slot] = w.rows, w.samples
+        self._sums[slot], self._finite[slot] = w.sums, w.finite
+        self._first[slot] = [w.first_counters.get(f, np.nan) for f in _RATES]
+        self._last[slot] = [w.last_counters.get(f, np.nan) for f in _RATES]
 
     def forget(self, node: str) -> None:
-        self._open.pop(node, None)
+        slot = self._slot.pop(node, None)
+        if slot is not None:
+            self._open[slot] = False
+            self._free.append(slot)
 
     @staticmethod
     def _close(w: _Window) -> NDArray[np.float64] | None:

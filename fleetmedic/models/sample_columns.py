@@ -14,7 +14,6 @@ as dropping it from the list did. Pure: numpy only.
 from __future__ import annotations
 
 import struct
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -77,18 +76,15 @@ def columns(msgs: Sequence[GpuTelemetry], names: Sequence[str]) -> F64:
 def _columns_of(msgs: Sequence[GpuTelemetry], names: tuple[str, ...], dtype: type[np.generic]) -> F64:
     get = _getter(names)
     g = len(msgs[0].gpus)
-    nan_row = [float("nan")] * g
-    rows = []
-    for m in msgs:
-        cols = get(_astuple(m.metrics))
-        if None in cols:  # a metric no GPU reported
-            cols = tuple(nan_row if c is None else c for c in cols)
-        rows.append(cols)
+    rows = [get(_astuple(m.metrics)) for m in msgs]
     out = np.empty((len(rows), len(names), g), dtype=dtype)
     try:
         _packer("d" if dtype is np.float64 else "q", out.size)(out, 0, *_chain(_chain(rows)))
-    except struct.error:  # a null inside a column (or, for ints, a NaN row or a value out of int64)
-        return np.array(rows, dtype=np.float64)
+    except (struct.error, TypeError):
+        # a metric no GPU reported (None where a list belongs), a null inside a column, a value not
+        # of the column's type or out of int64: the careful way, NaN where nothing was reported
+        nan_row = [float("nan")] * g
+        return np.array([[nan_row if c is None else c for c in cols] for cols in rows], dtype=np.float64)
     return out.astype(np.float64, copy=False)
 
 
@@ -116,6 +112,7 @@ class MetricBatch:
     groups: list[list[int]]
     arrays: list[F64 | None]
     _rows: dict[tuple[str, ...], slice | NDArray[np.intp]] = field(default_factory=dict, compare=False)
+    _medians: dict[tuple[int, tuple[str, ...]], F64] = field(default_factory=dict, compare=False)
 
     @classmethod
     def of(cls, msgs: Sequence[GpuTelemetry], names: Sequence[str]) -> MetricBatch:
@@ -139,6 +136,22 @@ class MetricBatch:
         return x[:, rows, :]
 
 
+    def medians(self, group: int, names: Sequence[str]) -> F64:
+        """:func:`nanmedian` of :meth:`take` (``[messages of the group, names]``), computed once per
+        group: a subset of names already asked for is a view of those columns."""
+        key = tuple(names)
+        got = self._medians.get((group, key))
+        if got is None:
+            for (g, wider), medians in self._medians.items():
+                if g == group and set(key) <= set(wider):
+                    got = medians[:, [wider.index(n) for n in key]]
+                    break
+            else:
+                got = nanmedian(self.take(group, key))
+            self._medians[(group, key)] = got
+        return got
+
+
 def by_gpu_count(msgs: Sequence[GpuTelemetry]) -> list[list[int]]:
     """Indices of ``msgs`` grouped by their GPU count (one array shape per group)."""
     groups: dict[int, list[int]] = {}
@@ -148,11 +161,17 @@ def by_gpu_count(msgs: Sequence[GpuTelemetry]) -> list[list[int]]:
 
 
 def spread(x: F64) -> F64:
-    """Max minus min over the last axis, of the reported values (NaN when none)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices are expected: NaN
-        out: F64 = np.nanmax(x, axis=-1) - np.nanmin(x, axis=-1)
+    """Max minus min over the last axis, of the reported values (NaN when none): ``fmax``/``fmin``
+    skip NaN as ``nanmax``/``nanmin`` do, without their copies and warnings."""
+    out: F64 = np.fmax.reduce(x, axis=-1) - np.fmin.reduce(x, axis=-1)
     return out
+
+
+def nansum(x: F64) -> F64:
+    """Sum over the last axis of the reported values (0 when none), as ``np.nansum``; the plain sum
+    (the same additions) where nothing is missing, which is nearly always."""
+    out: F64 = x.sum(axis=-1)
+    return np.nansum(x, axis=-1) if np.isnan(out).any() else out
 
 
 def nanmedian(x: F64) -> F64:

@@ -245,7 +245,11 @@ STAGE1_METRICS = tuple(dict.fromkeys((*USED_METRICS, *SAMPLE_METRICS, *_BATCH_ME
 
 def stage1_batch(msgs: Sequence[GpuTelemetry]) -> sc.MetricBatch:
     """The micro-batch's columns for :meth:`NodeDetection.on_gpu` and :func:`summarise_batch`."""
-    return sc.MetricBatch.of(msgs, STAGE1_METRICS)
+    batch = sc.MetricBatch.of(msgs, STAGE1_METRICS)
+    for group, x in enumerate(batch.arrays):
+        if x is not None:  # the peer summaries' medians; the windows' busy test reads gpu_util's from them
+            batch.medians(group, _BATCH_METRICS)
+    return batch
 
 
 def summarise_batch(msgs: Sequence[GpuTelemetry], batch: sc.MetricBatch | None = None) -> list[NodeSummary]:
@@ -258,8 +262,8 @@ def summarise_batch(msgs: Sequence[GpuTelemetry], batch: sc.MetricBatch | None =
             for i in idx:
                 out[i] = summarise(msgs[i])
             continue
-        medians = sc.nanmedian(batch.take(group, _BATCH_METRICS))
-        holes = np.isnan(medians[:, : len(SUMMARY_METRICS)]).any(axis=1).tolist()
+        medians = batch.medians(group, _BATCH_METRICS)
+        holes: list[bool] = np.isnan(medians[:, : len(SUMMARY_METRICS)]).any(axis=1).tolist()  # type: ignore[assignment]
         for i, row, hole in zip(idx, medians.tolist(), holes, strict=True):
             m, util = msgs[i], row[-1]
             # NaN: not reported, left out

@@ -65,12 +65,11 @@ def _same(a: float, b: float) -> bool:
 @given(messages())
 def test_batched_sample_features_equal_the_one_message_definition(msgs: list[r.GpuTelemetry]) -> None:
     for batch in (None, stage1_batch(msgs)):  # own columns, or stage 1's shared ones
-        rows, busy, totals, complete = _sample_features(msgs, batch)
+        rows, busy, totals = _sample_features(msgs, batch)
         for i, msg in enumerate(msgs):
             ref_row, ref_busy, ref_totals = _reference(msg)
-            assert all(_same(a, b) for a, b in zip(rows[i], ref_row, strict=True)), (rows[i], ref_row)
-            assert busy[i] == ref_busy and totals[i] == ref_totals
-            assert complete[i] == all(math.isfinite(v) for v in ref_row)
+            assert all(_same(a, b) for a, b in zip(rows[i].tolist(), ref_row, strict=True)), (rows[i], ref_row)
+            assert bool(busy[i]) == ref_busy and totals[i].tolist() == ref_totals
 
 
 @settings(max_examples=100, deadline=None)
@@ -91,7 +90,8 @@ def test_windows_accumulate_the_one_message_definition(msgs: list[r.GpuTelemetry
                     if math.isfinite(v):
                         sums[j] += v
                         finite[j] += 1
-        w = windows._open[node]
+        w = windows.window(node)
+        assert w is not None
         assert (w.samples, w.rows, w.sums, w.finite) == (len(mine), rows, sums, finite)
         assert w.first_counters == dict(zip(_RATES, _reference(mine[0])[2], strict=True))
         assert w.last_counters == dict(zip(_RATES, _reference(mine[-1])[2], strict=True))
@@ -139,3 +139,51 @@ def test_columns_convert_ints_and_floats_exactly_and_never_truncate() -> None:
                           [np.nan if v is None else float(v) for v in temp]],
                          [[0.0, 0.0], [1.0, 2.0]]])
         assert x.dtype == np.float64 and np.array_equal(x, want, equal_nan=True), (sbe, temp, x)
+
+
+class _ReferenceWindows:
+    """The window accumulation one sample at a time in plain Python (the definition)."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s, self.open = window_s, {}  # type: ignore[var-annotated]
+
+    def add(self, msg: r.GpuTelemetry) -> np.ndarray | None:  # type: ignore[type-arg]
+        from fleetmedic.models.multivariate import _Window
+
+        row, busy, totals = _reference(msg)
+        w, done = self.open.get(msg.node), None
+        if w is not None and msg.ts - w.start >= self.window_s:
+            done, w = NodeWindowFeatures._close(w), None
+        if w is None:
+            w = self.open[msg.node] = _Window(start=float(msg.ts))
+        w.samples += 1
+        if busy:
+            w.rows += 1
+            for j, v in enumerate(row):
+                if math.isfinite(v):
+                    w.sums[j] += v
+                    w.finite[j] += 1
+        for feature, total in zip(_RATES, totals, strict=True):
+            w.first_counters.setdefault(feature, total)
+            w.last_counters[feature] = total
+        w.last_ts = float(msg.ts)
+        return done
+
+
+@settings(max_examples=100, deadline=None)
+@given(messages(), st.integers(1, 4), st.sampled_from([45.0, 60.0, 100.0]))
+def test_windows_close_as_the_reference_over_batches_and_a_restore(msgs: list[r.GpuTelemetry], cut: int,
+                                                                    window_s: float) -> None:
+    import msgspec
+
+    ref, mine = _ReferenceWindows(window_s), NodeWindowFeatures(window_s=window_s)
+    want = [ref.add(m) for m in msgs]
+    got = mine.add_batch(msgs[:cut], stage1_batch(msgs[:cut]))
+    moved = NodeWindowFeatures(window_s=window_s)  # the nodes' windows saved and loaded mid-stream
+    for node in {m.node for m in msgs}:
+        moved.import_node(node, mine.export_node(node))
+    got += moved.add_batch(msgs[cut:], stage1_batch(msgs[cut:])) if msgs[cut:] else []
+    for a, b in zip(got, want, strict=True):
+        assert (a is None) == (b is None) and (a is None or np.array_equal(a, b, equal_nan=True))
+    for node in {m.node for m in msgs}:
+        assert moved.export_node(node) == msgspec.msgpack.encode(ref.open[node])
