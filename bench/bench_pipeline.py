@@ -6,8 +6,8 @@ Uses ``$FLEETMEDIC_KAFKA_BOOTSTRAP`` or starts its own broker (fleetmedic.devenv
 Pre-produces ``--messages`` GpuTelemetry messages (8 GPUs each, every dcgm field; bench_detection's
 generator) on a 2-partition ``telemetry.gpu``, then measures, in the same run:
 
-1. a plain aiokafka consumer reading and decoding them (msgspec, into GpuTelemetry), the best of
-   two reads: the baseline;
+1. a plain aiokafka consumer reading and decoding them (msgspec, into GpuTelemetry), once right
+   before and once right after (2), the faster of the two: the baseline;
 2. one ``fleetmedic worker --role detect`` process: GPU samples/s through stage 1 (decode,
    detectors, findings, node summaries) from its first message until it has read them all, in wall
    time and per CPU second of the worker (other load on a shared machine slows the former only);
@@ -310,17 +310,19 @@ def throughput(work: Path, bootstrap: str, u: str, wire: list[bytes], keys: list
     took = asyncio.run(produce_all(bootstrap, topic, wire, keys))
     print(f"pre-produced in {took:.1f} s ({total / took:,.0f} messages/s)\n")
 
-    # the best of two reads: a busy spell on a shared machine would flatter the ratios below
-    reads = [asyncio.run(plain_consumer(bootstrap, topic, total)) for _ in range(2)]
-    base, base_cpu = total / min(w for w, _ in reads), total / min(c for _, c in reads)
-    print(f"plain aiokafka consumer + decode  {8 * base:12,.0f} GPU samples/s  "
-          f"{8 * base_cpu:12,.0f} per CPU s   (baseline)")
-
+    # read right before and right after the worker's run, the faster counts: this machine's speed
+    # drifts by tens of percent over minutes, and a slow spell during one read would flatter the ratio
+    reads = [asyncio.run(plain_consumer(bootstrap, topic, total))]
     one = Worker(cfg1, "detect", work, "one")
     try:
         rate1, per_cpu1, share1 = stage1_rate([one], topic, total)
     finally:
         one.stop()
+    reads.append(asyncio.run(plain_consumer(bootstrap, topic, total)))
+    base, base_cpu = total / min(w for w, _ in reads), total / min(c for _, c in reads)
+    print(f"plain aiokafka consumer + decode  {8 * base:12,.0f} GPU samples/s  "
+          f"{8 * base_cpu:12,.0f} per CPU s   (baseline; before and after the worker: "
+          + ", ".join(f"{8 * total / w:,.0f}" for w, _ in reads) + ")")
     print(f"1 detect worker (stage 1)          {8 * rate1:12,.0f} GPU samples/s  {8 * per_cpu1:12,.0f} per CPU s   "
           f"{rate1 / base:5.2f}x wall, {per_cpu1 / base_cpu:5.2f}x CPU   (targets: >=100k, >=0.5x); "
           f"{share1[0]:.2f} cores")

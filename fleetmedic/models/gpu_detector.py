@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import msgspec
 import numpy as np
@@ -155,6 +156,10 @@ class _Slab:
         self.planes[slot], self.prev[slot], self.throttle[slot], self.max_width[slot] = 0.0, np.nan, 0.0, np.nan
         self.prev_ts[slot], self.samples[slot], self.last[slot] = np.nan, 0, np.nan
         self.free.append(slot)
+
+
+_NODE, _GPUS, _BOOT_ID, _XIDS, _TS = (attrgetter(a) for a in ("node", "gpus", "boot_id", "xids", "ts"))
+_GPU_LIST, _XID_LOG, _ACTIVE, _SLOT = (attrgetter(a) for a in ("gpu_list", "xid_log", "active", "slot"))
 
 
 @dataclass
@@ -320,8 +325,12 @@ class GpuDetector:
         # set, a reboot) are handled for those messages only
         n = len(msgs)
         nodes = self._nodes
-        lives = [nodes.get(m.node) for m in msgs]
-        for i in [i for i, (lv, m) in enumerate(zip(lives, msgs, strict=True)) if lv is None or lv.gpu_list != m.gpus]:
+        lives = list(map(nodes.get, map(_NODE, msgs)))
+        # each test below is one C-level comparison of two lists in the usual case; the Python loop
+        # over the messages runs only when it fails
+        odd = [] if None not in lives and list(map(_GPU_LIST, lives)) == list(map(_GPUS, msgs)) else [
+            i for i, (lv, m) in enumerate(zip(lives, msgs, strict=True)) if lv is None or lv.gpu_list != m.gpus]
+        for i in odd:
             msg, live, gpus = msgs[i], lives[i], tuple(msgs[i].gpus)
             if live is None:
                 live = nodes[msg.node] = self._new_live(gpus)
@@ -331,15 +340,17 @@ class GpuDetector:
             lives[i] = live
         known: list[_Live] = lives  # type: ignore[assignment]  # every entry is set above
         boot_changed = np.zeros(n, dtype=bool)
-        for i in [i for i, (lv, m) in enumerate(zip(known, msgs, strict=True)) if lv.boot_id != m.boot_id]:
-            boot_changed[i] = True
-            known[i].boot_id = msgs[i].boot_id
+        if list(map(_BOOT_ID, known)) != list(map(_BOOT_ID, msgs)):
+            for i in [i for i, (lv, m) in enumerate(zip(known, msgs, strict=True)) if lv.boot_id != m.boot_id]:
+                boot_changed[i] = True
+                known[i].boot_id = msgs[i].boot_id
         attention = np.zeros(n, dtype=bool)
-        pairs = zip(known, msgs, strict=True)
-        attention[[i for i, (lv, m) in enumerate(pairs) if m.xids or lv.xid_log or lv.active]] = True
+        if any(map(_XIDS, msgs)) or any(map(_XID_LOG, known)) or any(map(_ACTIVE, known)):
+            pairs = zip(known, msgs, strict=True)
+            attention[[i for i, (lv, m) in enumerate(pairs) if m.xids or lv.xid_log or lv.active]] = True
         slab = known[0].slab
-        idx = np.fromiter([lv.slot for lv in known], dtype=np.intp, count=n)
-        ts = np.fromiter([m.ts for m in msgs], dtype=np.float64, count=n)
+        idx = np.fromiter(map(_SLOT, known), dtype=np.intp, count=n)
+        ts = np.fromiter(map(_TS, msgs), dtype=np.float64, count=n)
         seen = slab.samples[idx] > 0
         reset = boot_changed & seen
         dt = np.where(seen, ts - slab.prev_ts[idx], np.nan)
