@@ -229,6 +229,7 @@ class GpuDetector:
             # has a tiny variance, and its z-scores would otherwise explode on a few MHz
             std_floor=np.array([max(settings.baseline.min_std, t.min_delta / t.z_warning) for t in th])[:, None],
         )
+        self._residual_names = tuple(RESIDUAL_SIGNALS[n] for n in residual)  # the metrics, as in a MetricBatch
         self.alpha = alpha_for_halflife(settings.baseline.halflife_samples)
         self._nodes: dict[str, _Live] = {}
         self._slabs: dict[int, _Slab] = {}
@@ -304,8 +305,10 @@ class GpuDetector:
         pending = list(msgs)
         if pending and len({m.node for m in pending}) == len(pending) and len({len(m.gpus) for m in pending}) == 1:
             # the usual micro-batch: one message per node, one GPU count
-            shared = batch is not None and len(batch.groups) == 1 and bool(pending[0].gpus)
-            return self._observe_distinct(pending, batch.take(0, USED_METRICS) if batch and shared else None)
+            if batch is not None and len(batch.groups) == 1 and pending[0].gpus:  # its columns, and medians
+                return self._observe_distinct(pending, batch.take(0, USED_METRICS),
+                                              batch.medians(0, self._residual_names))
+            return self._observe_distinct(pending)
         findings: list[Finding] = []
         while pending:
             wave, pending = _split_waves(pending)
@@ -316,9 +319,11 @@ class GpuDetector:
                 findings.extend(self._observe_distinct(group))
         return findings
 
-    def _observe_distinct(self, msgs: list[GpuTelemetry], x: F64 | None = None) -> list[Finding]:
+    def _observe_distinct(self, msgs: list[GpuTelemetry], x: F64 | None = None,
+                          medians: F64 | None = None) -> list[Finding]:
         """One message per node, all with the same GPU count (so all in one slab); ``x``: their
-        :func:`metrics_batch`, when already converted."""
+        :func:`metrics_batch`, when already converted; ``medians``: the medians of the residual
+        signals' gauges (``[messages, gauges]``), when already computed."""
         s = self.settings
         findings: list[Finding] = []
         # per-message Python work is a few comprehensions; the rare cases (a new node, a changed GPU
@@ -358,7 +363,7 @@ class GpuDetector:
             x = metrics_batch(msgs)
         prev = slab.prev[idx]
         planes = slab.planes[idx]
-        y = compute_signals(x, prev, dt, reset, self.plan, s.max_sample_gap_s)
+        y = compute_signals(x, prev, dt, reset, self.plan, s.max_sample_gap_s, medians)
         res = step_baselines(
             y,
             planes,

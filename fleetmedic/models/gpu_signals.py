@@ -132,13 +132,16 @@ class SignalPlan:
     std_floor: F64  # per signal: max(baseline.min_std, min_delta / z_warning)
 
 
-def compute_signals(x: F64, prev: F64, dt: F64, reset: BOOL, plan: SignalPlan, max_gap_s: float) -> F64:
-    """Signals ``[B, S, G]`` from metrics ``x [B, M, G]`` and previous watched values ``prev [B, W, G]``."""
+def compute_signals(x: F64, prev: F64, dt: F64, reset: BOOL, plan: SignalPlan, max_gap_s: float,
+                    medians: F64 | None = None) -> F64:
+    """Signals ``[B, S, G]`` from metrics ``x [B, M, G]`` and previous watched values ``prev [B, W, G]``;
+    ``medians [B, n_residual]``: the residual gauges' medians over the GPUs, when already computed."""
     b, _, g = x.shape
     out = np.empty((b, len(plan.names), g))
     if plan.n_residual:
         gauges = x[:, plan.residual_idx, :]
-        out[:, : plan.n_residual, :] = gauges - nanmedian_last_axis(gauges)
+        centre = nanmedian_last_axis(gauges) if medians is None else medians[:, :, None]
+        out[:, : plan.n_residual, :] = gauges - centre
     if plan.rate_groups:
         cur = x[:, WATCHED_ROWS, :]
         delta = cur - prev
