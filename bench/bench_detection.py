@@ -30,8 +30,9 @@ from fleetmedic.models.gpu_detector import GpuDetector, metrics_array
 from fleetmedic.models.stages import NodeDetection, stage1_batch, summarise_batch
 
 
-def make_messages(nodes: int, ticks: int, seed: int = 0) -> list[bytes]:
-    """A realistic 8-GPU dcgm field set per node and tick (all metrics present, counters growing)."""
+def make_messages(nodes: int, ticks: int, seed: int = 0, interval_s: float = 10.0) -> list[bytes]:
+    """A realistic 8-GPU dcgm field set per node and tick (all metrics present, counters growing),
+    ticks ``interval_s`` apart."""
     rng = np.random.default_rng(seed)
     out = []
     for t in range(ticks):
@@ -72,7 +73,7 @@ def make_messages(nodes: int, ticks: int, seed: int = 0) -> list[bytes]:
                 prof_pipe_tensor_active=[0.55] * 8,
                 prof_dram_active=[0.4] * 8,
             )
-            msg = r.GpuTelemetry(node=f"gpu-node-{n:05d}", ts=1.79e9 + 10 * t, gpus=list(range(8)), metrics=m,
+            msg = r.GpuTelemetry(node=f"gpu-node-{n:05d}", ts=1.79e9 + interval_s * t, gpus=list(range(8)), metrics=m,
                                  uuids=[f"GPU-{n:05d}-{g}" for g in range(8)], sku="H100-SXM5-80GB", boot_id="b0")
             out.append(r.encode(msg))
     return out
