@@ -305,7 +305,8 @@ def state_costs(wire: list[bytes], settings: Settings) -> None:
           f"({telemetry / summary_bytes:.0f}x fewer bytes, {raw_cpu / max(sum_cpu, 1e-12):.0f}x less CPU)")
 
 
-def throughput(work: Path, bootstrap: str, u: str, wire: list[bytes], keys: list[bytes], rounds: int) -> float:
+def throughput(work: Path, bootstrap: str, u: str, wire: list[bytes], keys: list[bytes], rounds: int,
+               streams: str = "") -> float:
     """Parts 1-3 in ``rounds`` rounds (plain read, one worker, two workers; a last plain read):
     each ratio is taken between runs next to each other, as this machine's speed drifts by tens
     of percent over minutes; the median round counts. Returns one worker's median messages/s."""
@@ -319,7 +320,7 @@ def throughput(work: Path, bootstrap: str, u: str, wire: list[bytes], keys: list
     reads = [asyncio.run(plain_consumer(bootstrap, topic, total))]
     rows: list[tuple[float, float, float, float, float, float, list[float], float]] = []
     for k in range(rounds):
-        cfg1, _ = config(work, bootstrap, prefix, f"bench{u}-one{k}")  # a new group each time: fresh state
+        cfg1, _ = config(work, bootstrap, prefix, f"bench{u}-one{k}", streams)  # a new group each time: fresh state
         one = Worker(cfg1, "detect", work, f"one-{k}")
         try:
             rate1, per_cpu1, share1 = stage1_rate([one], topic, total)
@@ -327,7 +328,7 @@ def throughput(work: Path, bootstrap: str, u: str, wire: list[bytes], keys: list
             one.stop()
         # a new group; the broker's group.initial.rebalance.delay.ms (see broker()) lets both workers
         # join before the first assignment, else the first would read both partitions alone
-        cfg2, _ = config(work, bootstrap, prefix, f"bench{u}-two{k}")
+        cfg2, _ = config(work, bootstrap, prefix, f"bench{u}-two{k}", streams)
         two = [Worker(cfg2, "detect", work, f"two-{k}-{i}") for i in range(2)]
         try:
             alone = wait_for_partitions(two, topic)
@@ -398,6 +399,7 @@ def main() -> None:
     ap.add_argument("--latency-s", type=float, default=25.0)
     ap.add_argument("--latency-rate", type=float, help="messages/s for part 4 (default: from part 2)")
     ap.add_argument("--interval-s", type=float, default=1.0, help="telemetry time between a node's messages")
+    ap.add_argument("--batch-size", type=int, help="the workers' streams.batch_size (default: the config's)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of parts 1-3 (the median counts)")
     ap.add_argument("--only", choices=["throughput", "latency", "costs"], help="run one part")
     args = ap.parse_args()
@@ -415,7 +417,8 @@ def main() -> None:
             u = uuid.uuid4().hex[:8]
             rate = args.latency_rate or 100_000 / 8
             if args.only in (None, "throughput"):
-                measured = throughput(Path(tmp), bootstrap, u, wire, keys, args.rounds)
+                streams = f"streams: {{batch_size: {args.batch_size}}}\n" if args.batch_size else ""
+                measured = throughput(Path(tmp), bootstrap, u, wire, keys, args.rounds, streams)
                 rate = args.latency_rate or min(100_000 / 8, 0.7 * measured)
             if args.only in (None, "latency"):
                 template = [r.decode(r.GpuTelemetry, b) for b in wire[: args.nodes]]
