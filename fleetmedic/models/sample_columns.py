@@ -78,14 +78,30 @@ def _columns_of(msgs: Sequence[GpuTelemetry], names: tuple[str, ...], dtype: typ
     g = len(msgs[0].gpus)
     rows = [get(_astuple(m.metrics)) for m in msgs]
     out = np.empty((len(rows), len(names), g), dtype=dtype)
+    pack = _packer("d" if dtype is np.float64 else "q", out.size)
     try:
-        _packer("d" if dtype is np.float64 else "q", out.size)(out, 0, *_chain(_chain(rows)))
+        pack(out, 0, *_chain(_chain(rows)))
+        return out.astype(np.float64, copy=False)
     except (struct.error, TypeError):
-        # a metric no GPU reported (None where a list belongs), a null inside a column, a value not
-        # of the column's type or out of int64: the careful way, NaN where nothing was reported
+        pass
+    # metrics no GPU reported (None where a list belongs: an exporter without them sends none, in
+    # every message), packed as zeros and then NaN
+    zeros, holes, fixed = [0] * g, [], []
+    for i, cols in enumerate(rows):
+        if None in cols:
+            holes += [(i, j) for j, c in enumerate(cols) if c is None]
+            cols = tuple(zeros if c is None else c for c in cols)
+        fixed.append(cols)
+    try:
+        pack(out, 0, *_chain(_chain(fixed)))
+    except (struct.error, TypeError):  # a null inside a column, a value not of its type or beyond int64
         nan_row = [float("nan")] * g
         return np.array([[nan_row if c is None else c for c in cols] for cols in rows], dtype=np.float64)
-    return out.astype(np.float64, copy=False)
+    result = out.astype(np.float64, copy=False)
+    if holes:
+        at = np.array(holes, dtype=np.intp)
+        result[at[:, 0], at[:, 1], :] = np.nan
+    return result
 
 
 @lru_cache(maxsize=64)
@@ -135,10 +151,9 @@ class MetricBatch:
             rows = self._rows[key] = slice(at[0], at[0] + len(at)) if contiguous else np.array(at, dtype=np.intp)
         return x[:, rows, :]
 
-
     def medians(self, group: int, names: Sequence[str]) -> F64:
         """:func:`nanmedian` of :meth:`take` (``[messages of the group, names]``), computed once per
-        group: a subset of names already asked for is a view of those columns."""
+        group: for a subset of names already asked for, those columns."""
         key = tuple(names)
         got = self._medians.get((group, key))
         if got is None:

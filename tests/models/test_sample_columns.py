@@ -122,7 +122,7 @@ def test_batched_summaries_equal_one_message_summaries(msgs: list[r.GpuTelemetry
 def test_columns_convert_ints_and_floats_exactly_and_never_truncate() -> None:
     from fleetmedic.models.sample_columns import columns
 
-    def msg(sbe: list[int | float | None], temp: list[float | None]) -> r.GpuTelemetry:
+    def msg(sbe: list[int | float | None] | None, temp: list[float | None] | None) -> r.GpuTelemetry:
         return r.GpuTelemetry(node="n", ts=1.0, gpus=[0, 1], metrics=r.GpuMetrics(
             ecc_sbe_vol_total=sbe, gpu_temp=temp))  # type: ignore[arg-type]
 
@@ -132,11 +132,15 @@ def test_columns_convert_ints_and_floats_exactly_and_never_truncate() -> None:
         ([3, None], [40.5, None]),  # a GPU not reporting: NaN
         ([3.7, 1], [40.5, 41.0]),  # not an int (only a message built in code can hold it): as it is
         ([2**53 + 1, 0], [1e308, -0.0]),
+        (None, [40.5, 41.0]),  # a metric no GPU reported (an exporter without it): NaN
+        ([3, 4], None),
+        (None, None),
+        (None, [40.5, None]),  # both kinds of holes in one message
     ]
     for sbe, temp in cases:
         x = columns([msg(sbe, temp), msg([0, 0], [1.0, 2.0])], names)
-        want = np.array([[[np.nan if v is None else float(v) for v in sbe],
-                          [np.nan if v is None else float(v) for v in temp]],
+        want = np.array([[[np.nan if v is None else float(v) for v in sbe or [None, None]],
+                          [np.nan if v is None else float(v) for v in temp or [None, None]]],
                          [[0.0, 0.0], [1.0, 2.0]]])
         assert x.dtype == np.float64 and np.array_equal(x, want, equal_nan=True), (sbe, temp, x)
 
