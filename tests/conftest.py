@@ -96,6 +96,8 @@ def kube_config(services_dir: Path) -> Iterator[Path]:
     # directory and up to three tries, each failure's log tail kept for the report
     failures: list[str] = []
     for attempt in range(3):
+        if attempt:
+            time.sleep(10.0 * attempt)  # whatever stopped the last try (a short busy spell) may pass
         cluster = Kube(services_dir / ("kube" if attempt == 0 else f"kube-{attempt}"), Ports.free())
         try:
             cluster.start(timeout=180)

@@ -20,6 +20,9 @@ from pathlib import Path
 # Popen objects of children started by this process, so they can be reaped (no zombies, no
 # "subprocess still running" ResourceWarnings).
 _children: dict[int, subprocess.Popen[bytes]] = {}
+# how each reaped child ended (pid -> returncode: negative = the signal that killed it), for the
+# "exited while waiting" report
+_ended: dict[int, int] = {}
 
 
 class ServiceError(RuntimeError):
@@ -87,6 +90,23 @@ class Proc:
             return None
         return pid if _alive(pid, Path(self.argv[0]).name) else None
 
+    def how_it_ended(self) -> str:
+        """The exit status of the process the pidfile names, as far as it is known (a report)."""
+        try:
+            pid = int(self.pidfile.read_text().strip())
+        except (OSError, ValueError) as exc:
+            return f"no pid ({exc})"
+        code = _ended.get(pid)
+        if code is None:
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                return f"pid {pid} still exists, running {cmdline[:200]!r}"
+            except OSError:
+                return f"pid {pid} is gone, exit status unknown (not reaped here)"
+        if code < 0:
+            return f"pid {pid} was killed by {signal.Signals(-code).name}"
+        return f"pid {pid} exited with status {code}"
+
     def exited(self) -> bool:
         """True once a process we started has exited (or its pidfile names no live process)."""
         return self.pid() is None
@@ -118,7 +138,10 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 
 def _alive(pid: int, program: str | None) -> bool:
     child = _children.get(pid)
-    if child is not None and child.poll() is not None:
+    if child is not None:
+        if child.poll() is None:
+            return True  # a child this process started and has not reaped: it runs what we started
+        _ended[pid] = int(child.returncode)
         del _children[pid]
         return False
     try:
@@ -149,7 +172,7 @@ def wait_until(
     while True:
         for p in procs:
             if p.exited():
-                raise failure(f"{p.name} exited while waiting for {what}", p.log)
+                raise failure(f"{p.name} exited while waiting for {what}", p.log, p.how_it_ended())
         try:
             if check():
                 return time.monotonic() - start
