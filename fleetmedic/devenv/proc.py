@@ -104,7 +104,10 @@ class Proc:
             except OSError:
                 return f"pid {pid} is gone, exit status unknown (not reaped here)"
         if code < 0:
-            return f"pid {pid} was killed by {signal.Signals(-code).name}"
+            try:
+                return f"pid {pid} was killed by {signal.Signals(-code).name}"
+            except ValueError:  # a signal without a name (real-time)
+                return f"pid {pid} was killed by signal {-code}"
         return f"pid {pid} exited with status {code}"
 
     def exited(self) -> bool:
