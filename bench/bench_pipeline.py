@@ -351,14 +351,11 @@ def throughput(work: Path, bootstrap: str, u: str, wire: list[bytes], keys: list
               f"          {8 * rate2:10,.0f} {8 * per_cpu2:10,.0f}  {rate2 / rate1:4.2f}x  "
               f"{', '.join(f'{c:.2f}' for c in share2)}")
 
-    def median(values: list[float]) -> float:
-        return float(np.median(values))
-
-    rate1 = median([row[2] for row in rows])
+    rate1 = float(np.median([row[2] for row in rows]))
     print(f"median: 1 detect worker {8 * rate1:,.0f} GPU samples/s (target >= 100k), "
-          f"{median([row[2] / row[0] for row in rows]):.2f}x wall and "
-          f"{median([row[3] / row[1] for row in rows]):.2f}x CPU of the plain consumer (target >= 0.5x); "
-          f"2 workers {median([row[4] / row[2] for row in rows]):.2f}x one (target >= 1.7x) on "
+          f"{np.median([row[2] / row[0] for row in rows]):.2f}x wall and "
+          f"{np.median([row[3] / row[1] for row in rows]):.2f}x CPU of the plain consumer (target >= 0.5x); "
+          f"2 workers {np.median([row[4] / row[2] for row in rows]):.2f}x one (target >= 1.7x) on "
           f"{os.cpu_count()} cores shared with the broker")
     return rate1
 

@@ -150,7 +150,6 @@ class NodeWindowFeatures:
     window_s: float
     _slot: dict[str, int] = field(default_factory=dict)
     _free: list[int] = field(default_factory=list)
-    _size: int = 0
     _open: NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, dtype=bool))
     _start: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     _last_ts: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
@@ -224,14 +223,14 @@ class NodeWindowFeatures:
         return slot
 
     def _grow(self) -> None:
-        old, new = self._size, max(64, 2 * self._size)
+        old = len(self._open)  # every array has this many slots
+        new = max(64, 2 * old)
         for name in ("_open", "_start", "_last_ts", "_rows", "_samples", "_sums", "_finite", "_first", "_last"):
             a = getattr(self, name)
             grown = np.zeros((new, *a.shape[1:]), dtype=a.dtype)
             grown[:old] = a
             setattr(self, name, grown)
         self._free.extend(range(new - 1, old - 1, -1))  # lowest slot first
-        self._size = new
 
     def _window(self, slot: int) -> _Window:
         present = [(f, a, b) for f, a, b in zip(_RATES, self._first[slot].tolist(), self._last[slot].tolist(),
