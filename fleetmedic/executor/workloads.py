@@ -203,28 +203,51 @@ def _suspend_resume(api: client.ApiClient, plan: RestartPlan, obj: Mapping[str, 
         _patch(api, JOB, plan.namespace, plan.name, [{"op": "add", "path": "/spec/suspend", "value": True}, *marker],
                if_version=rv)
         annotations = {**annotations, ANNOTATION_IN_PROGRESS: plan.summary}
-    wait_for(lambda: _suspended_and_empty(api, plan.namespace, plan.name), timeout,
-             f"Job {plan.namespace}/{plan.name}: the Job controller did not remove its pods")
     done = annotation_patch(annotations, {}, remove=[ANNOTATION_IN_PROGRESS])
     resume = [{"op": "add", "path": "/spec/suspend", "value": False}]
     record = plan.annotation_ops(annotations, remove=[ANNOTATION_IN_PROGRESS])
-    try:
-        _patch(api, JOB, plan.namespace, plan.name, [*plan.template_ops, *record, *resume])
-    except ApiException as exc:
-        if exc.status not in (409, 422) or not plan.template_ops:
-            raise
-        # never leave the job suspended because the node affinity was refused
-        _patch(api, JOB, plan.namespace, plan.name, [*done, *resume])
-        raise WorkloadError(f"Job {plan.namespace}/{plan.name}: resumed without the node affinity, "
-                            f"which the API server refused: {_message(exc)}") from None
+    deadline = time.monotonic() + timeout
+    seen: dict[str, Any] = {}
+    while True:
+        # The API server lets a suspended Job's node affinity change only while it has no active pods and
+        # is marked Suspended (or never started): the write is bound to the version we saw in that state.
+        wait_for(lambda: _suspended_and_empty(api, plan.namespace, plan.name, seen), deadline - time.monotonic(),
+                 f"Job {plan.namespace}/{plan.name}: the Job controller did not remove its pods")
+        version = str(seen["metadata"].get("resourceVersion"))
+        try:
+            _patch(api, JOB, plan.namespace, plan.name, [*plan.template_ops, *record, *resume], if_version=version)
+            return
+        except _Changed:  # the Job controller wrote its status after we looked: look again
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Job {plan.namespace}/{plan.name}: kept changing while suspended "
+                                   f"within {timeout:.0f}s") from None
+        except ApiException as exc:
+            if exc.status != 422 or not plan.template_ops:
+                raise
+            # never leave the job suspended because the node affinity was refused
+            _patch(api, JOB, plan.namespace, plan.name, [*done, *resume])
+            raise WorkloadError(f"Job {plan.namespace}/{plan.name}: resumed without the node affinity, which the "
+                                f"API server refused ({_message(exc)[:300]}); the Job we wrote to: "
+                                f"{_suspension_state(seen)}") from None
 
 
-def _suspended_and_empty(api: client.ApiClient, namespace: str, name: str) -> bool:
+def _suspended_and_empty(api: client.ApiClient, namespace: str, name: str, seen: dict[str, Any]) -> bool:
+    """Whether the Job is suspended with no active pods (its template may change); ``seen`` gets it."""
     job = cast(dict[str, Any], client.CustomObjectsApi(api).get_namespaced_custom_object(
         "batch", "v1", namespace, "jobs", name))
+    seen.clear()
+    seen.update(job)
     status = job.get("status") or {}
     suspended = any(c.get("type") == "Suspended" and c.get("status") == "True" for c in status.get("conditions") or [])
     return suspended and not status.get("active") and not status.get("startTime")
+
+
+def _suspension_state(job: Mapping[str, Any]) -> str:
+    status = job.get("status") or {}
+    conditions = ",".join(f"{c.get('type')}={c.get('status')}" for c in status.get("conditions") or [])
+    return (f"resourceVersion={(job.get('metadata') or {}).get('resourceVersion')} "
+            f"suspend={(job.get('spec') or {}).get('suspend')} active={status.get('active', 0)} "
+            f"startTime={status.get('startTime')} conditions=[{conditions}]")
 
 
 def _jobset_with_exclusion(api: client.ApiClient, plan: RestartPlan, obj: Mapping[str, Any],
