@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
 
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.executor.capacity import PlacementRestarter
@@ -196,19 +197,32 @@ class ScheduleWatch:
         while not self._stop.is_set():
             w = watch.Watch()
             try:
-                for ev in w.stream(core.list_namespaced_pod, self.namespace, resource_version=rv, timeout_seconds=2):
+                for ev in w.stream(core.list_namespaced_pod, self.namespace, resource_version=rv, timeout_seconds=2,
+                                   allow_watch_bookmarks=True):
                     pod = ev["object"]
                     rv = pod.metadata.resource_version
-                    uid, node = pod.metadata.uid, pod.spec.node_name if pod.spec else None
-                    if not node:
-                        self._unbound.add(uid)
-                    elif uid in self._unbound:
-                        self._unbound.discard(uid)
-                        self.bindings.append((time.time(), uid, pod.metadata.name, node))
+                    if ev["type"] != "BOOKMARK":
+                        self._saw(pod)
                     if self._stop.is_set():
                         break
+            except ApiException as exc:
+                if exc.status != 410:
+                    raise
+                # our version was compacted away (a quiet namespace between bookmarks): list again
+                listed = core.list_namespaced_pod(self.namespace)
+                for pod in listed.items:
+                    self._saw(pod)
+                rv = listed.metadata.resource_version
             finally:
                 w.stop()
+
+    def _saw(self, pod: client.V1Pod) -> None:
+        uid, node = pod.metadata.uid, pod.spec.node_name if pod.spec else None
+        if not node:
+            self._unbound.add(uid)
+        elif uid in self._unbound:
+            self._unbound.discard(uid)
+            self.bindings.append((time.time(), uid, pod.metadata.name, node))
 
     def stop(self) -> list[tuple[float, str, str, str]]:
         time.sleep(0.5)  # let the last events arrive
