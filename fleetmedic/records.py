@@ -63,7 +63,37 @@ class Record(Struct, frozen=True, kw_only=True):
 # --- GPU telemetry ------------------------------------------------------------------------------
 
 
-class GpuMetrics(Struct, frozen=True, kw_only=True, omit_defaults=True):
+class DetectionMetrics(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """The metrics stage 1 reads (detectors, windows, peer summaries): :class:`GpuMetrics` minus the
+    ones no detector uses. The detect worker decodes telemetry as :class:`DetectionTelemetry`, so it
+    never builds the Python lists of columns it would throw away (measured: decoding costs ~40 %
+    less; bench/bench_pipeline.py). A metric a detector starts to read must move here (a test checks)."""
+
+    gpu_temp: list[Celsius | None] | None = None
+    memory_temp: list[Celsius | None] | None = None
+    power_usage: list[Watts | None] | None = None
+    sm_clock: list[MHz | None] | None = None
+    mem_clock: list[MHz | None] | None = None
+    gpu_util: list[Percent | None] | None = None
+    clocks_event_reasons: list[Bitmask | None] | None = None
+    power_violation: list[Counter | None] | None = None
+    thermal_violation: list[Counter | None] | None = None
+    ecc_sbe_vol_total: list[Counter | None] | None = None
+    ecc_dbe_vol_total: list[Counter | None] | None = None
+    uncorrectable_remapped_rows: list[Counter | None] | None = None
+    row_remap_failure: list[Counter | None] | None = None
+    row_remap_pending: list[Counter | None] | None = None
+    pcie_replay_counter: list[Counter | None] | None = None
+    pcie_link_width: list[Annotated[int, Meta(ge=0, le=64)] | None] | None = None
+    nvlink_crc_flit_error_count_total: list[Counter | None] | None = None
+    nvlink_crc_data_error_count_total: list[Counter | None] | None = None
+    nvlink_replay_error_count_total: list[Counter | None] | None = None
+    nvlink_recovery_error_count_total: list[Counter | None] | None = None
+    nvlink_links_down: list[Annotated[int, Meta(ge=0, le=64)] | None] | None = None
+    xid_errors: list[Xid | None] | None = None
+
+
+class GpuMetrics(DetectionMetrics, frozen=True, kw_only=True, omit_defaults=True):
     """The dcgm-exporter field set of a node's GPUs, one list per metric (column-major).
 
     Each list holds one value per GPU, in the order of :attr:`GpuTelemetry.gpus`; ``null`` means the
@@ -73,42 +103,24 @@ class GpuMetrics(Struct, frozen=True, kw_only=True, omit_defaults=True):
     object per GPU (bench/bench_detection.py). Names are dcgm-exporter's without ``DCGM_FI_DEV_`` /
     ``DCGM_FI_PROF_`` (see :data:`DCGM_NAMES`); counters are cumulative and reset on reboot."""
 
-    gpu_temp: list[Celsius | None] | None = None
-    memory_temp: list[Celsius | None] | None = None
-    power_usage: list[Watts | None] | None = None
-    sm_clock: list[MHz | None] | None = None
-    mem_clock: list[MHz | None] | None = None
-    gpu_util: list[Percent | None] | None = None
+    # the fields of DetectionMetrics come first, then these
+
     mem_copy_util: list[Percent | None] | None = None
     fb_used: list[MiB | None] | None = None
     fb_free: list[MiB | None] | None = None
-    clocks_event_reasons: list[Bitmask | None] | None = None
-    power_violation: list[Counter | None] | None = None
-    thermal_violation: list[Counter | None] | None = None
-    ecc_sbe_vol_total: list[Counter | None] | None = None
-    ecc_dbe_vol_total: list[Counter | None] | None = None
     retired_sbe: list[Counter | None] | None = None
     retired_dbe: list[Counter | None] | None = None
     retired_pending: list[Counter | None] | None = None
-    uncorrectable_remapped_rows: list[Counter | None] | None = None
     correctable_remapped_rows: list[Counter | None] | None = None
-    row_remap_failure: list[Counter | None] | None = None
-    row_remap_pending: list[Counter | None] | None = None
-    pcie_replay_counter: list[Counter | None] | None = None
     pcie_link_gen: list[Annotated[int, Meta(ge=0, le=16)] | None] | None = None
-    pcie_link_width: list[Annotated[int, Meta(ge=0, le=64)] | None] | None = None
-    nvlink_crc_flit_error_count_total: list[Counter | None] | None = None
-    nvlink_crc_data_error_count_total: list[Counter | None] | None = None
-    nvlink_replay_error_count_total: list[Counter | None] | None = None
-    nvlink_recovery_error_count_total: list[Counter | None] | None = None
-    nvlink_links_down: list[Annotated[int, Meta(ge=0, le=64)] | None] | None = None
-    xid_errors: list[Xid | None] | None = None
     prof_sm_active: list[Ratio | None] | None = None
     prof_pipe_tensor_active: list[Ratio | None] | None = None
     prof_dram_active: list[Ratio | None] | None = None
 
 
 GPU_METRICS: Final[tuple[str, ...]] = GpuMetrics.__struct_fields__
+#: the first fields of GPU_METRICS: a detection metric has the same index in both
+DETECTION_METRICS: Final[tuple[str, ...]] = DetectionMetrics.__struct_fields__
 
 #: metric -> the dcgm-exporter series name
 DCGM_NAMES: Final[dict[str, str]] = {
@@ -147,32 +159,46 @@ class XidEvent(Struct, frozen=True, kw_only=True):
     message: ShortText = ""
 
 
-class GpuTelemetry(Record, frozen=True, kw_only=True, tag="gpu_telemetry", tag_field="type"):
-    """Every GPU of one node at one timestamp, plus XID events since the previous message.
-
-    ``gpus`` lists the GPU indices; every list in ``metrics`` (and ``uuids`` when given) is aligned
-    with it."""
+class DetectionTelemetry(Record, frozen=True, kw_only=True, tag="gpu_telemetry", tag_field="type"):
+    """What stage 1 reads of a :class:`GpuTelemetry` message (its :class:`DetectionMetrics`; no
+    ``uuids``, ``driver_version`` or ``source``), validated as strictly. A full :class:`GpuTelemetry`
+    is one too: everything that detects takes this type."""
 
     node: NodeName
     ts: Timestamp
     gpus: Annotated[list[GpuIndex], Meta(max_length=256)]
-    metrics: GpuMetrics
-    uuids: list[str] = []
+    metrics: DetectionMetrics
     xids: list[XidEvent] = []
     sku: str = ""
-    driver_version: str = ""
     boot_id: str = ""
-    source: str = ""
 
     def __post_init__(self) -> None:
         n = len(self.gpus)
         if len(set(self.gpus)) != n:
             raise ValueError("`gpus` has duplicate indices")
-        if self.uuids and len(self.uuids) != n:
-            raise ValueError(f"`uuids` has {len(self.uuids)} entries for {n} GPUs")
-        for name, column in zip(GPU_METRICS, msgspec.structs.astuple(self.metrics), strict=True):
+        metrics = self.metrics
+        for name, column in zip(metrics.__struct_fields__, msgspec.structs.astuple(metrics), strict=True):
             if column is not None and len(column) != n:
                 raise ValueError(f"`metrics.{name}` has {len(column)} values for {n} GPUs")
+
+
+class GpuTelemetry(DetectionTelemetry, frozen=True, kw_only=True, tag="gpu_telemetry", tag_field="type"):
+    """Every GPU of one node at one timestamp, plus XID events since the previous message.
+
+    ``gpus`` lists the GPU indices; every list in ``metrics`` (and ``uuids`` when given) is aligned
+    with it."""
+
+    # the fields of DetectionTelemetry come first (with the full metrics), then these
+
+    metrics: GpuMetrics
+    uuids: list[str] = []
+    driver_version: str = ""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.uuids and len(self.uuids) != len(self.gpus):
+            raise ValueError(f"`uuids` has {len(self.uuids)} entries for {len(self.gpus)} GPUs")
 
     def gpu_values(self, position: int) -> dict[str, float | int | None]:
         """One GPU's metrics (by position in ``gpus``), for readers that want a per-GPU view."""

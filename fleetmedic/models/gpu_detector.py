@@ -74,18 +74,18 @@ from fleetmedic.models.gpu_signals import (
 )
 from fleetmedic.models.sample_columns import MetricBatch, columns
 from fleetmedic.models.xid_catalog import XidCatalog, default_catalog
-from fleetmedic.records import Evidence, Finding, GpuTelemetry
+from fleetmedic.records import DetectionTelemetry, Evidence, Finding
 
 F64 = NDArray[np.float64]
 
 
-def metrics_array(msg: GpuTelemetry) -> F64:
+def metrics_array(msg: DetectionTelemetry) -> F64:
     """The message's metrics detection uses as a ``[USED_METRICS, gpus]`` float array (NaN = not reported)."""
     one: F64 = metrics_batch([msg])[0]
     return one
 
 
-def metrics_batch(msgs: Sequence[GpuTelemetry]) -> F64:
+def metrics_batch(msgs: Sequence[DetectionTelemetry]) -> F64:
     """``[messages, USED_METRICS, gpus]`` for messages with the same GPU count, in one pass."""
     return columns(msgs, USED_METRICS)
 
@@ -296,10 +296,10 @@ class GpuDetector:
 
     # --- observing -----------------------------------------------------------------------------
 
-    def observe(self, msg: GpuTelemetry) -> list[Finding]:
+    def observe(self, msg: DetectionTelemetry) -> list[Finding]:
         return self.observe_batch([msg])
 
-    def observe_batch(self, msgs: Sequence[GpuTelemetry], batch: MetricBatch | None = None) -> list[Finding]:
+    def observe_batch(self, msgs: Sequence[DetectionTelemetry], batch: MetricBatch | None = None) -> list[Finding]:
         """Findings for a batch of messages, in message order per node. ``batch``: the messages'
         columns already converted (:class:`~fleetmedic.models.sample_columns.MetricBatch`)."""
         pending = list(msgs)
@@ -312,14 +312,14 @@ class GpuDetector:
         findings: list[Finding] = []
         while pending:
             wave, pending = _split_waves(pending)
-            by_width: dict[int, list[GpuTelemetry]] = {}
+            by_width: dict[int, list[DetectionTelemetry]] = {}
             for msg in wave:
                 by_width.setdefault(len(msg.gpus), []).append(msg)
             for group in by_width.values():
                 findings.extend(self._observe_distinct(group))
         return findings
 
-    def _observe_distinct(self, msgs: list[GpuTelemetry], x: F64 | None = None,
+    def _observe_distinct(self, msgs: list[DetectionTelemetry], x: F64 | None = None,
                           medians: F64 | None = None) -> list[Finding]:
         """One message per node, all with the same GPU count (so all in one slab); ``x``: their
         :func:`metrics_batch`, when already converted; ``medians``: the medians of the residual
@@ -427,7 +427,7 @@ class GpuDetector:
     def _conditions(
         self,
         i: int,
-        msg: GpuTelemetry,
+        msg: DetectionTelemetry,
         res: StepResult,
         hard: dict[str, NDArray[np.bool_]],
         throttle: F64,
@@ -486,7 +486,7 @@ class GpuDetector:
                 out.append(self._hard_condition(key, msg, int(g), x, prev))
         return out
 
-    def _hard_condition(self, key: str, msg: GpuTelemetry, g: int, x: F64, prev: F64) -> _Condition:
+    def _hard_condition(self, key: str, msg: DetectionTelemetry, g: int, x: F64, prev: F64) -> _Condition:
         gpu = msg.gpus[g]
         metric, detector, kind, summary, hint = _HARD[key]
         value = float(x[M[metric], g])
@@ -499,7 +499,7 @@ class GpuDetector:
         return _Condition(f"{key}:{gpu}" if state else f"{key}:{gpu}:{value:g}", detector, kind, severity,
                           summary.format(gpu=gpu, value=value), ev, gpu, hint)
 
-    def _power_brake_condition(self, msg: GpuTelemetry, braking: NDArray[np.bool_]) -> _Condition:
+    def _power_brake_condition(self, msg: DetectionTelemetry, braking: NDArray[np.bool_]) -> _Condition:
         """One node-level condition: the board braked most of its GPUs at once (power delivery)."""
         gpus = [msg.gpus[g] for g in np.flatnonzero(braking)]
         frac = self.settings.power_brake_min_gpu_fraction
@@ -510,7 +510,7 @@ class GpuDetector:
                           f"HW power brake on {len(gpus)} of {len(msg.gpus)} GPUs: power delivery (PSU) fault",
                           ev, None, "isolate")
 
-    def _gpu_set_changed(self, msg: GpuTelemetry, live: _Live) -> list[Finding]:
+    def _gpu_set_changed(self, msg: DetectionTelemetry, live: _Live) -> list[Finding]:
         missing = sorted(set(live.gpus) - set(msg.gpus))
         out = []
         for gpu in missing:
@@ -538,7 +538,7 @@ class GpuDetector:
         return fresh
 
     def _xid_conditions(
-        self, msg: GpuTelemetry, live: _Live, gauge_changed: NDArray[np.bool_], x: F64
+        self, msg: DetectionTelemetry, live: _Live, gauge_changed: NDArray[np.bool_], x: F64
     ) -> list[_Condition]:
         events: list[tuple[float, int, int, str]] = [(e.ts, e.gpu, e.xid, e.message) for e in msg.xids]
         # dcgm-exporter's XID gauge holds the last XID: a new one is a change of value
@@ -580,7 +580,7 @@ class GpuDetector:
         live.xid_log = log[-256:]
         return out
 
-    def _report(self, msg: GpuTelemetry, live: _Live, conditions: Iterable[_Condition]) -> list[Finding]:
+    def _report(self, msg: DetectionTelemetry, live: _Live, conditions: Iterable[_Condition]) -> list[Finding]:
         """Report conditions that are new, or due again; forget those absent for ``reassert_s``.
 
         ``live.active`` maps a condition to ``[last reported, last seen]``: a condition that dips
@@ -652,11 +652,11 @@ def _hard_conditions(x: F64, prev: F64, reset: NDArray[np.bool_], dbe_threshold:
         }
 
 
-def _split_waves(msgs: list[GpuTelemetry]) -> tuple[list[GpuTelemetry], list[GpuTelemetry]]:
+def _split_waves(msgs: list[DetectionTelemetry]) -> tuple[list[DetectionTelemetry], list[DetectionTelemetry]]:
     """First occurrence of each node now, later ones (same node again) in the next wave."""
     seen: set[str] = set()
-    now: list[GpuTelemetry] = []
-    later: list[GpuTelemetry] = []
+    now: list[DetectionTelemetry] = []
+    later: list[DetectionTelemetry] = []
     for msg in msgs:
         if msg.node in seen:
             later.append(msg)
@@ -676,7 +676,7 @@ def _f(v: float | np.floating) -> float:
     return v if np.isfinite(v) else 0.0
 
 
-def _finding(msg: GpuTelemetry, cond: _Condition) -> Finding:
+def _finding(msg: DetectionTelemetry, cond: _Condition) -> Finding:
     return Finding(
         id=f"{msg.node}:{cond.key}:{msg.ts:.3f}",
         ts=msg.ts,

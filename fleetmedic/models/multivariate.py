@@ -60,7 +60,7 @@ from fleetmedic.models.multivariate_state import (
     raw,
     unpack_rows,
 )
-from fleetmedic.records import Evidence, Finding, GpuTelemetry
+from fleetmedic.records import DetectionTelemetry, Evidence, Finding
 
 FEATURES: tuple[str, ...] = (
     "gpu_temp_spread",
@@ -96,7 +96,7 @@ _RATE_SPANS = tuple(itertools.pairwise(itertools.accumulate((len(c) for c in _RA
 
 
 def _sample_features(
-    msgs: Sequence[GpuTelemetry], batch: sc.MetricBatch | None = None
+    msgs: Sequence[DetectionTelemetry], batch: sc.MetricBatch | None = None
 ) -> tuple[NDArray[np.float64], NDArray[np.bool_], NDArray[np.float64]]:
     """Per message (rows of the arrays): the gauges (4 spreads between GPUs, the throttled share),
     whether the node was busy (median utilisation >= BUSY_UTIL, or not reported), and each rate
@@ -160,11 +160,11 @@ class NodeWindowFeatures:
     _first: NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, len(_RATES))))  # NaN: not yet seen
     _last: NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, len(_RATES))))
 
-    def add(self, msg: GpuTelemetry) -> NDArray[np.float64] | None:
+    def add(self, msg: DetectionTelemetry) -> NDArray[np.float64] | None:
         return self.add_batch([msg])[0]
 
     def add_batch(
-        self, msgs: Sequence[GpuTelemetry], batch: sc.MetricBatch | None = None
+        self, msgs: Sequence[DetectionTelemetry], batch: sc.MetricBatch | None = None
     ) -> list[NDArray[np.float64] | None]:
         """Add each message's sample in order; per message, the feature vector of the window it
         closed (or None). The per-sample reductions run over the whole batch at once (over

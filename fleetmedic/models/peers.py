@@ -42,13 +42,13 @@ import numpy as np
 
 from fleetmedic.config import PeerSettings
 from fleetmedic.models.gpu_signals import median, nanmedian_last_axis, reported
-from fleetmedic.records import Evidence, Finding, GpuTelemetry
+from fleetmedic.records import DetectionTelemetry, Evidence, Finding
 
 SUMMARY_METRICS: tuple[str, ...] = ("gpu_temp", "memory_temp", "power_usage", "sm_clock", "mem_clock")
 MAD_TO_STD = 1.4826
 
 
-def node_summary(msg: GpuTelemetry) -> dict[str, float]:
+def node_summary(msg: DetectionTelemetry) -> dict[str, float]:
     """Per-metric median over the node's GPUs; metrics not reported are left out.
     (Plain Python: on 8 values numpy's per-call overhead is most of the cost.)"""
     out: dict[str, float] = {}
