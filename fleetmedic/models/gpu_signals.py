@@ -25,7 +25,7 @@ from typing import Final
 import numpy as np
 from numpy.typing import NDArray
 
-from fleetmedic.records import COUNTER_METRICS, GPU_METRICS, GpuTelemetry
+from fleetmedic.records import COUNTER_METRICS, GPU_METRICS, DetectionTelemetry
 
 F64 = NDArray[np.float64]
 BOOL = NDArray[np.bool_]
@@ -101,7 +101,7 @@ def nanmedian_last_axis(x: F64) -> F64:
     return result
 
 
-def reported(msg: GpuTelemetry, name: str) -> list[float]:
+def reported(msg: DetectionTelemetry, name: str) -> list[float]:
     """The values of one metric that the node's GPUs reported (plain Python: on 8 values numpy's
     per-call overhead is most of the cost)."""
     column = getattr(msg.metrics, name)
@@ -185,18 +185,24 @@ def step_baselines(
     raw = y - mean
     warm = count >= warmup
     finite = np.isfinite(y)
-    signed = np.where(plan.sign == 0, np.abs(raw), raw * plan.sign)
-    z = np.where(warm & finite, signed / std, np.nan)
+    both = plan.sign == 0
+    # one division serves all: |raw| / std == |raw / std| and (raw * s) / std == (raw / std) * s for
+    # s = +-1, exactly (a sign change is exact)
+    q = raw / std
+    aq, absraw = np.abs(q), np.abs(raw)
+    signed = np.where(both, absraw, raw * plan.sign)
+    z = np.where(warm & finite, np.where(both, aq, q * plan.sign), np.nan)
     with np.errstate(invalid="ignore"):
         exceeded = (z >= plan.z_warning) & (signed >= plan.min_delta)
         critical = exceeded & (z >= plan.z_critical)
-        protect = warm & (np.abs(raw) / std > protect_z)
+        protect = warm & (aq > protect_z)
     streak = np.where(exceeded, planes[:, STREAK] + 1, np.where(finite, 0.0, planes[:, STREAK]))
     planes[:, STREAK] = streak
     # two one-sided CUSUMs of z (clipped so one outlier cannot trip them), gated by min_delta; a
     # signal watched in one direction only uses that side
-    zc = np.clip(np.nan_to_num(raw / std, nan=0.0), -protect_z, protect_z)
-    big = np.abs(raw) >= plan.min_delta
+    zc = np.clip(q, -protect_z, protect_z)  # +-inf clip to the bounds; NaN (nothing to learn) counts 0
+    zc[np.isnan(zc)] = 0.0
+    big = absraw >= plan.min_delta
     up = np.where(warm, np.maximum(0.0, planes[:, CUSUM_UP] + np.where(big, zc, np.minimum(zc, 0.0)) - cusum_k), 0.0)
     down = np.where(warm, np.maximum(0.0, planes[:, CUSUM_DOWN] - np.where(big, zc, np.maximum(zc, 0.0)) - cusum_k),
                     0.0)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any, get_type_hints
 
 import msgspec
@@ -26,11 +26,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fleetmedic.models.gpu_signals import nanmedian_last_axis
-from fleetmedic.records import GPU_METRICS, GpuMetrics, GpuTelemetry
+from fleetmedic.records import GPU_METRICS, DetectionTelemetry, GpuMetrics
 
 F64 = NDArray[np.float64]
 _astuple = msgspec.structs.astuple
 _chain = chain.from_iterable
+_GPUS = attrgetter("gpus")
 
 
 #: metrics whose values decode as Python ints (counters, bitmasks, link widths, XIDs): numpy converts a
@@ -41,7 +42,9 @@ INT_METRICS: frozenset[str] = frozenset(
 
 @lru_cache(maxsize=32)
 def _getter(names: tuple[str, ...]) -> Any:
-    """Picks ``names``' columns, in that order, out of ``astuple(msg.metrics)`` (always a tuple)."""
+    """Picks ``names``' columns, in that order, out of ``astuple(msg.metrics)`` (always a tuple; a
+    detection metric has the same index in :class:`~fleetmedic.records.DetectionMetrics` and in
+    :class:`~fleetmedic.records.GpuMetrics`)."""
     pick = itemgetter(*(GPU_METRICS.index(n) for n in names))
     return pick if len(names) > 1 else (lambda row: (pick(row),))
 
@@ -56,7 +59,7 @@ def _kinds(names: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...], ND
     return floats, ints, order
 
 
-def columns(msgs: Sequence[GpuTelemetry], names: Sequence[str]) -> F64:
+def columns(msgs: Sequence[DetectionTelemetry], names: Sequence[str]) -> F64:
     """``[messages, names, gpus]`` for messages with the same GPU count (NaN: not reported).
 
     The float-valued and the int-valued metrics are converted apart, each packed into an array of
@@ -73,7 +76,7 @@ def columns(msgs: Sequence[GpuTelemetry], names: Sequence[str]) -> F64:
     return out if np.array_equal(order, np.arange(len(order))) else out[:, order, :]
 
 
-def _columns_of(msgs: Sequence[GpuTelemetry], names: tuple[str, ...], dtype: type[np.generic]) -> F64:
+def _columns_of(msgs: Sequence[DetectionTelemetry], names: tuple[str, ...], dtype: type[np.generic]) -> F64:
     get = _getter(names)
     g = len(msgs[0].gpus)
     rows = [get(_astuple(m.metrics)) for m in msgs]
@@ -131,7 +134,7 @@ class MetricBatch:
     _medians: dict[tuple[int, tuple[str, ...]], F64] = field(default_factory=dict, compare=False)
 
     @classmethod
-    def of(cls, msgs: Sequence[GpuTelemetry], names: Sequence[str]) -> MetricBatch:
+    def of(cls, msgs: Sequence[DetectionTelemetry], names: Sequence[str]) -> MetricBatch:
         floats, ints, _ = _kinds(tuple(names))
         ordered = floats + ints  # as :func:`columns` converts them: no reordering copy
         groups = by_gpu_count(msgs)
@@ -167,8 +170,11 @@ class MetricBatch:
         return got
 
 
-def by_gpu_count(msgs: Sequence[GpuTelemetry]) -> list[list[int]]:
+def by_gpu_count(msgs: Sequence[DetectionTelemetry]) -> list[list[int]]:
     """Indices of ``msgs`` grouped by their GPU count (one array shape per group)."""
+    counts = list(map(len, map(_GPUS, msgs)))
+    if counts and counts.count(counts[0]) == len(counts):  # the usual batch: one GPU count
+        return [list(range(len(counts)))]
     groups: dict[int, list[int]] = {}
     for i, m in enumerate(msgs):
         groups.setdefault(len(m.gpus), []).append(i)

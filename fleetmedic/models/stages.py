@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import msgspec
 import numpy as np
@@ -28,7 +29,7 @@ from fleetmedic.models.multivariate import SAMPLE_METRICS, Fit, MultivariateMode
 from fleetmedic.models.peers import SUMMARY_METRICS, PeerComparison, node_summary
 from fleetmedic.models.port_detector import PortDetector
 from fleetmedic.models.straggler import StragglerDetector
-from fleetmedic.records import Finding, GpuTelemetry, JobEvent, PortTelemetry
+from fleetmedic.records import DetectionTelemetry, Finding, JobEvent, PortTelemetry
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class NodeDetection:
         self.windows = NodeWindowFeatures(self.settings.multivariate.window_s)
         self.model = MultivariateModel(self.settings.multivariate)
 
-    def on_gpu(self, msgs: Sequence[GpuTelemetry], batch: sc.MetricBatch | None = None) -> list[Finding]:
+    def on_gpu(self, msgs: Sequence[DetectionTelemetry], batch: sc.MetricBatch | None = None) -> list[Finding]:
         """Findings for a micro-batch; ``batch`` (:func:`stage1_batch`) when the caller converted the
         messages' columns already (it also needs them for :func:`summarise_batch`)."""
         batch = batch or stage1_batch(msgs)
@@ -81,7 +82,7 @@ class NodeDetection:
         if flagged is not None:
             self._flagged_since[node] = flagged
 
-    def _windows(self, msgs: Sequence[GpuTelemetry], batch: sc.MetricBatch) -> list[Finding]:
+    def _windows(self, msgs: Sequence[DetectionTelemetry], batch: sc.MetricBatch) -> list[Finding]:
         out: list[Finding] = []
         for msg, vec in zip(msgs, self.windows.add_batch(msgs, batch), strict=True):
             if vec is None:
@@ -150,7 +151,7 @@ class FleetDetection:
         self.stragglers = StragglerDetector(s.straggler)
         self.switch_ports = PortDetector(s)
 
-    def on_gpu(self, msg: GpuTelemetry) -> None:
+    def on_gpu(self, msg: DetectionTelemetry) -> None:
         self.on_summary(summarise(msg))
 
     def on_summary(self, s: NodeSummary) -> None:
@@ -232,7 +233,7 @@ class NodeSummary(msgspec.Struct, frozen=True, array_like=True):
     values: dict[str, float]
 
 
-def summarise(msg: GpuTelemetry) -> NodeSummary:
+def summarise(msg: DetectionTelemetry) -> NodeSummary:
     return NodeSummary(msg.node, float(msg.ts), msg.sku or "", _load_band(msg), node_summary(msg))
 
 
@@ -243,7 +244,7 @@ _BATCH_METRICS = (*SUMMARY_METRICS, "gpu_util")
 STAGE1_METRICS = tuple(dict.fromkeys((*USED_METRICS, *SAMPLE_METRICS, *_BATCH_METRICS)))
 
 
-def stage1_batch(msgs: Sequence[GpuTelemetry]) -> sc.MetricBatch:
+def stage1_batch(msgs: Sequence[DetectionTelemetry]) -> sc.MetricBatch:
     """The micro-batch's columns for :meth:`NodeDetection.on_gpu` and :func:`summarise_batch`."""
     batch = sc.MetricBatch.of(msgs, STAGE1_METRICS)
     for group, x in enumerate(batch.arrays):
@@ -252,28 +253,62 @@ def stage1_batch(msgs: Sequence[GpuTelemetry]) -> sc.MetricBatch:
     return batch
 
 
-def summarise_batch(msgs: Sequence[GpuTelemetry], batch: sc.MetricBatch | None = None) -> list[NodeSummary]:
-    """:func:`summarise` of each message, with the medians of the whole batch computed at once (from
-    ``batch``'s converted columns when given)."""
-    out: list[NodeSummary | None] = [None] * len(msgs)
+class SummaryColumns(msgspec.Struct, frozen=True, array_like=True):
+    """A micro-batch's node summaries column by column: what stage 1 sends the fleet stage, one
+    message per poll (msgpack). ``values[i][j]`` is node ``i``'s median of ``metrics[j]`` (NaN: not
+    reported); ``bands[i]`` its load band. Built from the batch's arrays without one object per
+    node (the fleet stage, which needs them, makes them: :meth:`summaries`)."""
+
+    nodes: list[str]
+    ts: list[float]
+    skus: list[str]
+    bands: list[str]
+    metrics: list[str]
+    values: list[list[float]]
+
+    def __post_init__(self) -> None:
+        n = len(self.nodes)
+        for name in ("ts", "skus", "bands", "values"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"`{name}` has {len(getattr(self, name))} entries for {n} nodes")
+        if any(len(row) != len(self.metrics) for row in self.values):
+            raise ValueError(f"a row of `values` does not have {len(self.metrics)} entries")
+
+    def summaries(self) -> list[NodeSummary]:
+        metrics = self.metrics
+        return [NodeSummary(node, ts, sku, band, {k: v for k, v in zip(metrics, row, strict=True) if v == v})
+                for node, ts, sku, band, row in zip(self.nodes, self.ts, self.skus, self.bands, self.values,
+                                                    strict=True)]
+
+
+_BANDS = ("", "idle", "busy")
+_NODE, _TS, _SKU = (attrgetter(a) for a in ("node", "ts", "sku"))
+
+
+def summary_columns(msgs: Sequence[DetectionTelemetry], batch: sc.MetricBatch | None = None) -> SummaryColumns:
+    """:func:`summarise` of each message, as columns, with the medians of the whole batch computed
+    at once (from ``batch``'s converted columns when given)."""
     batch = batch or sc.MetricBatch.of(msgs, _BATCH_METRICS)
-    for group, idx in enumerate(batch.groups):
-        if not msgs[idx[0]].gpus:
-            for i in idx:
-                out[i] = summarise(msgs[i])
-            continue
-        medians = batch.medians(group, _BATCH_METRICS)
-        holes: list[bool] = np.isnan(medians[:, : len(SUMMARY_METRICS)]).any(axis=1).tolist()  # type: ignore[assignment]
-        for i, row, hole in zip(idx, medians.tolist(), holes, strict=True):
-            m, util = msgs[i], row[-1]
-            # NaN: not reported, left out
-            values = {k: v for k, v in zip(SUMMARY_METRICS, row, strict=False) if v == v} if hole else dict(
-                zip(SUMMARY_METRICS, row, strict=False))
-            out[i] = NodeSummary(m.node, float(m.ts), m.sku or "", _band(util), values)
-    return [s for s in out if s is not None]
+    if len(batch.groups) == 1 and msgs and msgs[0].gpus:
+        medians = batch.medians(0, _BATCH_METRICS)
+    else:
+        medians = np.full((len(msgs), len(_BATCH_METRICS)), np.nan)
+        for group, idx in enumerate(batch.groups):
+            if msgs[idx[0]].gpus:  # a message without GPUs reports nothing: NaN
+                medians[idx] = batch.medians(group, _BATCH_METRICS)
+    util = medians[:, -1]
+    codes: list[int] = ((util < 10) + 2 * (util > 90)).tolist()  # NaN (not reported): neither, ""
+    return SummaryColumns(list(map(_NODE, msgs)), list(map(float, map(_TS, msgs))),
+                          [sku or "" for sku in map(_SKU, msgs)], [_BANDS[c] for c in codes],
+                          list(SUMMARY_METRICS), medians[:, : len(SUMMARY_METRICS)].tolist())
 
 
-def _load_band(msg: GpuTelemetry) -> str:
+def summarise_batch(msgs: Sequence[DetectionTelemetry], batch: sc.MetricBatch | None = None) -> list[NodeSummary]:
+    """:func:`summarise` of each message (:func:`summary_columns`, made into one object each)."""
+    return summary_columns(msgs, batch).summaries()
+
+
+def _load_band(msg: DetectionTelemetry) -> str:
     return _band(median(reported(msg, "gpu_util")))
 
 

@@ -54,12 +54,12 @@ from prometheus_client import Counter
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings
-from fleetmedic.models.stages import FleetDetection
+from fleetmedic.models.stages import FleetDetection, SummaryColumns
 from fleetmedic.remediation.engine import DecisionEngine, Decisions
 from fleetmedic.remediation.operator import apply_operator_command
 from fleetmedic.signing import CommandExpired, SignatureError, sign, verify
 from fleetmedic.streams.app import partitions_of, state_topic, summaries_topic, ticks_topic
-from fleetmedic.streams.detect import PORT_KEY_PREFIX, SUMMARY_KEY, SummaryBatch
+from fleetmedic.streams.detect import PORT_KEY_PREFIX, SUMMARY_KEY
 from fleetmedic.streams.engine_metrics import EngineMetrics
 from fleetmedic.streams.metrics import PipelineMetrics
 from fleetmedic.streams.outputs import Outputs, Source
@@ -128,7 +128,7 @@ class DecideStage:
         self._lock = asyncio.Lock()
         self._command_acks: list[asyncio.Future[RecordMetadata]] = []
         self._audit_acks: list[asyncio.Future[RecordMetadata]] = []
-        self._decode_batch = msgspec.msgpack.Decoder(SummaryBatch).decode
+        self._decode_batch = msgspec.msgpack.Decoder(SummaryColumns).decode
         t = settings.topics.topic
         self.logical = {t(n): n for n in INPUTS}
         self.summaries = summaries_topic(settings)
@@ -250,10 +250,10 @@ class DecideStage:
             except msgspec.DecodeError as exc:
                 await self.outputs.dead_letter(src, "decide", f"$: {exc}")
                 return
-            for s in batch.summaries:
+            for s in batch.summaries():
                 self.fleet_stage.on_summary(s)
-            if batch.summaries:
-                self.clock.observe(max(s.ts for s in batch.summaries))
+            if batch.ts:
+                self.clock.observe(max(batch.ts))
         elif key.startswith(PORT_KEY_PREFIX):
             port = await self.outputs.decode(r.PortTelemetry, src, "decide")
             if port is not None:

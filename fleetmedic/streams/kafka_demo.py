@@ -35,11 +35,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings, parse_config
+from fleetmedic.models.stages import SummaryColumns
 from fleetmedic.remediation.engine import DecisionEngine
 from fleetmedic.remediation.topology import RAIL_LABEL_PREFIX
 from fleetmedic.simulator.engine import Simulator
 from fleetmedic.streams.app import ensure_topics, kafka_client_options, partitions_of, summaries_topic
-from fleetmedic.streams.detect import SUMMARY_KEY, SummaryBatch
+from fleetmedic.streams.detect import SUMMARY_KEY
 from fleetmedic.streams.embedded import Collected, fleet_topology
 from fleetmedic.streams.state import decode_snapshot, load_snapshot
 
@@ -140,7 +141,7 @@ class _Driver:
         self.results: list[r.RemediationResult] = []
         self.ticks = self.messages = 0
         self.waits: list[float] = []
-        self._decode_batch = msgspec.msgpack.Decoder(SummaryBatch).decode
+        self._decode_batch = msgspec.msgpack.Decoder(SummaryColumns).decode
 
     async def run(self) -> None:
         t = self.settings.topics.topic
@@ -190,9 +191,9 @@ class _Driver:
         for recs in (await progress.getmany(timeout_ms=timeout_ms)).values():
             for rec in recs:
                 if rec.key == SUMMARY_KEY and rec.value:
-                    summaries = self._decode_batch(rec.value).summaries
-                    if summaries:
-                        self.watermark = max(self.watermark, max(s.ts for s in summaries))
+                    times = self._decode_batch(rec.value).ts
+                    if times:
+                        self.watermark = max(self.watermark, max(times))
         return applied
 
     async def _keep_pace(self, until: float, commands: AIOKafkaConsumer, progress: AIOKafkaConsumer) -> None:

@@ -191,3 +191,28 @@ def test_windows_close_as_the_reference_over_batches_and_a_restore(msgs: list[r.
         assert (a is None) == (b is None) and (a is None or np.array_equal(a, b, equal_nan=True))
     for node in {m.node for m in msgs}:
         assert moved.export_node(node) == msgspec.msgpack.encode(ref.open[node])
+
+
+def test_summary_columns_round_trip_and_a_malformed_batch_is_refused() -> None:
+    import msgspec
+    import pytest
+
+    from fleetmedic.models.stages import SummaryColumns, summary_columns
+
+    msgs = [r.GpuTelemetry(node=f"n{i}", ts=10.0 + i, gpus=[0, 1], sku="H100",
+                           metrics=r.GpuMetrics(gpu_temp=[40.0, 42.0 + i], gpu_util=[95.0, 99.0] if i else [1.0, 2.0]))
+            for i in range(3)] + [r.GpuTelemetry(node="empty", ts=20.0, gpus=[], metrics=r.GpuMetrics())]
+    wire = msgspec.msgpack.encode(summary_columns(msgs))
+    back = msgspec.msgpack.decode(wire, type=SummaryColumns).summaries()
+    assert back == [summarise(m) for m in msgs]
+    assert [s.band for s in back] == ["idle", "busy", "busy", ""] and back[3].values == {}
+    assert back[1].values == {"gpu_temp": 41.5}  # not reported: left out
+    short = msgspec.msgpack.encode(["n1", "n2"])
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.msgpack.decode(short, type=SummaryColumns)
+    ragged = msgspec.msgpack.encode((["n1"], [1.0], [""], [""], ["gpu_temp"], [[40.0, 41.0]]))
+    with pytest.raises(msgspec.ValidationError, match="a row of `values`"):
+        msgspec.msgpack.decode(ragged, type=SummaryColumns)
+    uneven = msgspec.msgpack.encode((["n1", "n2"], [1.0], ["", ""], ["", ""], ["gpu_temp"], [[40.0], [41.0]]))
+    with pytest.raises(msgspec.ValidationError, match="`ts` has 1 entries for 2 nodes"):
+        msgspec.msgpack.decode(uneven, type=SummaryColumns)

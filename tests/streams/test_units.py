@@ -85,8 +85,7 @@ def test_the_fleet_stage_fed_node_summaries_decides_as_one_fed_raw_telemetry_and
 
     from fleetmedic import records as r
     from fleetmedic.config import Settings
-    from fleetmedic.models.stages import FleetDetection, summarise
-    from fleetmedic.streams.detect import SummaryBatch
+    from fleetmedic.models.stages import FleetDetection, SummaryColumns, summary_columns
     from tests.models.synth import gpu_message
 
     detection = Settings().detection
@@ -103,8 +102,8 @@ def test_the_fleet_stage_fed_node_summaries_decides_as_one_fed_raw_telemetry_and
                 for n in nodes]
         for m in msgs:
             raw.on_gpu(m)
-        wire = msgspec.msgpack.encode(SummaryBatch([summarise(m) for m in msgs]))
-        for s in msgspec.msgpack.decode(wire, type=SummaryBatch).summaries:
+        wire = msgspec.msgpack.encode(summary_columns(msgs))
+        for s in msgspec.msgpack.decode(wire, type=SummaryColumns).summaries():
             summarised.on_summary(s)
         found[0].extend(f.id for f in raw.tick(10.0 * k))
         found[1].extend(f.id for f in summarised.tick(10.0 * k))
