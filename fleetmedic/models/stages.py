@@ -256,8 +256,8 @@ def stage1_batch(msgs: Sequence[DetectionTelemetry]) -> sc.MetricBatch:
 class SummaryColumns(msgspec.Struct, frozen=True, array_like=True):
     """A micro-batch's node summaries column by column: what stage 1 sends the fleet stage, one
     message per poll (msgpack). ``values[i][j]`` is node ``i``'s median of ``metrics[j]`` (NaN: not
-    reported); ``bands[i]`` its load band. Built from the batch's arrays without one object per
-    node (the fleet stage, which needs them, makes them: :meth:`summaries`)."""
+    reported; ``holes[i]`` says whether its row has any); ``bands[i]`` its load band. Built from the
+    batch's arrays without one object per node (the fleet stage makes them: :meth:`summaries`)."""
 
     nodes: list[str]
     ts: list[float]
@@ -265,20 +265,23 @@ class SummaryColumns(msgspec.Struct, frozen=True, array_like=True):
     bands: list[str]
     metrics: list[str]
     values: list[list[float]]
+    holes: list[bool]
 
     def __post_init__(self) -> None:
         n = len(self.nodes)
-        for name in ("ts", "skus", "bands", "values"):
+        for name in ("ts", "skus", "bands", "values", "holes"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"`{name}` has {len(getattr(self, name))} entries for {n} nodes")
         if any(len(row) != len(self.metrics) for row in self.values):
             raise ValueError(f"a row of `values` does not have {len(self.metrics)} entries")
 
     def summaries(self) -> list[NodeSummary]:
+        """One :class:`NodeSummary` per node, its metrics not reported left out."""
         metrics = self.metrics
-        return [NodeSummary(node, ts, sku, band, {k: v for k, v in zip(metrics, row, strict=True) if v == v})
-                for node, ts, sku, band, row in zip(self.nodes, self.ts, self.skus, self.bands, self.values,
-                                                    strict=True)]
+        return [NodeSummary(node, ts, sku, band, {k: v for k, v in zip(metrics, row, strict=True) if v == v}
+                            if hole else dict(zip(metrics, row, strict=True)))
+                for node, ts, sku, band, row, hole in zip(self.nodes, self.ts, self.skus, self.bands, self.values,
+                                                          self.holes, strict=True)]
 
 
 _BANDS = ("", "idle", "busy")
@@ -296,11 +299,12 @@ def summary_columns(msgs: Sequence[DetectionTelemetry], batch: sc.MetricBatch | 
         for group, idx in enumerate(batch.groups):
             if msgs[idx[0]].gpus:  # a message without GPUs reports nothing: NaN
                 medians[idx] = batch.medians(group, _BATCH_METRICS)
-    util = medians[:, -1]
+    util, values = medians[:, -1], medians[:, : len(SUMMARY_METRICS)]
     codes: list[int] = ((util < 10) + 2 * (util > 90)).tolist()  # NaN (not reported): neither, ""
+    holes: list[bool] = np.isnan(values).any(axis=1).tolist()  # type: ignore[assignment]
     return SummaryColumns(list(map(_NODE, msgs)), list(map(float, map(_TS, msgs))),
                           [sku or "" for sku in map(_SKU, msgs)], [_BANDS[c] for c in codes],
-                          list(SUMMARY_METRICS), medians[:, : len(SUMMARY_METRICS)].tolist())
+                          list(SUMMARY_METRICS), values.tolist(), holes)
 
 
 def summarise_batch(msgs: Sequence[DetectionTelemetry], batch: sc.MetricBatch | None = None) -> list[NodeSummary]:

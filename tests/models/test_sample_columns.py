@@ -207,12 +207,16 @@ def test_summary_columns_round_trip_and_a_malformed_batch_is_refused() -> None:
     assert back == [summarise(m) for m in msgs]
     assert [s.band for s in back] == ["idle", "busy", "busy", ""] and back[3].values == {}
     assert back[1].values == {"gpu_temp": 41.5}  # not reported: left out
+    # a row flagged as complete keeps what it has (a NaN there reads as not reported downstream)
+    assert SummaryColumns(["n"], [1.0], [""], [""], ["gpu_temp"], [[40.0]], [False]).summaries()[0].values == {
+        "gpu_temp": 40.0}
     short = msgspec.msgpack.encode(["n1", "n2"])
     with pytest.raises(msgspec.ValidationError):
         msgspec.msgpack.decode(short, type=SummaryColumns)
-    ragged = msgspec.msgpack.encode((["n1"], [1.0], [""], [""], ["gpu_temp"], [[40.0, 41.0]]))
+    ragged = msgspec.msgpack.encode((["n1"], [1.0], [""], [""], ["gpu_temp"], [[40.0, 41.0]], [False]))
     with pytest.raises(msgspec.ValidationError, match="a row of `values`"):
         msgspec.msgpack.decode(ragged, type=SummaryColumns)
-    uneven = msgspec.msgpack.encode((["n1", "n2"], [1.0], ["", ""], ["", ""], ["gpu_temp"], [[40.0], [41.0]]))
+    uneven = msgspec.msgpack.encode((["n1", "n2"], [1.0], ["", ""], ["", ""], ["gpu_temp"], [[40.0], [41.0]],
+                                     [False, False]))
     with pytest.raises(msgspec.ValidationError, match="`ts` has 1 entries for 2 nodes"):
         msgspec.msgpack.decode(uneven, type=SummaryColumns)
