@@ -31,7 +31,7 @@ from fleetmedic.records import GPU_METRICS, DetectionTelemetry, GpuMetrics
 F64 = NDArray[np.float64]
 _astuple = msgspec.structs.astuple
 _chain = chain.from_iterable
-_GPUS = attrgetter("gpus")
+_GPUS, _METRICS = attrgetter("gpus"), attrgetter("metrics")
 
 
 #: metrics whose values decode as Python ints (counters, bitmasks, link widths, XIDs): numpy converts a
@@ -70,21 +70,27 @@ def columns(msgs: Sequence[DetectionTelemetry], names: Sequence[str]) -> F64:
     ``np.array``, which maps ``null`` to NaN."""
     key = tuple(names)
     floats, ints, order = _kinds(key)
+    tuples = list(map(_astuple, map(_METRICS, msgs)))  # every column of each message, once
     if not floats or not ints:
-        return _columns_of(msgs, key, np.float64 if floats else np.int64)
-    out = np.concatenate([_columns_of(msgs, floats, np.float64), _columns_of(msgs, ints, np.int64)], axis=1)
+        return _columns_of(tuples, key, np.float64 if floats else np.int64, len(msgs[0].gpus)).astype(
+            np.float64, copy=False)
+    g, nf = len(msgs[0].gpus), len(floats)
+    out = np.empty((len(msgs), len(key), g))
+    out[:, :nf] = _columns_of(tuples, floats, np.float64, g)
+    out[:, nf:] = _columns_of(tuples, ints, np.int64, g)  # int64 -> float64 as it is assigned
     return out if np.array_equal(order, np.arange(len(order))) else out[:, order, :]
 
 
-def _columns_of(msgs: Sequence[DetectionTelemetry], names: tuple[str, ...], dtype: type[np.generic]) -> F64:
-    get = _getter(names)
-    g = len(msgs[0].gpus)
-    rows = [get(_astuple(m.metrics)) for m in msgs]
+def _columns_of(tuples: list[tuple[Any, ...]], names: tuple[str, ...], dtype: type[np.generic],
+                g: int) -> NDArray[Any]:
+    """``names``' columns of messages (``astuple`` of their metrics) with ``g`` GPUs, as ``dtype``
+    (float64 where the fallback had to map nulls to NaN)."""
+    rows = list(map(_getter(names), tuples))
     out = np.empty((len(rows), len(names), g), dtype=dtype)
     pack = _packer("d" if dtype is np.float64 else "q", out.size)
     try:
         pack(out, 0, *_chain(_chain(rows)))
-        return out.astype(np.float64, copy=False)
+        return out
     except (struct.error, TypeError):
         pass
     # metrics no GPU reported (None where a list belongs: an exporter without them sends none, in
