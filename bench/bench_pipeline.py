@@ -12,7 +12,9 @@ last plain read after the last round. Each ratio is taken between runs next to e
 machine's speed drifts by tens of percent over minutes); the median round counts.
 
 1. a plain aiokafka consumer reading and decoding them (msgspec, into GpuTelemetry), the faster of
-   the reads right before and right after the round: the baseline;
+   the reads right before and right after the round: the baseline (also printed, per CPU second:
+   one worker against a plain read decoding only what the worker decodes, DetectionTelemetry, and
+   against one not decoding at all);
 2. one ``fleetmedic worker --role detect`` process (a new consumer group, fresh state): GPU
    samples/s through stage 1 (decode, detectors, findings, node summaries) from its first message
    until it has read them all, in wall time and per CPU second of the worker (other load on a
@@ -57,9 +59,8 @@ from bench_detection import make_messages
 from fleetmedic import records as r
 from fleetmedic.config import Settings, parse_config
 from fleetmedic.devenv import proc
-from fleetmedic.models.stages import NodeDetection, summarise
+from fleetmedic.models.stages import NodeDetection, SummaryColumns, summarise, summary_columns
 from fleetmedic.streams.app import ensure_topics
-from fleetmedic.streams.detect import SummaryBatch
 from fleetmedic.streams.state import NodeStageState
 
 KEY = "bench-signing-key-" + "x" * 32
@@ -107,9 +108,11 @@ async def produce_all(bootstrap: str, topic: str, wire: list[bytes], keys: list[
     return time.perf_counter() - t0
 
 
-async def plain_consumer(bootstrap: str, topic: str, total: int) -> tuple[float, float]:
-    """Read and decode ``total`` messages; (wall s, CPU s of this process)."""
-    dec = r.decoder_for(r.GpuTelemetry)
+async def plain_consumer(bootstrap: str, topic: str, total: int,
+                         record: type[r.Record] | None = r.GpuTelemetry) -> tuple[float, float]:
+    """Read ``total`` messages and decode each as ``record`` (None: read only); (wall s, CPU s of
+    this process)."""
+    decode = r.decoder_for(record).decode if record is not None else len
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
                                 max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
     await consumer.start()
@@ -122,7 +125,7 @@ async def plain_consumer(bootstrap: str, topic: str, total: int) -> tuple[float,
         while seen < total:
             for recs in (await consumer.getmany(timeout_ms=1000, max_records=5000)).values():
                 for rec in recs:
-                    dec.decode(rec.value)
+                    decode(rec.value)
                 seen += len(recs)
         return time.perf_counter() - t0, time.process_time() - c0
     finally:
@@ -287,9 +290,9 @@ def state_costs(wire: list[bytes], settings: Settings) -> None:
           f"{per_node / every:10,.0f} bytes   {per_node / every / telemetry:5.2f}x telemetry")
 
     enc = msgspec.msgpack.Encoder()
-    batches = [SummaryBatch([summarise(m) for m in msgs[i:i + 256]]) for i in range(0, len(msgs), 256)]
+    batches = [summary_columns(msgs[i:i + 256]) for i in range(0, len(msgs), 256)]
     summary_bytes = sum(len(enc.encode(b)) for b in batches) / len(msgs)
-    decode_batch = msgspec.msgpack.Decoder(SummaryBatch).decode
+    decode_batch = msgspec.msgpack.Decoder(SummaryColumns).decode
     wire_batches = [enc.encode(b) for b in batches]
     c0 = time.process_time()
     for b in wire:
@@ -297,7 +300,7 @@ def state_costs(wire: list[bytes], settings: Settings) -> None:
     raw_cpu = (time.process_time() - c0) / len(wire)
     c0 = time.process_time()
     for wb in wire_batches:
-        decode_batch(wb)
+        decode_batch(wb).summaries()  # as the decision stage does: one NodeSummary per node sample
     sum_cpu = (time.process_time() - c0) / len(wire)
     print("decision stage's peer input per node sample")
     print(f"  raw telemetry (decode + summarise)    {telemetry:10,.0f} bytes   {raw_cpu * 1e6:6.1f} us CPU")
@@ -319,6 +322,7 @@ def throughput(work: Path, bootstrap: str, u: str, wire: list[bytes], keys: list
     print(f"pre-produced in {took:.1f} s ({total / took:,.0f} messages/s)\n")
     reads = [asyncio.run(plain_consumer(bootstrap, topic, total))]
     rows: list[tuple[float, float, float, float, float, float, list[float], float]] = []
+    others: list[list[float]] = []  # per round, per CPU s: plain read decoding as the worker does, no decoding
     for k in range(rounds):
         cfg1, _ = config(work, bootstrap, prefix, f"bench{u}-one{k}", streams)  # a new group each time: fresh state
         one = Worker(cfg1, "detect", work, f"one-{k}")
@@ -339,6 +343,9 @@ def throughput(work: Path, bootstrap: str, u: str, wire: list[bytes], keys: list
         if alone:
             print(f"  round {k + 1}: not a scale-out figure: {alone}")
         reads.append(asyncio.run(plain_consumer(bootstrap, topic, total)))
+        # other baselines, for the record: decoding only what the worker decodes, and no decoding
+        other = [asyncio.run(plain_consumer(bootstrap, topic, total, rec)) for rec in (r.DetectionTelemetry, None)]
+        others.append([total / c for _, c in other])
         # the faster of the plain reads before and after: a slow spell in one would flatter the ratio
         base = total / min(w for w, _ in reads[-2:])
         base_cpu = total / min(c for _, c in reads[-2:])
@@ -357,6 +364,10 @@ def throughput(work: Path, bootstrap: str, u: str, wire: list[bytes], keys: list
           f"{np.median([row[3] / row[1] for row in rows]):.2f}x CPU of the plain consumer (target >= 0.5x); "
           f"2 workers {np.median([row[4] / row[2] for row in rows]):.2f}x one (target >= 1.7x) on "
           f"{os.cpu_count()} cores shared with the broker")
+    lean, raw = (np.median([row[3] / o[j] for row, o in zip(rows, others, strict=True)]) for j in (0, 1))
+    print(f"  the same worker per CPU s against other plain reads: {lean:.2f}x of one decoding only what the worker "
+          f"decodes (DetectionTelemetry, {8 * np.median([o[0] for o in others]):,.0f}/s), {raw:.2f}x of one not "
+          f"decoding at all ({8 * np.median([o[1] for o in others]):,.0f}/s)")
     return rate1
 
 
