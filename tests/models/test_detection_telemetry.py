@@ -60,3 +60,15 @@ def test_the_projection_rejects_what_stage1_reads_and_ignores_the_rest() -> None
     assert r.decode(r.DetectionTelemetry, msgspec.json.encode(odd)).metrics.gpu_temp == [40.0, 41.0]
     with pytest.raises(r.InvalidRecord, match=r"fb_used"):
         r.decode(r.GpuTelemetry, msgspec.json.encode(odd))
+
+
+@pytest.mark.parametrize("record", [r.DetectionTelemetry, r.GpuTelemetry])
+def test_column_lengths_are_checked_for_every_case_of_the_fast_check(record: type[r.DetectionTelemetry]) -> None:
+    def msg(gpus: list[int], **metrics: list[float]) -> bytes:
+        return msgspec.json.encode({"type": "gpu_telemetry", "node": "n", "ts": 1.0, "gpus": gpus, "metrics": metrics})
+
+    assert r.decode(record, msg([0, 1], gpu_temp=[40.0, 41.0], power_usage=[300.0, 310.0])).gpus == [0, 1]
+    assert r.decode(record, msg([], gpu_temp=[])).metrics.gpu_temp == []  # no GPUs, nothing reported
+    for gpus, column, count in (([0, 1], [], 0), ([], [40.0], 1), ([0, 1], [40.0, 41.0, 42.0], 3)):
+        with pytest.raises(r.InvalidRecord, match=rf"`metrics.power_usage` has {count} values for {len(gpus)} GPUs"):
+            r.decode(record, msg(gpus, gpu_temp=[40.0] * len(gpus), power_usage=column))
