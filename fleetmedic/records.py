@@ -179,9 +179,14 @@ class DetectionTelemetry(Record, frozen=True, kw_only=True, tag="gpu_telemetry",
             raise ValueError("`gpus` has duplicate indices")
         columns = msgspec.structs.astuple(self.metrics)
         # every column reported has n values: checked without a Python loop (it runs for every
-        # message decoded; the loop cost a quarter of decoding), then the culprit is looked for
-        if set(map(len, filter(None, columns))) <= {n} and not (n and [] in columns):
-            return
+        # message decoded; the loop cost a quarter of decoding), then the culprit is looked for.
+        # An exporter reporting every metric (the usual case) needs no filter
+        try:
+            if set(map(len, columns)) == {n}:
+                return
+        except TypeError:  # a metric no GPU reported (None)
+            if set(map(len, filter(None, columns))) <= {n} and not (n and [] in columns):
+                return
         for name, column in zip(self.metrics.__struct_fields__, columns, strict=True):
             if column is not None and len(column) != n:
                 raise ValueError(f"`metrics.{name}` has {len(column)} values for {n} GPUs")
