@@ -63,9 +63,12 @@ class Record(Struct, frozen=True, kw_only=True):
 # --- GPU telemetry ------------------------------------------------------------------------------
 
 
-class DetectionMetrics(Struct, frozen=True, kw_only=True, omit_defaults=True):
+class DetectionMetrics(Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
     """The metrics stage 1 reads (detectors, windows, peer summaries): :class:`GpuMetrics` minus the
-    ones no detector uses. The detect worker decodes telemetry as :class:`DetectionTelemetry`, so it
+    ones no detector uses. Telemetry holds numbers and strings only, so it can be in no reference
+    cycle: its structs (this one, :class:`XidEvent`, :class:`DetectionTelemetry` and their
+    subclasses) are not tracked by the garbage collector (``gc=False``), which a worker decoding
+    tens of thousands of them a second would otherwise scan. The detect worker decodes telemetry as :class:`DetectionTelemetry`, so it
     never builds the Python lists of columns it would throw away (valgrind: 116k instead of 152k
     instructions per 8-GPU message, docs/streams.md). A metric a detector starts to read must move
     here (a test checks)."""
@@ -151,7 +154,7 @@ PERSISTENT_COUNT_METRICS: Final[frozenset[str]] = frozenset(
 )
 
 
-class XidEvent(Struct, frozen=True, kw_only=True):
+class XidEvent(Struct, frozen=True, kw_only=True, gc=False):
     """One XID as NVML reports it (an event, unlike dcgm-exporter's last-value gauge)."""
 
     gpu: GpuIndex
@@ -160,7 +163,7 @@ class XidEvent(Struct, frozen=True, kw_only=True):
     message: ShortText = ""
 
 
-class DetectionTelemetry(Record, frozen=True, kw_only=True, tag="gpu_telemetry", tag_field="type"):
+class DetectionTelemetry(Record, frozen=True, kw_only=True, tag="gpu_telemetry", tag_field="type", gc=False):
     """What stage 1 reads of a :class:`GpuTelemetry` message (its :class:`DetectionMetrics`; no
     ``uuids``, ``driver_version`` or ``source``), validated as strictly. A full :class:`GpuTelemetry`
     is one too: everything that detects takes this type."""
