@@ -291,7 +291,8 @@ async def latency_run(bootstrap: str, settings: Settings, rate: float, seconds: 
                     if batch.append(key=key, value=head + stamp + tail, timestamp=None) is None:  # full
                         await producer.send_batch(batch, gpu, partition=partition)
                         batch = batches[partition] = producer.create_batch()
-                        batch.append(key=key, value=head + stamp + tail, timestamp=None)
+                        if batch.append(key=key, value=head + stamp + tail, timestamp=None) is None:
+                            raise RuntimeError("a telemetry message larger than the producer's max_batch_size")
                 for partition, batch in batches.items():
                     await producer.send_batch(batch, gpu, partition=partition)
                 sent += min(200, len(fleet) - lo)
