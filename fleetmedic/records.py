@@ -65,13 +65,15 @@ class Record(Struct, frozen=True, kw_only=True):
 
 class DetectionMetrics(Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
     """The metrics stage 1 reads (detectors, windows, peer summaries): :class:`GpuMetrics` minus the
-    ones no detector uses. Telemetry holds numbers and strings only, so it can be in no reference
-    cycle: its structs (this one, :class:`XidEvent`, :class:`DetectionTelemetry` and their
-    subclasses) are not tracked by the garbage collector (``gc=False``), which a worker decoding
-    tens of thousands of them a second would otherwise scan. The detect worker decodes telemetry as :class:`DetectionTelemetry`, so it
+    ones no detector uses. The detect worker decodes telemetry as :class:`DetectionTelemetry`, so it
     never builds the Python lists of columns it would throw away (valgrind: 116k instead of 152k
     instructions per 8-GPU message, docs/streams.md). A metric a detector starts to read must move
-    here (a test checks)."""
+    here (a test checks).
+
+    Telemetry holds numbers and strings only, so it can be in no reference cycle: its structs (this
+    one, :class:`XidEvent`, :class:`DetectionTelemetry` and their subclasses) are not tracked by the
+    garbage collector (``gc=False``), which a worker decoding tens of thousands of them a second
+    would otherwise scan."""
 
     gpu_temp: list[Celsius | None] | None = None
     memory_temp: list[Celsius | None] | None = None
