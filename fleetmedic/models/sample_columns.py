@@ -14,7 +14,7 @@ as dropping it from the list did. Pure: numpy only.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain
@@ -27,6 +27,15 @@ from numpy.typing import NDArray
 
 from fleetmedic.models.gpu_signals import nanmedian_last_axis
 from fleetmedic.records import GPU_METRICS, DetectionTelemetry, GpuMetrics
+
+_native_columns_into: Callable[[list[tuple[Any, ...]], tuple[int, ...], int, Any], None] | None
+try:  # the same conversion in C (_columns.c), built with the package where a C compiler is found
+    from fleetmedic.models._columns import columns_into as _native_columns_into
+except ImportError:  # pragma: no cover - the pure-Python path below does the same, slower
+    _native_columns_into = None
+
+#: whether stage 1 converts metric columns with the compiled loop (fleetmedic/models/_columns.c)
+NATIVE_COLUMNS: bool = _native_columns_into is not None
 
 F64 = NDArray[np.float64]
 _astuple = msgspec.structs.astuple
@@ -59,8 +68,17 @@ def _kinds(names: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...], ND
     return floats, ints, order
 
 
+@lru_cache(maxsize=32)
+def _picks(names: tuple[str, ...]) -> tuple[int, ...]:
+    return tuple(GPU_METRICS.index(n) for n in names)
+
+
 def columns(msgs: Sequence[DetectionTelemetry], names: Sequence[str]) -> F64:
     """``[messages, names, gpus]`` for messages with the same GPU count (NaN: not reported).
+
+    With the compiled loop (:data:`NATIVE_COLUMNS`) one C call fills the array; what it refuses (a
+    column of another length, a value that is not a number: decoded telemetry has neither) takes
+    the Python path, whose result it equals bit for bit (tests/models/test_native_columns.py).
 
     The float-valued and the int-valued metrics are converted apart, each packed into an array of
     its own dtype (:func:`_packer`: several times faster than ``np.array`` on the nested lists, and
@@ -69,13 +87,24 @@ def columns(msgs: Sequence[DetectionTelemetry], names: Sequence[str]) -> F64:
     column (one GPU not reporting), or a value not of its column's type, falls back to
     ``np.array``, which maps ``null`` to NaN."""
     key = tuple(names)
-    floats, ints, order = _kinds(key)
     tuples = list(map(_astuple, map(_METRICS, msgs)))  # every column of each message, once
+    if _native_columns_into is not None:
+        native = np.empty((len(msgs), len(key), len(msgs[0].gpus)))
+        try:
+            _native_columns_into(tuples, _picks(key), native.shape[2], native)
+            return native
+        except (TypeError, ValueError, OverflowError, IndexError):
+            pass
+    return _python_columns(tuples, key, len(msgs[0].gpus))
+
+
+def _python_columns(tuples: list[tuple[Any, ...]], key: tuple[str, ...], g: int) -> F64:
+    """:func:`columns` in Python, from ``astuple`` of each message's metrics."""
+    floats, ints, order = _kinds(key)
     if not floats or not ints:
-        return _columns_of(tuples, key, np.float64 if floats else np.int64, len(msgs[0].gpus)).astype(
-            np.float64, copy=False)
-    g, nf = len(msgs[0].gpus), len(floats)
-    out = np.empty((len(msgs), len(key), g))
+        return _columns_of(tuples, key, np.float64 if floats else np.int64, g).astype(np.float64, copy=False)
+    nf = len(floats)
+    out = np.empty((len(tuples), len(key), g))
     out[:, :nf] = _columns_of(tuples, floats, np.float64, g)
     out[:, nf:] = _columns_of(tuples, ints, np.int64, g)  # int64 -> float64 as it is assigned
     return out if np.array_equal(order, np.arange(len(order))) else out[:, order, :]

@@ -1,0 +1,3 @@
+from typing import Any
+
+def columns_into(rows: list[tuple[Any, ...]], picks: tuple[int, ...], gpus: int, out: Any) -> None: ...
