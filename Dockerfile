@@ -7,7 +7,7 @@ FROM python:3.11-slim AS build
 WORKDIR /src
 # a C compiler for stage 1's column loop (fleetmedic/models/_columns.c); only this stage has it
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY fleetmedic ./fleetmedic
 RUN python -m pip install --no-cache-dir --upgrade pip \
  && python -m pip wheel --no-cache-dir --wheel-dir /wheels '.[nvml]'
