@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import os
 import re
 import subprocess
@@ -69,6 +70,7 @@ from fleetmedic.config import Settings, parse_config
 from fleetmedic.devenv import proc
 from fleetmedic.models.stages import NodeDetection, SummaryColumns, summarise, summary_columns
 from fleetmedic.streams.app import ensure_topics
+from fleetmedic.streams.runner import GC_GEN0_THRESHOLD
 from fleetmedic.streams.state import NodeStageState
 
 KEY = "bench-signing-key-" + "x" * 32
@@ -123,8 +125,13 @@ async def produce_all(bootstrap: str, topic: str, wire: list[bytes], keys: list[
 async def plain_consumer(bootstrap: str, topic: str, total: int,
                          record: type[r.Record] | None = r.GpuTelemetry) -> tuple[float, float]:
     """Read ``total`` messages and decode each as ``record`` (None: read only); (wall s, CPU s of
-    this process)."""
+    this process). With the worker's collector settings (runner.py: the heap so far frozen, gen-0
+    threshold raised), so neither side pays for collections the other skips."""
     decode = r.decoder_for(record).decode if record is not None else len
+    gc.collect()
+    gc.freeze()
+    threshold = gc.get_threshold()
+    gc.set_threshold(GC_GEN0_THRESHOLD, 20, 50)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
                                 max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
     await consumer.start()
@@ -142,6 +149,8 @@ async def plain_consumer(bootstrap: str, topic: str, total: int,
         return time.perf_counter() - t0, time.process_time() - c0
     finally:
         await consumer.stop()
+        gc.set_threshold(*threshold)
+        gc.unfreeze()
 
 
 class Worker:
