@@ -8,7 +8,8 @@ GPUs]`` array per GPU count serves the whole batch.
 
 The results equal the one-message definitions exactly (a missing value is NaN and left out, an
 empty reduction is NaN, counters sum as integers in floats): :func:`columns` maps ``None`` to NaN,
-as dropping it from the list did. Pure: numpy only.
+as dropping it from the list did. Pure: numpy, and one C loop that fills the columns
+(``_columns.c``, optional: the Python path below gives the same bits).
 """
 
 from __future__ import annotations
