@@ -5,7 +5,7 @@
 # libnvidia-ml.so mounted; nvidia-ml-py is installed here (the `nvml` extra).
 FROM python:3.11-slim AS build
 WORKDIR /src
-# a C compiler for stage 1's column loop (fleetmedic/models/_columns.c); only this stage has it
+# a C compiler for stage 1's two C loops (fleetmedic/models/_columns.c, _baselines.c); only this stage has it
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 COPY pyproject.toml setup.py README.md ./
 COPY fleetmedic ./fleetmedic
@@ -16,7 +16,7 @@ FROM python:3.11-slim
 RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin fleetmedic
 COPY --from=build /wheels /wheels
 RUN python -m pip install --no-cache-dir --no-index --find-links /wheels 'fleetmedic[nvml]' && rm -rf /wheels \
- && python -c "import fleetmedic.models._columns"
+ && python -c "import fleetmedic.models._columns, fleetmedic.models._baselines"
 COPY deploy/config/fleetmedic.yaml /etc/fleetmedic/fleetmedic.yaml
 USER 10001
 ENV PYTHONUNBUFFERED=1

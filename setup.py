@@ -1,7 +1,14 @@
-"""The one thing pyproject.toml cannot yet say without an experimental table: stage 1's C column
-loop (fleetmedic/models/_columns.c). Optional: without a C compiler the package installs and runs
-the same pure-Python path (fleetmedic.models.sample_columns), slower."""
+"""The one thing pyproject.toml cannot yet say without an experimental table: stage 1's two C loops,
+the metric columns (fleetmedic/models/_columns.c) and the GPU detector's baseline step
+(fleetmedic/models/_baselines.c). Optional: without a C compiler the package installs and runs the
+same pure-Python / numpy paths (fleetmedic.models.sample_columns, fleetmedic.models.gpu_signals),
+slower."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("fleetmedic.models._columns", ["fleetmedic/models/_columns.c"], optional=True)])
+setup(ext_modules=[
+    Extension("fleetmedic.models._columns", ["fleetmedic/models/_columns.c"], optional=True),
+    # no FMA contraction: numpy rounds a * b + c twice, and the loop's results must equal numpy's
+    Extension("fleetmedic.models._baselines", ["fleetmedic/models/_baselines.c"], optional=True,
+              extra_compile_args=["-ffp-contract=off"]),
+])

@@ -70,7 +70,7 @@ from fleetmedic.models.gpu_signals import (
     StepResult,
     W,
     compute_signals,
-    step_baselines,
+    step_baselines_at,
 )
 from fleetmedic.models.sample_columns import MetricBatch, columns
 from fleetmedic.models.xid_catalog import XidCatalog, default_catalog
@@ -362,11 +362,11 @@ class GpuDetector:
         if x is None:
             x = metrics_batch(msgs)
         prev = slab.prev[idx]
-        planes = slab.planes[idx]
         y = compute_signals(x, prev, dt, reset, self.plan, s.max_sample_gap_s, medians)
-        res = step_baselines(
+        res = step_baselines_at(  # the slab's rows, in place
             y,
-            planes,
+            slab.planes,
+            idx,
             self.plan,
             alpha=self.alpha,
             warmup=s.baseline.warmup_samples,
@@ -410,7 +410,7 @@ class GpuDetector:
             busy |= mask.any(axis=1)
         watched = x[:, WATCHED_ROWS, :]
         slab.prev[idx] = np.where(np.isfinite(watched), watched, prev)
-        slab.planes[idx], slab.last[idx], slab.throttle[idx], slab.max_width[idx] = planes, y, throttle, max_width
+        slab.last[idx], slab.throttle[idx], slab.max_width[idx] = y, throttle, max_width
         slab.prev_ts[idx] = ts
         slab.samples[idx] += 1
         for i in map(int, np.flatnonzero(busy)):

@@ -19,6 +19,7 @@ Signals (one baseline each per GPU):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -29,6 +30,15 @@ from fleetmedic.records import COUNTER_METRICS, GPU_METRICS, DetectionTelemetry
 
 F64 = NDArray[np.float64]
 BOOL = NDArray[np.bool_]
+
+_native_step: Callable[..., None] | None
+try:  # step_baselines in C (_baselines.c), built with the package where a C compiler is found
+    from fleetmedic.models._baselines import step_baselines_at as _native_step
+except ImportError:  # pragma: no cover - the numpy path below does the same, slower
+    _native_step = None
+
+#: whether the GPU detector steps its baselines with the compiled loop (fleetmedic/models/_baselines.c)
+NATIVE_BASELINES: bool = _native_step is not None
 
 
 RESIDUAL_SIGNALS: Final[dict[str, str]] = {
@@ -228,3 +238,51 @@ def step_baselines(
         persistent=streak >= continuity,
         drifting=drifting,
     )
+
+
+def step_baselines_at(
+    y: F64,
+    slab: F64,
+    idx: NDArray[np.intp],
+    plan: SignalPlan,
+    *,
+    alpha: float,
+    warmup: int,
+    min_std: float,
+    protect_z: float,
+    continuity: int,
+    cusum_k: float,
+    cusum_h: float,
+) -> StepResult:
+    """:func:`step_baselines` on the rows ``idx`` (distinct) of the planes ``slab [N, K, S, G]``,
+    in place. With the compiled loop (:data:`NATIVE_BASELINES`) one C pass reads and writes the
+    rows where they are; its results equal the numpy path's (tests/models/test_native_baselines.py).
+    What it refuses (an array of another type or shape, a row twice) it refuses before writing
+    anything, and the numpy path runs instead."""
+    if _native_step is not None:
+        b, s, g = y.shape
+        floats, flags = np.empty((3, b, s, g)), np.empty((4, b, s, g), dtype=np.bool_)
+        try:
+            _native_step((b, s, g), len(slab), y, slab, idx, *_plan_columns(plan, s), float(alpha), float(warmup),
+                         float(min_std), float(protect_z), float(continuity), float(cusum_k), float(cusum_h),
+                         floats[0], floats[1], floats[2], flags)
+        except (TypeError, ValueError, IndexError, BufferError):
+            pass
+        else:
+            return StepResult(value=y, z=floats[0], deviation=floats[1], baseline=floats[2], exceeded=flags[0],
+                              critical=flags[1], persistent=flags[2], drifting=flags[3])
+    planes = slab[idx]
+    result = step_baselines(y, planes, plan, alpha=alpha, warmup=warmup, min_std=min_std, protect_z=protect_z,
+                            continuity=continuity, cusum_k=cusum_k, cusum_h=cusum_h)
+    slab[idx] = planes
+    return result
+
+
+def _plan_columns(plan: SignalPlan, s: int) -> tuple[F64, F64, F64, F64, F64]:
+    """The plan's per-signal thresholds as contiguous float64 ``[S]`` arrays, for the C loop (a plan
+    of another size raises ValueError)."""
+    return (np.ascontiguousarray(plan.sign, dtype=np.float64).reshape(s),
+            np.ascontiguousarray(plan.z_warning, dtype=np.float64).reshape(s),
+            np.ascontiguousarray(plan.z_critical, dtype=np.float64).reshape(s),
+            np.ascontiguousarray(plan.min_delta, dtype=np.float64).reshape(s),
+            np.ascontiguousarray(plan.std_floor, dtype=np.float64).reshape(s))

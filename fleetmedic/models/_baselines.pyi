@@ -1,0 +1,7 @@
+from typing import Any
+
+def step_baselines_at(
+    shape: tuple[int, int, int], rows: int, y: Any, planes: Any, idx: Any, sign: Any, z_warning: Any,
+    z_critical: Any, min_delta: Any, std_floor: Any, alpha: float, warmup: float, min_std: float, protect_z: float,
+    continuity: float, cusum_k: float, cusum_h: float, z: Any, deviation: Any, baseline: Any, flags: Any,
+) -> None: ...
