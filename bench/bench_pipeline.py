@@ -1,6 +1,6 @@
 """The Faust pipeline on a real broker: stage-1 throughput, scale-out, ingest -> command latency, state costs.
 
-    .venv/bin/python bench/bench_pipeline.py [--messages 120000] [--nodes 1000] [--rounds 3] [--latency-s 30]
+    .venv/bin/python bench/bench_pipeline.py [--messages 280000] [--nodes 1000] [--rounds 3] [--latency-s 30]
 
 Uses ``$FLEETMEDIC_KAFKA_BOOTSTRAP`` or starts its own broker (fleetmedic.devenv.kafka, free ports).
 Pre-produces ``--messages`` GpuTelemetry messages (8 GPUs each, every dcgm field; bench_detection's
@@ -20,9 +20,12 @@ machine's speed drifts by tens of percent over minutes); the median round counts
    until it has read them all, in wall time and per CPU second of the worker (other load on a
    shared machine slows the former only); ratio against (1). Targets: >= 100k GPU samples/s, >= 0.5x;
 3. two ``--role detect`` workers on the two partitions (a new group, both in its first assignment:
-   the bench's broker delays it 6 s for them), from the moment both consume: ratio against (2)
-   (target >= 1.7x), with the CPU share each worker got (on a machine with fewer cores than the
-   broker and two workers need, the rate per CPU second says whether they scale);
+   the bench's broker delays it 6 s for them), from the moment both consume until both are done:
+   ratio against (2) (target >= 1.7x), split into what each did per CPU second against one worker
+   alone and the cores they got against its one; with the CPU share each worker got, what the
+   rest of the machine (broker, bench, kernel) and the hypervisor took meanwhile (/proc/stat),
+   and how long each worker worked (its CPU time, sampled every 20 ms: the one that finished
+   first idled for the rest);
 4. ingest -> command latency: one ``--role all`` worker under a steady telemetry load (the target
    100k GPU samples/s, or 70 % of what (2) sustained if less: as many nodes as messages per
    second, each sending once a second, telemetry time running with the wall clock), a hard fault
@@ -54,6 +57,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import msgspec
 import numpy as np
@@ -212,33 +216,89 @@ def wait_for_partitions(workers: list[Worker], topic: str, timeout: float = 120)
         time.sleep(0.2)
 
 
-def stage1_rate(workers: list[Worker], topic: str, total: int,
-                timeout: float = 600) -> tuple[float, float, list[float]]:
-    """Messages/s from the moment every worker consumes until all ``total`` are read: (wall rate,
-    rate per worker CPU second, CPU share of each worker over the window)."""
+class Stage1Run(NamedTuple):
+    """Stage 1 reading the pre-produced messages, from the moment every worker consumes."""
+
+    rate: float  # messages/s, wall
+    per_cpu: float  # messages per CPU second of the workers
+    cores: list[float]  # each worker's CPU share over the window
+    others: float  # cores everything else on the machine used meanwhile (broker, bench, kernel)
+    stolen: float  # cores the hypervisor stole meanwhile
+    busy_s: list[float]  # how long each worker worked (the last to finish: the window)
+
+
+class Round(NamedTuple):
+    """One round of parts 1-3: messages/s (wall and per CPU second) and cores."""
+
+    base: float  # plain read, wall
+    base_cpu: float  # plain read, per CPU s
+    rate1: float  # one worker, wall
+    per_cpu1: float
+    cores1: float
+    rate2: float  # two workers, wall
+    per_cpu2: float  # per CPU s of both
+    cores2: list[float]  # each worker's
+    others2: float  # cores everything else used meanwhile
+    stolen2: float  # cores the hypervisor stole meanwhile
+    busy2: list[float]  # seconds each of the two worked
+
+
+def machine_cpu() -> tuple[float, float]:
+    """This machine's CPU seconds so far, all cores together (/proc/stat): (busy, stolen by the
+    hypervisor)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    # user nice system idle iowait irq softirq steal (guest time is counted in user already)
+    busy = sum(fields[:8]) - fields[3] - fields[4] - fields[7]
+    return busy / CLK_TCK, fields[7] / CLK_TCK
+
+
+def stage1_rate(workers: list[Worker], topic: str, total: int, timeout: float = 600) -> Stage1Run:
+    """Messages/s from the moment every worker consumes until all ``total`` are read."""
     labels = f'stage="detect",topic="{topic}"'
     deadline = time.monotonic() + timeout
     start: tuple[float, float, list[float]] | None = None
+    # each worker's CPU time, sampled often (reading /proc costs the worker nothing): when did each
+    # stop working (its share of the partitions read)
+    cpu_seen: list[list[tuple[float, float]]] = [[] for _ in workers]
+    counts = [0.0 for _ in workers]
+    next_look = time.perf_counter()
     while True:
-        counts = [w.counter("fleetmedic_messages_in_total", labels) for w in workers]
         now = time.perf_counter()
-        if start is None and all(c > 0 for c in counts):
-            start = (now, sum(counts), [w.cpu_s() for w in workers])
-        if sum(counts) >= total and start is not None:
-            break
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"stage 1 read {sum(counts)} of {total} in {timeout}s")
-        # each look renders the worker's metrics page (a few ms of its CPU): look twice a second
-        # while it reads, then often near the end, whose moment sets the wall-time rate
-        wait = 0.1
-        if start is not None and sum(counts) > start[1]:
-            left = (total - sum(counts)) * (now - start[0]) / (sum(counts) - start[1])
-            wait = 0.05 if left < 1.0 else min(0.5, left / 2)
-        time.sleep(wait)
+        for seen, w in zip(cpu_seen, workers, strict=True):
+            seen.append((now, w.cpu_s()))
+        if now >= next_look:
+            counts = [w.counter("fleetmedic_messages_in_total", labels) for w in workers]
+            now = time.perf_counter()
+            if start is None and all(c > 0 for c in counts):
+                start = (now, sum(counts), [w.cpu_s() for w in workers])
+                machine0 = machine_cpu()
+            if sum(counts) >= total and start is not None:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"stage 1 read {sum(counts)} of {total} in {timeout}s")
+            # each look renders the worker's metrics page (a few ms of its CPU): look twice a second
+            # while it reads, then often near the end, whose moment sets the wall-time rate
+            wait = 0.1
+            if start is not None and sum(counts) > start[1]:
+                left = (total - sum(counts)) * (now - start[0]) / (sum(counts) - start[1])
+                wait = 0.05 if left < 1.0 else min(0.5, left / 2)
+            next_look = now + wait
+        time.sleep(0.02)
     cpu = [w.cpu_s() - c for w, c in zip(workers, start[2], strict=True)]
+    busy, stolen = (b - a for a, b in zip(machine0, machine_cpu(), strict=True))
     wall = now - start[0]
     done = sum(counts) - start[1]
-    return done / wall, done / max(sum(cpu), 1e-9), [c / wall for c in cpu]
+    return Stage1Run(done / wall, done / max(sum(cpu), 1e-9), [c / wall for c in cpu], (busy - sum(cpu)) / wall,
+                     stolen / wall, [_busy_until(seen, start[0]) for seen in cpu_seen])
+
+
+def _busy_until(seen: list[tuple[float, float]], since: float) -> float:
+    """Seconds from ``since`` to the last 0.1 s in which the worker used over half a core."""
+    last = since
+    for (t0, c0), (t1, c1) in zip(seen, seen[5:], strict=False):  # samples 20 ms apart: 0.1 s windows
+        if t0 >= since and (c1 - c0) > 0.5 * (t1 - t0):
+            last = t1
+    return last - since
 
 
 async def latency_run(bootstrap: str, settings: Settings, rate: float, seconds: float,
@@ -382,13 +442,13 @@ def throughput(work: Path, bootstrap: str, u: str, wire: list[bytes], keys: list
     took = asyncio.run(produce_all(bootstrap, topic, wire, keys))
     print(f"pre-produced in {took:.1f} s ({total / took:,.0f} messages/s)\n")
     reads = [asyncio.run(plain_consumer(bootstrap, topic, total))]
-    rows: list[tuple[float, float, float, float, float, float, list[float], float]] = []
+    rows: list[Round] = []
     others: list[list[float]] = []  # per round, per CPU s: plain read decoding as the worker does, no decoding
     for k in range(rounds):
         cfg1, _ = config(work, bootstrap, prefix, f"bench{u}-one{k}", streams)  # a new group each time: fresh state
         one = Worker(cfg1, "detect", work, f"one-{k}")
         try:
-            rate1, per_cpu1, share1 = stage1_rate([one], topic, total)
+            run1 = stage1_rate([one], topic, total)
         finally:
             one.stop()
         # a new group; the broker's group.initial.rebalance.delay.ms (see broker()) lets both workers
@@ -397,7 +457,7 @@ def throughput(work: Path, bootstrap: str, u: str, wire: list[bytes], keys: list
         two = [Worker(cfg2, "detect", work, f"two-{k}-{i}") for i in range(2)]
         try:
             alone = wait_for_partitions(two, topic)
-            rate2, per_cpu2, share2 = stage1_rate(two, topic, total)
+            run2 = stage1_rate(two, topic, total)
         finally:
             for w in two:
                 w.stop()
@@ -410,22 +470,31 @@ def throughput(work: Path, bootstrap: str, u: str, wire: list[bytes], keys: list
         # the faster of the plain reads before and after: a slow spell in one would flatter the ratio
         base = total / min(w for w, _ in reads[-2:])
         base_cpu = total / min(c for _, c in reads[-2:])
-        rows.append((base, base_cpu, rate1, per_cpu1, rate2, per_cpu2, share2, share1[0]))
+        rows.append(Round(base, base_cpu, run1.rate, run1.per_cpu, run1.cores[0], run2.rate, run2.per_cpu,
+                          run2.cores, run2.others, run2.stolen, run2.busy_s))
     print("round  plain read (GPU samples/s, per CPU s)   1 worker (wall, per CPU s; x plain wall, CPU; cores)"
-          "          2 workers (wall, per CPU s; x 1 worker; cores)")
-    for k, (base, base_cpu, rate1, per_cpu1, rate2, per_cpu2, share2, core1) in enumerate(rows):
-        print(f"{k + 1:5d}  {8 * base:10,.0f} {8 * base_cpu:10,.0f}              "
-              f"{8 * rate1:10,.0f} {8 * per_cpu1:10,.0f}  {rate1 / base:4.2f}x {per_cpu1 / base_cpu:4.2f}x  {core1:.2f}"
-              f"          {8 * rate2:10,.0f} {8 * per_cpu2:10,.0f}  {rate2 / rate1:4.2f}x  "
-              f"{', '.join(f'{c:.2f}' for c in share2)}")
+          "          2 workers (wall, per CPU s; x 1 worker = x per CPU s * x cores; cores each; others, stolen; "
+          "s each worked)")
+    for k, row in enumerate(rows):
+        print(f"{k + 1:5d}  {8 * row.base:10,.0f} {8 * row.base_cpu:10,.0f}              "
+              f"{8 * row.rate1:10,.0f} {8 * row.per_cpu1:10,.0f}  {row.rate1 / row.base:4.2f}x "
+              f"{row.per_cpu1 / row.base_cpu:4.2f}x  {row.cores1:.2f}"
+              f"          {8 * row.rate2:10,.0f} {8 * row.per_cpu2:10,.0f}  {row.rate2 / row.rate1:4.2f}x = "
+              f"{row.per_cpu2 / row.per_cpu1:4.2f} * {sum(row.cores2) / row.cores1:4.2f}; "
+              f"{', '.join(f'{c:.2f}' for c in row.cores2)}; {row.others2:.2f}, {row.stolen2:.2f}; "
+              f"{', '.join(f'{b:.1f}' for b in row.busy2)}")
 
-    rate1 = float(np.median([row[2] for row in rows]))
+    rate1 = float(np.median([row.rate1 for row in rows]))
     print(f"median: 1 detect worker {8 * rate1:,.0f} GPU samples/s (target >= 100k), "
-          f"{np.median([row[2] / row[0] for row in rows]):.2f}x wall and "
-          f"{np.median([row[3] / row[1] for row in rows]):.2f}x CPU of the plain consumer (target >= 0.5x); "
-          f"2 workers {np.median([row[4] / row[2] for row in rows]):.2f}x one (target >= 1.7x) on "
-          f"{os.cpu_count()} cores shared with the broker")
-    lean, raw = (np.median([row[3] / o[j] for row, o in zip(rows, others, strict=True)]) for j in (0, 1))
+          f"{np.median([row.rate1 / row.base for row in rows]):.2f}x wall and "
+          f"{np.median([row.per_cpu1 / row.base_cpu for row in rows]):.2f}x CPU of the plain consumer "
+          f"(target >= 0.5x); 2 workers {np.median([row.rate2 / row.rate1 for row in rows]):.2f}x one "
+          f"(target >= 1.7x) on {os.cpu_count()} cores shared with the broker and the bench")
+    print(f"  two workers: each did {np.median([row.per_cpu2 / row.per_cpu1 for row in rows]):.2f}x of one alone "
+          f"per CPU second and they got {np.median([sum(row.cores2) / row.cores1 for row in rows]):.2f}x its "
+          f"cores; everything else (broker, bench, kernel) used {np.median([row.others2 for row in rows]):.2f} "
+          f"cores meanwhile, the hypervisor stole {np.median([row.stolen2 for row in rows]):.2f} (medians)")
+    lean, raw = (np.median([row.per_cpu1 / o[j] for row, o in zip(rows, others, strict=True)]) for j in (0, 1))
     print(f"  the same worker per CPU s against other plain reads: {lean:.2f}x of one decoding only what the worker "
           f"decodes (DetectionTelemetry, {8 * np.median([o[0] for o in others]):,.0f}/s), {raw:.2f}x of one not "
           f"decoding at all ({8 * np.median([o[1] for o in others]):,.0f}/s)")
@@ -473,9 +542,12 @@ def latency(work: Path, bootstrap: str, u: str, template: list[r.GpuTelemetry], 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    # 120,000: one worker reads for 5-8 s here, long enough that its start (first fetches, first
-    # model fit) does not decide the rate; at 48,000 the rate of one worker varied by 30 % between rounds
-    ap.add_argument("--messages", type=int, default=120_000, help="pre-produced GpuTelemetry messages")
+    # 280,000: one worker reads for 8-12 s here and two for 4-7 s, long enough that their start
+    # (first fetches) does not decide the rate; at 120,000 two workers read for about 2 s and their
+    # ratio to one ranged from 1.64x to 2.22x between the rounds of one run. 280 messages per node,
+    # 1 s apart: under multivariate.window_s (300 s), so no window closes and no model is fitted
+    # in the measured seconds (a fleet does that once per window_s and refit_interval_s)
+    ap.add_argument("--messages", type=int, default=280_000, help="pre-produced GpuTelemetry messages")
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--latency-s", type=float, default=30.0)
     ap.add_argument("--latency-rate", type=float, help="messages/s for part 4 (default: from part 2)")
