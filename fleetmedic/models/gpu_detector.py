@@ -65,6 +65,7 @@ from fleetmedic.models.gpu_signals import (
     VAR,
     WATCHED,
     WATCHED_ROWS,
+    BaselineParams,
     M,
     SignalPlan,
     StepResult,
@@ -231,6 +232,10 @@ class GpuDetector:
         )
         self._residual_names = tuple(RESIDUAL_SIGNALS[n] for n in residual)  # the metrics, as in a MetricBatch
         self.alpha = alpha_for_halflife(settings.baseline.halflife_samples)
+        self.baseline_params = BaselineParams(
+            alpha=self.alpha, warmup=settings.baseline.warmup_samples, min_std=settings.baseline.min_std,
+            protect_z=settings.baseline.protect_z, continuity=settings.continuity_samples,
+            cusum_k=settings.cusum.drift_k, cusum_h=settings.cusum.threshold_h)
         self._nodes: dict[str, _Live] = {}
         self._slabs: dict[int, _Slab] = {}
 
@@ -363,19 +368,7 @@ class GpuDetector:
             x = metrics_batch(msgs)
         prev = slab.prev[idx]
         y = compute_signals(x, prev, dt, reset, self.plan, s.max_sample_gap_s, medians)
-        res = step_baselines_at(  # the slab's rows, in place
-            y,
-            slab.planes,
-            idx,
-            self.plan,
-            alpha=self.alpha,
-            warmup=s.baseline.warmup_samples,
-            min_std=s.baseline.min_std,
-            protect_z=s.baseline.protect_z,
-            continuity=s.continuity_samples,
-            cusum_k=s.cusum.drift_k,
-            cusum_h=s.cusum.threshold_h,
-        )
+        res = step_baselines_at(y, slab.planes, idx, self.plan, self.baseline_params)  # the slab's rows, in place
         hard = _hard_conditions(x, prev, reset, s.dbe_threshold)
         # the share of time throttled restarts after a reboot or a long silence (repair, maintenance):
         # what the GPU did before says nothing about it now

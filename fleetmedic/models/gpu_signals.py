@@ -175,20 +175,23 @@ class StepResult:
     drifting: BOOL  # CUSUM above threshold
 
 
-def step_baselines(
-    y: F64,
-    planes: F64,
-    plan: SignalPlan,
-    *,
-    alpha: float,
-    warmup: int,
-    min_std: float,
-    protect_z: float,
-    continuity: int,
-    cusum_k: float,
-    cusum_h: float,
-) -> StepResult:
+@dataclass(frozen=True)
+class BaselineParams:
+    """How the per-signal baselines learn and score (from :class:`~fleetmedic.config.DetectionSettings`)."""
+
+    alpha: float  # EWMA weight of a new sample
+    warmup: int  # samples before a baseline scores
+    min_std: float
+    protect_z: float  # a sample beyond this |z| is not learnt
+    continuity: int  # samples beyond z_warning in a row that make a signal persistent
+    cusum_k: float
+    cusum_h: float
+
+
+def step_baselines(y: F64, planes: F64, plan: SignalPlan, params: BaselineParams) -> StepResult:
     """Score signals ``y [B, S, G]`` against ``planes [B, K, S, G]`` and learn them (in place)."""
+    alpha, warmup, min_std, protect_z = params.alpha, params.warmup, params.min_std, params.protect_z
+    continuity, cusum_k, cusum_h = params.continuity, params.cusum_k, params.cusum_h
     count, mean, var = planes[:, COUNT], planes[:, MEAN], planes[:, VAR]
     baseline = mean.copy()
     std = np.maximum(np.sqrt(var), np.maximum(min_std, plan.std_floor))
@@ -240,20 +243,8 @@ def step_baselines(
     )
 
 
-def step_baselines_at(
-    y: F64,
-    slab: F64,
-    idx: NDArray[np.intp],
-    plan: SignalPlan,
-    *,
-    alpha: float,
-    warmup: int,
-    min_std: float,
-    protect_z: float,
-    continuity: int,
-    cusum_k: float,
-    cusum_h: float,
-) -> StepResult:
+def step_baselines_at(y: F64, slab: F64, idx: NDArray[np.intp], plan: SignalPlan,
+                      params: BaselineParams) -> StepResult:
     """:func:`step_baselines` on the rows ``idx`` (distinct) of the planes ``slab [N, K, S, G]``,
     in place. With the compiled loop (:data:`NATIVE_BASELINES`) one C pass reads and writes the
     rows where they are; its results equal the numpy path's (tests/models/test_native_baselines.py).
@@ -262,18 +253,18 @@ def step_baselines_at(
     if _native_step is not None:
         b, s, g = y.shape
         floats, flags = np.empty((3, b, s, g)), np.empty((4, b, s, g), dtype=np.bool_)
+        p = params
         try:
-            _native_step((b, s, g), len(slab), y, slab, idx, *_plan_columns(plan, s), float(alpha), float(warmup),
-                         float(min_std), float(protect_z), float(continuity), float(cusum_k), float(cusum_h),
-                         floats[0], floats[1], floats[2], flags)
+            _native_step((b, s, g), len(slab), y, slab, idx, *_plan_columns(plan, s), float(p.alpha), float(p.warmup),
+                         float(p.min_std), float(p.protect_z), float(p.continuity), float(p.cusum_k),
+                         float(p.cusum_h), floats[0], floats[1], floats[2], flags)
         except (TypeError, ValueError, IndexError, BufferError):
             pass
         else:
             return StepResult(value=y, z=floats[0], deviation=floats[1], baseline=floats[2], exceeded=flags[0],
                               critical=flags[1], persistent=flags[2], drifting=flags[3])
     planes = slab[idx]
-    result = step_baselines(y, planes, plan, alpha=alpha, warmup=warmup, min_std=min_std, protect_z=protect_z,
-                            continuity=continuity, cusum_k=cusum_k, cusum_h=cusum_h)
+    result = step_baselines(y, planes, plan, params)
     slab[idx] = planes
     return result
 

@@ -15,7 +15,15 @@ from hypothesis import strategies as st
 
 from fleetmedic.config import Settings
 from fleetmedic.models import gpu_signals as gs
-from fleetmedic.models.gpu_signals import CUSUM_DOWN, CUSUM_UP, PLANES, STREAK, SignalPlan, StepResult
+from fleetmedic.models.gpu_signals import (
+    CUSUM_DOWN,
+    CUSUM_UP,
+    PLANES,
+    STREAK,
+    BaselineParams,
+    SignalPlan,
+    StepResult,
+)
 from fleetmedic.models.stages import NodeDetection, stage1_batch
 from fleetmedic.records import DetectionTelemetry, decoder_for, encode
 from fleetmedic.simulator.engine import SimConfig, Simulator
@@ -62,16 +70,17 @@ def _plan(data: st.DataObject, s: int, min_std: float) -> SignalPlan:
         std_floor=np.maximum(min_std, min_delta / z_warning))
 
 
-def _params(data: st.DataObject) -> dict[str, Any]:
-    h = data.draw(st.floats(0.5, 30))
-    return dict(alpha=data.draw(st.floats(0.001, 1.0)), warmup=data.draw(st.integers(1, 6)),
-                min_std=data.draw(st.floats(0.01, 5)), protect_z=data.draw(st.floats(0.5, 8)),
-                continuity=data.draw(st.integers(1, 5)), cusum_k=data.draw(st.floats(0, 2)), cusum_h=h)
+def _params(data: st.DataObject) -> BaselineParams:
+    return BaselineParams(alpha=data.draw(st.floats(0.001, 1.0)), warmup=data.draw(st.integers(1, 6)),
+                          min_std=data.draw(st.floats(0.01, 5)), protect_z=data.draw(st.floats(0.5, 8)),
+                          continuity=data.draw(st.integers(1, 5)), cusum_k=data.draw(st.floats(0, 2)),
+                          cusum_h=data.draw(st.floats(0.5, 30)))
 
 
-def _numpy(y: np.ndarray, slab: np.ndarray, idx: np.ndarray, plan: SignalPlan, params: dict[str, Any]) -> StepResult:
+def _numpy(y: np.ndarray, slab: np.ndarray, idx: np.ndarray, plan: SignalPlan, params: BaselineParams) -> StepResult:
     planes = slab[idx]
-    res = gs.step_baselines(y, planes, plan, **params)
+    with np.errstate(all="ignore"):  # inf and NaN signals: numpy warns, the C loop does not
+        res = gs.step_baselines(y, planes, plan, params)
     slab[idx] = planes
     return res
 
@@ -80,7 +89,7 @@ def _numpy(y: np.ndarray, slab: np.ndarray, idx: np.ndarray, plan: SignalPlan, p
 @given(data=st.data(), b=st.integers(1, 5), s=st.integers(1, 4), g=st.integers(1, 4), steps=st.integers(1, 12))
 def test_equals_the_numpy_path_step_after_step(data: st.DataObject, b: int, s: int, g: int, steps: int) -> None:
     params = _params(data)
-    plan = _plan(data, s, params["min_std"])
+    plan = _plan(data, s, params.min_std)
     rows = b + data.draw(st.integers(0, 3))
     slab = np.zeros((rows, PLANES, s, g))  # the detector's start: a new node's planes are zeros
     mine = slab.copy()
@@ -88,7 +97,7 @@ def test_equals_the_numpy_path_step_after_step(data: st.DataObject, b: int, s: i
         idx = np.array(data.draw(st.permutations(range(rows)))[:b], dtype=np.intp)
         y = np.array(data.draw(st.lists(SIGNAL, min_size=b * s * g, max_size=b * s * g))).reshape(b, s, g)
         want = _numpy(y, slab, idx, plan, params)
-        got = gs.step_baselines_at(y, mine, idx, plan, **params)
+        got = gs.step_baselines_at(y, mine, idx, plan, params)
         for name in FIELDS:
             assert _same(getattr(got, name), getattr(want, name)), name
         assert _same(mine, slab)  # the rows stepped, and the others untouched
@@ -99,20 +108,20 @@ def test_equals_the_numpy_path_step_after_step(data: st.DataObject, b: int, s: i
 def test_equals_the_numpy_path_from_any_reachable_state(data: st.DataObject, s: int, g: int) -> None:
     # states drawn directly (count, EWMA, CUSUMs within their cap, streaks) rather than stepped to
     params = _params(data)
-    plan = _plan(data, s, params["min_std"])
+    plan = _plan(data, s, params.min_std)
     n = 3 * s * g
     slab = np.zeros((3, PLANES, s, g))
     slab[:, 0] = np.array(data.draw(st.lists(st.integers(0, 8), min_size=n, max_size=n))).reshape(3, s, g)
     slab[:, 1] = np.array(data.draw(st.lists(st.floats(-1e6, 1e6), min_size=n, max_size=n))).reshape(3, s, g)
     slab[:, 2] = np.array(data.draw(st.lists(st.floats(0, 1e6), min_size=n, max_size=n))).reshape(3, s, g)
-    cap = 2 * params["cusum_h"]
+    cap = 2 * params.cusum_h
     for plane in (CUSUM_UP, CUSUM_DOWN):
         slab[:, plane] = np.array(data.draw(st.lists(st.floats(0, cap), min_size=n, max_size=n))).reshape(3, s, g)
     slab[:, STREAK] = np.array(data.draw(st.lists(st.integers(0, 9), min_size=n, max_size=n))).reshape(3, s, g)
     y = np.array(data.draw(st.lists(SIGNAL, min_size=2 * s * g, max_size=2 * s * g))).reshape(2, s, g)
     idx = np.array([2, 0], dtype=np.intp)
     mine = slab.copy()
-    want, got = _numpy(y, slab, idx, plan, params), gs.step_baselines_at(y, mine, idx, plan, **params)
+    want, got = _numpy(y, slab, idx, plan, params), gs.step_baselines_at(y, mine, idx, plan, params)
     for name in FIELDS:
         assert _same(getattr(got, name), getattr(want, name)), name
     assert _same(mine, slab)
@@ -154,8 +163,7 @@ def test_a_read_only_slab_is_refused() -> None:
 
 def test_a_refused_step_takes_the_numpy_path() -> None:
     # a signal array that is not C-contiguous: the C loop refuses it, numpy steps the same rows
-    params: dict[str, Any] = dict(alpha=0.1, warmup=2, min_std=0.5, protect_z=4.0, continuity=2, cusum_k=0.5,
-                                  cusum_h=5.0)
+    params = BaselineParams(alpha=0.1, warmup=2, min_std=0.5, protect_z=4.0, continuity=2, cusum_k=0.5, cusum_h=5.0)
     plan = SignalPlan(names=("a", "b"), residual_idx=np.zeros(0, dtype=np.intp), n_residual=0, rate_groups=(),
                       sign=np.array([[1.0], [0.0]]), z_warning=np.array([[3.0], [3.0]]),
                       z_critical=np.array([[5.0], [5.0]]), min_delta=np.array([[1.0], [1.0]]),
@@ -165,7 +173,7 @@ def test_a_refused_step_takes_the_numpy_path() -> None:
     for _ in range(6):
         y = np.asfortranarray(rng.normal(size=(2, 2, 4)))
         want = _numpy(y, slab, np.array([2, 0]), plan, params)
-        got = gs.step_baselines_at(y, mine, np.array([2, 0]), plan, **params)
+        got = gs.step_baselines_at(y, mine, np.array([2, 0]), plan, params)
         for name in FIELDS:
             assert _same(getattr(got, name), getattr(want, name)), name
     assert _same(mine, slab) and slab[:, 0].sum() > 0
