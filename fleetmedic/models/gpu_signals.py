@@ -2,6 +2,8 @@
 
 Arrays are ``[B, ..., G]``: B nodes of the batch, G GPUs per node (the batch groups nodes with the
 same GPU count). Nothing here knows about nodes, messages or findings; :mod:`gpu_detector` does.
+The baseline step also exists as one C pass (``_baselines.c``, :func:`step_baselines_at`), whose
+results equal :func:`step_baselines`'s; the numpy function stays the reference and the fallback.
 
 Signals (one baseline each per GPU):
 
