@@ -1,4 +1,10 @@
-/* One step of the GPU detector's per-signal baselines, in place on the detector's slab.
+/* The GPU detector's per-batch arithmetic in C: its signals (signals_at) and one step of its
+ * per-signal baselines (step_baselines_at), in place on the detector's slab.
+ *
+ * signals_at is gpu_signals.compute_signals plus the update of each node's watched values that
+ * follows it: residuals of the gauges against their node's median, rates per minute of the
+ * counters (NaN over a reset, a gap or a counter that went down), summed per signal in numpy's
+ * order; then each watched value that was reported replaces the node's previous one.
  *
  * gpu_signals.step_baselines scores a micro-batch of signals y [B, S, G] against each GPU's
  * baseline (EWMA mean and variance, two CUSUMs, a streak counter: six planes [K, S, G] per node)
@@ -45,7 +51,8 @@ typedef struct {
     int held;
 } Buf;
 
-/* the buffer of `obj` as C-contiguous `count` items of one of `formats` ("d", "q/l", "?/B") */
+/* the buffer of `obj` as C-contiguous `count` items (any number if count < 0) of one of `formats`
+ * ("d", "q/l", "?/B") */
 static int get_buf(PyObject *obj, Buf *buf, const char *name, const char *formats, Py_ssize_t itemsize,
                    Py_ssize_t count, int writable) {
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
@@ -57,12 +64,181 @@ static int get_buf(PyObject *obj, Buf *buf, const char *name, const char *format
         PyErr_Format(PyExc_TypeError, "%s: not a buffer of %s", name, formats);
         return -1;
     }
-    if (count < 0 || buf->view.len != count * itemsize) {
+    if (count < 0 ? buf->view.len % itemsize != 0 : buf->view.len != count * itemsize) {
         PyErr_Format(PyExc_ValueError, "%s: %zd bytes where %zd items of %zd bytes were expected", name,
                      buf->view.len, count, itemsize);
         return -1;
     }
     return 0;
+}
+
+/* a float64 array of `ndim` dimensions of the given shape, any strides (read only) */
+static int get_strided(PyObject *obj, Buf *buf, const char *name, int ndim, const Py_ssize_t *shape) {
+    if (PyObject_GetBuffer(obj, &buf->view, PyBUF_STRIDES | PyBUF_FORMAT) < 0) return -1;
+    buf->held = 1;
+    const char *format = buf->view.format != NULL ? buf->view.format : "B";
+    if ((format[0] == '<' || format[0] == '=' || format[0] == '@') && format[1] != '\0') format++;
+    if (strcmp(format, "d") != 0 || buf->view.itemsize != 8) {
+        PyErr_Format(PyExc_TypeError, "%s: not a float64 buffer", name);
+        return -1;
+    }
+    if (buf->view.ndim != ndim) {
+        PyErr_Format(PyExc_ValueError, "%s: %d dimensions where %d were expected", name, buf->view.ndim, ndim);
+        return -1;
+    }
+    for (int d = 0; d < ndim; d++)
+        if (buf->view.shape[d] != shape[d]) {
+            PyErr_Format(PyExc_ValueError, "%s: dimension %d is %zd, not %zd", name, d, buf->view.shape[d], shape[d]);
+            return -1;
+        }
+    return 0;
+}
+
+#define AT2(b, i, j) (*(const double *)((const char *)(b).view.buf + (i) * (b).view.strides[0] + \
+                                        (j) * (b).view.strides[1]))
+#define AT3(b, i, j, k) (*(const double *)((const char *)(b).view.buf + (i) * (b).view.strides[0] + \
+                                           (j) * (b).view.strides[1] + (k) * (b).view.strides[2]))
+
+PyDoc_STRVAR(signals_doc,
+"signals_at(shape, rows, x, prev, idx, dt, reset, medians, residual_rows, watched_rows, group_starts,\n"
+"           group_members, max_gap_s, out)\n"
+"\n"
+"shape: (B, M, G, S, W); x: float64 [B, M, G], any strides; prev: writable float64 [rows, W, G], the\n"
+"slab's watched values; idx: int64 [B], distinct rows of prev; dt: float64 [B]; reset: bool [B];\n"
+"medians: float64 [B, R], any strides; residual_rows: int64 [R] (rows of x); watched_rows: int64 [W]\n"
+"(rows of x); group_starts: int64 [S - R + 1], group_members: int64 [K] (watched indices summed per\n"
+"rate signal); out: writable float64 [B, S, G]. All but x and medians C-contiguous. Writes the\n"
+"signals into out and the reported watched values of x into prev[idx].");
+
+static PyObject *signals_at(PyObject *self, PyObject *args) {
+    PyObject *o_x, *o_prev, *o_idx, *o_dt, *o_reset, *o_med, *o_res, *o_watch, *o_starts, *o_members, *o_out;
+    Py_ssize_t b_n, m_n, g_n, s_n, w_n, rows;
+    double max_gap;
+    if (!PyArg_ParseTuple(args, "(nnnnn)nOOOOOOOOOOdO:signals_at", &b_n, &m_n, &g_n, &s_n, &w_n, &rows, &o_x,
+                          &o_prev, &o_idx, &o_dt, &o_reset, &o_med, &o_res, &o_watch, &o_starts, &o_members,
+                          &max_gap, &o_out))
+        return NULL;
+    const Py_ssize_t limit = PY_SSIZE_T_MAX / 64;
+    if (b_n < 0 || m_n < 0 || g_n < 0 || s_n < 0 || w_n < 0 || rows < 0 || b_n > limit || m_n > limit ||
+        g_n > limit || s_n > limit || w_n > limit || rows > limit || (g_n > 0 && (s_n > limit / g_n ||
+        w_n > limit / g_n || (s_n * g_n > 0 && b_n > limit / (s_n * g_n)) || (w_n * g_n > 0 && rows > limit / (w_n * g_n))))) {
+        PyErr_SetString(PyExc_ValueError, "shape out of range");
+        return NULL;
+    }
+    enum { X, PREV, IDX, DT, RESET, MED, RES, WATCH, STARTS, MEMBERS, OUT, NBUF };
+    Buf bufs[NBUF];
+    memset(bufs, 0, sizeof(bufs));
+    unsigned char *seen = NULL;
+    PyObject *result = NULL;
+    const Py_ssize_t x_shape[3] = {b_n, m_n, g_n};
+    if (get_strided(o_x, &bufs[X], "x", 3, x_shape) < 0) goto done;
+    /* the residual count R and the count of group members come from their own buffers */
+    if (get_buf(o_res, &bufs[RES], "residual_rows", "ql", 8, -1, 0) < 0) goto done;
+    Py_ssize_t r_n = bufs[RES].view.len / 8;
+    if (get_buf(o_members, &bufs[MEMBERS], "group_members", "ql", 8, -1, 0) < 0) goto done;
+    Py_ssize_t k_n = bufs[MEMBERS].view.len / 8;
+    if (r_n > s_n) {
+        PyErr_SetString(PyExc_ValueError, "more residual signals than signals");
+        goto done;
+    }
+    const Py_ssize_t med_shape[2] = {b_n, r_n};
+    if (get_strided(o_med, &bufs[MED], "medians", 2, med_shape) < 0) goto done;
+    struct {
+        PyObject *obj;
+        int k;
+        const char *name, *formats;
+        Py_ssize_t itemsize, count;
+        int writable;
+    } spec[] = {
+        {o_prev, PREV, "prev", "d", 8, rows * w_n * g_n, 1},
+        {o_idx, IDX, "idx", "ql", 8, b_n, 0},
+        {o_dt, DT, "dt", "d", 8, b_n, 0},
+        {o_reset, RESET, "reset", "?B", 1, b_n, 0},
+        {o_watch, WATCH, "watched_rows", "ql", 8, w_n, 0},
+        {o_starts, STARTS, "group_starts", "ql", 8, s_n - r_n + 1, 0},
+        {o_out, OUT, "out", "d", 8, b_n * s_n * g_n, 1},
+    };
+    for (size_t k = 0; k < sizeof(spec) / sizeof(spec[0]); k++)
+        if (get_buf(spec[k].obj, &bufs[spec[k].k], spec[k].name, spec[k].formats, spec[k].itemsize, spec[k].count,
+                    spec[k].writable) < 0)
+            goto done;
+    const int64_t *idx = bufs[IDX].view.buf, *res = bufs[RES].view.buf, *watch = bufs[WATCH].view.buf,
+                  *starts = bufs[STARTS].view.buf, *members = bufs[MEMBERS].view.buf;
+    for (Py_ssize_t r = 0; r < r_n; r++)
+        if (res[r] < 0 || res[r] >= m_n) {
+            PyErr_Format(PyExc_IndexError, "residual_rows[%zd] is not a row of x", r);
+            goto done;
+        }
+    for (Py_ssize_t w = 0; w < w_n; w++)
+        if (watch[w] < 0 || watch[w] >= m_n) {
+            PyErr_Format(PyExc_IndexError, "watched_rows[%zd] is not a row of x", w);
+            goto done;
+        }
+    if (starts[0] != 0 || starts[s_n - r_n] != k_n) {
+        PyErr_SetString(PyExc_ValueError, "group_starts do not span group_members");
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < s_n - r_n; j++)
+        if (starts[j + 1] < starts[j]) {
+            PyErr_SetString(PyExc_ValueError, "group_starts go down");
+            goto done;
+        }
+    for (Py_ssize_t k = 0; k < k_n; k++)
+        if (members[k] < 0 || members[k] >= w_n) {
+            PyErr_Format(PyExc_IndexError, "group_members[%zd] is not a watched value", k);
+            goto done;
+        }
+    seen = PyMem_Calloc(rows > 0 ? (size_t)rows : 1, 1);
+    if (seen == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < b_n; i++) {
+        if (idx[i] < 0 || idx[i] >= rows) {
+            PyErr_Format(PyExc_IndexError, "idx[%zd] = %lld is not a row of prev (%zd rows)", i, (long long)idx[i],
+                         rows);
+            goto done;
+        }
+        if (seen[idx[i]]++) {
+            PyErr_Format(PyExc_ValueError, "idx[%zd] = %lld: a row twice in one call", i, (long long)idx[i]);
+            goto done;
+        }
+    }
+    const double *dt = bufs[DT].view.buf;
+    const unsigned char *reset = bufs[RESET].view.buf;
+    double *prev = bufs[PREV].view.buf, *out = bufs[OUT].view.buf;
+    for (Py_ssize_t i = 0; i < b_n; i++) {
+        double *p = prev + idx[i] * w_n * g_n, *o = out + i * s_n * g_n;
+        for (Py_ssize_t r = 0; r < r_n; r++) {
+            const double centre = AT2(bufs[MED], i, r);
+            for (Py_ssize_t g = 0; g < g_n; g++) o[r * g_n + g] = AT3(bufs[X], i, res[r], g) - centre;
+        }
+        const int ok = !reset[i] && dt[i] > 0 && dt[i] <= max_gap;
+        const double per_min = 60.0 / (dt[i] > 0 ? dt[i] : 1.0);
+        for (Py_ssize_t j = 0; j < s_n - r_n; j++) {
+            for (Py_ssize_t g = 0; g < g_n; g++) {
+                double sum = 0.0;
+                for (int64_t k = starts[j]; k < starts[j + 1]; k++) {
+                    const double delta = AT3(bufs[X], i, watch[members[k]], g) - p[members[k] * g_n + g];
+                    const double rate = (ok && delta >= 0) ? delta * per_min : NAN;
+                    sum = k == starts[j] ? rate : sum + rate; /* numpy's order: the first, then each in turn */
+                }
+                o[(r_n + j) * g_n + g] = sum;
+            }
+        }
+        for (Py_ssize_t w = 0; w < w_n; w++)
+            for (Py_ssize_t g = 0; g < g_n; g++) {
+                const double v = AT3(bufs[X], i, watch[w], g);
+                if (isfinite(v)) p[w * g_n + g] = v;
+            }
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyMem_Free(seen);
+    for (int k = 0; k < NBUF; k++)
+        if (bufs[k].held) PyBuffer_Release(&bufs[k].view);
+    return result;
 }
 
 static PyObject *step_baselines_at(PyObject *self, PyObject *args) {
@@ -183,13 +359,14 @@ done:
 }
 
 static PyMethodDef methods[] = {
+    {"signals_at", signals_at, METH_VARARGS, signals_doc},
     {"step_baselines_at", step_baselines_at, METH_VARARGS, step_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_baselines",
-    "The GPU detector's baseline step, natively (see gpu_signals.step_baselines).", -1, methods,
+    "The GPU detector's signals and baseline step, natively (see gpu_signals).", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__baselines(void) { return PyModule_Create(&module); }

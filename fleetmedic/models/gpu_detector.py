@@ -64,13 +64,12 @@ from fleetmedic.models.gpu_signals import (
     USED_METRICS,
     VAR,
     WATCHED,
-    WATCHED_ROWS,
     BaselineParams,
     M,
     SignalPlan,
     StepResult,
     W,
-    compute_signals,
+    signals_at,
     step_baselines_at,
 )
 from fleetmedic.models.sample_columns import MetricBatch, columns
@@ -366,8 +365,8 @@ class GpuDetector:
         dt = np.where(seen, ts - slab.prev_ts[idx], np.nan)
         if x is None:
             x = metrics_batch(msgs)
-        prev = slab.prev[idx]
-        y = compute_signals(x, prev, dt, reset, self.plan, s.max_sample_gap_s, medians)
+        prev = slab.prev[idx]  # as it was: the hard conditions below compare with it
+        y = signals_at(x, prev, slab.prev, idx, dt, reset, self.plan, s.max_sample_gap_s, medians)
         res = step_baselines_at(y, slab.planes, idx, self.plan, self.baseline_params)  # the slab's rows, in place
         hard = _hard_conditions(x, prev, reset, s.dbe_threshold)
         # the share of time throttled restarts after a reboot or a long silence (repair, maintenance):
@@ -401,8 +400,6 @@ class GpuDetector:
         )
         for mask in hard.values():
             busy |= mask.any(axis=1)
-        watched = x[:, WATCHED_ROWS, :]
-        slab.prev[idx] = np.where(np.isfinite(watched), watched, prev)
         slab.last[idx], slab.throttle[idx], slab.max_width[idx] = y, throttle, max_width
         slab.prev_ts[idx] = ts
         slab.samples[idx] += 1

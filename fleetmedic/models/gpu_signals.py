@@ -2,8 +2,9 @@
 
 Arrays are ``[B, ..., G]``: B nodes of the batch, G GPUs per node (the batch groups nodes with the
 same GPU count). Nothing here knows about nodes, messages or findings; :mod:`gpu_detector` does.
-The baseline step also exists as one C pass (``_baselines.c``, :func:`step_baselines_at`), whose
-results equal :func:`step_baselines`'s; the numpy function stays the reference and the fallback.
+The signals and the baseline step also exist as C passes (``_baselines.c``: :func:`signals_at`,
+:func:`step_baselines_at`), whose results equal those of :func:`compute_signals` and
+:func:`step_baselines`; the numpy functions stay the reference and the fallback.
 
 Signals (one baseline each per GPU):
 
@@ -34,12 +35,15 @@ F64 = NDArray[np.float64]
 BOOL = NDArray[np.bool_]
 
 _native_step: Callable[..., None] | None
-try:  # step_baselines in C (_baselines.c), built with the package where a C compiler is found
+_native_signals: Callable[..., None] | None
+try:  # the signals and step_baselines in C (_baselines.c), built where a C compiler is found
+    from fleetmedic.models._baselines import signals_at as _native_signals
     from fleetmedic.models._baselines import step_baselines_at as _native_step
-except ImportError:  # pragma: no cover - the numpy path below does the same, slower
-    _native_step = None
+except ImportError:  # pragma: no cover - the numpy paths below do the same, slower
+    _native_step = _native_signals = None
 
-#: whether the GPU detector steps its baselines with the compiled loop (fleetmedic/models/_baselines.c)
+#: whether the GPU detector computes its signals and steps its baselines with the compiled loops
+#: (fleetmedic/models/_baselines.c)
 NATIVE_BASELINES: bool = _native_step is not None
 
 
@@ -163,6 +167,41 @@ def compute_signals(x: F64, prev: F64, dt: F64, reset: BOOL, plan: SignalPlan, m
         for j, group in enumerate(plan.rate_groups):
             out[:, plan.n_residual + j, :] = per_min[:, group, :].sum(axis=1)
     return out
+
+
+def signals_at(x: F64, prev: F64, slab_prev: F64, idx: NDArray[np.intp], dt: F64, reset: BOOL, plan: SignalPlan,
+               max_gap_s: float, medians: F64 | None = None) -> F64:
+    """:func:`compute_signals` of the nodes in the rows ``idx`` (distinct) of the watched values
+    ``slab_prev [N, W, G]`` (``prev``: those rows, ``slab_prev[idx]``), then each watched value of
+    ``x`` that was reported (finite) written into those rows, in place. With the compiled loop one
+    C pass does both; what it refuses it refuses before writing anything, and numpy does it."""
+    if medians is None and plan.n_residual:
+        medians = nanmedian_last_axis(x[:, plan.residual_idx, :])[:, :, 0]
+    if _native_signals is not None:
+        b, m, g = x.shape
+        out = np.empty((b, len(plan.names), g))
+        starts, members = _plan_groups(plan)
+        try:
+            _native_signals((b, m, g, len(plan.names), len(WATCHED)), len(slab_prev), x, slab_prev, idx, dt, reset,
+                            medians if medians is not None else np.empty((b, 0)), plan.residual_idx, WATCHED_ROWS,
+                            starts, members, float(max_gap_s), out)
+        except (TypeError, ValueError, IndexError, BufferError):
+            pass
+        else:
+            return out
+    y = compute_signals(x, prev, dt, reset, plan, max_gap_s, medians)
+    watched = x[:, WATCHED_ROWS, :]
+    slab_prev[idx] = np.where(np.isfinite(watched), watched, prev)
+    return y
+
+
+def _plan_groups(plan: SignalPlan) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
+    """The rate signals' groups of watched values, flat for the C loop: (starts, members)."""
+    sizes = [len(group) for group in plan.rate_groups]
+    starts = np.zeros(len(sizes) + 1, dtype=np.intp)
+    np.cumsum(sizes, out=starts[1:])
+    members = np.concatenate(plan.rate_groups).astype(np.intp) if sizes else np.zeros(0, dtype=np.intp)
+    return starts, members
 
 
 @dataclass

@@ -1,7 +1,9 @@
-"""The compiled baseline step (fleetmedic/models/_baselines.c) against the numpy function it
-replaces (gpu_signals.step_baselines): equal results for any signal values over the states the
-detector reaches, a refusal before any write for what it cannot take (then the numpy path runs),
-and the same findings and node states from the whole detector either way."""
+"""The compiled signals and baseline step (fleetmedic/models/_baselines.c) against the numpy
+functions they replace (gpu_signals.compute_signals with the watched values' update, and
+gpu_signals.step_baselines): equal results for any metric and signal values over the states the
+detector reaches, a refusal before any write for what they cannot take (then numpy runs), and
+the same findings and node states from the whole detector either way, the C loops taking every
+micro-batch."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from fleetmedic.models.gpu_signals import (
     CUSUM_UP,
     PLANES,
     STREAK,
+    WATCHED,
+    WATCHED_ROWS,
     BaselineParams,
     SignalPlan,
     StepResult,
@@ -179,6 +183,69 @@ def test_a_refused_step_takes_the_numpy_path() -> None:
     assert _same(mine, slab) and slab[:, 0].sum() > 0
 
 
+METRIC = st.one_of(st.floats(allow_nan=True, allow_infinity=False), st.sampled_from([0.0, -0.0, 1.0, 5.0, 2.0**60]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), b=st.integers(1, 5), g=st.integers(1, 4), r=st.integers(0, 3), rates=st.integers(0, 4),
+       strided=st.booleans())
+def test_signals_equal_the_numpy_path(data: st.DataObject, b: int, g: int, r: int, rates: int, strided: bool) -> None:
+    m, w = int(WATCHED_ROWS.max()) + 1, len(WATCHED)
+    groups = tuple(np.array(data.draw(st.lists(st.integers(0, w - 1), min_size=1, max_size=4)), dtype=np.intp)
+                   for _ in range(rates))
+    residual = np.array(data.draw(st.lists(st.integers(0, m - 1), min_size=r, max_size=r)), dtype=np.intp)
+    plan = SignalPlan(names=tuple(f"s{i}" for i in range(r + rates)), residual_idx=residual, n_residual=r,
+                      rate_groups=groups, sign=np.zeros((r + rates, 1)), z_warning=np.ones((r + rates, 1)),
+                      z_critical=np.ones((r + rates, 1)), min_delta=np.ones((r + rates, 1)),
+                      std_floor=np.ones((r + rates, 1)))
+    n = b * (m + 2) * g
+    wide = np.array(data.draw(st.lists(METRIC, min_size=n, max_size=n))).reshape(b, m + 2, g)
+    x = wide[:, 1:m + 1, :] if strided else np.ascontiguousarray(wide[:, 1:m + 1, :])  # a batch's view, or a copy
+    rows = b + data.draw(st.integers(0, 2))
+    slab = np.array(data.draw(st.lists(METRIC, min_size=rows * w * g, max_size=rows * w * g))).reshape(rows, w, g)
+    idx = np.array(data.draw(st.permutations(range(rows)))[:b], dtype=np.intp)
+    dt = np.array(data.draw(st.lists(st.sampled_from([np.nan, 0.0, -1.0, 1.0, 10.0, 59.9, 60.0, 61.0, 1e-3]),
+                                     min_size=b, max_size=b)))
+    reset = np.array(data.draw(st.lists(st.booleans(), min_size=b, max_size=b)))
+    medians = None if data.draw(st.booleans()) else np.array(
+        data.draw(st.lists(METRIC, min_size=b * r, max_size=b * r))).reshape(b, r)
+    mine = slab.copy()
+    with np.errstate(all="ignore"):
+        want = gs.compute_signals(x, slab[idx], dt, reset, plan, 60.0,
+                                  medians if medians is not None or not r else None)
+        watched = x[:, WATCHED_ROWS, :]
+        slab[idx] = np.where(np.isfinite(watched), watched, slab[idx])
+        got = gs.signals_at(x, mine[idx], mine, idx, dt, reset, plan, 60.0, medians)
+    assert _same(got, want)
+    assert _same(mine, slab)
+
+
+def test_signals_refuse_before_any_write() -> None:
+    b, g, w = 2, 3, len(WATCHED)
+    m = int(WATCHED_ROWS.max()) + 1
+    x, slab = np.ones((b, m, g)), np.full((4, w, g), 7.0)
+    good: dict[str, Any] = dict(shape=(b, m, g, 2, w), rows=4, x=x, prev=slab, idx=np.array([0, 1]),
+                                dt=np.ones(b), reset=np.zeros(b, dtype=bool), medians=np.ones((b, 1)),
+                                residual_rows=np.array([0]), watched_rows=WATCHED_ROWS,
+                                group_starts=np.array([0, 1]), group_members=np.array([0]), max_gap_s=60.0,
+                                out=np.empty((b, 2, g)))
+    native.signals_at(*good.values())  # accepted as it is
+    assert not np.array_equal(slab, np.full((4, w, g), 7.0))
+    for change, error in [
+        (dict(idx=np.array([1, 1])), ValueError),
+        (dict(residual_rows=np.array([m])), IndexError),
+        (dict(group_members=np.array([w])), IndexError),
+        (dict(group_starts=np.array([0, 2])), ValueError),
+        (dict(medians=np.ones((b, 2))), ValueError),
+        (dict(out=np.empty((b, 3, g))), ValueError),
+        (dict(x=np.ones((b, m, g), dtype=np.float32)), TypeError),
+    ]:
+        slab = np.full((4, w, g), 7.0)
+        with pytest.raises(error):
+            native.signals_at(*{**good, "prev": slab, **change}.values())
+        assert np.array_equal(slab, np.full((4, w, g), 7.0)), change
+
+
 def _simulated() -> list[bytes]:
     sim = Simulator(SimConfig(fleet=FleetSpec(nodes=8, nodes_per_su=4, spines=2), duration_s=2 * 3600, seed=11,
                               faults="hbm_degradation@20m/2/5,nvlink_errors@30m/5/1,fan_failure@40m/6,xid79@50m/3/3"))
@@ -197,8 +264,23 @@ def test_the_detector_finds_and_learns_the_same_either_way(monkeypatch: pytest.M
             found.append(msgspec.json.encode(stage.on_gpu(msgs, stage1_batch(msgs))))
         return found, [stage.gpu.export_state(n) for n in sorted(stage.gpu.nodes())]
 
+    calls = {"C": 0, "numpy": 0}
+
+    def counted(fn: Any, kind: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls[kind] += 1
+            return fn(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(gs, "_native_signals", counted(gs._native_signals, "C"))
+    monkeypatch.setattr(gs, "_native_step", counted(gs._native_step, "C"))
+    monkeypatch.setattr(gs, "compute_signals", counted(gs.compute_signals, "numpy"))
+    monkeypatch.setattr(gs, "step_baselines", counted(gs.step_baselines, "numpy"))
     with_c = run()
+    assert calls["C"] > 100 and calls["numpy"] == 0  # the C loops took every micro-batch
+    monkeypatch.setattr(gs, "_native_signals", None)
     monkeypatch.setattr(gs, "_native_step", None)
     with_numpy = run()
+    assert calls["numpy"] > 100
     assert sum(f.count(b'"detector"') for f in with_c[0]) > 10  # the faults were found
     assert with_c == with_numpy
