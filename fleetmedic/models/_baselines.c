@@ -72,6 +72,37 @@ static int get_buf(PyObject *obj, Buf *buf, const char *name, const char *format
     return 0;
 }
 
+/* the buffers held released; None if `ok`, else NULL (the error is set) */
+static PyObject *release(Buf *bufs, int n, int ok) {
+    for (int k = 0; k < n; k++)
+        if (bufs[k].held) PyBuffer_Release(&bufs[k].view);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* idx: `n` rows of a `rows`-row array, each in range and none twice (a row is updated in place,
+ * and numpy's gather-compute-scatter would see each row's state before the call) */
+static int check_rows(const int64_t *idx, Py_ssize_t n, Py_ssize_t rows, const char *what) {
+    unsigned char *seen = PyMem_Calloc(rows > 0 ? (size_t)rows : 1, 1);
+    if (seen == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int failed = 0;
+    for (Py_ssize_t i = 0; i < n && !failed; i++) {
+        if (idx[i] < 0 || idx[i] >= rows) {
+            PyErr_Format(PyExc_IndexError, "idx[%zd] = %lld is not a row of %s (%zd rows)", i, (long long)idx[i],
+                         what, rows);
+            failed = 1;
+        } else if (seen[idx[i]]++) {
+            PyErr_Format(PyExc_ValueError, "idx[%zd] = %lld: a row twice in one call", i, (long long)idx[i]);
+            failed = 1;
+        }
+    }
+    PyMem_Free(seen);
+    return failed ? -1 : 0;
+}
+
 /* a float64 array of `ndim` dimensions of the given shape, any strides (read only) */
 static int get_strided(PyObject *obj, Buf *buf, const char *name, int ndim, const Py_ssize_t *shape) {
     if (PyObject_GetBuffer(obj, &buf->view, PyBUF_STRIDES | PyBUF_FORMAT) < 0) return -1;
@@ -128,8 +159,7 @@ static PyObject *signals_at(PyObject *self, PyObject *args) {
     enum { X, PREV, IDX, DT, RESET, MED, RES, WATCH, STARTS, MEMBERS, OUT, NBUF };
     Buf bufs[NBUF];
     memset(bufs, 0, sizeof(bufs));
-    unsigned char *seen = NULL;
-    PyObject *result = NULL;
+    int ok = 0;
     const Py_ssize_t x_shape[3] = {b_n, m_n, g_n};
     if (get_strided(o_x, &bufs[X], "x", 3, x_shape) < 0) goto done;
     /* the residual count R and the count of group members come from their own buffers */
@@ -188,22 +218,7 @@ static PyObject *signals_at(PyObject *self, PyObject *args) {
             PyErr_Format(PyExc_IndexError, "group_members[%zd] is not a watched value", k);
             goto done;
         }
-    seen = PyMem_Calloc(rows > 0 ? (size_t)rows : 1, 1);
-    if (seen == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < b_n; i++) {
-        if (idx[i] < 0 || idx[i] >= rows) {
-            PyErr_Format(PyExc_IndexError, "idx[%zd] = %lld is not a row of prev (%zd rows)", i, (long long)idx[i],
-                         rows);
-            goto done;
-        }
-        if (seen[idx[i]]++) {
-            PyErr_Format(PyExc_ValueError, "idx[%zd] = %lld: a row twice in one call", i, (long long)idx[i]);
-            goto done;
-        }
-    }
+    if (check_rows(idx, b_n, rows, "prev") < 0) goto done;
     const double *dt = bufs[DT].view.buf;
     const unsigned char *reset = bufs[RESET].view.buf;
     double *prev = bufs[PREV].view.buf, *out = bufs[OUT].view.buf;
@@ -232,13 +247,9 @@ static PyObject *signals_at(PyObject *self, PyObject *args) {
                 if (isfinite(v)) p[w * g_n + g] = v;
             }
     }
-    result = Py_None;
-    Py_INCREF(result);
+    ok = 1;
 done:
-    PyMem_Free(seen);
-    for (int k = 0; k < NBUF; k++)
-        if (bufs[k].held) PyBuffer_Release(&bufs[k].view);
-    return result;
+    return release(bufs, NBUF, ok);
 }
 
 static PyObject *step_baselines_at(PyObject *self, PyObject *args) {
@@ -258,8 +269,7 @@ static PyObject *step_baselines_at(PyObject *self, PyObject *args) {
     enum { Y, PL, IDX, SIGN, ZW, ZC, MD, FLOOR, Z, DEV, BASE, FLAGS, NBUF };
     Buf bufs[NBUF];
     memset(bufs, 0, sizeof(bufs));
-    unsigned char *seen = NULL;
-    PyObject *result = NULL;
+    int ok = 0;
     struct {
         PyObject *obj;
         const char *name, *formats;
@@ -284,22 +294,7 @@ static PyObject *step_baselines_at(PyObject *self, PyObject *args) {
                     spec[k].writable) < 0)
             goto done;
     const int64_t *idx = (const int64_t *)bufs[IDX].view.buf;
-    seen = PyMem_Calloc(rows > 0 ? (size_t)rows : 1, 1);
-    if (seen == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < b_n; i++) {
-        if (idx[i] < 0 || idx[i] >= rows) {
-            PyErr_Format(PyExc_IndexError, "idx[%zd] = %lld is not a row of planes (%zd rows)", i, (long long)idx[i],
-                         rows);
-            goto done;
-        }
-        if (seen[idx[i]]++) {
-            PyErr_Format(PyExc_ValueError, "idx[%zd] = %lld: a row twice in one step", i, (long long)idx[i]);
-            goto done;
-        }
-    }
+    if (check_rows(idx, b_n, rows, "planes") < 0) goto done;
     const double *y = bufs[Y].view.buf, *sign = bufs[SIGN].view.buf, *zw = bufs[ZW].view.buf,
                  *zcrit = bufs[ZC].view.buf, *md = bufs[MD].view.buf, *floor_ = bufs[FLOOR].view.buf;
     double *planes = bufs[PL].view.buf, *z_out = bufs[Z].view.buf, *dev_out = bufs[DEV].view.buf,
@@ -349,13 +344,9 @@ static PyObject *step_baselines_at(PyObject *self, PyObject *args) {
             }
         }
     }
-    result = Py_None;
-    Py_INCREF(result);
+    ok = 1;
 done:
-    PyMem_Free(seen);
-    for (int k = 0; k < NBUF; k++)
-        if (bufs[k].held) PyBuffer_Release(&bufs[k].view);
-    return result;
+    return release(bufs, NBUF, ok);
 }
 
 static PyMethodDef methods[] = {
