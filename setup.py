@@ -1,6 +1,6 @@
 """The one thing pyproject.toml cannot yet say without an experimental table: stage 1's two C loops,
-the metric columns (fleetmedic/models/_columns.c) and the GPU detector's baseline step
-(fleetmedic/models/_baselines.c). Optional: without a C compiler the package installs and runs the
+the metric columns (fleetmedic/models/_columns.c) and the GPU detector's signals and baseline
+step (fleetmedic/models/_baselines.c). Optional: without a C compiler the package installs and runs the
 same pure-Python / numpy paths (fleetmedic.models.sample_columns, fleetmedic.models.gpu_signals),
 slower."""
 
