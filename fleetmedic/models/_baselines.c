@@ -72,6 +72,14 @@ static int get_buf(PyObject *obj, Buf *buf, const char *name, const char *format
     return 0;
 }
 
+/* a * b * c items of 8 bytes, times 8 (the flags of four arrays), fit a Py_ssize_t */
+static int sizes_fit(Py_ssize_t a, Py_ssize_t b, Py_ssize_t c) {
+    const Py_ssize_t limit = PY_SSIZE_T_MAX / 64;
+    if (a < 0 || b < 0 || c < 0 || a > limit || b > limit || c > limit) return 0;
+    if (b > 0 && c > limit / b) return 0;
+    return b * c == 0 || a <= limit / (b * c);
+}
+
 /* the buffers held released; None if `ok`, else NULL (the error is set) */
 static PyObject *release(Buf *bufs, int n, int ok) {
     for (int k = 0; k < n; k++)
@@ -149,10 +157,7 @@ static PyObject *signals_at(PyObject *self, PyObject *args) {
                           &o_prev, &o_idx, &o_dt, &o_reset, &o_med, &o_res, &o_watch, &o_starts, &o_members,
                           &max_gap, &o_out))
         return NULL;
-    const Py_ssize_t limit = PY_SSIZE_T_MAX / 64;
-    if (b_n < 0 || m_n < 0 || g_n < 0 || s_n < 0 || w_n < 0 || rows < 0 || b_n > limit || m_n > limit ||
-        g_n > limit || s_n > limit || w_n > limit || rows > limit || (g_n > 0 && (s_n > limit / g_n ||
-        w_n > limit / g_n || (s_n * g_n > 0 && b_n > limit / (s_n * g_n)) || (w_n * g_n > 0 && rows > limit / (w_n * g_n))))) {
+    if (!sizes_fit(b_n, m_n, g_n) || !sizes_fit(b_n, s_n, g_n) || !sizes_fit(rows, w_n, g_n)) {
         PyErr_SetString(PyExc_ValueError, "shape out of range");
         return NULL;
     }
@@ -260,8 +265,7 @@ static PyObject *step_baselines_at(PyObject *self, PyObject *args) {
                           &o_planes, &o_idx, &o_sign, &o_zw, &o_zc, &o_md, &o_floor, &alpha, &warmup, &min_std,
                           &protect_z, &continuity, &cusum_k, &cusum_h, &o_z, &o_dev, &o_base, &o_flags))
         return NULL;
-    if (b_n < 0 || s_n < 0 || g_n < 0 || rows < 0 || (s_n > 0 && g_n > 0 && (b_n > PY_SSIZE_T_MAX / 64 / s_n / g_n ||
-                                                                             rows > PY_SSIZE_T_MAX / 64 / s_n / g_n))) {
+    if (!sizes_fit(b_n, s_n, g_n) || !sizes_fit(rows, PLANES * s_n, g_n)) {
         PyErr_SetString(PyExc_ValueError, "shape out of range");
         return NULL;
     }

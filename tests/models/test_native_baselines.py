@@ -284,3 +284,12 @@ def test_the_detector_finds_and_learns_the_same_either_way(monkeypatch: pytest.M
     assert calls["numpy"] > 100
     assert sum(f.count(b'"detector"') for f in with_c[0]) > 10  # the faults were found
     assert with_c == with_numpy
+
+
+def test_shapes_whose_sizes_overflow_are_refused() -> None:
+    one, flags = np.ones(1), np.ones(1, dtype=np.bool_)
+    with pytest.raises(ValueError, match="shape out of range"):
+        native.step_baselines_at((2**62, 2, 3), 4, one, one, one, *[np.ones(2)] * 5, 0.1, 3.0, 0.5, 4.0, 4.0, 0.5,
+                                 20.0, one, one, one, flags)
+    with pytest.raises(ValueError, match="shape out of range"):
+        native.signals_at((2, 2**40, 2**30, 2, 2), 4, *[one] * 10, 60.0, one)
