@@ -1,8 +1,8 @@
-"""The one thing pyproject.toml cannot yet say without an experimental table: stage 1's two C loops,
+"""The one thing pyproject.toml cannot yet say without an experimental table: stage 1's C loops,
 the metric columns (fleetmedic/models/_columns.c) and the GPU detector's signals and baseline
-step (fleetmedic/models/_baselines.c). Optional: without a C compiler the package installs and runs the
-same pure-Python / numpy paths (fleetmedic.models.sample_columns, fleetmedic.models.gpu_signals),
-slower."""
+step (fleetmedic/models/_baselines.c). Optional: without a C compiler the package installs and
+runs the same pure-Python / numpy paths (fleetmedic.models.sample_columns,
+fleetmedic.models.gpu_signals), slower."""
 
 from setuptools import Extension, setup
 

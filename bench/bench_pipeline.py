@@ -228,19 +228,12 @@ class Stage1Run(NamedTuple):
 
 
 class Round(NamedTuple):
-    """One round of parts 1-3: messages/s (wall and per CPU second) and cores."""
+    """One round of parts 1-3."""
 
-    base: float  # plain read, wall
-    base_cpu: float  # plain read, per CPU s
-    rate1: float  # one worker, wall
-    per_cpu1: float
-    cores1: float
-    rate2: float  # two workers, wall
-    per_cpu2: float  # per CPU s of both
-    cores2: list[float]  # each worker's
-    others2: float  # cores everything else used meanwhile
-    stolen2: float  # cores the hypervisor stole meanwhile
-    busy2: list[float]  # seconds each of the two worked
+    base: float  # plain read, messages/s, wall
+    base_cpu: float  # plain read, messages per CPU s
+    one: Stage1Run
+    two: Stage1Run
 
 
 def machine_cpu() -> tuple[float, float]:
@@ -470,31 +463,32 @@ def throughput(work: Path, bootstrap: str, u: str, wire: list[bytes], keys: list
         # the faster of the plain reads before and after: a slow spell in one would flatter the ratio
         base = total / min(w for w, _ in reads[-2:])
         base_cpu = total / min(c for _, c in reads[-2:])
-        rows.append(Round(base, base_cpu, run1.rate, run1.per_cpu, run1.cores[0], run2.rate, run2.per_cpu,
-                          run2.cores, run2.others, run2.stolen, run2.busy_s))
+        rows.append(Round(base, base_cpu, run1, run2))
     print("round  plain read (GPU samples/s, per CPU s)   1 worker (wall, per CPU s; x plain wall, CPU; cores)"
           "          2 workers (wall, per CPU s; x 1 worker = x per CPU s * x cores; cores each; others, stolen; "
           "s each worked)")
     for k, row in enumerate(rows):
+        one, two = row.one, row.two
         print(f"{k + 1:5d}  {8 * row.base:10,.0f} {8 * row.base_cpu:10,.0f}              "
-              f"{8 * row.rate1:10,.0f} {8 * row.per_cpu1:10,.0f}  {row.rate1 / row.base:4.2f}x "
-              f"{row.per_cpu1 / row.base_cpu:4.2f}x  {row.cores1:.2f}"
-              f"          {8 * row.rate2:10,.0f} {8 * row.per_cpu2:10,.0f}  {row.rate2 / row.rate1:4.2f}x = "
-              f"{row.per_cpu2 / row.per_cpu1:4.2f} * {sum(row.cores2) / row.cores1:4.2f}; "
-              f"{', '.join(f'{c:.2f}' for c in row.cores2)}; {row.others2:.2f}, {row.stolen2:.2f}; "
-              f"{', '.join(f'{b:.1f}' for b in row.busy2)}")
+              f"{8 * one.rate:10,.0f} {8 * one.per_cpu:10,.0f}  {one.rate / row.base:4.2f}x "
+              f"{one.per_cpu / row.base_cpu:4.2f}x  {one.cores[0]:.2f}"
+              f"          {8 * two.rate:10,.0f} {8 * two.per_cpu:10,.0f}  {two.rate / one.rate:4.2f}x = "
+              f"{two.per_cpu / one.per_cpu:4.2f} * {sum(two.cores) / one.cores[0]:4.2f}; "
+              f"{', '.join(f'{c:.2f}' for c in two.cores)}; {two.others:.2f}, {two.stolen:.2f}; "
+              f"{', '.join(f'{b:.1f}' for b in two.busy_s)}")
 
-    rate1 = float(np.median([row.rate1 for row in rows]))
+    rate1 = float(np.median([row.one.rate for row in rows]))
     print(f"median: 1 detect worker {8 * rate1:,.0f} GPU samples/s (target >= 100k), "
-          f"{np.median([row.rate1 / row.base for row in rows]):.2f}x wall and "
-          f"{np.median([row.per_cpu1 / row.base_cpu for row in rows]):.2f}x CPU of the plain consumer "
-          f"(target >= 0.5x); 2 workers {np.median([row.rate2 / row.rate1 for row in rows]):.2f}x one "
+          f"{np.median([row.one.rate / row.base for row in rows]):.2f}x wall and "
+          f"{np.median([row.one.per_cpu / row.base_cpu for row in rows]):.2f}x CPU of the plain consumer "
+          f"(target >= 0.5x); 2 workers {np.median([row.two.rate / row.one.rate for row in rows]):.2f}x one "
           f"(target >= 1.7x) on {os.cpu_count()} cores shared with the broker and the bench")
-    print(f"  two workers: each did {np.median([row.per_cpu2 / row.per_cpu1 for row in rows]):.2f}x of one alone "
-          f"per CPU second and they got {np.median([sum(row.cores2) / row.cores1 for row in rows]):.2f}x its "
-          f"cores; everything else (broker, bench, kernel) used {np.median([row.others2 for row in rows]):.2f} "
-          f"cores meanwhile, the hypervisor stole {np.median([row.stolen2 for row in rows]):.2f} (medians)")
-    lean, raw = (np.median([row.per_cpu1 / o[j] for row, o in zip(rows, others, strict=True)]) for j in (0, 1))
+    efficiency = np.median([row.two.per_cpu / row.one.per_cpu for row in rows])
+    cores = np.median([sum(row.two.cores) / row.one.cores[0] for row in rows])
+    print(f"  two workers: each did {efficiency:.2f}x of one alone per CPU second and they got {cores:.2f}x "
+          f"its cores; everything else (broker, bench, kernel) used {np.median([row.two.others for row in rows]):.2f} "
+          f"cores meanwhile, the hypervisor stole {np.median([row.two.stolen for row in rows]):.2f} (medians)")
+    lean, raw = (np.median([row.one.per_cpu / o[j] for row, o in zip(rows, others, strict=True)]) for j in (0, 1))
     print(f"  the same worker per CPU s against other plain reads: {lean:.2f}x of one decoding only what the worker "
           f"decodes (DetectionTelemetry, {8 * np.median([o[0] for o in others]):,.0f}/s), {raw:.2f}x of one not "
           f"decoding at all ({8 * np.median([o[1] for o in others]):,.0f}/s)")

@@ -51,6 +51,13 @@ typedef struct {
     int held;
 } Buf;
 
+/* whether the buffer's items are one of the struct codes in `codes` (native order) */
+static int format_is(const Py_buffer *view, const char *codes) {
+    const char *format = view->format != NULL ? view->format : "B";
+    if ((format[0] == '<' || format[0] == '=' || format[0] == '@') && format[1] != '\0') format++;
+    return strlen(format) == 1 && strchr(codes, format[0]) != NULL;
+}
+
 /* the buffer of `obj` as C-contiguous `count` items (any number if count < 0) of one of `formats`
  * ("d", "q/l", "?/B") */
 static int get_buf(PyObject *obj, Buf *buf, const char *name, const char *formats, Py_ssize_t itemsize,
@@ -58,15 +65,17 @@ static int get_buf(PyObject *obj, Buf *buf, const char *name, const char *format
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, &buf->view, flags) < 0) return -1;
     buf->held = 1;
-    const char *format = buf->view.format != NULL ? buf->view.format : "B";
-    if ((format[0] == '<' || format[0] == '=' || format[0] == '@') && format[1] != '\0') format++;
-    if (strlen(format) != 1 || strchr(formats, format[0]) == NULL || buf->view.itemsize != itemsize) {
+    if (!format_is(&buf->view, formats) || buf->view.itemsize != itemsize) {
         PyErr_Format(PyExc_TypeError, "%s: not a buffer of %s", name, formats);
         return -1;
     }
     if (count < 0 ? buf->view.len % itemsize != 0 : buf->view.len != count * itemsize) {
-        PyErr_Format(PyExc_ValueError, "%s: %zd bytes where %zd items of %zd bytes were expected", name,
-                     buf->view.len, count, itemsize);
+        if (count < 0)
+            PyErr_Format(PyExc_ValueError, "%s: %zd bytes, not whole items of %zd bytes", name, buf->view.len,
+                         itemsize);
+        else
+            PyErr_Format(PyExc_ValueError, "%s: %zd bytes where %zd items of %zd bytes were expected", name,
+                         buf->view.len, count, itemsize);
         return -1;
     }
     return 0;
@@ -115,9 +124,7 @@ static int check_rows(const int64_t *idx, Py_ssize_t n, Py_ssize_t rows, const c
 static int get_strided(PyObject *obj, Buf *buf, const char *name, int ndim, const Py_ssize_t *shape) {
     if (PyObject_GetBuffer(obj, &buf->view, PyBUF_STRIDES | PyBUF_FORMAT) < 0) return -1;
     buf->held = 1;
-    const char *format = buf->view.format != NULL ? buf->view.format : "B";
-    if ((format[0] == '<' || format[0] == '=' || format[0] == '@') && format[1] != '\0') format++;
-    if (strcmp(format, "d") != 0 || buf->view.itemsize != 8) {
+    if (!format_is(&buf->view, "d") || buf->view.itemsize != 8) {
         PyErr_Format(PyExc_TypeError, "%s: not a float64 buffer", name);
         return -1;
     }
@@ -233,14 +240,14 @@ static PyObject *signals_at(PyObject *self, PyObject *args) {
             const double centre = AT2(bufs[MED], i, r);
             for (Py_ssize_t g = 0; g < g_n; g++) o[r * g_n + g] = AT3(bufs[X], i, res[r], g) - centre;
         }
-        const int ok = !reset[i] && dt[i] > 0 && dt[i] <= max_gap;
+        const int rated = !reset[i] && dt[i] > 0 && dt[i] <= max_gap;
         const double per_min = 60.0 / (dt[i] > 0 ? dt[i] : 1.0);
         for (Py_ssize_t j = 0; j < s_n - r_n; j++) {
             for (Py_ssize_t g = 0; g < g_n; g++) {
                 double sum = 0.0;
                 for (int64_t k = starts[j]; k < starts[j + 1]; k++) {
                     const double delta = AT3(bufs[X], i, watch[members[k]], g) - p[members[k] * g_n + g];
-                    const double rate = (ok && delta >= 0) ? delta * per_min : NAN;
+                    const double rate = (rated && delta >= 0) ? delta * per_min : NAN;
                     sum = k == starts[j] ? rate : sum + rate; /* numpy's order: the first, then each in turn */
                 }
                 o[(r_n + j) * g_n + g] = sum;
@@ -309,7 +316,8 @@ static PyObject *step_baselines_at(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < b_n; i++) {
         double *p = planes + idx[i] * PLANES * cell;
         for (Py_ssize_t s = 0; s < s_n; s++) {
-            const double sg = sign[s], both = sg == 0, std_min = max_nan(min_std, floor_[s]);
+            const double sg = sign[s], std_min = max_nan(min_std, floor_[s]);
+            const int both = sg == 0;
             for (Py_ssize_t g = 0; g < g_n; g++) {
                 const Py_ssize_t at = s * g_n + g, o = i * cell + at;
                 double *count = p + COUNT * cell + at, *mean = p + MEAN * cell + at, *var = p + VAR * cell + at,

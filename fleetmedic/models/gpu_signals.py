@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Final
 
 import numpy as np
@@ -147,6 +148,26 @@ class SignalPlan:
     min_delta: F64
     std_floor: F64  # per signal: max(baseline.min_std, min_delta / z_warning)
 
+    @cached_property
+    def flat_thresholds(self) -> tuple[F64, F64, F64, F64, F64]:
+        """sign, z_warning, z_critical, min_delta, std_floor as contiguous float64 ``[S]`` arrays (the
+        C loop's form; a plan whose arrays do not hold one value per signal raises ValueError)."""
+        s = len(self.names)
+        return (np.ascontiguousarray(self.sign, dtype=np.float64).reshape(s),
+                np.ascontiguousarray(self.z_warning, dtype=np.float64).reshape(s),
+                np.ascontiguousarray(self.z_critical, dtype=np.float64).reshape(s),
+                np.ascontiguousarray(self.min_delta, dtype=np.float64).reshape(s),
+                np.ascontiguousarray(self.std_floor, dtype=np.float64).reshape(s))
+
+    @cached_property
+    def flat_groups(self) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
+        """The rate signals' groups of watched values end to end (the C loop's form): (starts, members)."""
+        sizes = [len(group) for group in self.rate_groups]
+        starts = np.zeros(len(sizes) + 1, dtype=np.intp)
+        np.cumsum(sizes, out=starts[1:])
+        members = np.concatenate(self.rate_groups).astype(np.intp) if sizes else np.zeros(0, dtype=np.intp)
+        return starts, members
+
 
 def compute_signals(x: F64, prev: F64, dt: F64, reset: BOOL, plan: SignalPlan, max_gap_s: float,
                     medians: F64 | None = None) -> F64:
@@ -180,7 +201,7 @@ def signals_at(x: F64, prev: F64, slab_prev: F64, idx: NDArray[np.intp], dt: F64
     if _native_signals is not None:
         b, m, g = x.shape
         out = np.empty((b, len(plan.names), g))
-        starts, members = _plan_groups(plan)
+        starts, members = plan.flat_groups
         try:
             _native_signals((b, m, g, len(plan.names), len(WATCHED)), len(slab_prev), x, slab_prev, idx, dt, reset,
                             medians if medians is not None else np.empty((b, 0)), plan.residual_idx, WATCHED_ROWS,
@@ -193,15 +214,6 @@ def signals_at(x: F64, prev: F64, slab_prev: F64, idx: NDArray[np.intp], dt: F64
     watched = x[:, WATCHED_ROWS, :]
     slab_prev[idx] = np.where(np.isfinite(watched), watched, prev)
     return y
-
-
-def _plan_groups(plan: SignalPlan) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
-    """The rate signals' groups of watched values, flat for the C loop: (starts, members)."""
-    sizes = [len(group) for group in plan.rate_groups]
-    starts = np.zeros(len(sizes) + 1, dtype=np.intp)
-    np.cumsum(sizes, out=starts[1:])
-    members = np.concatenate(plan.rate_groups).astype(np.intp) if sizes else np.zeros(0, dtype=np.intp)
-    return starts, members
 
 
 @dataclass
@@ -294,11 +306,11 @@ def step_baselines_at(y: F64, slab: F64, idx: NDArray[np.intp], plan: SignalPlan
     if _native_step is not None:
         b, s, g = y.shape
         floats, flags = np.empty((3, b, s, g)), np.empty((4, b, s, g), dtype=np.bool_)
-        p = params
         try:
-            _native_step((b, s, g), len(slab), y, slab, idx, *_plan_columns(plan, s), float(p.alpha), float(p.warmup),
-                         float(p.min_std), float(p.protect_z), float(p.continuity), float(p.cusum_k),
-                         float(p.cusum_h), floats[0], floats[1], floats[2], flags)
+            _native_step((b, s, g), len(slab), y, slab, idx, *plan.flat_thresholds, float(params.alpha),
+                         float(params.warmup), float(params.min_std), float(params.protect_z),
+                         float(params.continuity), float(params.cusum_k), float(params.cusum_h),
+                         floats[0], floats[1], floats[2], flags)
         except (TypeError, ValueError, IndexError, BufferError):
             pass
         else:
@@ -309,12 +321,3 @@ def step_baselines_at(y: F64, slab: F64, idx: NDArray[np.intp], plan: SignalPlan
     slab[idx] = planes
     return result
 
-
-def _plan_columns(plan: SignalPlan, s: int) -> tuple[F64, F64, F64, F64, F64]:
-    """The plan's per-signal thresholds as contiguous float64 ``[S]`` arrays, for the C loop (a plan
-    of another size raises ValueError)."""
-    return (np.ascontiguousarray(plan.sign, dtype=np.float64).reshape(s),
-            np.ascontiguousarray(plan.z_warning, dtype=np.float64).reshape(s),
-            np.ascontiguousarray(plan.z_critical, dtype=np.float64).reshape(s),
-            np.ascontiguousarray(plan.min_delta, dtype=np.float64).reshape(s),
-            np.ascontiguousarray(plan.std_floor, dtype=np.float64).reshape(s))
