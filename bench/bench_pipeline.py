@@ -165,7 +165,7 @@ class Worker:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETMEDIC__")}
         env["FLEETMEDIC_SIGNING_KEY"] = KEY
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "fleetmedic.cli", "worker", "--config", str(cfg),
+            self.proc = subprocess.Popen([sys.executable, "-m", "fleetmedic.cli.main", "worker", "--config", str(cfg),
                                           "--role", role, "--loglevel", "info"],
                                          env=env, stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
         self.url: str | None = None

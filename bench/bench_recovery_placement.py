@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetmedic.config import PlacementSettings, Settings
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv.kclient import connect
-from fleetmedic.executor.capacity import PlacementRestarter
+from fleetmedic.executor.workload.placement_apply import PlacementRestarter
 from tests.executor.jobset_support import JS_GROUP, JS_VERSION, register_webhooks, unregister_webhooks
 from tests.executor.jobset_support import jobset_controller as run_jobset_controller
 from tests.executor.test_placement_support import (

@@ -29,10 +29,10 @@ import time
 from typing import Any
 
 from fleetmedic.records import RemediationCommand
-from fleetmedic.simulator.engine import SimConfig, Simulator
-from fleetmedic.simulator.fleet import FleetSpec
-from fleetmedic.simulator.telemetry import NoiseSpec
-from fleetmedic.simulator.workload import WorkloadSpec
+from fleetmedic.sim.engine import SimConfig, Simulator
+from fleetmedic.sim.fleet import FleetSpec
+from fleetmedic.sim.telemetry import NoiseSpec
+from fleetmedic.sim.workload import WorkloadSpec
 
 
 def run_arm(seed: int, nodes: int, leaves: int, hours: float, faults: str, utilization: float,

@@ -5,7 +5,7 @@
 Prints GPU samples per second (a GPU sample = one GPU's full dcgm field set at one timestamp) for:
 
 1. the whole in-process generator (fleet, workload, faults, GPU and port telemetry, closed-loop
-   accounting), producing columnar :class:`~fleetmedic.simulator.batch.GpuBatch` batches;
+   accounting), producing columnar :class:`~fleetmedic.sim.batch.GpuBatch` batches;
 2. the same without port telemetry;
 3. materialising those batches as :class:`~fleetmedic.records.GpuTelemetry` records;
 4. records -> JSON lines;
@@ -28,9 +28,9 @@ import time
 import msgspec
 
 from fleetmedic.records import GpuMetrics, GpuTelemetry, encode
-from fleetmedic.simulator.batch import GPU_FIELDS, GPU_INT_MASK
-from fleetmedic.simulator.engine import SimConfig, Simulator
-from fleetmedic.simulator.fleet import FleetSpec
+from fleetmedic.sim.batch import GPU_FIELDS, GPU_INT_MASK
+from fleetmedic.sim.engine import SimConfig, Simulator
+from fleetmedic.sim.fleet import FleetSpec
 
 _clock = time.process_time
 

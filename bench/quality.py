@@ -30,9 +30,9 @@ SILENT = {"degradation"}
 
 def run_seed(seed: int, nodes: int, hours: float, faults: str) -> dict[str, Any]:
     from fleetmedic.config import Settings
-    from fleetmedic.simulator.engine import SimConfig, Simulator
-    from fleetmedic.simulator.scoring import score
-    from fleetmedic.streams.embedded import run_simulation
+    from fleetmedic.evaluation.scoring import score
+    from fleetmedic.sim.embedded import run_simulation
+    from fleetmedic.sim.engine import SimConfig, Simulator
 
     started = time.process_time()
     sim = Simulator(SimConfig(nodes=nodes, duration_s=hours * 3600.0, seed=seed, faults=faults))

@@ -1,7 +1,7 @@
 """fleetmedic: keeps GPU training fleets on Kubernetes running.
 
 Layout (see README "Architecture"):
-- ``fleetmedic.records``, ``fleetmedic.config``, ``fleetmedic.signing``, ``fleetmedic.topics``:
+- ``fleetmedic.records``, ``fleetmedic.config``, ``fleetmedic.signing``, ``fleetmedic.bus``:
   the wire contract and settings; pure.
 - ``fleetmedic.models``: detectors and baselines; pure.
 - ``fleetmedic.remediation``: triage and policy decisions (pure) and executors (adapters).

@@ -21,8 +21,8 @@ import msgspec
 import yaml
 from msgspec import Meta, Struct
 
+from fleetmedic.bus import BY_NAME
 from fleetmedic.records import GPU_METRICS, IncidentClass, PortSample, Severity, SuspectKind
-from fleetmedic.topics import BY_NAME
 
 ENV_PREFIX = "FLEETMEDIC__"
 

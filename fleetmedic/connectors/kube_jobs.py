@@ -305,11 +305,11 @@ class JobWatcher:
         """Watch and produce until ``until`` is set (or forever)."""
         from aiokafka import AIOKafkaProducer
 
-        from fleetmedic.connectors.sim_producer import client_kwargs
+        from fleetmedic.bus import client_options
 
         topic, nodes_topic = self.settings.topics.topic("jobs.events"), self.settings.topics.topic("cluster.nodes")
         acks: Any = "all" if self.settings.kafka.acks == "all" else int(self.settings.kafka.acks)
-        producer = AIOKafkaProducer(acks=acks, linger_ms=20, **client_kwargs(self.settings.kafka))
+        producer = AIOKafkaProducer(acks=acks, linger_ms=20, **client_options(self.settings.kafka))
         await _start_with_retry(producer, self.jw.reconnect_backoff_s, self.jw.max_backoff_s, until)
         loop = asyncio.get_running_loop()
         starter = threading.Thread(target=self.start_watches, name="watch-starter", daemon=True)

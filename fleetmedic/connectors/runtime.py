@@ -193,11 +193,11 @@ class KafkaSink:
     async def start(self) -> None:
         from aiokafka import AIOKafkaProducer
 
-        from fleetmedic.connectors.sim_producer import client_kwargs
+        from fleetmedic.bus import client_options
 
         k = self.settings.kafka
         producer = AIOKafkaProducer(acks=k.acks if k.acks == "all" else int(k.acks), linger_ms=20,
-                                    request_timeout_ms=int(k.request_timeout_s * 1000), **client_kwargs(k))
+                                    request_timeout_ms=int(k.request_timeout_s * 1000), **client_options(k))
         try:
             await producer.start()
         except BaseException:
@@ -335,13 +335,13 @@ async def run_consumer(settings: Settings, topics: list[str], group_id: str, sto
     later is counted and retried with backoff; the offsets are committed automatically."""
     from aiokafka import AIOKafkaConsumer
 
-    from fleetmedic.connectors.sim_producer import client_kwargs
+    from fleetmedic.bus import client_options
 
     e = settings.exporters
     backoff = Backoff(e.reconnect_min_s, e.reconnect_max_s)
     while not stop.is_set():
         consumer = AIOKafkaConsumer(*topics, group_id=group_id, auto_offset_reset="earliest",
-                                    enable_auto_commit=True, **client_kwargs(settings.kafka))
+                                    enable_auto_commit=True, **client_options(settings.kafka))
         try:
             await consumer.start()
             backoff.reset()

@@ -16,8 +16,8 @@ from typing import Any, TypeVar, cast
 from kubernetes import client
 from kubernetes.client import ApiException
 
-from fleetmedic.executor.plan import CONDITION_TYPE, MIRROR_ANNOTATION, Condition, NodeView, Note, Taint
-from fleetmedic.executor.plan_long import JobOutcome, PodView, job_outcome
+from fleetmedic.executor.node.long_plan import JobOutcome, PodView, job_outcome
+from fleetmedic.executor.node.plan import CONDITION_TYPE, MIRROR_ANNOTATION, Condition, NodeView, Note, Taint
 
 log = logging.getLogger(__name__)
 M = TypeVar("M")

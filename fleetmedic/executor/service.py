@@ -30,14 +30,14 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from fleetmedic import records as r
+from fleetmedic.bus import client_options
 from fleetmedic.config import Settings
-from fleetmedic.executor.actions import CommandExecutor
 from fleetmedic.executor.kube import Cluster
 from fleetmedic.executor.leader import LeaseElector
-from fleetmedic.executor.long_actions import Interrupted
 from fleetmedic.executor.metrics import ExecutorMetrics
-from fleetmedic.executor.plan import JOB_ACTIONS, NODE_QUICK
-from fleetmedic.streams.app import kafka_client_options
+from fleetmedic.executor.node.apply import CommandExecutor
+from fleetmedic.executor.node.long_apply import Interrupted
+from fleetmedic.executor.node.plan import JOB_ACTIONS, NODE_QUICK
 
 log = logging.getLogger("fleetmedic.executor")
 MAX_THREADS = 64
@@ -148,7 +148,7 @@ class ExecutorService:
         executor = CommandExecutor(self.cluster, self.settings, self.key, identity=self.identity,
                                    metrics=self.metrics, stop=halt)
         topic = self.settings.topics.topic("remediation.commands")
-        opts = kafka_client_options(self.settings)
+        opts = client_options(self.settings.kafka)
         consumer = AIOKafkaConsumer(topic, group_id=consumer_group(self.settings), enable_auto_commit=False,
                                     auto_offset_reset="earliest", metadata_max_age_ms=5000,
                                     client_id=f"{self.settings.kafka.client_id}-executor", **opts)

@@ -4,10 +4,10 @@
   ``kafka.consumer_group``, in-memory store, web server off (and bound to 127.0.0.1 should anyone
   turn it on). Topic values are raw bytes: :mod:`fleetmedic.records` decodes and validates them,
   so an invalid message reaches our code and the dead-letter topic instead of faust's logs.
-- :func:`ensure_topics`: creates every topic of :data:`fleetmedic.topics.TOPICS` that is missing,
+- :func:`ensure_topics`: creates every topic of :data:`fleetmedic.bus.TOPICS` that is missing,
   with its partition count (compacted where the table says so: ``cluster.nodes``), plus the
   pipeline's own: the compacted engine-state and stage-1 state topics, the decision stage's
-  fleet-inputs topic and its tick log (:mod:`fleetmedic.streams.worker`); faust itself creates only its
+  fleet-inputs topic and its tick log (named in :mod:`fleetmedic.bus`); faust itself creates only its
   internal topics and ignores a source topic that is missing when it subscribes
   (docs/development.md). Idempotent: existing topics are left as they are.
 """
@@ -22,70 +22,17 @@ import faust
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
+from fleetmedic.bus import (
+    MAX_STATE_BYTES,
+    TOPICS,
+    client_options,
+    detect_state_topic,
+    partitions_of,
+    state_topic,
+    summaries_topic,
+    ticks_topic,
+)
 from fleetmedic.config import Settings
-from fleetmedic.topics import TOPICS
-
-# one partition: the README's topic table (global order, global budgets)
-MAX_STATE_BYTES = 16 * 1024 * 1024  # an engine snapshot of a large fleet exceeds Kafka's 1 MB default
-SINGLE_PARTITION = frozenset({"incidents", "remediation.commands", "remediation.results", "remediation.audit",
-                              "remediation.operator", "cluster.nodes"})
-
-
-def partitions_of(settings: Settings, name: str) -> int:
-    if name in SINGLE_PARTITION:
-        return 1
-    return settings.topics.partitions.get(name, settings.topics.default_partitions)
-
-
-def state_topic(settings: Settings) -> str:
-    """The compacted topic holding the decision engine's snapshots (one key, the latest wins)."""
-    return f"{settings.kafka.consumer_group}-engine-state"
-
-
-def detect_group(settings: Settings) -> str:
-    """Stage 1's consumer group (``--role detect``): its workers share the telemetry partitions."""
-    return f"{settings.kafka.consumer_group}-detect"
-
-
-def detect_state_topic(settings: Settings) -> str:
-    """Compacted, one record per node (key: node), partitioned like ``telemetry.gpu``."""
-    return f"{detect_group(settings)}-state"
-
-
-def summaries_topic(settings: Settings) -> str:
-    """Stage 1 -> decision stage: batches of node summaries and the switch ports (one partition)."""
-    return f"{settings.kafka.consumer_group}-fleet-inputs"
-
-
-def ticks_topic(settings: Settings) -> str:
-    """The decision stage's tick log (one partition): each tick's event time and the input offsets
-    it had handled, so that a replay fires it at the same place (:mod:`fleetmedic.streams.replay`)."""
-    return f"{settings.kafka.consumer_group}-ticks"
-
-
-def kafka_client_options(settings: Settings) -> dict[str, Any]:
-    """aiokafka client options (security) from the ``kafka`` section."""
-    k = settings.kafka
-    opts: dict[str, Any] = {"bootstrap_servers": k.bootstrap_servers, "security_protocol": k.security_protocol}
-    if k.security_protocol.startswith("SASL"):
-        opts.update(sasl_mechanism=k.sasl_mechanism, sasl_plain_username=k.sasl_username,
-                    sasl_plain_password=_sasl_password(settings))
-    if "SSL" in k.security_protocol:
-        from aiokafka.helpers import create_ssl_context
-
-        opts["ssl_context"] = create_ssl_context(cafile=k.ssl_cafile or None, certfile=k.ssl_certfile or None,
-                                                 keyfile=k.ssl_keyfile or None)
-    return opts
-
-
-def _sasl_password(settings: Settings) -> str:
-    import os
-    from pathlib import Path
-
-    k = settings.kafka
-    if k.sasl_password_file:
-        return Path(k.sasl_password_file).read_text().strip()
-    return os.environ.get(k.sasl_password_env, "") if k.sasl_password_env else ""
 
 
 def build_app(settings: Settings, *, datadir: str, app_id: str | None = None, **overrides: Any) -> faust.App:
@@ -111,7 +58,7 @@ def build_app(settings: Settings, *, datadir: str, app_id: str | None = None, **
 
 def _credentials(settings: Settings) -> Any:
     k = settings.kafka
-    opts = kafka_client_options(settings)
+    opts = client_options(settings.kafka)
     if k.security_protocol.startswith("SASL"):
         return faust.SASLCredentials(username=k.sasl_username, password=opts["sasl_plain_password"],
                                      mechanism=k.sasl_mechanism, ssl_context=opts.get("ssl_context"))
@@ -135,7 +82,7 @@ async def ensure_topics(settings: Settings, timeout: float = 30.0) -> list[str]:
     # read back from the latest snapshot on (every engine_snapshot_every_s): a week is plenty
     wanted.append(NewTopic(ticks_topic(settings), num_partitions=1, replication_factor=rf,
                            topic_configs={"retention.ms": str(7 * 24 * 3600 * 1000)}))
-    admin = AIOKafkaAdminClient(**kafka_client_options(settings), request_timeout_ms=int(timeout * 1000))
+    admin = AIOKafkaAdminClient(**client_options(settings.kafka), request_timeout_ms=int(timeout * 1000))
     await admin.start()
     try:
         existing = set(await admin.list_topics())

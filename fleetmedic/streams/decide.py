@@ -53,12 +53,12 @@ from aiokafka.structs import RecordMetadata
 from prometheus_client import Counter
 
 from fleetmedic import records as r
+from fleetmedic.bus import partitions_of, state_topic, summaries_topic, ticks_topic
 from fleetmedic.config import Settings
 from fleetmedic.models.stages import FleetDetection, SummaryColumns
 from fleetmedic.remediation.engine import DecisionEngine, Decisions
 from fleetmedic.remediation.operator import apply_operator_command
 from fleetmedic.signing import CommandExpired, SignatureError, sign, verify
-from fleetmedic.streams.app import partitions_of, state_topic, summaries_topic, ticks_topic
 from fleetmedic.streams.detect import PORT_KEY_PREFIX, SUMMARY_KEY
 from fleetmedic.streams.engine_metrics import EngineMetrics
 from fleetmedic.streams.metrics import PipelineMetrics

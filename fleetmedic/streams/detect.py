@@ -46,9 +46,9 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.structs import ConsumerRecord
 
 from fleetmedic import records as r
+from fleetmedic.bus import client_options, detect_group, detect_state_topic, summaries_topic
 from fleetmedic.config import Settings
 from fleetmedic.models.stages import NodeDetection, stage1_batch, summary_columns
-from fleetmedic.streams.app import detect_group, detect_state_topic, kafka_client_options, summaries_topic
 from fleetmedic.streams.metrics import PipelineMetrics
 from fleetmedic.streams.outputs import Outputs, Source
 from fleetmedic.streams.state import MODEL_KEY, NodeStageState, load_detect_partition
@@ -97,7 +97,7 @@ class DetectStage:
         """Consume until ``stop`` is set; then write the state, commit and leave the group."""
         timeout_ms = int(self.session_timeout_s * 1000)
         consumer = self.consumer = AIOKafkaConsumer(
-            **kafka_client_options(self.settings), group_id=detect_group(self.settings),
+            **client_options(self.settings.kafka), group_id=detect_group(self.settings),
             client_id=f"{self.settings.kafka.client_id}-detect", enable_auto_commit=False,
             auto_offset_reset="earliest", partition_assignment_strategy=(RangePartitionAssignor,),
             session_timeout_ms=timeout_ms, heartbeat_interval_ms=max(1000, timeout_ms // 3),

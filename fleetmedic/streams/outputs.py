@@ -18,8 +18,8 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord, RecordMetadata
 
 from fleetmedic import records as r
+from fleetmedic.bus import MAX_STATE_BYTES, client_options
 from fleetmedic.config import Settings
-from fleetmedic.streams.app import MAX_STATE_BYTES, kafka_client_options
 from fleetmedic.streams.metrics import PipelineMetrics
 
 MAX_ERROR = 4096
@@ -66,7 +66,7 @@ class Outputs:
         if self._producer is None:
             async with self._starting:
                 if self._producer is None:
-                    p = AIOKafkaProducer(**kafka_client_options(self.settings), acks="all", enable_idempotence=True,
+                    p = AIOKafkaProducer(**client_options(self.settings.kafka), acks="all", enable_idempotence=True,
                                          linger_ms=5, max_request_size=MAX_STATE_BYTES,
                                          max_batch_size=1024 * 1024)
                     await p.start()

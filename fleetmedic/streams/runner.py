@@ -1,4 +1,4 @@
-"""Running the pipeline's worker in this process (``fleetmedic worker``; see :mod:`fleetmedic.worker_cli`)."""
+"""Running the pipeline's worker in this process (``fleetmedic worker``; see :mod:`fleetmedic.cli.worker`)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import faust
 from prometheus_client import CollectorRegistry, start_http_server
 
 from fleetmedic import records as r
+from fleetmedic.bus import ticks_topic
 from fleetmedic.config import Settings
-from fleetmedic.streams.app import build_app, ensure_topics, ticks_topic
+from fleetmedic.streams.app import build_app, ensure_topics
 from fleetmedic.streams.decide import DecideStage, decide_inputs
 from fleetmedic.streams.metrics import PipelineMetrics
 from fleetmedic.streams.outputs import Outputs

@@ -27,8 +27,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from fleetmedic import records as r
+from fleetmedic.bus import MAX_STATE_BYTES, client_options, state_topic
 from fleetmedic.config import Settings
-from fleetmedic.streams.app import MAX_STATE_BYTES, kafka_client_options, state_topic
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def decode_snapshot(data: bytes) -> DecideSnapshot:
 
 async def _read_partition(settings: Settings, tp: TopicPartition, timeout: float) -> list[tuple[bytes, bytes]]:
     """Every (key, value) of one partition, from its beginning to its end now."""
-    consumer = AIOKafkaConsumer(**kafka_client_options(settings), enable_auto_commit=False,
+    consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False,
                                 auto_offset_reset="earliest", request_timeout_ms=int(timeout * 1000),
                                 fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=MAX_STATE_BYTES)
     await consumer.start()
@@ -119,7 +119,7 @@ async def load_detect_partition(settings: Settings, topic: str, partition: int,
 
 async def save_snapshot(settings: Settings, state: bytes) -> None:
     """Write ``state`` to the state topic and wait for the broker's acknowledgement."""
-    producer = AIOKafkaProducer(**kafka_client_options(settings), acks="all", enable_idempotence=True,
+    producer = AIOKafkaProducer(**client_options(settings.kafka), acks="all", enable_idempotence=True,
                                 max_request_size=MAX_STATE_BYTES)
     await producer.start()
     try:
@@ -130,7 +130,7 @@ async def save_snapshot(settings: Settings, state: bytes) -> None:
 
 async def end_offsets(settings: Settings, topics: dict[str, int], timeout: float = 30.0) -> dict[TopicPartition, int]:
     """The end offset of every partition of ``topics`` (name -> partition count)."""
-    consumer = AIOKafkaConsumer(**kafka_client_options(settings), enable_auto_commit=False,
+    consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False,
                                 request_timeout_ms=int(timeout * 1000))
     await consumer.start()
     try:
@@ -149,7 +149,7 @@ async def ids_since(settings: Settings, name: str, record_type: type[r.Remediati
                     offset: int, timeout: float = 30.0) -> set[str]:
     """Ids of the records on the one-partition logical topic ``name`` from ``offset`` on."""
     tp = TopicPartition(settings.topics.topic(name), 0)
-    consumer = AIOKafkaConsumer(**kafka_client_options(settings), enable_auto_commit=False,
+    consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False,
                                 auto_offset_reset="earliest", request_timeout_ms=int(timeout * 1000))
     await consumer.start()
     ids: set[str] = set()
@@ -185,7 +185,7 @@ async def reset_group_offsets(settings: Settings, group: str, topics: dict[str, 
     restarted decision worker wait until its predecessor has left the group (at most one session
     timeout after a crash), and refuses to start next to a running one.
     """
-    consumer = AIOKafkaConsumer(**kafka_client_options(settings), group_id=group, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**client_options(settings.kafka), group_id=group, enable_auto_commit=False)
     await consumer.start()
     try:
         tps = [TopicPartition(t, p) for t, n in topics.items() for p in range(n)]

@@ -29,7 +29,7 @@ echo "== exporter for ${DURATION}s -> $OUTDIR/nvml.jsonl"
 rm -f "$OUTDIR/nvml.jsonl"
 rc=0
 FLEETMEDIC__EXPORTERS__NVML__INTERVAL_S=${INTERVAL_S:-2} \
-  "$VENV/bin/python" -m fleetmedic.exporter_cli nvml --output "$OUTDIR/nvml.jsonl" --duration "$DURATION" \
+  "$VENV/bin/python" -m fleetmedic.cli.exporter nvml --output "$OUTDIR/nvml.jsonl" --duration "$DURATION" \
   --metrics-port -1 2>&1 | tee "$OUTDIR/exporter.log" || rc=$?
 echo "== exporter exit code: $rc"
 echo "== summary"

@@ -178,7 +178,7 @@ def test_watch_jobs_cli_serves_metrics_and_stops_cleanly_on_sigterm(
                       f"topics: {{prefix: 'jwcli-{uuid.uuid4().hex[:8]}.'}}\n"
                       f"jobwatch: {{kubeconfig: '{kube_config}', namespaces: [{namespace}]}}\n"
                       "metrics: {bind_address: 127.0.0.1, port: 0}\n")
-    proc = subprocess.Popen([sys.executable, "-m", "fleetmedic.cli", "watch-jobs", "--config", str(config)],
+    proc = subprocess.Popen([sys.executable, "-m", "fleetmedic.cli.main", "watch-jobs", "--config", str(config)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         port, lines = None, []

@@ -164,7 +164,7 @@ def test_the_cli_exits_3_with_the_reason_on_a_machine_without_nvidia_driver(tmp_
     else:
         pynvml.nvmlShutdown()
         pytest.skip("this machine has a working NVIDIA driver (scripts/device/nvml_check.sh covers it)")
-    proc = subprocess.run([sys.executable, "-m", "fleetmedic.exporter_cli", "nvml", "--output", str(tmp_path / "o"),
+    proc = subprocess.run([sys.executable, "-m", "fleetmedic.cli.exporter", "nvml", "--output", str(tmp_path / "o"),
                            "--duration", "1", "--metrics-port", "-1"], capture_output=True, text=True, timeout=60,
                           cwd=ROOT)
     assert proc.returncode == 3, proc.stderr

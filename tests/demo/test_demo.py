@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetmedic.cli import main
+from fleetmedic.cli.main import main
 
 
 def test_the_demo_prints_a_timeline_and_a_summary_and_writes_json(

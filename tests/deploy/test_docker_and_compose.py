@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from fleetmedic import cli
+from fleetmedic.cli import main as cli
 from fleetmedic.devenv.settings import read_versions
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from fleetmedic import cli
+from fleetmedic.cli import main as cli
 from fleetmedic.config import parse_config
 from tests.deploy.helm import CHART, helm, render
 

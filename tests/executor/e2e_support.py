@@ -75,7 +75,7 @@ def start(chain: Chain, role: str, *args: str) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETMEDIC__")}
     env["FLEETMEDIC_SIGNING_KEY"] = SIGNING_KEY
     with chain.log(role).open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "fleetmedic.cli", role.split("-")[0], "--config",
+        proc = subprocess.Popen([sys.executable, "-m", "fleetmedic.cli.main", role.split("-")[0], "--config",
                                  str(chain.config), *args], env=env, cwd=chain.tmp, stdout=out,
                                 stderr=subprocess.STDOUT)
     chain.procs[role] = proc

@@ -12,8 +12,8 @@ from kubernetes import client
 
 from fleetmedic.config import Settings, parse_config
 from fleetmedic.devenv import fleet as fl
-from fleetmedic.executor.actions import CommandExecutor
 from fleetmedic.executor.kube import Cluster
+from fleetmedic.executor.node.apply import CommandExecutor
 from fleetmedic.records import RemediationCommand
 from fleetmedic.signing import sign
 

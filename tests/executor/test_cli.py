@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetmedic.cli import build_parser, main
+from fleetmedic.cli.main import build_parser, main
 
 
 def test_executor_subcommand_is_registered() -> None:

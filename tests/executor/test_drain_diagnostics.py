@@ -16,9 +16,9 @@ import pytest
 from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
-from fleetmedic.executor import plan as p
-from fleetmedic.executor import plan_long as pl
-from fleetmedic.executor.long_actions import Interrupted
+from fleetmedic.executor.node import long_plan as pl
+from fleetmedic.executor.node import plan as p
+from fleetmedic.executor.node.long_apply import Interrupted
 from tests.executor.executor_support import command, executor, node_events, pinned_pod, running, settings, wait
 
 

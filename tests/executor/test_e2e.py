@@ -23,7 +23,7 @@ from kubernetes import client
 
 from fleetmedic import records as r
 from fleetmedic.devenv import fleet as fl
-from fleetmedic.executor import plan as p
+from fleetmedic.executor.node import plan as p
 from fleetmedic.streams.app import ensure_topics
 from tests.executor.e2e_support import (
     PodWatch,

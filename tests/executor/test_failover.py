@@ -17,7 +17,7 @@ from kubernetes import client
 
 from fleetmedic import records as r
 from fleetmedic.devenv import fleet as fl
-from fleetmedic.executor import plan as p
+from fleetmedic.executor.node import plan as p
 from fleetmedic.signing import load_key, sign
 from fleetmedic.streams.app import ensure_topics
 from tests.executor.e2e_support import SIGNING_KEY, chain_config, start, stop_all, wait

@@ -11,8 +11,8 @@ from pathlib import Path
 from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
-from fleetmedic.executor import plan as p
 from fleetmedic.executor.kube import LEDGER_NAME
+from fleetmedic.executor.node import plan as p
 from tests.executor.e2e_support import gpu_job, running_ranks
 from tests.executor.executor_support import command, executor, node_events, settings, wait
 

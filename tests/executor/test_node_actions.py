@@ -16,7 +16,7 @@ from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv import settings as devenv_settings
-from fleetmedic.executor import plan as p
+from fleetmedic.executor.node import plan as p
 from tests.executor.executor_support import command, executor, node_events, settings
 
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from fleetmedic.config import PlacementSettings
-from fleetmedic.executor import placement as pm
-from fleetmedic.executor.workloads_plan import excluded_nodes, with_node_exclusion
+from fleetmedic.executor.workload import placement_plan as pm
+from fleetmedic.executor.workload.plan import excluded_nodes, with_node_exclusion
 
 RACK, LEAF, NVL, POOL, SPINE = ("fleetmedic.io/rack", "fleetmedic.io/leaf", "fleetmedic.io/nvlink-domain",
                                 "fleetmedic.io/pool", "fleetmedic.io/spine")

@@ -1,5 +1,5 @@
 """Topology-aware restart_job on the real control plane (kube-scheduler, Job controller, kwok nodes
-labelled with racks and leaves), through :class:`~fleetmedic.executor.capacity.PlacementRestarter`.
+labelled with racks and leaves), through :class:`~fleetmedic.executor.workload.placement_apply.PlacementRestarter`.
 
 - Leaf locality: 16 nodes in 4 leaves, one 2-pod x 8-GPU Job started in each leaf, 5 recoveries
   (each quarantines one node of a job, then restarts it): every replacement pod runs in the job's
@@ -22,10 +22,10 @@ from prometheus_client import CollectorRegistry
 
 from fleetmedic.config import PlacementSettings, Settings
 from fleetmedic.devenv import fleet as fl
-from fleetmedic.executor.capacity import PlacementRestarter
-from fleetmedic.executor.placement import ANNOTATION_PLACEMENT
-from fleetmedic.executor.placement_metrics import PlacementMetrics
-from fleetmedic.executor.workloads_plan import excluded_nodes
+from fleetmedic.executor.workload.placement_apply import PlacementRestarter
+from fleetmedic.executor.workload.placement_metrics import PlacementMetrics
+from fleetmedic.executor.workload.placement_plan import ANNOTATION_PLACEMENT
+from fleetmedic.executor.workload.plan import excluded_nodes
 from tests.executor.test_placement_support import (
     ScheduleWatch,
     leaves_of,
@@ -180,9 +180,9 @@ def test_the_warm_standby_pool_is_used_first_and_tolerated(
 def test_the_executor_runs_restart_job_through_the_placement(
     kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet]
 ) -> None:
-    from fleetmedic.executor.actions import CommandExecutor
     from fleetmedic.executor.kube import Cluster
     from fleetmedic.executor.metrics import ExecutorMetrics
+    from fleetmedic.executor.node.apply import CommandExecutor
     from tests.executor.executor_support import KEY, command, settings
 
     fleet = make_fleet(8, nodes_per_rack=2, racks_per_leaf=2)

@@ -1,6 +1,6 @@
 """Topology-aware restart_job of a **JobSet**, on the real control plane with the real JobSet
 controller (v0.12.0, out of cluster) and its real webhooks, through
-:class:`~fleetmedic.executor.capacity.PlacementRestarter`.
+:class:`~fleetmedic.executor.workload.placement_apply.PlacementRestarter`.
 
 The JobSet webhook refuses any affinity change on ``replicatedJobs``, so the placement goes onto
 the suspended child Jobs: the same patch carries the exclusion of the suspect and the preferred
@@ -27,10 +27,10 @@ from prometheus_client import CollectorRegistry
 
 from fleetmedic.config import PlacementSettings, Settings
 from fleetmedic.devenv import fleet as fl
-from fleetmedic.executor.capacity import PlacementRestarter
-from fleetmedic.executor.placement import ANNOTATION_PLACEMENT
-from fleetmedic.executor.placement_metrics import PlacementMetrics
-from fleetmedic.executor.workloads_plan import excluded_nodes
+from fleetmedic.executor.workload.placement_apply import PlacementRestarter
+from fleetmedic.executor.workload.placement_metrics import PlacementMetrics
+from fleetmedic.executor.workload.placement_plan import ANNOTATION_PLACEMENT
+from fleetmedic.executor.workload.plan import excluded_nodes
 from tests.executor.jobset_support import create_when_served, register_webhooks, unregister_webhooks
 from tests.executor.test_placement_support import leaves_of, set_cordon
 from tests.executor.test_workloads_jobset_controller import (  # noqa: F401  (the fixture and the skip mark)

@@ -1,5 +1,5 @@
 """restart_job on a Kueue-managed Job or JobSet goes through its Kueue Workload
-(fleetmedic.executor.kueue), against **Kueue's own CRDs and the real Kueue controller manager**
+(fleetmedic.executor.workload.kueue), against **Kueue's own CRDs and the real Kueue controller manager**
 (sigs.k8s.io/kueue, built from the Go module proxy by ``fleetmedic dev build``), run out of cluster
 against the test cluster; the JobSet tests also run the **real JobSet controller** (v0.12.0) with
 its webhooks registered for the test's namespace (tests/executor/jobset_support.py).
@@ -42,10 +42,10 @@ from prometheus_client import CollectorRegistry
 from fleetmedic.config import PlacementSettings, Settings
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv import proc, settings
-from fleetmedic.executor import kueue
-from fleetmedic.executor.capacity import PlacementRestarter
-from fleetmedic.executor.placement_metrics import PlacementMetrics
-from fleetmedic.executor.workloads_plan import excluded_nodes
+from fleetmedic.executor.workload import kueue
+from fleetmedic.executor.workload.placement_apply import PlacementRestarter
+from fleetmedic.executor.workload.placement_metrics import PlacementMetrics
+from fleetmedic.executor.workload.plan import excluded_nodes
 from tests.executor.jobset_support import (
     JS_GROUP,
     JS_VERSION,

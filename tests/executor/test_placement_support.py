@@ -1,6 +1,6 @@
 """Helpers for the placement tests and bench/bench_recovery_placement.py (no tests here): start one
 multi-node Job per leaf of a labelled kwok fleet, then recover them (quarantine one node, restart
-through :class:`~fleetmedic.executor.capacity.PlacementRestarter`) and record where the
+through :class:`~fleetmedic.executor.workload.placement_apply.PlacementRestarter`) and record where the
 replacements land."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from fleetmedic.devenv import fleet as fl
-from fleetmedic.executor.capacity import PlacementRestarter
+from fleetmedic.executor.workload.placement_apply import PlacementRestarter
 from tests.executor.jobset_support import create_when_served
 from tests.executor.test_workloads_support import gpu_job, live_pods, quarantine, wait
 

@@ -1,4 +1,4 @@
-"""The executor's pure planning (fleetmedic.executor.plan), without a cluster: screening and
+"""The executor's pure planning (fleetmedic.executor.node.plan), without a cluster: screening and
 idempotency records, the node changes of each quick action and what they never undo, the drain plan
 per namespace policy, the diagnostics Job, verdicts from Job conditions."""
 
@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 
 from fleetmedic.config import ExecutorSettings
-from fleetmedic.executor import plan as p
-from fleetmedic.executor import plan_long as pl
+from fleetmedic.executor.node import long_plan as pl
+from fleetmedic.executor.node import plan as p
 from fleetmedic.records import RemediationCommand
 from fleetmedic.signing import sign
 

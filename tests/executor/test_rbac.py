@@ -16,9 +16,9 @@ from kubernetes import client, utils
 
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv.kclient import connect
-from fleetmedic.executor.actions import CommandExecutor
 from fleetmedic.executor.kube import Cluster
 from fleetmedic.executor.leader import LeaseElector
+from fleetmedic.executor.node.apply import CommandExecutor
 from tests.executor.e2e_support import gpu_job, running_ranks
 from tests.executor.executor_support import KEY, command, pinned_pod, running, settings, wait
 

@@ -17,9 +17,9 @@ from prometheus_client import CollectorRegistry
 
 from fleetmedic import records as r
 from fleetmedic.devenv import fleet as fl
-from fleetmedic.executor import plan as p
 from fleetmedic.executor.kube import Cluster
 from fleetmedic.executor.metrics import ExecutorMetrics
+from fleetmedic.executor.node import plan as p
 from fleetmedic.executor.service import ExecutorService
 from fleetmedic.streams.app import ensure_topics
 from tests.executor.executor_support import KEY, command, settings, wait

@@ -32,8 +32,8 @@ from kubernetes import client
 from kubernetes.client import ApiException
 
 from fleetmedic.devenv import fleet as fl
-from fleetmedic.executor.workloads import restart_workload
-from fleetmedic.executor.workloads_plan import HOSTNAME_LABEL, JOBSET, PYTORCHJOB, excluded_nodes
+from fleetmedic.executor.workload.apply import restart_workload
+from fleetmedic.executor.workload.plan import HOSTNAME_LABEL, JOBSET, PYTORCHJOB, excluded_nodes
 from tests.executor.test_workloads_support import (
     TOLERATE_ALL,
     BindingWatch,

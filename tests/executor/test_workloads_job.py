@@ -19,8 +19,8 @@ from typing import Any
 from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
-from fleetmedic.executor.workloads import restart_workload
-from fleetmedic.executor.workloads_plan import ANNOTATION_ATTEMPTS, ANNOTATION_COMMAND, ANNOTATION_LAST_RESTART
+from fleetmedic.executor.workload.apply import restart_workload
+from fleetmedic.executor.workload.plan import ANNOTATION_ATTEMPTS, ANNOTATION_COMMAND, ANNOTATION_LAST_RESTART
 from tests.executor.test_workloads_support import (
     TOLERATE_ALL,
     BindingWatch,

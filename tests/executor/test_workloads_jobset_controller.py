@@ -23,8 +23,8 @@ from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv import settings
-from fleetmedic.executor.workloads import restart_workload
-from fleetmedic.executor.workloads_plan import excluded_nodes
+from fleetmedic.executor.workload.apply import restart_workload
+from fleetmedic.executor.workload.plan import excluded_nodes
 from tests.executor.jobset_support import create_when_served, register_webhooks
 from tests.executor.jobset_support import jobset_controller as run_jobset_controller
 from tests.executor.test_workloads_support import (

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from fleetmedic.executor import workloads_plan as wp
+from fleetmedic.executor.workload import plan as wp
 
 NOW = 1_780_000_000.0
 

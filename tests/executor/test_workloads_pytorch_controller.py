@@ -32,7 +32,7 @@ from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv import proc, settings
-from fleetmedic.executor.workloads import restart_workload
+from fleetmedic.executor.workload.apply import restart_workload
 from tests.executor.test_workloads_support import (
     TOLERATE_ALL,
     BindingWatch,

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetmedic.cli import build_parser, main
-from fleetmedic.schema_cli import render_schemas, stale_schemas
-from fleetmedic.topics import TOPICS, topic_table_markdown
+from fleetmedic.bus import TOPICS, topic_table_markdown
+from fleetmedic.cli.main import build_parser, main
+from fleetmedic.cli.schema import render_schemas, stale_schemas
 
 ROOT = Path(__file__).resolve().parents[2]
 

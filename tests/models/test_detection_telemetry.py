@@ -10,8 +10,8 @@ import pytest
 from fleetmedic import records as r
 from fleetmedic.config import Settings
 from fleetmedic.models.stages import STAGE1_METRICS, NodeDetection, stage1_batch, summarise_batch
-from fleetmedic.simulator.engine import SimConfig, Simulator
-from fleetmedic.simulator.fleet import FleetSpec
+from fleetmedic.sim.engine import SimConfig, Simulator
+from fleetmedic.sim.fleet import FleetSpec
 
 
 def test_stage1_decodes_exactly_the_metrics_it_reads() -> None:

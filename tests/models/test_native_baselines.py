@@ -30,8 +30,8 @@ from fleetmedic.models.gpu_signals import (
 )
 from fleetmedic.models.stages import NodeDetection, stage1_batch
 from fleetmedic.records import DetectionTelemetry, decoder_for, encode
-from fleetmedic.simulator.engine import SimConfig, Simulator
-from fleetmedic.simulator.fleet import FleetSpec
+from fleetmedic.sim.engine import SimConfig, Simulator
+from fleetmedic.sim.fleet import FleetSpec
 
 try:
     from fleetmedic.models import _baselines as native

@@ -96,7 +96,7 @@ def test_xid_overrides_in_a_custom_library_change_the_class() -> None:
 
 
 def test_the_simulators_failure_logs_classify_as_their_fault_kind() -> None:
-    from fleetmedic.simulator import logs
+    from fleetmedic.sim import logs
     lib = default_library()
 
     def best(lines: list[str]) -> str | None:

@@ -11,12 +11,12 @@ from typing import Any
 import msgspec
 
 from fleetmedic.config import Settings, parse_config
+from fleetmedic.evaluation import scoring
 from fleetmedic.models import stages
 from fleetmedic.records import Incident, RemediationCommand
 from fleetmedic.remediation.engine import DecisionEngine, Decisions
-from fleetmedic.simulator import engine as sim_engine
-from fleetmedic.simulator import scoring
-from fleetmedic.streams.embedded import fleet_topology
+from fleetmedic.sim import engine as sim_engine
+from fleetmedic.sim.embedded import fleet_topology
 
 
 def closed_loop(faults: str, settings: Settings, hours: float = 2.0, hard_faults: bool = False,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetmedic.cli import main
+from fleetmedic.cli.main import main
 
 LOG = """\
 [rank3]:[E ProcessGroupNCCL.cpp:563] [Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1)

@@ -1,5 +1,5 @@
 """Helpers for the Faust worker tests: a unique config per test, the worker as a subprocess
-(``python -m fleetmedic.cli worker``), producing records and collecting the output topics."""
+(``python -m fleetmedic.cli.main worker``), producing records and collecting the output topics."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def start_worker(run: Run, role: str = "all", log: Path | None = None) -> subpro
     env["FLEETMEDIC_SIGNING_KEY"] = KEY
     with (log or run.log).open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "fleetmedic.cli", "worker", "--config", str(run.config), "--role", role,
+            [sys.executable, "-m", "fleetmedic.cli.main", "worker", "--config", str(run.config), "--role", role,
              "--datadir", str(run.tmp / f"faust-{role}-{uuid.uuid4().hex[:6]}"), "--loglevel", "info"],
             env=env, cwd=run.tmp, stdout=out, stderr=subprocess.STDOUT,
         )

@@ -108,7 +108,7 @@ def test_node_observations_size_the_fleet_and_ctl_resumes_the_breaker_tripped_by
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETMEDIC")}
         env.update(FLEETMEDIC_SIGNING_KEY=KEY, FLEETMEDIC__KAFKA__BOOTSTRAP_SERVERS=kafka_bootstrap,
                    FLEETMEDIC__TOPICS__PREFIX=run.settings.topics.prefix)
-        ctl = subprocess.run([sys.executable, "-m", "fleetmedic.cli", "ctl", "resume-breaker", "--actor", "carol",
+        ctl = subprocess.run([sys.executable, "-m", "fleetmedic.cli.main", "ctl", "resume-breaker", "--actor", "carol",
                               "--reason", "exporter rollout fixed"], env=env, capture_output=True, text=True,
                              timeout=60)
         assert ctl.returncode == 0, ctl.stderr
@@ -144,11 +144,11 @@ def test_node_observations_size_the_fleet_and_ctl_resumes_the_breaker_tripped_by
 def test_detect_workers_need_no_signing_key_and_decide_workers_do(kafka_bootstrap: str, tmp_path: Path) -> None:
     run = new_run(kafka_bootstrap, tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETMEDIC")}
-    decide = subprocess.run([sys.executable, "-m", "fleetmedic.cli", "worker", "--config", str(run.config),
+    decide = subprocess.run([sys.executable, "-m", "fleetmedic.cli.main", "worker", "--config", str(run.config),
                              "--role", "decide"], env=env, capture_output=True, text=True, timeout=60)
     assert decide.returncode == 2 and "signing key" in decide.stderr
     with run.log.open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "fleetmedic.cli", "worker", "--config", str(run.config),
+        proc = subprocess.Popen([sys.executable, "-m", "fleetmedic.cli.main", "worker", "--config", str(run.config),
                                  "--role", "detect"], env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_for_log(run, proc, "role detect: ready", timeout=60)

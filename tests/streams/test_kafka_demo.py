@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetmedic.cli import main
+from fleetmedic.cli.main import main
 
 
 def test_the_demo_runs_through_kafka_and_a_worker(kafka_bootstrap: str, tmp_path: Path,
@@ -41,9 +41,9 @@ def test_the_demo_seeds_the_worker_with_node_observations_that_rebuild_the_simul
     from fleetmedic.config import Settings
     from fleetmedic.records import NodeObservation, decode, encode
     from fleetmedic.remediation.engine import DecisionEngine
-    from fleetmedic.simulator.engine import SimConfig, Simulator
-    from fleetmedic.streams.embedded import fleet_topology
-    from fleetmedic.streams.kafka_demo import node_observations
+    from fleetmedic.sim.embedded import fleet_topology
+    from fleetmedic.sim.engine import SimConfig, Simulator
+    from fleetmedic.sim.kafka_demo import node_observations
 
     sim = Simulator(SimConfig(nodes=16, duration_s=600, seed=3))
     settings = Settings()

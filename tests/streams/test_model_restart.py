@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from fleetmedic import records as r
-from fleetmedic.streams.app import detect_group, detect_state_topic, ensure_topics
+from fleetmedic.bus import detect_group, detect_state_topic
+from fleetmedic.streams.app import ensure_topics
 from fleetmedic.streams.state import load_detect_partition
 from tests.models.synth import gpu_message
 from tests.streams.harness import Run, new_run, produce, start_worker, worker

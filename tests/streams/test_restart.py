@@ -28,9 +28,10 @@ import numpy as np
 import pytest
 
 from fleetmedic import records as r
+from fleetmedic.bus import detect_group, detect_state_topic
 from fleetmedic.devenv import proc, settings
 from fleetmedic.devenv.kafka import Kafka
-from fleetmedic.streams.app import detect_group, detect_state_topic, ensure_topics
+from fleetmedic.streams.app import ensure_topics
 from fleetmedic.streams.state import load_node_states
 from tests.models.synth import gpu_message
 from tests.streams.harness import (

@@ -10,9 +10,9 @@ from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
-from fleetmedic.cli import main
+from fleetmedic.bus import partitions_of, state_topic
+from fleetmedic.cli.main import main
 from fleetmedic.config import parse_config
-from fleetmedic.streams.app import partitions_of, state_topic
 from fleetmedic.streams.metrics import PipelineMetrics
 from fleetmedic.streams.replay import Tick, TickRecord, decode_tick, encode_tick, replay_order
 from fleetmedic.streams.worker import EventClock

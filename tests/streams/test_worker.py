@@ -21,9 +21,10 @@ import msgspec
 import numpy as np
 
 from fleetmedic import records as r
+from fleetmedic.bus import partitions_of
 from fleetmedic.remediation.engine import DecisionEngine
 from fleetmedic.signing import load_key, verify
-from fleetmedic.streams.app import ensure_topics, partitions_of
+from fleetmedic.streams.app import ensure_topics
 from fleetmedic.streams.state import decode_snapshot, load_snapshot
 from tests.models.synth import gpu_message
 from tests.streams.harness import KEY, Collected, collect_sync, new_run, produce, wait_for_log, worker

@@ -1,0 +1,7 @@
+"""``python -m fleetmedic.cli``."""
+
+import sys
+
+from fleetmedic.cli.main import main
+
+sys.exit(main())

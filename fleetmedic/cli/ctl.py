@@ -1,0 +1,135 @@
+"""``fleetmedic ctl``: a person steering the running pipeline, and reading what it decided.
+
+    fleetmedic ctl resume-breaker --reason "exporter rollout fixed"
+    fleetmedic ctl clear-node gpu-node-17 --reason "replaced the riser, ran dcgmi diag -r 4 by hand"
+    fleetmedic ctl node-repaired gpu-node-17 --reason "RMA done"       # validate with diagnostics first
+    fleetmedic ctl audit --node gpu-node-17                             # the decisions about one node
+
+The first three publish a signed :class:`~fleetmedic.records.OperatorCommand` on
+``remediation.operator`` (key: the node, or ``fleet``), which the decision stage verifies and
+applies (:mod:`fleetmedic.remediation.operator`); the audit log then shows it with the actor
+``operator:<--actor>``. ``audit`` prints ``remediation.audit`` records, one line each (``--json``:
+the records), from the beginning or ``--since`` seconds ago, and keeps following with ``--follow``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import getpass
+import sys
+import time
+import uuid
+
+from fleetmedic.cli.common import EXIT_INVALID, settings_and_key, settings_or_none
+from fleetmedic.config import Settings
+from fleetmedic.records import AuditRecord, InvalidRecord, OperatorCommand, decode, encode
+from fleetmedic.signing import sign
+
+OPERATOR_TTL_S = 600.0
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("ctl", help="operator commands to the running pipeline; read its audit log",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+    for verb, needs_node, text in (
+        ("resume-breaker", False, "close the open circuit breaker (isolation resumes)"),
+        ("clear-node", True, "return a node to service now, without diagnostics (you vouch for it)"),
+        ("node-repaired", True, "a node awaiting repair was repaired: validate it with diagnostics, then return it"),
+    ):
+        v = verbs.add_parser(verb, help=text, description=text)
+        if needs_node:
+            v.add_argument("node")
+        v.add_argument("--reason", required=True, help="why (kept in the audit log)")
+        v.add_argument("--actor", default=None, help="who (default: the login name)")
+        v.add_argument("--config", metavar="FILE", help="YAML config (defaults when omitted)")
+        v.set_defaults(handler=run_operator_command, action=verb.replace("-", "_"))
+    a = verbs.add_parser("audit", help="print the decision stage's audit records")
+    a.add_argument("--config", metavar="FILE", help="YAML config (defaults when omitted)")
+    a.add_argument("--node", help="only records about this node")
+    a.add_argument("--since", type=float, metavar="S", help="only records of the last S seconds")
+    a.add_argument("--follow", action="store_true", help="keep printing new records until interrupted")
+    a.add_argument("--json", action="store_true", help="print the records as JSON lines")
+    a.set_defaults(handler=run_audit)
+
+
+def run_operator_command(args: argparse.Namespace) -> int:
+    loaded = settings_and_key(args.config)
+    if loaded is None:
+        return EXIT_INVALID
+    settings, key = loaded
+    now = time.time()
+    cmd = sign(OperatorCommand(
+        id=f"op-{uuid.uuid4().hex}", action=args.action, actor=args.actor or getpass.getuser(), reason=args.reason,
+        issued_at=now, expires_at=now + OPERATOR_TTL_S, node=getattr(args, "node", "") or "",
+    ), key)
+    try:
+        asyncio.run(_publish(settings, cmd))
+    except Exception as exc:  # the broker's errors are many; the operator needs the message
+        print(f"error: could not publish to Kafka ({settings.kafka.bootstrap_servers}): {exc}", file=sys.stderr)
+        return 1
+    print(f"published {cmd.action} {cmd.node or ''} as {cmd.id} (actor {cmd.actor}); "
+          f"`fleetmedic ctl audit` shows what the decision stage did with it".replace("  ", " "))
+    return 0
+
+
+async def _publish(settings: Settings, cmd: OperatorCommand) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    from fleetmedic.bus import client_options
+
+    producer = AIOKafkaProducer(**client_options(settings.kafka), acks="all", enable_idempotence=True)
+    await producer.start()
+    try:
+        await producer.send_and_wait(settings.topics.topic("remediation.operator"), encode(cmd),
+                                     key=(cmd.node or "fleet").encode())
+    finally:
+        await producer.stop()
+
+
+def format_audit(rec: AuditRecord) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(rec.ts))
+    target = rec.node or rec.job or "fleet"
+    move = f" {rec.state_from}->{rec.state_to}" if rec.state_to else ""
+    cmds = f" [{', '.join(rec.command_ids)}]" if rec.command_ids else ""
+    dry = " (dry run)" if rec.dry_run else ""
+    return f"{when} {rec.decision:<15} {target:<24} {rec.actor}:{move} {rec.explanation}{cmds}{dry}"
+
+
+def run_audit(args: argparse.Namespace) -> int:
+    settings = settings_or_none(args.config)
+    if settings is None:
+        return EXIT_INVALID
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_audit(settings, args))
+    return 0
+
+
+async def _audit(settings: Settings, args: argparse.Namespace) -> None:
+    from aiokafka import AIOKafkaConsumer
+
+    from fleetmedic.bus import client_options
+
+    consumer = AIOKafkaConsumer(settings.topics.topic("remediation.audit"), **client_options(settings.kafka),
+                                group_id=None, auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    since = time.time() - args.since if args.since else 0.0
+    try:
+        while True:
+            batch = await consumer.getmany(timeout_ms=1000)
+            if not batch and not args.follow:
+                break
+            for msgs in batch.values():
+                for msg in msgs:
+                    try:
+                        rec = decode(AuditRecord, msg.value)
+                    except InvalidRecord as exc:
+                        print(f"offset {msg.offset}: {exc}", file=sys.stderr)
+                        continue
+                    if rec.ts < since or (args.node and rec.node != args.node):
+                        continue
+                    print(encode(rec).decode() if args.json else format_audit(rec), flush=True)
+    finally:
+        await consumer.stop()

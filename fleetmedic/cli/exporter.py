@@ -1,0 +1,139 @@
+"""``fleetmedic exporter nvml|prometheus|kafka|infiniband|logs``: run one connector until SIGTERM.
+
+Every connector reads the ``exporters`` section of the config (docs/connectors.md), sends its
+records to the topics of the ``topics`` section on Kafka — or, with ``--output FILE``, writes them
+as JSON lines (``-`` = stdout) for debugging — and serves its ``fleetmedic_connector_*`` metrics on
+``metrics.bind_address:metrics.port`` (``--metrics-port 0``: an ephemeral port, logged; ``-1``: off).
+``--duration S`` stops it after S seconds (checks, demos). Exit codes: 0 after a clean stop, 2 for
+an invalid config, 3 when the source cannot be used at all (no NVIDIA driver, no permission).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from fleetmedic.cli.common import EXIT_INVALID, add_loglevel, settings_or_none, setup_logging
+from fleetmedic.config import Settings
+
+if TYPE_CHECKING:
+    from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox
+
+EXIT_SOURCE_UNAVAILABLE = 3
+CONNECTORS = {
+    "nvml": "sample this node's GPUs through NVML (fields and XID events)",
+    "prometheus": "scrape dcgm-exporter/node-exporter endpoints, or poll a Prometheus server",
+    "kafka": "re-publish Telegraf / prometheus-kafka-adapter JSON topics as fleetmedic records",
+    "infiniband": "read InfiniBand port counters with perfquery (topology from the config)",
+    "logs": "classify job log lines from Kafka (e.g. Fluent Bit) into job failure events",
+}
+
+Source = Callable[[asyncio.Event], Awaitable[None]]
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("exporter", help="run a connector: NVML, Prometheus, Kafka telemetry, InfiniBand, logs",
+                       description="Run one connector that turns an outside source into fleetmedic records on "
+                                   "Kafka, until SIGINT or SIGTERM.")
+    kinds = p.add_subparsers(dest="connector", metavar="CONNECTOR")
+    kinds.required = True
+    for name, text in CONNECTORS.items():
+        k = kinds.add_parser(name, help=text, description=text)
+        k.add_argument("--config", metavar="FILE", help="YAML config (defaults when omitted)")
+        k.add_argument("--output", metavar="FILE", help="write JSON lines here instead of Kafka (- = stdout)")
+        k.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+        k.add_argument("--metrics-port", type=int, metavar="PORT", help="override metrics.port (-1: no endpoint)")
+        add_loglevel(k)
+        k.set_defaults(handler=run_exporter)
+
+
+def run_exporter(args: argparse.Namespace) -> int:
+    settings = settings_or_none(args.config)
+    if settings is None:
+        return EXIT_INVALID
+    setup_logging(args.loglevel)
+    from fleetmedic.connectors.runtime import SourceUnavailable
+
+    try:
+        return asyncio.run(_run(args.connector, settings, args.output, args.duration, args.metrics_port))
+    except SourceUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_SOURCE_UNAVAILABLE
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+
+
+async def _run(connector: str, settings: Settings, output: str | None, duration: float | None,
+               metrics_port: int | None) -> int:
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from fleetmedic.connectors.runtime import (
+        ConnectorMetrics,
+        JsonlSink,
+        KafkaSink,
+        Outbox,
+        Sink,
+        pump_settings,
+        run_until_stopped,
+    )
+
+    registry = CollectorRegistry()
+    metrics = ConnectorMetrics(registry, connector)
+    outbox = Outbox(settings.exporters.queue_max, metrics)
+    port = settings.metrics.port if metrics_port is None else metrics_port
+    if port >= 0:
+        server, _ = start_http_server(port, settings.metrics.bind_address, registry)
+        logging.getLogger("fleetmedic.connectors").info(
+            "metrics on http://%s:%d/metrics", settings.metrics.bind_address, server.server_port)
+    source = build_source(connector, settings, outbox, metrics)
+    sink: Sink = JsonlSink(output) if output else KafkaSink(settings)
+    stop = asyncio.Event()
+    if duration is not None:
+        asyncio.get_running_loop().call_later(duration, stop.set)
+    await run_until_stopped(source, outbox, sink, metrics, pump_settings(settings), stop)
+    return 0
+
+
+def build_source(connector: str, settings: Settings, outbox: Outbox, metrics: ConnectorMetrics) -> Source:
+    if connector == "prometheus":
+        from fleetmedic.connectors.prometheus_ingest import PrometheusSource
+
+        return PrometheusSource(settings, outbox, metrics).run
+    if connector == "nvml":
+        from fleetmedic.connectors.nvml_exporter import NvmlSource, import_pynvml
+
+        return NvmlSource(import_pynvml(), settings, outbox, metrics).run
+    if connector == "kafka":
+        from fleetmedic.connectors.kafka_telemetry import KafkaTelemetrySource
+
+        return KafkaTelemetrySource(settings, outbox, metrics).run
+    if connector == "infiniband":
+        from fleetmedic.connectors.infiniband import PerfquerySource
+
+        return PerfquerySource(settings, outbox, metrics).run
+    if connector == "logs":
+        from fleetmedic.connectors.log_events import LogSource
+
+        return LogSource(settings, outbox, metrics).run
+    raise ValueError(f"unknown connector {connector!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fleetmedic.cli.exporter nvml ...``: the exporters without the rest of the CLI's
+    imports (what a slim node image or scripts/device/nvml_check.sh needs: msgspec, PyYAML,
+    prometheus-client, nvidia-ml-py)."""
+    parser = argparse.ArgumentParser(prog="fleetmedic-exporter")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    add_parser(sub)
+    args = parser.parse_args(["exporter", *(sys.argv[1:] if argv is None else argv)])
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

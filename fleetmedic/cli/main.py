@@ -1,0 +1,60 @@
+"""The ``fleetmedic`` command line.
+
+Each feature registers its own subcommand through an ``add_parser(subparsers)`` function, so this
+module stays a thin index and ``fleetmedic --help`` lists only subcommands that exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from fleetmedic import __version__
+
+Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
+
+
+def _registrars() -> list[Registrar]:
+    from fleetmedic.cli import (
+        backtest,
+        config,
+        ctl,
+        demo,
+        executor,
+        exporter,
+        schema,
+        simulate,
+        triage,
+        watch_jobs,
+        worker,
+    )
+    from fleetmedic.devenv import cli as dev
+
+    return [demo.add_parser, config.add_parser, schema.add_parser, backtest.add_parser, triage.add_parser,
+            dev.add_parser, simulate.add_parser, worker.add_parser, exporter.add_parser,
+            executor.add_parser, watch_jobs.add_parser, ctl.add_parser]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fleetmedic",
+        description="Detect sick GPU nodes, isolate them, recover jobs, return nodes to service.",
+    )
+    parser.add_argument("--version", action="version", version=f"fleetmedic {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for register in _registrars():
+        register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""``fleetmedic watch-jobs --config FILE``: watch training jobs on Kubernetes, publish ``jobs.events``.
+
+Connects with ``jobwatch.kubeconfig`` (or ``$KUBECONFIG`` / ``~/.kube/config``), or the pod's
+ServiceAccount with ``jobwatch.in_cluster``; produces to ``<topics.prefix>jobs.events`` on the
+``kafka`` brokers; serves ``fleetmedic_jobwatch_*`` metrics on ``metrics.bind_address:metrics.port``;
+runs until SIGINT or SIGTERM. See docs/workloads.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+from fleetmedic.cli.common import EXIT_INVALID, add_loglevel, settings_or_none, setup_logging
+from fleetmedic.config import Settings
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("watch-jobs", help="watch Jobs, PyTorchJobs, JobSets and their pods; publish jobs.events",
+                       description="Watch training jobs (batch Jobs, Kubeflow PyTorchJobs, JobSets) and their "
+                                   "pods, and publish placement, start, failure, completion and restart events "
+                                   "to the jobs.events topic, until SIGINT or SIGTERM.")
+    p.add_argument("--config", metavar="FILE", help="YAML config (defaults when omitted)")
+    add_loglevel(p)
+    p.set_defaults(handler=run_watch_jobs)
+
+
+def run_watch_jobs(args: argparse.Namespace) -> int:
+    settings = settings_or_none(args.config)
+    if settings is None:
+        return EXIT_INVALID
+    setup_logging(args.loglevel)
+    return asyncio.run(_serve(settings))
+
+
+def kube_client(settings: Settings) -> object:
+    from kubernetes import client, config
+
+    if settings.jobwatch.in_cluster:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+        return client.ApiClient()
+    from fleetmedic.devenv.kclient import api_client
+
+    return api_client(settings.jobwatch.kubeconfig or _default_kubeconfig())
+
+
+def _default_kubeconfig() -> str:
+    import os
+    from pathlib import Path
+
+    return os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or str(Path.home() / ".kube" / "config")
+
+
+async def _serve(settings: Settings) -> int:
+    from kubernetes import client
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from fleetmedic.connectors.kube_jobs import JobWatcher
+
+    registry = CollectorRegistry()
+    server, _ = start_http_server(settings.metrics.port, addr=settings.metrics.bind_address, registry=registry)
+    log = logging.getLogger("fleetmedic.watch_jobs")
+    log.info("metrics on %s:%d", settings.metrics.bind_address, server.server_port)
+    api = kube_client(settings)
+    assert isinstance(api, client.ApiClient)
+    until = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, until.set)
+    try:
+        await JobWatcher(api, settings, registry).run(until)
+    finally:
+        server.shutdown()
+        api.close()  # type: ignore[no-untyped-call]
+    return 0

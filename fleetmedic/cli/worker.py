@@ -1,0 +1,53 @@
+"""``fleetmedic worker --config FILE``: the streaming pipeline on Kafka, in this process.
+
+It creates the missing topics (``topics`` section: prefix, partitions), then runs its ``--role``
+until SIGINT/SIGTERM: ``detect`` (stage 1, a consumer-group loop, group
+``<kafka.consumer_group>-detect``; run several), ``decide`` (the decision stage, a Faust worker
+without web server, group ``<kafka.consumer_group>``; run one) or ``all`` (both, one process). The
+decision stage starts from its last snapshot in ``<kafka.consumer_group>-engine-state``, replays
+its inputs since, and writes a final snapshot at a stop; ``streams`` config section: intervals;
+:mod:`fleetmedic.streams.worker` describes the topology and the restart guarantees. The
+decision stage (``decide``, ``all``) signs commands and verifies operator commands with the key
+from ``signing.key_file`` or the variable named by ``signing.key_env``; without a key those roles
+refuse to start (exit 2). ``detect`` needs no key. Prometheus metrics are served on
+``metrics.bind_address:metrics.port`` (port 0: an ephemeral port, logged).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+
+from fleetmedic.cli.common import EXIT_INVALID, add_loglevel, settings_and_key, setup_logging
+from fleetmedic.config import Settings
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("worker", help="run the streaming pipeline (detection, triage, policy) on Kafka",
+                       description="Run the streaming pipeline (detection, triage, policy, signed commands) on "
+                                   "Kafka in this process, until SIGINT or SIGTERM.")
+    p.add_argument("--config", metavar="FILE", help="YAML config (defaults when omitted)")
+    p.add_argument("--datadir", metavar="DIR", help="faust's data directory (default: a temporary one)")
+    add_loglevel(p)
+    p.add_argument("--role", default="all", choices=["detect", "decide", "all"],
+                   help="detect: stage 1 only (run several; they share the telemetry partitions); decide: the "
+                        "decision stage (run exactly one); all: both in this process (default)")
+    p.set_defaults(handler=run_worker)
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    loaded = settings_and_key(args.config, need_key=args.role != "detect")  # stage 1 signs nothing
+    if loaded is None:
+        return EXIT_INVALID
+    settings, key = loaded
+    setup_logging(args.loglevel)
+    if args.datadir:
+        return _run(settings, key, args.datadir, args.loglevel, args.role)
+    with tempfile.TemporaryDirectory(prefix="fleetmedic-worker-") as datadir:
+        return _run(settings, key, datadir, args.loglevel, args.role)
+
+
+def _run(settings: Settings, key: bytes, datadir: str, loglevel: str, role: str) -> int:
+    from fleetmedic.streams.runner import run
+
+    return run(settings, key, datadir, loglevel, role)  # type: ignore[arg-type]

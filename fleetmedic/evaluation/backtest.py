@@ -1,0 +1,278 @@
+"""``fleetmedic backtest``: run detection (and triage and policy) over recorded telemetry.
+
+Inputs (files or directories, mixed freely):
+
+- JSONL of fleetmedic records (``*.jsonl``): ``gpu_telemetry``, ``port_telemetry`` and
+  ``job_event`` lines, recognised by their ``type``; other types are ignored;
+- Prometheus text exposition (``*.prom``, ``*.txt``) with sample timestamps as dcgm-exporter and
+  node-exporter write them; ``ingest.node_labels`` in the config says which label names the node.
+
+Records of all inputs are merged in timestamp order and fed through the same stage objects the
+pipeline runs: detection (:mod:`fleetmedic.models.stages`) and the decision engine (triage,
+policy, safety; open loop: nothing acts on the commands). ``--topology`` gives racks and leaf
+switches (a YAML/JSON map ``node -> {rack, leaf, pool, rails}``, or a simulator ``meta.json``).
+Outputs in ``--out``: ``findings.jsonl``, ``incidents.jsonl``, ``commands.jsonl``, ``audit.jsonl``,
+``summary.json``; with ``--truth`` also ``score.json`` (the simulator's scorer); with ``--report``
+an HTML page. Malformed lines are skipped and counted per reason in the summary.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+import msgspec
+
+from fleetmedic import records as r
+from fleetmedic.config import Settings
+from fleetmedic.connectors.prometheus_text import ExpositionReader
+
+if TYPE_CHECKING:
+    from fleetmedic.models.stages import FleetDetection, NodeDetection
+
+Telemetry = r.GpuTelemetry | r.PortTelemetry | r.JobEvent
+_INPUT_DECODER = msgspec.json.Decoder(r.GpuTelemetry | r.PortTelemetry | r.JobEvent)
+_TYPE_ONLY = msgspec.json.Decoder(dict[str, Any])
+_WANTED = {"gpu_telemetry", "port_telemetry", "job_event"}
+
+
+@dataclass
+class InputReader:
+    settings: Settings
+    skipped: Counter[str] = field(default_factory=Counter)
+    lines: int = 0
+
+    def files(self, paths: Iterable[str]) -> list[Path]:
+        out: list[Path] = []
+        for p in map(Path, paths):
+            if p.is_dir():
+                out.extend(sorted(f for f in p.rglob("*") if f.suffix in (".jsonl", ".prom", ".txt")))
+            elif p.exists():
+                out.append(p)
+            else:
+                raise FileNotFoundError(f"input {p}: no such file or directory")
+        return out
+
+    def records(self, paths: Iterable[str]) -> Iterator[Telemetry]:
+        streams = [self._read(f) for f in self.files(paths)]
+        yield from heapq.merge(*streams, key=_ts)
+
+    def _read(self, path: Path) -> Iterator[Telemetry]:
+        with path.open(encoding="utf-8") as fh:
+            if path.suffix == ".jsonl":
+                yield from self._jsonl(path, fh)
+            else:
+                reader = ExpositionReader(self.settings.ingest)
+                yield from reader.read(self._count(fh))
+                for reason, n in reader.skipped.items():
+                    self.skipped[f"{path.name}: {reason}"] += n
+
+    def _count(self, fh: TextIO) -> Iterator[str]:
+        for line in fh:
+            self.lines += 1
+            yield line
+
+    def _jsonl(self, path: Path, fh: TextIO) -> Iterator[Telemetry]:
+        for number, line in enumerate(fh, 1):
+            self.lines += 1
+            if not line.strip():
+                continue
+            try:
+                yield _INPUT_DECODER.decode(line)
+            except msgspec.ValidationError as exc:
+                kind = _type_of(line)
+                if kind is not None and kind not in _WANTED:
+                    continue  # e.g. findings in the same directory: not telemetry
+                self.skipped[f"{path.name}: {exc}"] += 1
+            except msgspec.DecodeError:
+                self.skipped[f"{path.name}: line {number} is not valid JSON"] += 1
+
+
+def _type_of(line: str) -> str | None:
+    try:
+        kind = _TYPE_ONLY.decode(line).get("type")
+    except msgspec.MsgspecError:
+        return None
+    return kind if isinstance(kind, str) else None
+
+
+def _ts(rec: Telemetry) -> float:
+    return float(rec.ts)
+
+
+@dataclass
+class Backtest:
+    settings: Settings
+    topology: dict[str, dict[str, Any]] = field(default_factory=dict)
+    batch_size: int = 256
+    findings: list[r.Finding] = field(default_factory=list)
+    incidents: list[r.Incident] = field(default_factory=list)
+    commands: list[r.RemediationCommand] = field(default_factory=list)
+    audit: list[r.AuditRecord] = field(default_factory=list)
+    counts: Counter[str] = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        # numpy / scikit-learn: imported here, not for `fleetmedic --help`
+        from fleetmedic.models.stages import FleetDetection, NodeDetection
+        from fleetmedic.remediation.engine import DecisionEngine
+        from fleetmedic.remediation.topology import Topology
+
+        self.node: NodeDetection = NodeDetection(self.settings.detection)
+        self.fleet: FleetDetection = FleetDetection(self.settings.detection)
+        self.engine = DecisionEngine(self.settings, Topology.from_dict(self.topology))
+        self._pending: list[r.GpuTelemetry] = []
+        self._next_tick = float("-inf")
+        self._now = 0.0
+
+    def feed(self, rec: Telemetry) -> None:
+        self.counts[type(rec).__name__] += 1
+        ts = float(rec.ts)
+        self._now = max(self._now, ts)
+        if ts >= self._next_tick:
+            self._flush()
+            if self._next_tick != float("-inf"):
+                self._emit(self.fleet.tick(ts))
+                self._decided(self.engine.tick(self._now))
+            self._next_tick = ts + self.settings.detection.sample_interval_s
+        if isinstance(rec, r.GpuTelemetry):
+            self._pending.append(rec)
+            self.fleet.on_gpu(rec)
+            if len(self._pending) >= self.batch_size:
+                self._flush()
+        elif isinstance(rec, r.PortTelemetry):
+            self._emit(self.node.on_port(rec) if rec.device_kind == "host" else self.fleet.on_port(rec))
+        else:
+            self._emit(self.fleet.on_job(rec))
+            self._decided(self.engine.on_job_event(rec, self._now))
+
+    def finish(self) -> None:
+        self._flush()
+        self._decided(self.engine.tick(self._now))
+
+    def _flush(self) -> None:
+        if self._pending:
+            self._emit(self.node.on_gpu(self._pending))
+            self._pending = []
+
+    def _emit(self, findings: list[r.Finding]) -> None:
+        self.findings.extend(findings)
+        for f in findings:
+            self._decided(self.engine.on_finding(f, self._now))
+
+    def _decided(self, d: Any) -> None:
+        self.incidents.extend(d.incidents)
+        self.commands.extend(d.commands)
+        self.audit.extend(d.audit)
+
+
+def load_topology(path: str) -> dict[str, dict[str, Any]]:
+    """A topology map, or the racks and leaves of a simulator's ``meta.json``."""
+    import yaml
+
+    with open(path, encoding="utf-8") as fh:
+        doc = yaml.safe_load(fh)
+    if not isinstance(doc, dict):
+        raise ValueError(f"topology {path}: expected a mapping")
+    if "nodes" in doc and "racks" in doc:  # fleetmedic simulate's meta.json
+        leaves = doc.get("leaf_of", {})
+        return {n: {"rack": doc["racks"].get(n, ""), "leaf": (leaves.get(n) or [""])[0],
+                    "rails": {f"mlx5_{k}": leaf for k, leaf in enumerate(leaves.get(n, []))}} for n in doc["nodes"]}
+    return {str(n): dict(v) for n, v in doc.items()}
+
+
+class Progress:
+    """A one-line progress report on stderr when it is a terminal (or ``force``)."""
+
+    def __init__(self, stream: TextIO, force: bool = False) -> None:
+        self.stream, self.enabled = stream, force or stream.isatty()
+        self.start = self.last = time.monotonic()
+
+    def update(self, records: int, sim_ts: float) -> None:
+        now = time.monotonic()
+        if self.enabled and now - self.last >= 0.5:
+            self.last = now
+            rate = records / max(now - self.start, 1e-9)
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(sim_ts))
+            self.stream.write(f"\r{records:>12,} records  {rate:>10,.0f}/s  at {stamp} UTC")
+            self.stream.flush()
+
+    def done(self) -> None:
+        if self.enabled:
+            self.stream.write("\n")
+
+
+def run(settings: Settings, inputs: list[str], out: Path, progress: Progress | None = None,
+        report: str | None = None, topology: dict[str, dict[str, Any]] | None = None,
+        truth: Path | None = None) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    reader = InputReader(settings)
+    bt = Backtest(settings, topology or {})
+    started = time.monotonic()
+    first = last = None
+    n = 0
+    for rec in reader.records(inputs):
+        bt.feed(rec)
+        n += 1
+        last = float(rec.ts)
+        first = last if first is None else first
+        if progress and n % 2000 == 0:
+            progress.update(n, last)
+    bt.finish()
+    if progress:
+        progress.done()
+    elapsed = time.monotonic() - started
+    _write_jsonl(out / "findings.jsonl", bt.findings)
+    _write_jsonl(out / "incidents.jsonl", bt.incidents)
+    _write_jsonl(out / "commands.jsonl", bt.commands)
+    _write_jsonl(out / "audit.jsonl", bt.audit)
+    summary = {
+        "inputs": inputs,
+        "records": dict(bt.counts),
+        "lines_read": reader.lines,
+        "skipped": dict(reader.skipped.most_common(50)),
+        "skipped_total": sum(reader.skipped.values()),
+        "span_s": (last - first) if first is not None and last is not None else 0.0,
+        "elapsed_s": round(elapsed, 3),
+        "records_per_s": round(n / elapsed, 1) if elapsed > 0 else None,
+        "findings": len(bt.findings),
+        "findings_by_detector": dict(Counter(f.detector for f in bt.findings)),
+        "findings_by_kind": dict(Counter(f.kind for f in bt.findings)),
+        "nodes_with_findings": len({f.node for f in bt.findings}),
+        "incidents": len({i.id for i in bt.incidents}),
+        "incidents_by_class": dict(Counter({i.id: i.incident_class for i in bt.incidents}.values())),
+        "commands_by_action": dict(Counter(c.action for c in bt.commands)),
+    }
+    if truth is not None:
+        summary["score"] = _score(truth, bt, out)
+    if report:
+        from fleetmedic.evaluation.backtest_report import write_report
+
+        meta = {"inputs": ", ".join(inputs), "records": n, "findings": len(bt.findings)}
+        summary["report_plots"] = write_report(report, settings, InputReader(settings).records(inputs),
+                                               bt.findings, bt.incidents, bt.commands, meta)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return summary
+
+
+def _score(truth: Path, bt: Backtest, out: Path) -> dict[str, Any]:
+    from fleetmedic.evaluation.scoring import encode_report, score
+    from fleetmedic.evaluation.truth import read_meta, read_truth
+
+    meta_path = truth.parent / "meta.json"
+    meta = read_meta(meta_path) if meta_path.exists() else None
+    rep = score(read_truth(truth), bt.incidents, bt.commands, meta)
+    (out / "score.json").write_bytes(encode_report(rep))
+    return {"precision": rep.precision, "recall": rep.recall, "f1": rep.f1, "top1": rep.top1_accuracy,
+            "false_incidents": rep.false_incidents, "delay_p50_s": rep.delay_p50_s}
+
+
+def _write_jsonl(path: Path, items: Iterable[r.Record]) -> None:
+    with path.open("wb") as fh:
+        for item in items:
+            fh.write(r.encode(item) + b"\n")

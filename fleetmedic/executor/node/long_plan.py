@@ -1,0 +1,191 @@
+"""The pure half of the long node actions: which pods a drain evicts (per namespace policy), the
+diagnostics Job and hook Jobs to create, and what a finished Job means (verdict, failed tests).
+No cluster access: :mod:`.long_actions` carries these out."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import string
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fleetmedic.config import ExecutorSettings
+from fleetmedic.executor.node.plan import ANN_DRAIN, NodeView, annotation_json
+from fleetmedic.records import RemediationCommand
+
+# --- drain -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PodView:
+    namespace: str
+    name: str
+    phase: str = "Running"
+    owner_kind: str = ""
+    mirror: bool = False
+    deleting: bool = False
+    role: str = ""  # the label fleetmedic.io/role (fleetmedic's own diagnostics and hook pods)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class DrainStep:
+    """One pass of a drain: pods to evict now, pods to wait for, pods left alone (and why)."""
+
+    evict: tuple[PodView, ...]
+    wait: tuple[PodView, ...]
+    skipped: tuple[tuple[PodView, str], ...]
+    timed_out: bool
+
+    @property
+    def done(self) -> bool:
+        return not self.evict and not self.wait
+
+
+def namespace_policy(namespace: str, cfg: ExecutorSettings) -> str:
+    return cfg.namespace_policies.get(namespace, cfg.default_namespace_policy)
+
+
+def plan_drain(pods: Sequence[PodView], cfg: ExecutorSettings, started_at: float, now: float) -> DrainStep:
+    """Which pods of the node to evict now, per namespace policy; DaemonSet and mirror pods stay."""
+    evict: list[PodView] = []
+    wait: list[PodView] = []
+    skipped: list[tuple[PodView, str]] = []
+    elapsed = now - started_at
+    for pod in pods:
+        if pod.owner_kind == "DaemonSet":
+            skipped.append((pod, "DaemonSet pod"))
+        elif pod.mirror:
+            skipped.append((pod, "mirror (static) pod"))
+        elif pod.phase in ("Succeeded", "Failed"):
+            skipped.append((pod, f"already {pod.phase}"))
+        elif pod.deleting:
+            wait.append(pod)
+        else:
+            policy = namespace_policy(pod.namespace, cfg)
+            if policy == "evict_now" or (policy == "evict_after_timeout" and elapsed >= cfg.drain_evict_after_s):
+                evict.append(pod)
+            else:
+                wait.append(pod)
+    return DrainStep(tuple(evict), tuple(wait), tuple(skipped), elapsed >= cfg.drain_timeout_s)
+
+
+def drain_state(annotations: Mapping[str, str]) -> dict[str, Any]:
+    return annotation_json(annotations.get(ANN_DRAIN, ""))
+
+
+def drain_started(annotations: Mapping[str, str], cmd: RemediationCommand, now: float) -> float:
+    """The start of this command's drain (resumed after a restart), or ``now`` for a new one."""
+    state = drain_state(annotations)
+    return float(state["started"]) if state.get("command") == cmd.id and "started" in state else now
+
+
+# --- diagnostics and hooks ------------------------------------------------------------------------
+
+
+def job_name(prefix: str, cmd: RemediationCommand) -> str:
+    return f"{prefix}-{hashlib.sha256(cmd.id.encode()).hexdigest()[:12]}"
+
+
+def diagnostics_job(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSettings) -> dict[str, Any]:
+    """The diagnostics Job: pinned to the node by ``nodeName``, tolerating fleetmedic's taint and the
+    cordon (and ``executor.diagnostics_tolerations``), holding all the node's GPUs."""
+    tolerations: list[dict[str, Any]] = [
+        {"key": cfg.taint_key, "operator": "Exists"},
+        {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+        *[dict(t) for t in cfg.diagnostics_tolerations],
+    ]
+    command = list(cfg.diagnostics_command)
+    level = cmd.params.get("level")
+    if level and level.isdigit() and "-r" in command and command.index("-r") + 1 < len(command):
+        command[command.index("-r") + 1] = level
+    gpus = {"nvidia.com/gpu": str(node.gpus)} if node.gpus else {}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name("fleetmedic-diag", cmd),
+            "namespace": cfg.diagnostics_namespace,
+            "labels": {"app.kubernetes.io/managed-by": "fleetmedic", "fleetmedic.io/role": "diagnostics"},
+            "annotations": {"fleetmedic.io/node": node.name, "fleetmedic.io/command": cmd.id[:1024]},
+        },
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": int(cfg.diagnostics_timeout_s),
+            "ttlSecondsAfterFinished": 86_400,
+            "template": {
+                "metadata": {
+                    "labels": {"fleetmedic.io/role": "diagnostics"},
+                    "annotations": {"fleetmedic.io/node": node.name, **cfg.diagnostics_pod_annotations},
+                },
+                "spec": {
+                    "nodeName": node.name,
+                    "restartPolicy": "Never",
+                    "tolerations": tolerations,
+                    "containers": [{
+                        "name": "diag",
+                        "image": cfg.diagnostics_image,
+                        "command": command,
+                        "resources": {"requests": gpus, "limits": gpus},
+                        "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}},
+                    }],
+                },
+            },
+        },
+    }
+
+
+def hook_job(template: str, cmd: RemediationCommand, node: NodeView, cfg: ExecutorSettings) -> dict[str, Any]:
+    """A hook Job from a YAML template with ``${node}``, ``${gpu}``, ``${command_id}``, ``${reason}``,
+    ``${name}`` and ``${namespace}`` substituted (the caller parses the text)."""
+    import yaml
+
+    name = job_name(f"fleetmedic-{cmd.action.replace('_', '-')}", cmd)
+    text = string.Template(template).safe_substitute(
+        node=node.name, gpu=cmd.params.get("gpu", "all"), command_id=cmd.id, reason=json.dumps(cmd.reason),
+        name=name, namespace=cfg.diagnostics_namespace)
+    doc = yaml.safe_load(text)
+    if not isinstance(doc, dict) or doc.get("kind") != "Job":
+        raise ValueError(f"executor.action_hooks.{cmd.action}: the template must be one batch/v1 Job")
+    meta = doc.setdefault("metadata", {})
+    meta.setdefault("name", name)
+    meta.setdefault("namespace", cfg.diagnostics_namespace)
+    meta.setdefault("labels", {})["app.kubernetes.io/managed-by"] = "fleetmedic"
+    pod_meta = doc.setdefault("spec", {}).setdefault("template", {}).setdefault("metadata", {})
+    pod_meta.setdefault("labels", {})["fleetmedic.io/role"] = cmd.action
+    return doc
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """A finished (or not) Job: ``None`` while it runs."""
+
+    passed: bool | None
+    message: str = ""
+
+
+def job_outcome(conditions: Sequence[tuple[str, str, str]], failure_message: str = "") -> JobOutcome:
+    """From the Job's ``(type, status, message)`` conditions: Complete -> passed, Failed -> failed."""
+    for kind, status, message in conditions:
+        if status != "True":
+            continue
+        if kind in ("Complete", "SuccessCriteriaMet"):
+            return JobOutcome(True, message)
+        if kind in ("Failed", "FailureTarget"):
+            return JobOutcome(False, failure_message or message)
+    return JobOutcome(None)
+
+
+def failed_tests(message: str) -> str:
+    """The failing tests from a diagnostics pod's termination message (``memory,pcie`` or free text)."""
+    first = (message.strip().splitlines() or [""])[0].strip()
+    if first and re.fullmatch(r"[A-Za-z0-9_,. -]+", first) and len(first) <= 200:
+        return ",".join(p.strip() for p in first.split(",") if p.strip())
+    return "diagnostics"
+

@@ -1,0 +1,390 @@
+"""Topology-aware restart_job: reads nodes and pods, plans with :mod:`.placement`, restarts through
+:func:`fleetmedic.executor.workload.apply.restart_workload` (docs/placement.md).
+
+:meth:`PlacementRestarter.restart` is what the executor calls for ``restart_job`` / ``requeue_job``:
+
+1. A workload whose replacement pods are already waiting (unscheduled) with every excluded node
+   kept off (for a JobSet: by its child Jobs' pod templates) is not restarted again (``skipped``):
+   that would only recreate pending pods.
+2. A Kueue-managed Job or JobSet (``kueue.x-k8s.io/queue-name`` and a Workload object, CRD
+   present) is requeued through its Workload (:mod:`.kueue`; a JobSet's placement goes onto its
+   suspended child Jobs).
+3. Otherwise the workload's restart plan is adjusted before anything is written: the excluded nodes
+   are re-read from the API server and any the pods could still land on (not cordoned, no taint
+   they do not tolerate) get the required ``hostname NotIn`` (so the isolation is in the same
+   write that lets the pods be recreated); the pod templates get preferred node affinity toward the
+   surviving ranks' NVLink domain / leaf / rack / spine / pool (and the standby pool); and the
+   capacity verdict is taken (Job, PyTorchJob, JobSet). A JobSet whose webhook refuses the template
+   change gets the same placement on its suspended child Jobs, in the patch that excludes the
+   suspects (:func:`.placement.child_job_ops`).
+4. No healthy capacity: the result says ``capacity: insufficient`` and what is missing, a Warning
+   Event ``FleetmedicCapacityWait`` goes on the workload, ``fleetmedic_executor_capacity_waits_total``
+   counts it; the pods stay Pending in the scheduler's queue with their own priority, and the
+   executor waits up to ``placement.capacity_wait_s`` for them to be scheduled, observing the wait in
+   ``fleetmedic_executor_capacity_wait_seconds``.
+
+Nodes are listed once per ``placement.node_cache_s`` (the topology and free capacity); the
+excluded nodes are always read afresh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client import ApiException
+
+from fleetmedic.config import Settings
+from fleetmedic.executor.workload import apply as wl
+from fleetmedic.executor.workload import placement_plan as pm
+from fleetmedic.executor.workload.jobset import child_jobs
+from fleetmedic.executor.workload.placement_metrics import PlacementMetrics
+from fleetmedic.executor.workload.plan import (
+    ANNOTATION_EXCLUDED,
+    JOB,
+    JOBSET,
+    PYTORCHJOB,
+    RestartPlan,
+    WorkloadError,
+    WorkloadKind,
+    excluded_nodes,
+    parse_job_ref,
+    pod_spec_paths,
+)
+
+log = logging.getLogger(__name__)
+PLACED_ACTIONS = frozenset({"restart_job", "requeue_job"})
+_NODE_CACHES: weakref.WeakKeyDictionary[client.ApiClient, NodeCache] = weakref.WeakKeyDictionary()
+
+
+class NodeCache:
+    """All nodes, listed at most once per ``ttl_s`` (shared by the restarters of one API client)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._at = 0.0
+        self._nodes: list[client.V1Node] | None = None
+
+    def get(self, api: client.ApiClient, ttl_s: float, now: float, refresh: bool = False) -> list[client.V1Node]:
+        with self._lock:
+            if refresh or self._nodes is None or now - self._at > ttl_s:
+                self._nodes, self._at = client.CoreV1Api(api).list_node().items, now
+            return self._nodes
+
+
+class PlacementRestarter:
+    def __init__(self, api: client.ApiClient, settings: Settings, metrics: PlacementMetrics | None = None,
+                 stop: threading.Event | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.api = api
+        self.settings = settings
+        self.metrics = metrics
+        self.stop = stop or threading.Event()
+        self.clock = clock
+        self._cache = _NODE_CACHES.setdefault(api, NodeCache())
+
+    # --- entry ------------------------------------------------------------------------------------
+
+    def restart(self, job: str, *, action: str, exclude_nodes: Sequence[str], params: Mapping[str, str],
+                dry_run: bool, actor: str) -> wl.WorkloadOutcome:
+        cfg = self.settings.placement
+        if not cfg.enabled or action not in PLACED_ACTIONS:
+            return wl.restart_workload(self.api, job, action=action, exclude_nodes=exclude_nodes, params=params,
+                                       dry_run=dry_run, actor=actor)
+        try:
+            waiting = self._already_waiting(job, exclude_nodes, params)
+        except (WorkloadError, ApiException) as exc:
+            waiting = None
+            log.debug("no waiting check for %s: %s", job, exc)
+        if waiting is not None:
+            return waiting
+        seen: dict[str, Any] = {}
+
+        def adjust(kind: WorkloadKind, obj: dict[str, Any], pods: list[client.V1Pod], plan: RestartPlan) -> RestartPlan:
+            return self._adjust(kind, obj, pods, plan, exclude_nodes, params, seen)
+
+        def adjust_child(child: dict[str, Any], ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            recipe: pm.Recipe | None = seen.get("recipe")
+            return pm.child_job_ops(child, ops, recipe) if recipe is not None else ops
+
+        if cfg.kueue == "auto":  # a Kueue-managed Job or JobSet: through its Workload (kueue.py)
+            from fleetmedic.executor.workload import kueue
+
+            queued = kueue.requeue_if_managed(self.api, job, action=action, exclude_nodes=exclude_nodes,
+                                              params=params, dry_run=dry_run, actor=actor, adjust=adjust,
+                                              adjust_child=adjust_child)
+            if queued is not None:  # Kueue keeps it queued with its priority: no capacity wait of ours
+                details = {**queued.details, **seen.get("details", {})}
+                if queued.outcome == "applied" and self.metrics and "capacity" in details:
+                    self.metrics.placements.labels(capacity=details["capacity"]).inc()
+                return dataclasses.replace(queued, details=details)
+
+        out = wl.restart_workload(self.api, job, action=action, exclude_nodes=exclude_nodes, params=params,
+                                  dry_run=dry_run, actor=actor, adjust_plan=adjust, adjust_child=adjust_child)
+        verdict: pm.CapacityVerdict | None = seen.get("verdict")
+        details = {**out.details, **seen.get("details", {})}
+        if verdict is None or out.outcome != "applied":
+            return dataclasses.replace(out, details=details)
+        if self.metrics:  # counted once the restart is applied (a 409 re-plans: _adjust runs again)
+            self.metrics.placements.labels(capacity=details["capacity"]).inc()
+            forced = [n for n in details.get("isolation_forced", "").split(",") if n]
+            if forced:
+                self.metrics.forced_exclusions.inc(len(forced))
+        if verdict.sufficient:
+            return dataclasses.replace(out, details=details)
+        return self._capacity_wait(out, details, verdict, seen["kind"], seen["obj"], action, actor)
+
+    # --- planning ---------------------------------------------------------------------------------
+
+    def _adjust(self, kind: WorkloadKind, obj: Mapping[str, Any], pods: Sequence[client.V1Pod], plan: RestartPlan,
+                exclude: Sequence[str], params: Mapping[str, str], seen: dict[str, Any]) -> RestartPlan:
+        cfg = self.settings.placement
+        seen.update(kind=kind, obj=obj)
+        current = [p.spec.node_name for p in pods if p.spec and p.spec.node_name]
+        nodes = self.nodes(knowing=current)
+        states = {_name(n): self._state(n, {}) for n in nodes}
+        fresh = {name: self._read_state(name) for name in sorted(set(exclude))}
+        paths = pod_spec_paths(kind, obj)
+        planned = {op["path"][: -len("/affinity")]: op["value"] for op in plan.template_ops
+                   if op["path"].endswith("/affinity")}
+        specs_now = [{**spec, "affinity": planned.get(ptr, spec.get("affinity"))} for ptr, spec in paths]
+        force = pm.unisolated(exclude, fresh, specs_now)
+        never = params.get("anti_affinity") == "never"
+        keep_off = sorted(set(force) | set(exclude)) if cfg.exclude_suspects and not never else force
+        topo = pm.FleetTopology(states.values(), cfg)
+        domain = pm.job_domain(topo, current, exclude)
+        terms = pm.preferred_terms(topo, domain)
+        tolerations = pm.standby_tolerations(cfg)
+        meta = obj.get("metadata") or {}
+        previous = pm.previous_placement(meta.get("annotations") or {})
+        earlier = [n for n in ((meta.get("annotations") or {}).get(ANNOTATION_EXCLUDED) or "").split(",") if n]
+        release = pm.back_in_service(earlier, [*exclude, *keep_off], states, self.settings.executor.taint_key)
+        recipe = pm.Recipe(tuple(terms), tuple(tolerations), previous, tuple(keep_off), tuple(release))
+        seen["recipe"] = recipe  # a JobSet whose webhook refuses the template: applied to its child Jobs
+        ops = [op for op in plan.template_ops if not op["path"].endswith("/affinity")]
+        new_specs = []
+        for (ptr, spec), affinity in zip(paths, (s["affinity"] for s in specs_now), strict=True):
+            spec_ops, new_spec = pm.placed_ops(ptr, spec, affinity, recipe)
+            ops += spec_ops
+            new_specs.append(new_spec)
+        still = pm.unisolated(exclude, fresh, new_specs)
+        if still:  # cannot happen: place() ANDs them into every required term
+            raise WorkloadError(f"excluded node(s) {', '.join(still)} neither isolated nor excluded by the plan")
+        demands = self._demands(kind, obj, new_specs, len(pods))
+        own = {str(p.metadata.uid) for p in pods if p.metadata}
+        states = self._with_requests(nodes, own)
+        verdict = pm.capacity_verdict(demands, list(states.values()), exclude, topo, domain)
+        annotations = {**plan.annotations,
+                       pm.ANNOTATION_PLACEMENT: pm.placement_record(terms, tolerations, domain)}
+        excluded_now = sorted((set(plan.excluded) | set(keep_off)) - set(release))
+        if excluded_now:
+            annotations[ANNOTATION_EXCLUDED] = ",".join(excluded_now)
+        words = ", ".join(f"{lvl}={v}" for lvl, v in domain.items() if topo.label_of[lvl])
+        summary = plan.summary + (f"; prefer {words}" if words and terms else "")
+        seen["verdict"] = verdict
+        seen["details"] = {**verdict.details(), "isolation_forced": ",".join(force),
+                           "isolated_by": _isolation_words(exclude, fresh, force)}
+        if release:
+            seen["details"]["exclusion_released"] = ",".join(release)
+        if kind is JOB and (obj.get("spec") or {}).get("podReplacementPolicy") != "Failed":
+            seen["details"]["placement_note"] = ("podReplacementPolicy is not Failed: replacements may be created "
+                                                 "while the old pods still hold their nodes' GPUs, and land elsewhere")
+        remove = tuple(plan.remove_annotations) + ((ANNOTATION_EXCLUDED,) if not excluded_now else ())
+        return dataclasses.replace(plan, template_ops=ops, annotations=annotations, summary=summary,
+                                   excluded=tuple(excluded_now), remove_annotations=remove)
+
+    def _demands(self, kind: WorkloadKind, obj: Mapping[str, Any], specs: Sequence[Mapping[str, Any]],
+                 live: int) -> list[pm.Demand]:
+        """The pods the restart recreates, each with the pod spec it will be created from."""
+        res = self.settings.placement.gpu_resource
+        spec = obj.get("spec") or {}
+        if kind is JOB:
+            parallelism = spec.get("parallelism")
+            count = max(live, 1 if parallelism is None else int(parallelism))
+            return [pm.Demand(pm.pod_gpus(specs[0], res), specs[0])] * count
+        if kind is PYTORCHJOB:
+            out: list[pm.Demand] = []
+            for (_, rspec), s in zip(sorted((spec.get("pytorchReplicaSpecs") or {}).items()), specs, strict=False):
+                out += [pm.Demand(pm.pod_gpus(s, res), s)] * int((rspec or {}).get("replicas") or 1)
+            return out
+        if kind is JOBSET:  # every child Job's pods: replicas x parallelism per replicated job
+            out = []
+            for rjob, s in zip(spec.get("replicatedJobs") or [], specs, strict=False):
+                job_spec = (rjob.get("template") or {}).get("spec") or {}
+                parallelism = job_spec.get("parallelism")
+                replicas = rjob.get("replicas")
+                count = (1 if replicas is None else int(replicas)) * (1 if parallelism is None else int(parallelism))
+                out += [pm.Demand(pm.pod_gpus(s, res), s)] * count
+            return out
+        return []
+
+    # --- the cluster --------------------------------------------------------------------------------
+
+    def nodes(self, knowing: Sequence[str] = ()) -> list[client.V1Node]:
+        """All nodes, listed at most once per ``placement.node_cache_s`` unless the cached list lacks
+        one of ``knowing`` (a node that joined since: its job's pods run there)."""
+        cached = self._cache.get(self.api, self.settings.placement.node_cache_s, self.clock())
+        if set(knowing) - {_name(n) for n in cached}:
+            return self._cache.get(self.api, self.settings.placement.node_cache_s, self.clock(), refresh=True)
+        return cached
+
+    def _read_state(self, name: str) -> pm.NodeState | None:
+        try:
+            return self._state(client.CoreV1Api(self.api).read_node(name), {})
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _with_requests(self, nodes: Sequence[client.V1Node], own: set[str]) -> dict[str, pm.NodeState]:
+        """Node states with the GPUs live pods (other than the workload's own ``own``) request."""
+        res = self.settings.placement.gpu_resource
+        requested: dict[str, int] = {}
+        pods = client.CoreV1Api(self.api).list_pod_for_all_namespaces(
+            field_selector="status.phase!=Succeeded,status.phase!=Failed").items
+        for p in pods:
+            if not (p.spec and p.spec.node_name) or (p.metadata and p.metadata.uid in own):
+                continue
+            requested[p.spec.node_name] = requested.get(p.spec.node_name, 0) + pm.pod_gpus(_spec_dict(p), res)
+        return {_name(n): self._state(n, requested) for n in nodes}
+
+    def _state(self, node: client.V1Node, requested: Mapping[str, int]) -> pm.NodeState:
+        res = self.settings.placement.gpu_resource
+        name = _name(node)
+        alloc = (node.status.allocatable or {}) if node.status else {}
+        conditions = (node.status.conditions or []) if node.status else []
+        ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+        taints = tuple((t.key, t.effect) for t in ((node.spec.taints or []) if node.spec else []))
+        try:
+            gpus = int(str(alloc.get(res, "0")))
+        except ValueError:
+            gpus = 0
+        labels = dict((node.metadata.labels if node.metadata else None) or {})
+        return pm.NodeState(name=name, labels=labels, allocatable=gpus,
+                            requested=requested.get(name, 0), unschedulable=bool(node.spec and node.spec.unschedulable),
+                            ready=ready, taints=taints)
+
+    # --- scarce capacity ----------------------------------------------------------------------------
+
+    def _already_waiting(self, job: str, exclude: Sequence[str],
+                         params: Mapping[str, str]) -> wl.WorkloadOutcome | None:
+        """``skipped`` when the workload's pods already wait unscheduled and every excluded node is
+        kept off them: restarting again would only recreate pending pods."""
+        namespace, name = parse_job_ref(job)
+        found = wl.find_workload(self.api, namespace, name, params.get("kind", ""))
+        if found is None:
+            return None
+        kind, obj = found
+        pods = wl.workload_pods(self.api, kind, obj)
+        pending = [p for p in pods if not (p.spec and p.spec.node_name)]
+        if not pending:
+            return None
+        specs = [spec for _, spec in pod_spec_paths(kind, obj)]
+        if kind is JOBSET:  # the exclusion may be on the child Jobs only (the webhook refused the template)
+            meta = obj.get("metadata") or {}
+            children = child_jobs(self.api, namespace, name, str(meta.get("uid")))
+            specs = [((c.get("spec") or {}).get("template") or {}).get("spec") or {} for c in children] or specs
+        fresh = {n: self._read_state(n) for n in sorted(set(exclude))}
+        if pm.unisolated(exclude, fresh, specs) or any(p.spec.node_name in set(exclude) for p in pods if p.spec):
+            return None
+        return wl.WorkloadOutcome("skipped", f"{kind.kind} {job}: {len(pending)} replacement pod(s) already wait for "
+                                             "capacity and the excluded nodes are kept off; not restarting again",
+                                  {"kind": kind.kind, "capacity": "waiting", "pending_pods": str(len(pending)),
+                                   "excluded_nodes": ",".join(sorted(excluded_nodes_of(specs)))})
+
+    def _capacity_wait(self, out: wl.WorkloadOutcome, details: dict[str, str], verdict: pm.CapacityVerdict,
+                       kind: WorkloadKind, obj: Mapping[str, Any], action: str, actor: str) -> wl.WorkloadOutcome:
+        message = f"no healthy capacity for the replacement pods: {verdict.missing()}; they wait in the " \
+                  "scheduler's queue with their priority"
+        warning_event(self.api, kind, obj, "FleetmedicCapacityWait", message, actor)
+        if self.metrics:
+            self.metrics.waits.labels(action=action).inc()
+        t0 = self.clock()
+        limit = self.settings.placement.capacity_wait_s
+        scheduled = False
+        while limit > 0 and not self.stop.is_set():
+            fresh = wl.find_workload(self.api, str(obj["metadata"]["namespace"]), str(obj["metadata"]["name"]),
+                                     kind.kind)
+            pods = wl.workload_pods(self.api, kind, fresh[1]) if fresh else []
+            if pods and all(p.spec and p.spec.node_name for p in pods) and len(pods) >= verdict.pods:
+                scheduled = True
+                break
+            if self.clock() - t0 >= limit:
+                break
+            self.stop.wait(self.settings.placement.capacity_poll_s)
+        waited = self.clock() - t0
+        if self.metrics and limit > 0:
+            self.metrics.wait_seconds.observe(waited)
+        details = {**details, "capacity_wait_s": f"{waited:.1f}",
+                   "capacity_still_waiting": str(not scheduled).lower()}
+        return dataclasses.replace(out, reason=f"{out.reason}; {message}", details=details)
+
+
+def excluded_nodes_of(specs: Sequence[Mapping[str, Any]]) -> set[str]:
+    sets = [excluded_nodes(s.get("affinity")) for s in specs]
+    return set.intersection(*sets) if sets else set()
+
+
+def _isolation_words(exclude: Sequence[str], fresh: Mapping[str, pm.NodeState | None], force: Sequence[str]) -> str:
+    """How each excluded node is kept off: gone, cordon, taint, anti-affinity (the template's, or
+    ``anti-affinity-added`` by this restart)."""
+    words = []
+    for name in sorted(set(exclude)):
+        node = fresh.get(name)
+        if node is None:
+            how = "gone"
+        elif name in force:
+            how = "anti-affinity-added"
+        elif node.unschedulable:
+            how = "cordon"
+        elif any(effect in pm.BLOCKING_EFFECTS for _, effect in node.taints):
+            how = "taint"
+        else:
+            how = "anti-affinity"
+        words.append(f"{name}:{how}")
+    return ",".join(words)
+
+
+def warning_event(api: client.ApiClient, kind: WorkloadKind, obj: Mapping[str, Any], reason: str, message: str,
+                  actor: str) -> None:
+    """A Warning core/v1 Event on the workload (``kubectl describe`` shows it); best effort."""
+    meta = obj.get("metadata") or {}
+    now = dt.datetime.now(dt.UTC)
+    body = client.CoreV1Event(
+        metadata=client.V1ObjectMeta(generate_name=f"{meta.get('name')}.", namespace=meta.get("namespace")),
+        involved_object=client.V1ObjectReference(api_version=kind.api_version, kind=kind.kind, name=meta.get("name"),
+                                                 namespace=meta.get("namespace"), uid=meta.get("uid")),
+        reason=reason, message=message[:1024], type="Warning", count=1, first_timestamp=now, last_timestamp=now,
+        source=client.V1EventSource(component="fleetmedic-executor"), reporting_component="fleetmedic.io/executor",
+        reporting_instance=actor[:128] or "fleetmedic")
+    try:
+        client.CoreV1Api(api).create_namespaced_event(str(meta.get("namespace")), body)
+    except ApiException as exc:
+        log.warning("event on %s %s/%s not recorded: %s", kind.kind, meta.get("namespace"), meta.get("name"),
+                    exc.reason)
+
+
+def _name(obj: Any) -> str:
+    meta = getattr(obj, "metadata", None)
+    return str(getattr(meta, "name", "") or "")
+
+
+def _spec_dict(pod: client.V1Pod) -> dict[str, Any]:
+    """The parts of a typed pod spec :func:`placement.pod_gpus` reads, as plain dicts."""
+    def containers(items: Any) -> list[dict[str, Any]]:
+        out = []
+        for c in items or []:
+            r = c.resources
+            out.append({"resources": {"requests": dict((r.requests if r else None) or {}),
+                                      "limits": dict((r.limits if r else None) or {})}})
+        return out
+
+    spec = pod.spec
+    return {"containers": containers(spec.containers if spec else None),
+            "initContainers": containers(spec.init_containers if spec else None)}

@@ -1,0 +1,160 @@
+"""The embedded engine: the pipeline's stages in one process, without Kafka.
+
+:class:`EmbeddedPipeline` wires the same stage objects the Faust workers run, detection per node
+(:class:`~fleetmedic.models.stages.NodeDetection`), detection across nodes
+(:class:`~fleetmedic.models.stages.FleetDetection`) and the decision engine
+(:class:`~fleetmedic.remediation.engine.DecisionEngine`), with an in-memory bus: what a stage
+emits goes straight to the next one, in order. Commands are signed when a key is given.
+
+:func:`run_simulation` closes the loop with the fleet simulator as the cluster: its telemetry goes
+in, the commands go back to it, and its executor results come back to the engine. ``backtest``,
+the demo, the quality benchmark and tests use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from fleetmedic import records as r
+from fleetmedic.config import Settings
+from fleetmedic.evaluation.truth import TruthRecord
+from fleetmedic.models.stages import FleetDetection, NodeDetection, stage1_batch, summarise_batch
+from fleetmedic.remediation.engine import DecisionEngine, Decisions
+from fleetmedic.remediation.topology import Placement, Topology
+from fleetmedic.signing import sign
+from fleetmedic.sim.closed_loop import Accounting
+from fleetmedic.sim.engine import Simulator
+from fleetmedic.sim.fleet import Fleet
+
+
+@dataclass
+class Collected:
+    """Everything the pipeline emitted, in order."""
+
+    findings: list[r.Finding] = field(default_factory=list)
+    incidents: list[r.Incident] = field(default_factory=list)
+    commands: list[r.RemediationCommand] = field(default_factory=list)
+    audit: list[r.AuditRecord] = field(default_factory=list)
+    results: list[r.RemediationResult] = field(default_factory=list)
+
+
+class EmbeddedPipeline:
+    def __init__(self, settings: Settings, topology: Topology | None = None, key: bytes | None = None) -> None:
+        self.settings = settings
+        self.node_stage = NodeDetection(settings.detection)
+        self.fleet_stage = FleetDetection(settings.detection)
+        self.engine = DecisionEngine(settings, topology)
+        self.key = key
+        self.out = Collected()
+        self._listeners: list[Callable[[str, r.Record], None]] = []
+
+    def subscribe(self, listener: Callable[[str, r.Record], None]) -> None:
+        """Call ``listener(topic, record)`` for everything emitted (topics as in :mod:`fleetmedic.bus`)."""
+        self._listeners.append(listener)
+
+    # --- inputs ---------------------------------------------------------------------------------
+
+    def gpu(self, msgs: list[r.GpuTelemetry], now: float) -> list[r.RemediationCommand]:
+        batch = stage1_batch(msgs)  # the columns converted once for both
+        for summary in summarise_batch(msgs, batch):
+            self.fleet_stage.on_summary(summary)
+        return self._findings(self.node_stage.on_gpu(msgs, batch), now)
+
+    def port(self, msg: r.PortTelemetry, now: float) -> list[r.RemediationCommand]:
+        stage = self.node_stage.on_port if msg.device_kind == "host" else self.fleet_stage.on_port
+        return self._findings(stage(msg), now)
+
+    def job(self, event: r.JobEvent, now: float) -> list[r.RemediationCommand]:
+        commands = self._findings(self.fleet_stage.on_job(event), now)
+        return commands + self._decisions(self.engine.on_job_event(event, now))
+
+    def result(self, result: r.RemediationResult, now: float) -> list[r.RemediationCommand]:
+        self.out.results.append(result)
+        self._emit("remediation.results", result)
+        return self._decisions(self.engine.on_result(result, now))
+
+    def node_observed(self, node: str, *, cordoned: bool, cordoned_by_fleetmedic: bool,
+                      now: float) -> list[r.RemediationCommand]:
+        """A node's cordon as the executor sees it (who made it decides whether it is ours)."""
+        return self._decisions(self.engine.node_observed(node, cordoned=cordoned,
+                                                         cordoned_by_fleetmedic=cordoned_by_fleetmedic, now=now))
+
+    def tick(self, now: float) -> list[r.RemediationCommand]:
+        commands = self._findings(self.fleet_stage.tick(now), now)
+        return commands + self._decisions(self.engine.tick(now))
+
+    # --- plumbing -------------------------------------------------------------------------------
+
+    def _findings(self, findings: Iterable[r.Finding], now: float) -> list[r.RemediationCommand]:
+        commands: list[r.RemediationCommand] = []
+        for f in findings:
+            self.out.findings.append(f)
+            self._emit("findings", f)
+            commands += self._decisions(self.engine.on_finding(f, now))
+        return commands
+
+    def _decisions(self, d: Decisions) -> list[r.RemediationCommand]:
+        for inc in d.incidents:
+            self.out.incidents.append(inc)
+            self._emit("incidents", inc)
+        commands = [sign(c, self.key) for c in d.commands] if self.key else list(d.commands)
+        for cmd in commands:
+            self.out.commands.append(cmd)
+            self._emit("remediation.commands", cmd)
+        for a in d.audit:
+            self.out.audit.append(a)
+            self._emit("remediation.audit", a)
+        return commands
+
+    def _emit(self, topic: str, record: r.Record) -> None:
+        for listener in self._listeners:
+            listener(topic, record)
+
+
+def fleet_topology(fleet: Fleet) -> Topology:
+    """Topology of a simulated fleet (racks, rail leaves per NIC, SKU as pool)."""
+    nodes: dict[str, Placement] = {}
+    nics = fleet.spec.nics_per_node
+    for n, name in enumerate(fleet.node_names):
+        rails = {f"mlx5_{k}": fleet.leaf_names[int(fleet.ports.leaf_of[n, k])] for k in range(nics)}
+        nodes[name] = Placement(rack=fleet.rack_names[int(fleet.node_rack[n])], leaf=rails.get("mlx5_0", ""),
+                                pool=fleet.sku_of(n).key, rails=rails)
+    return Topology(nodes)
+
+
+@dataclass
+class SimulationRun:
+    pipeline: EmbeddedPipeline
+    truth: list[TruthRecord]
+    accounting: Accounting
+    ticks: int
+
+
+def run_simulation(sim: Simulator, settings: Settings, key: bytes | None = None,
+                   on_tick: Callable[[float, EmbeddedPipeline], None] | None = None) -> SimulationRun:
+    """Drive the simulator through the pipeline with the closed loop: commands go back to it."""
+    pipeline = EmbeddedPipeline(settings, fleet_topology(sim.fleet), key)
+    ticks = 0
+    for out in sim.run():
+        now = float(out.t)
+        commands: list[r.RemediationCommand] = []
+        for res in out.results:
+            commands += pipeline.result(res, now)
+        for obs in out.nodes:  # cordons made by people (planned maintenance)
+            commands += pipeline.node_observed(obs.node, cordoned=obs.cordoned,
+                                               cordoned_by_fleetmedic=obs.cordoned_by_fleetmedic, now=now)
+        for event in out.job_events:
+            commands += pipeline.job(event, now)
+        if out.gpu is not None:
+            commands += pipeline.gpu(out.gpu.to_records(), now)
+        if out.ports is not None:
+            for msg in out.ports.to_records():
+                commands += pipeline.port(msg, now)
+        commands += pipeline.tick(now)
+        for cmd in commands:
+            sim.submit(cmd)
+        ticks += 1
+        if on_tick is not None:
+            on_tick(now, pipeline)
+    return SimulationRun(pipeline, list(sim.truth()), sim.accounting(), ticks)
