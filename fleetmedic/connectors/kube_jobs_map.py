@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from fleetmedic.k8s_keys import ANNOTATION_RESTART_ATTEMPTS
 from fleetmedic.records import JobEvent, RankPlacement
 
 JOBSET_LABEL: Final = "jobset.sigs.k8s.io/jobset-name"
@@ -39,7 +40,6 @@ REPLICA_TYPE_LABEL: Final = "training.kubeflow.org/replica-type"
 REPLICA_INDEX_LABEL: Final = "training.kubeflow.org/replica-index"
 JOB_LABELS: Final = ("batch.kubernetes.io/job-name", "job-name")
 COMPLETION_INDEX: Final = "batch.kubernetes.io/job-completion-index"
-ATTEMPTS_ANNOTATION: Final = "fleetmedic.io/restart-attempts"
 DONE_CONDITIONS: Final = frozenset({"Complete", "Succeeded", "Completed"})
 WORKLOAD_KINDS: Final = ("Job", "PyTorchJob", "JobSet")
 
@@ -314,7 +314,7 @@ class JobTracker:
             state.world_size, state.rjob_order = size
             state.dirty = True
         events: list[JobEvent] = []
-        attempt = max(_int((meta.get("annotations") or {}).get(ATTEMPTS_ANNOTATION), 0),
+        attempt = max(_int((meta.get("annotations") or {}).get(ANNOTATION_RESTART_ATTEMPTS), 0),
                       _int(status.get("restarts"), 0))
         if attempt > state.attempt:
             state.attempt = attempt

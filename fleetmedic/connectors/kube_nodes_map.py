@@ -28,10 +28,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from fleetmedic.config import Settings
+from fleetmedic.k8s_keys import ANNOTATION_CORDONED_BY, LABEL_RAIL_PREFIX
 from fleetmedic.records import NodeObservation
-from fleetmedic.remediation.topology import RAIL_LABEL_PREFIX
 
-CORDONED_BY_ANNOTATION: Final = "fleetmedic.io/cordoned-by"  # written by the executor (executor/plan.py)
 MAX_LABEL_VALUE: Final = 63  # Kubernetes' limit on a label value
 
 
@@ -69,7 +68,7 @@ class NodeTracker:
 
     def relevant(self, labels: Mapping[str, Any]) -> dict[str, str]:
         """The labels the decision stage uses (placement, rails, opt-out)."""
-        return {k: v for k, v in labels.items() if k in self.watched or k.startswith(RAIL_LABEL_PREFIX)}
+        return {k: v for k, v in labels.items() if k in self.watched or k.startswith(LABEL_RAIL_PREFIX)}
 
     def observe(self, etype: str, obj: Any, now: float) -> NodeObservation | None:
         """One watch event (``ADDED``, ``MODIFIED``, ``DELETED``) of a Node."""
@@ -109,5 +108,5 @@ class NodeTracker:
             if not isinstance(value, str) or len(value) > MAX_LABEL_VALUE:
                 raise BadNode("bad_label", f"node {name}: metadata.labels.{key}: not a label value: {value!r:.80}")
         cordoned = spec.get("unschedulable") is True
-        return name, NodeView(cordoned, cordoned and CORDONED_BY_ANNOTATION in annotations,
+        return name, NodeView(cordoned, cordoned and ANNOTATION_CORDONED_BY in annotations,
                               tuple(sorted(relevant.items())))

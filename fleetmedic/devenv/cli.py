@@ -18,6 +18,7 @@ from pathlib import Path
 from fleetmedic.devenv import build, proc, settings
 from fleetmedic.devenv.kafka import DEFAULT_PORT, Kafka
 from fleetmedic.devenv.kube import Kube, Ports
+from fleetmedic.k8s_keys import LABEL_FLEET
 
 SERVICES = ("kafka", "kube")
 DEV_FLEET = "dev"
@@ -153,7 +154,7 @@ def _up_fleet(kube: Kube, nodes: int, crds: Path) -> str:
         if crds.is_dir():
             names = fleet.install_crds(api, sorted(crds.glob("*.yaml")))
             lines.append(f"crds: {', '.join(names)}")
-        have = client.CoreV1Api(api).list_node(label_selector=f"{fleet.LABEL_FLEET}={DEV_FLEET}").items
+        have = client.CoreV1Api(api).list_node(label_selector=f"{LABEL_FLEET}={DEV_FLEET}").items
         if nodes > 0 and not have:
             t = time.monotonic()
             f = fleet.create_fleet(api, nodes, name=DEV_FLEET, timeout=max(60.0, nodes * 1.0))

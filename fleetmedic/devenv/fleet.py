@@ -1,6 +1,7 @@
 """A fake GPU fleet on the dev control plane: kwok nodes with topology labels, CRDs, evictions.
 
-Node labels (the topology fleetmedic reasons about; values are unique per fleet):
+Node labels (the topology fleetmedic reasons about; values are unique per fleet; the keys are
+``LABEL_*`` of :mod:`fleetmedic.k8s_keys`, but for the zone's):
 
 - ``fleetmedic.io/fleet``: the fleet name (one ``create_fleet`` call); used to clean up.
 - ``fleetmedic.io/pool``: node pool, e.g. ``h100``.
@@ -30,14 +31,11 @@ from kubernetes.client import ApiException
 
 from fleetmedic.devenv.kclient import get_json
 from fleetmedic.devenv.kube import KWOK_ANNOTATION
+from fleetmedic.k8s_keys import LABEL_FLEET, LABEL_LEAF, LABEL_POOL, LABEL_RACK
 
 M = TypeVar("M")
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: 10x faster on big manifests
 GPU = "nvidia.com/gpu"
-LABEL_FLEET = "fleetmedic.io/fleet"
-LABEL_POOL = "fleetmedic.io/pool"
-LABEL_RACK = "fleetmedic.io/rack"
-LABEL_LEAF = "fleetmedic.io/leaf"
 LABEL_ZONE = "topology.kubernetes.io/zone"
 KWOK_TAINT = {"key": KWOK_ANNOTATION[0], "value": KWOK_ANNOTATION[1], "effect": "NoSchedule"}
 KWOK_TOLERATION = {

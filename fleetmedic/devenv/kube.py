@@ -33,9 +33,9 @@ import yaml
 
 from fleetmedic.devenv import proc, settings
 from fleetmedic.devenv.build import KWOK_STAGES
+from fleetmedic.k8s_keys import ANNOTATION_KWOK_COMPLETE
 
 KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
-COMPLETE_ANNOTATION = "fleetmedic.io/kwok-complete"
 SERVICE_CIDR = "10.0.0.0/24"
 POD_CIDR = "10.64.0.0/12"
 
@@ -315,7 +315,7 @@ def kwok_stages(stage_dir: Path, names: tuple[str, ...] = KWOK_STAGES) -> str:
         stage = yaml.safe_load(path.read_text())
         if name == "pod-complete":
             stage["spec"]["selector"]["matchExpressions"].append(
-                {"key": f'.metadata.annotations["{COMPLETE_ANNOTATION}"]', "operator": "In", "values": ["true"]}
+                {"key": f'.metadata.annotations["{ANNOTATION_KWOK_COMPLETE}"]', "operator": "In", "values": ["true"]}
             )
         docs.append(stage)
     return yaml.safe_dump_all(docs, sort_keys=False)

@@ -1,8 +1,10 @@
-"""The executor's one seam to the Kubernetes API server (the official ``kubernetes`` client).
+"""The executor's seam to the Kubernetes API server (the official ``kubernetes`` client).
 
-Everything the executor does to a cluster goes through :class:`Cluster`; it translates between the
-client's models and :mod:`.plan`'s plain values, and API errors into :class:`Conflict` (someone
+Everything the node track does to a cluster (and the job track's command ledger) goes through
+:class:`Cluster`; it translates between the client's models and the plain values of
+:mod:`.node.plan` and :mod:`.node.long_plan`, and API errors into :class:`Conflict` (someone
 changed the object: re-read and decide again) or :class:`ApiError` (report the command failed).
+The job track (:mod:`.workload`) works on workloads through ``Cluster.api``, the same client.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from kubernetes import client
 from kubernetes.client import ApiException
 
 from fleetmedic.executor.node.long_plan import JobOutcome, PodView, job_outcome
-from fleetmedic.executor.node.plan import CONDITION_TYPE, MIRROR_ANNOTATION, Condition, NodeView, Note, Taint
+from fleetmedic.executor.node.plan import MIRROR_ANNOTATION, Condition, NodeView, Note, Taint
+from fleetmedic.k8s_keys import CONDITION_QUARANTINE, LABEL_ROLE, SOURCE_COMPONENT
 
 log = logging.getLogger(__name__)
 M = TypeVar("M")
@@ -53,7 +56,7 @@ class Eviction:
 class Cluster:
     """Reads and writes on the API server for the executor, as ``component``."""
 
-    def __init__(self, api: client.ApiClient, component: str = "fleetmedic-executor", instance: str = "") -> None:
+    def __init__(self, api: client.ApiClient, component: str = SOURCE_COMPONENT, instance: str = "") -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.batch = client.BatchV1Api(api)
@@ -93,7 +96,7 @@ class Cluster:
 
     def set_condition(self, name: str, cond: Condition) -> None:
         now = _now()
-        body = {"status": {"conditions": [{"type": CONDITION_TYPE, "status": cond.status, "reason": cond.reason,
+        body = {"status": {"conditions": [{"type": CONDITION_QUARANTINE, "status": cond.status, "reason": cond.reason,
                                            "message": cond.message, "lastTransitionTime": now,
                                            "lastHeartbeatTime": now}]}}
         try:  # strategic merge: conditions merge by type, the kubelet's (kwok's) stay
@@ -135,7 +138,7 @@ class Cluster:
                 owner_kind=controller.kind if controller else "",
                 mirror=MIRROR_ANNOTATION in (meta.annotations or {}),
                 deleting=meta.deletion_timestamp is not None,
-                role=(meta.labels or {}).get("fleetmedic.io/role", "")))
+                role=(meta.labels or {}).get(LABEL_ROLE, "")))
         return out
 
     def evict(self, pod: PodView) -> Eviction:

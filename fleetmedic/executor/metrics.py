@@ -24,7 +24,7 @@ class ExecutorMetrics:
         self.rejected = Counter("fleetmedic_executor_rejected_total",
                                 "Commands not acted on: bad signature, expired, undecodable",
                                 ["reason"], registry=registry)
-        self.placement = PlacementMetrics(registry)  # topology-aware restarts (capacity.py)
+        self.placement = PlacementMetrics(registry)  # topology-aware restarts (workload/placement_apply.py)
 
     def observe(self, action: str, outcome: str, seconds: float) -> None:
         self.commands.labels(action=action, outcome=outcome).inc()

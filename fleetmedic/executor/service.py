@@ -37,7 +37,7 @@ from fleetmedic.executor.leader import LeaseElector
 from fleetmedic.executor.metrics import ExecutorMetrics
 from fleetmedic.executor.node.apply import CommandExecutor
 from fleetmedic.executor.node.long_apply import Interrupted
-from fleetmedic.executor.node.plan import JOB_ACTIONS, NODE_QUICK
+from fleetmedic.executor.vocabulary import JOB_ACTIONS, NODE_QUICK
 
 log = logging.getLogger("fleetmedic.executor")
 MAX_THREADS = 64

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-RAIL_LABEL_PREFIX = "rails.fleetmedic.io/"
+from fleetmedic.k8s_keys import LABEL_LEAF, LABEL_POOL, LABEL_RACK, LABEL_RAIL_PREFIX
 
 
 class Placement(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -64,9 +64,9 @@ class Topology:
     def from_labels(
         cls,
         node_labels: Mapping[str, Mapping[str, str]],
-        rack_label: str = "fleetmedic.io/rack",
-        leaf_label: str = "fleetmedic.io/leaf",
-        pool_label: str = "fleetmedic.io/pool",
+        rack_label: str = LABEL_RACK,
+        leaf_label: str = LABEL_LEAF,
+        pool_label: str = LABEL_POOL,
     ) -> Topology:
         topo = cls()
         for node, labels in node_labels.items():
@@ -77,13 +77,13 @@ class Topology:
         self,
         node: str,
         labels: Mapping[str, str],
-        rack_label: str = "fleetmedic.io/rack",
-        leaf_label: str = "fleetmedic.io/leaf",
-        pool_label: str = "fleetmedic.io/pool",
+        rack_label: str = LABEL_RACK,
+        leaf_label: str = LABEL_LEAF,
+        pool_label: str = LABEL_POOL,
     ) -> Topology:
         """This topology with ``node`` placed by its labels (labels it lacks keep what was known)."""
         old = self.nodes.get(node, Placement())
-        rails = {k[len(RAIL_LABEL_PREFIX):]: v for k, v in labels.items() if k.startswith(RAIL_LABEL_PREFIX)}
+        rails = {k[len(LABEL_RAIL_PREFIX):]: v for k, v in labels.items() if k.startswith(LABEL_RAIL_PREFIX)}
         new = Placement(
             rack=labels.get(rack_label, old.rack),
             leaf=labels.get(leaf_label, old.leaf),

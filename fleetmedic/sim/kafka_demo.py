@@ -36,9 +36,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from fleetmedic import records as r
 from fleetmedic.bus import client_options, partitions_of, summaries_topic
 from fleetmedic.config import Settings, parse_config
+from fleetmedic.k8s_keys import LABEL_RAIL_PREFIX
 from fleetmedic.models.stages import SummaryColumns
 from fleetmedic.remediation.engine import DecisionEngine
-from fleetmedic.remediation.topology import RAIL_LABEL_PREFIX
 from fleetmedic.sim.embedded import Collected, fleet_topology
 from fleetmedic.sim.engine import Simulator
 from fleetmedic.streams.app import ensure_topics
@@ -127,7 +127,7 @@ def node_observations(sim: Simulator, settings: Settings) -> list[r.NodeObservat
     out = []
     for node, p in fleet_topology(sim.fleet).nodes.items():
         labels = {t.rack_label: p.rack, t.leaf_label: p.leaf, t.pool_label: p.pool,
-                  **{f"{RAIL_LABEL_PREFIX}{nic}": leaf for nic, leaf in p.rails.items()}}
+                  **{f"{LABEL_RAIL_PREFIX}{nic}": leaf for nic, leaf in p.rails.items()}}
         out.append(r.NodeObservation(node=node, ts=sim.start, labels={k: v for k, v in labels.items() if v}))
     return out
 

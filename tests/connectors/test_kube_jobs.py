@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from fleetmedic.config import JobWatchSettings, KafkaSettings, Settings, TopicSettings
 from fleetmedic.connectors.kube_jobs import Gone, JobWatcher, JobWatchMetrics, ResourceWatch, resource_path
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.k8s_keys import LABEL_FLEET, LABEL_LEAF, LABEL_POOL, LABEL_RACK
 from fleetmedic.records import JobEvent, decode
 
 INDEX = "batch.kubernetes.io/job-completion-index"
@@ -31,7 +32,7 @@ def _job(name: str, fleet: fl.Fleet, pods: int, gpus: int) -> client.V1Job:
     res = {fl.GPU: str(gpus)} if gpus else {"cpu": "1"}
     return client.V1Job.from_dict({"metadata": {"name": name}, "spec": {
         "parallelism": pods, "completions": pods, "completionMode": "Indexed", "backoffLimit": 10,
-        "template": {"spec": {"restartPolicy": "Never", "nodeSelector": {fl.LABEL_FLEET: fleet.name},
+        "template": {"spec": {"restartPolicy": "Never", "nodeSelector": {LABEL_FLEET: fleet.name},
                               "tolerations": [fl.KWOK_TOLERATION],
                               "containers": [{"name": "trainer", "image": "example.invalid/t:1",
                                               "resources": {"requests": res, "limits": res}}]}}}})
@@ -213,7 +214,7 @@ def test_watcher_publishes_node_observations_for_foreign_cordons_and_label_chang
     from aiokafka import AIOKafkaConsumer
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-    from fleetmedic.connectors.kube_nodes_map import CORDONED_BY_ANNOTATION
+    from fleetmedic.k8s_keys import ANNOTATION_CORDONED_BY
     from fleetmedic.records import NodeObservation
 
     fleet = make_fleet(3)
@@ -254,11 +255,11 @@ def test_watcher_publishes_node_observations_for_foreign_cordons_and_label_chang
             await patch(c, {"metadata": {"labels": {"team": "ml"}}})  # not a label fleetmedic uses
             await patch(a, {"spec": {"unschedulable": True}})  # a person's cordon
             await read_until(consumer, lambda mine: any(o.node == a and o.cordoned for o in mine))
-            await patch(b, {"metadata": {"labels": {fl.LABEL_RACK: f"{fleet.name}-rack-99",
+            await patch(b, {"metadata": {"labels": {LABEL_RACK: f"{fleet.name}-rack-99",
                                                     "rails.fleetmedic.io/mlx5_0": "leaf-rail-0"}}})
-            await read_until(consumer, lambda mine: any(o.node == b and o.labels.get(fl.LABEL_RACK, "").endswith("-99")
+            await read_until(consumer, lambda mine: any(o.node == b and o.labels.get(LABEL_RACK, "").endswith("-99")
                                                         for o in mine))
-            await patch(c, {"metadata": {"annotations": {CORDONED_BY_ANNOTATION: "fleetmedic"}},
+            await patch(c, {"metadata": {"annotations": {ANNOTATION_CORDONED_BY: "fleetmedic"}},
                             "spec": {"unschedulable": True}})  # what the executor's cordon writes
             await read_until(consumer, lambda mine: any(o.node == c and o.cordoned for o in mine))
         finally:
@@ -270,8 +271,8 @@ def test_watcher_publishes_node_observations_for_foreign_cordons_and_label_chang
     mine = [o for o in got if o.node in fleet.nodes]
     first = {o.node: o for o in mine[:3]}
     assert not any(o.cordoned or o.deleted for o in first.values())
-    assert first[a].labels == {fl.LABEL_RACK: f"{fleet.name}-rack-00", fl.LABEL_LEAF: first[a].labels[fl.LABEL_LEAF],
-                               fl.LABEL_POOL: first[a].labels[fl.LABEL_POOL]}  # not the fleet/zone/hostname labels
+    assert first[a].labels == {LABEL_RACK: f"{fleet.name}-rack-00", LABEL_LEAF: first[a].labels[LABEL_LEAF],
+                               LABEL_POOL: first[a].labels[LABEL_POOL]}  # not the fleet/zone/hostname labels
     by_node = {n: [o for o in mine if o.node == n] for n in fleet.nodes}
     assert [(o.cordoned, o.cordoned_by_fleetmedic) for o in by_node[a]] == [(False, False), (True, False)]
     assert len(by_node[b]) == 2 and by_node[b][1].labels["rails.fleetmedic.io/mlx5_0"] == "leaf-rail-0"

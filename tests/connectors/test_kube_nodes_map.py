@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from fleetmedic.config import Settings
-from fleetmedic.connectors.kube_nodes_map import CORDONED_BY_ANNOTATION, NodeTracker
+from fleetmedic.connectors.kube_nodes_map import NodeTracker
+from fleetmedic.k8s_keys import ANNOTATION_CORDONED_BY
 from fleetmedic.records import NodeObservation, decode, encode
 
 T = 1_700_000_000.0
@@ -47,12 +48,12 @@ def test_a_cordon_by_someone_else_and_by_fleetmedic_are_told_apart() -> None:
     foreign = t.observe("MODIFIED", node(labels=PLACED, unschedulable=True), T + 1)
     assert foreign is not None and foreign.cordoned and not foreign.cordoned_by_fleetmedic
     ours = t.observe("MODIFIED", node(labels=PLACED, unschedulable=True,
-                                      annotations={CORDONED_BY_ANNOTATION: "fleetmedic"}), T + 2)
+                                      annotations={ANNOTATION_CORDONED_BY: "fleetmedic"}), T + 2)
     assert ours is not None and ours.cordoned and ours.cordoned_by_fleetmedic
     lifted = t.observe("MODIFIED", node(labels=PLACED), T + 3)
     assert lifted is not None and not lifted.cordoned and not lifted.cordoned_by_fleetmedic
     # the annotation alone (no cordon) is not a cordon
-    assert t.observe("MODIFIED", node(labels=PLACED, annotations={CORDONED_BY_ANNOTATION: "fleetmedic"}), T + 4) is None
+    assert t.observe("MODIFIED", node(labels=PLACED, annotations={ANNOTATION_CORDONED_BY: "fleetmedic"}), T + 4) is None
 
 
 def test_placement_rail_and_opt_out_label_changes_are_reported() -> None:

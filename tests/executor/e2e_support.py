@@ -23,6 +23,7 @@ from kubernetes import client, watch
 from fleetmedic import records as r
 from fleetmedic.config import Settings, parse_config
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.k8s_keys import ANNOTATION_KWOK_COMPLETE, LABEL_FLEET
 from tests.models.synth import gpu_message
 
 SIGNING_KEY = "k" * 40
@@ -61,7 +62,7 @@ def chain_config(tmp: Path, bootstrap: str, kubeconfig: Path, namespace: str, ex
             f"  lease_namespace: {namespace}\n"
             f"  namespace_policies: {{{namespace}: evict_now}}\n"
             "  diagnostics_tolerations: [{key: kwok.x-k8s.io/node, operator: Exists}]\n"
-            "  diagnostics_pod_annotations: {fleetmedic.io/kwok-complete: 'true'}\n"
+            f"  diagnostics_pod_annotations: {{{ANNOTATION_KWOK_COMPLETE}: 'true'}}\n"
             "  eviction_retry_backoff_s: 0.5\n"
             "  lease_duration_s: 3.0\n" + extra)
     tmp.mkdir(parents=True, exist_ok=True)
@@ -114,7 +115,7 @@ def gpu_job(name: str, fleet: fl.Fleet, pods: int = 4) -> client.V1Job:
         "metadata": {"name": name},
         "spec": {"parallelism": pods, "completions": pods, "completionMode": "Indexed", "backoffLimit": 100,
                  "template": {"metadata": {"labels": {"app": name}},
-                              "spec": {"restartPolicy": "Never", "nodeSelector": {fl.LABEL_FLEET: fleet.name},
+                              "spec": {"restartPolicy": "Never", "nodeSelector": {LABEL_FLEET: fleet.name},
                                        "tolerations": [fl.KWOK_TOLERATION],
                                        "containers": [{"name": "trainer", "image": "example.invalid/trainer:1",
                                                        "resources": {"requests": GPUS, "limits": GPUS}}]}}},

@@ -19,6 +19,14 @@ from fleetmedic.devenv import fleet as fl
 from fleetmedic.executor.node import long_plan as pl
 from fleetmedic.executor.node import plan as p
 from fleetmedic.executor.node.long_apply import Interrupted
+from fleetmedic.k8s_keys import (
+    ANNOTATION_DRAIN,
+    ANNOTATION_INFLIGHT,
+    ANNOTATION_KWOK_COMPLETE,
+    LABEL_FLEET,
+    LABEL_STATE,
+    TAINT_QUARANTINE,
+)
 from tests.executor.executor_support import command, executor, node_events, pinned_pod, running, settings, wait
 
 
@@ -27,7 +35,7 @@ def _daemonset(name: str, fleet: fl.Fleet) -> client.V1DaemonSet:
         "metadata": {"name": name},
         "spec": {"selector": {"matchLabels": {"ds": name}},
                  "template": {"metadata": {"labels": {"ds": name}},
-                              "spec": {"nodeSelector": {fl.LABEL_FLEET: fleet.name},
+                              "spec": {"nodeSelector": {LABEL_FLEET: fleet.name},
                                        "tolerations": [{"operator": "Exists"}],
                                        "containers": [{"name": "c", "image": "example.invalid/ds:1"}]}}},
     })
@@ -55,8 +63,8 @@ def test_drain_is_held_by_a_pdb_gives_up_naming_it_then_evicts_once_allowed_and_
     assert blocked.outcome == "failed", blocked
     assert f"{namespace}/trainers" in blocked.reason and blocked.details["blocking_pdbs"] == f"{namespace}/trainers"
     n = core.read_node(name)
-    assert n.spec.unschedulable and json.loads(n.metadata.annotations[p.ANN_DRAIN])["state"] == "failed"
-    assert p.ANN_INFLIGHT not in n.metadata.annotations and "FleetmedicDrainFailed" in node_events(core, name)
+    assert n.spec.unschedulable and json.loads(n.metadata.annotations[ANNOTATION_DRAIN])["state"] == "failed"
+    assert ANNOTATION_INFLIGHT not in n.metadata.annotations and "FleetmedicDrainFailed" in node_events(core, name)
 
     policy.patch_namespaced_pod_disruption_budget("trainers", namespace, {"spec": {"minAvailable": 0}})
     wait("the budget to allow", lambda: policy.read_namespaced_pod_disruption_budget(
@@ -98,15 +106,16 @@ def test_an_interrupted_drain_is_resumed_by_another_executor_from_the_annotation
     with pytest.raises(Interrupted):
         first.handle(cmd)
     ann = core.read_node(name).metadata.annotations
-    assert json.loads(ann[p.ANN_INFLIGHT])["id"] == cmd.id and json.loads(ann[p.ANN_DRAIN])["state"] == "in_progress"
-    started = json.loads(ann[p.ANN_DRAIN])["started"]
+    assert json.loads(ann[ANNOTATION_INFLIGHT])["id"] == cmd.id
+    assert json.loads(ann[ANNOTATION_DRAIN])["state"] == "in_progress"
+    started = json.loads(ann[ANNOTATION_DRAIN])["started"]
     time.sleep(max(0.0, cmd.expires_at - time.time() + 0.1))
     t = time.time()
     second = executor(kube_api, s, identity="second").handle(cmd)
     assert second.outcome == "applied" and second.details["evicted_pods"] == f"{namespace}/slow"
     assert time.time() - t < 3.0 + 2.0  # the 3 s count from the first start, not from the resume
     ann = core.read_node(name).metadata.annotations
-    assert json.loads(ann[p.ANN_DRAIN])["started"] == started and p.ANN_INFLIGHT not in ann
+    assert json.loads(ann[ANNOTATION_DRAIN])["started"] == started and ANNOTATION_INFLIGHT not in ann
     assert "FleetmedicDrainResumed" in node_events(core, name)
     assert executor(kube_api, s).handle(cmd).outcome == "skipped"  # done now: expired (or a duplicate)
     assert executor(kube_api, s).handle(command("drain", name, ttl=0.0)).reason.startswith("expired")
@@ -122,7 +131,7 @@ def test_passing_diagnostics_on_the_quarantined_node_allow_return_to_service(
 ) -> None:
     core, batch = client.CoreV1Api(kube_api), client.BatchV1Api(kube_api)
     name = make_fleet(1).nodes[0]
-    s = settings(namespace, extra="  diagnostics_pod_annotations: {fleetmedic.io/kwok-complete: 'true'}\n")
+    s = settings(namespace, extra=f"  diagnostics_pod_annotations: {{{ANNOTATION_KWOK_COMPLETE}: 'true'}}\n")
     ex = executor(kube_api, s)
     core.create_namespaced_pod(namespace, pinned_pod("still-here", name))
     wait("Running", lambda: running(core, namespace, "still-here"))
@@ -140,8 +149,8 @@ def test_passing_diagnostics_on_the_quarantined_node_allow_return_to_service(
     back = ex.handle(command("return_to_service", name, params={"uncordon": "true", "untaint": "true"}))
     assert back.outcome == "applied", back
     n = core.read_node(name)
-    assert not n.spec.unschedulable and not any(t.key == "fleetmedic.io/quarantine" for t in n.spec.taints or [])
-    assert "fleetmedic.io/state" not in (n.metadata.labels or {})
+    assert not n.spec.unschedulable and not any(t.key == TAINT_QUARANTINE for t in n.spec.taints or [])
+    assert LABEL_STATE not in (n.metadata.labels or {})
     assert {"FleetmedicRunDiagnosticsStarted", "FleetmedicDiagnosticsPassed", "FleetmedicReturnedToService"} <= set(
         node_events(core, name))
 

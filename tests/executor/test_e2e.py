@@ -23,7 +23,7 @@ from kubernetes import client
 
 from fleetmedic import records as r
 from fleetmedic.devenv import fleet as fl
-from fleetmedic.executor.node import plan as p
+from fleetmedic.k8s_keys import ANNOTATION_CORDONED_BY, TAINT_QUARANTINE
 from fleetmedic.streams.app import ensure_topics
 from tests.executor.e2e_support import (
     PodWatch,
@@ -42,12 +42,12 @@ from tests.streams.harness import collect_sync, produce
 
 def _quarantined(core: client.CoreV1Api, node: str) -> bool:
     n = core.read_node(node)
-    return bool(n.spec.unschedulable) and any(t.key == "fleetmedic.io/quarantine" for t in n.spec.taints or [])
+    return bool(n.spec.unschedulable) and any(t.key == TAINT_QUARANTINE for t in n.spec.taints or [])
 
 
 def _back(core: client.CoreV1Api, node: str) -> bool:
     n = core.read_node(node)
-    return not n.spec.unschedulable and not any(t.key == "fleetmedic.io/quarantine" for t in n.spec.taints or [])
+    return not n.spec.unschedulable and not any(t.key == TAINT_QUARANTINE for t in n.spec.taints or [])
 
 
 def test_hard_fault_isolates_the_node_replaces_the_job_diagnoses_and_returns_the_node(
@@ -102,7 +102,7 @@ def test_hard_fault_isolates_the_node_replaces_the_job_diagnoses_and_returns_the
     assert by_action["reboot_node"].outcome == "skipped" and "no reboot_node hook" in by_action["reboot_node"].reason
     assert all(x.outcome != "failed" for x in by_action.values()), [x for x in results if x.outcome == "failed"]
     node = core.read_node(sick)
-    assert p.ANN_CORDONED not in (node.metadata.annotations or {})
+    assert ANNOTATION_CORDONED_BY not in (node.metadata.annotations or {})
     print(f"fault -> isolated {isolated_at - fault_at:.1f}s, -> job Running again {recovered_at - fault_at:.1f}s")
 
 
@@ -141,7 +141,7 @@ def test_transient_software_error_restarts_the_pods_and_isolates_no_node(
     assert {x.node for x in again} <= set(fleet.nodes)
     for name in fleet.nodes:
         n = core.read_node(name)
-        assert not n.spec.unschedulable and not any(t.key == "fleetmedic.io/quarantine" for t in n.spec.taints or [])
+        assert not n.spec.unschedulable and not any(t.key == TAINT_QUARANTINE for t in n.spec.taints or [])
     got = collect_sync(kafka_bootstrap, [chain.topic("remediation.results")], lambda c: False, timeout=5)
     results = [r.decode(r.RemediationResult, v) for v in got.values(chain.topic("remediation.results"))]
     assert [(x.action, x.outcome) for x in results] == [("retry_in_place", "applied")]

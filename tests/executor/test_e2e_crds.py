@@ -19,6 +19,7 @@ from kubernetes import client
 
 from fleetmedic import records as r
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.k8s_keys import TAINT_QUARANTINE
 from fleetmedic.streams.app import ensure_topics
 from tests.executor.e2e_support import PodWatch, chain_config, start, stop_all, telemetry, wait, wait_ready
 from tests.executor.test_workloads_crds import (
@@ -41,7 +42,7 @@ KINDS: dict[str, tuple[str, str, str, Callable[..., dict[str, Any]], Callable[..
 
 def _held(core: client.CoreV1Api, node: str) -> bool:
     n = core.read_node(node)
-    return bool(n.spec.unschedulable) and any(t.key == "fleetmedic.io/quarantine" for t in n.spec.taints or [])
+    return bool(n.spec.unschedulable) and any(t.key == TAINT_QUARANTINE for t in n.spec.taints or [])
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))

@@ -18,6 +18,7 @@ from kubernetes import client
 from fleetmedic import records as r
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.executor.node import plan as p
+from fleetmedic.k8s_keys import ANNOTATION_DRAIN, ANNOTATION_INFLIGHT
 from fleetmedic.signing import load_key, sign
 from fleetmedic.streams.app import ensure_topics
 from tests.executor.e2e_support import SIGNING_KEY, chain_config, start, stop_all, wait
@@ -59,8 +60,8 @@ def test_killed_leader_mid_drain_the_standby_resumes_it_and_applies_nothing_twic
         asyncio.run(produce(kafka_bootstrap, [(chain.topic("remediation.commands"), name.encode(), r.encode(c))
                                               for c in cmds]))
         ann = wait("the drain in flight", lambda: (x := core.read_node(name).metadata.annotations or {})
-                   and p.ANN_INFLIGHT in x and x, 30, chain)
-        started = json.loads(ann[p.ANN_DRAIN])["started"]
+                   and ANNOTATION_INFLIGHT in x and x, 30, chain)
+        started = json.loads(ann[ANNOTATION_DRAIN])["started"]
         a.send_signal(signal.SIGKILL)
         a.wait()
         del chain.procs["executor-a"]
@@ -81,6 +82,6 @@ def test_killed_leader_mid_drain_the_standby_resumes_it_and_applies_nothing_twic
     assert applied == [("cordon", "exec-a"), ("drain", "exec-b")], results
     assert [x.reason for x in results if x.outcome == "skipped"] in ([], ["duplicate command id (already applied)"])
     node = core.read_node(name)
-    state = json.loads(node.metadata.annotations[p.ANN_DRAIN])
+    state = json.loads(node.metadata.annotations[ANNOTATION_DRAIN])
     assert state["state"] == "done" and state["started"] == started and state["evicted"] == [f"{namespace}/guarded"]
     assert set(p.applied_ids(node.metadata.annotations)) == {c.id for c in cmds}

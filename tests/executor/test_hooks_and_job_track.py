@@ -13,6 +13,7 @@ from kubernetes import client
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.executor.kube import LEDGER_NAME
 from fleetmedic.executor.node import plan as p
+from fleetmedic.k8s_keys import ANNOTATION_INFLIGHT, ANNOTATION_KWOK_COMPLETE, LABEL_ROLE
 from tests.executor.e2e_support import gpu_job, running_ranks
 from tests.executor.executor_support import command, executor, node_events, settings, wait
 
@@ -23,7 +24,7 @@ spec:
   backoffLimit: 0
   template:
     metadata:
-      annotations: {fleetmedic.io/kwok-complete: 'true', fleetmedic.io/gpu: '${gpu}'}
+      annotations: {""" + ANNOTATION_KWOK_COMPLETE + """: 'true', fleetmedic.io/gpu: '${gpu}'}
     spec:
       nodeName: ${node}
       restartPolicy: Never
@@ -45,9 +46,9 @@ def test_a_configured_reset_gpu_hook_runs_its_job_on_the_node_and_reports_it(
     job_ns, job_name = r.details["job"].split("/")
     pod = core.list_namespaced_pod(job_ns, label_selector=f"job-name={job_name}").items[0]
     assert pod.spec.node_name == name and pod.spec.containers[0].command == ["nvidia-smi", "-r", "-i", "3"]
-    assert pod.metadata.labels["fleetmedic.io/role"] == "reset_gpu"
+    assert pod.metadata.labels[LABEL_ROLE] == "reset_gpu"
     assert "FleetmedicResetGpuDone" in node_events(core, name)
-    assert p.ANN_INFLIGHT not in core.read_node(name).metadata.annotations
+    assert ANNOTATION_INFLIGHT not in core.read_node(name).metadata.annotations
     missing = executor(kube_api, settings(namespace, extra="  action_hooks: {reboot_node: /nonexistent.yaml}\n"))
     out = missing.handle(command("reboot_node", name))
     assert out.outcome == "failed" and "action_hooks.reboot_node" in out.reason

@@ -17,6 +17,15 @@ from kubernetes import client
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv import settings as devenv_settings
 from fleetmedic.executor.node import plan as p
+from fleetmedic.k8s_keys import (
+    ANNOTATION_COMMANDS,
+    ANNOTATION_CORDONED_BY,
+    ANNOTATION_TAINTED_BY,
+    CONDITION_QUARANTINE,
+    LABEL_OPT_OUT,
+    LABEL_STATE,
+    TAINT_QUARANTINE,
+)
 from tests.executor.executor_support import command, executor, node_events, settings
 
 
@@ -25,7 +34,7 @@ def _node(core: client.CoreV1Api, name: str) -> client.V1Node:
 
 
 def _condition(node: client.V1Node) -> Any:
-    return next((c for c in (node.status.conditions or []) if c.type == p.CONDITION_TYPE), None)
+    return next((c for c in (node.status.conditions or []) if c.type == CONDITION_QUARANTINE), None)
 
 
 def test_cordon_and_taint_are_applied_once_explained_and_recorded_for_every_executor(
@@ -40,10 +49,10 @@ def test_cordon_and_taint_are_applied_once_explained_and_recorded_for_every_exec
     assert (r1.outcome, r1.details["already_cordoned"], r2.outcome) == ("applied", "false", "applied")
     n = _node(core, name)
     assert n.spec.unschedulable is True
-    assert {(t.key, t.effect) for t in n.spec.taints} >= {("fleetmedic.io/quarantine", "NoSchedule")}
+    assert {(t.key, t.effect) for t in n.spec.taints} >= {(TAINT_QUARANTINE, "NoSchedule")}
     ann, labels = n.metadata.annotations, n.metadata.labels
-    assert ann[p.ANN_CORDONED] == "fleetmedic" and ann[p.ANN_TAINTED] == "NoSchedule"
-    assert set(p.applied_ids(ann)) == {cordon.id, taint.id} and labels["fleetmedic.io/state"] == "quarantined"
+    assert ann[ANNOTATION_CORDONED_BY] == "fleetmedic" and ann[ANNOTATION_TAINTED_BY] == "NoSchedule"
+    assert set(p.applied_ids(ann)) == {cordon.id, taint.id} and labels[LABEL_STATE] == "quarantined"
     cond = _condition(n)
     assert cond.status == "True" and "test taint" in cond.message
     assert {"FleetmedicCordoned", "FleetmedicTainted"} <= set(node_events(core, name))
@@ -61,14 +70,14 @@ def test_dry_run_and_opt_out_change_nothing_and_say_why(
     ex = executor(kube_api, settings(namespace))
     dry = ex.handle(command("taint", a, dry_run=True))
     assert dry.outcome == "skipped" and dry.dry_run
-    assert "would" in dry.reason and "fleetmedic.io/quarantine" in dry.reason
+    assert "would" in dry.reason and TAINT_QUARANTINE in dry.reason
     n = _node(core, a)
-    assert not n.spec.unschedulable and not any(t.key == "fleetmedic.io/quarantine" for t in n.spec.taints or [])
-    assert p.ANN_COMMANDS not in (n.metadata.annotations or {})
+    assert not n.spec.unschedulable and not any(t.key == TAINT_QUARANTINE for t in n.spec.taints or [])
+    assert ANNOTATION_COMMANDS not in (n.metadata.annotations or {})
     whole = executor(kube_api, settings(namespace, extra="safety: {dry_run: true}\n"))
     assert whole.handle(command("cordon", a)).reason.startswith("dry run: would cordon")
     assert not _node(core, a).spec.unschedulable
-    core.patch_node(b, {"metadata": {"labels": {"fleetmedic.io/opt-out": "true"}}})
+    core.patch_node(b, {"metadata": {"labels": {LABEL_OPT_OUT: "true"}}})
     out = ex.handle(command("cordon", b))
     assert out.outcome == "skipped" and "opts out" in out.reason and not _node(core, b).spec.unschedulable
 
@@ -90,8 +99,8 @@ def test_someone_elses_cordon_is_reported_and_survives_return_to_service(
     assert cleared.outcome == "applied" and "cordon (not fleetmedic's)" in cleared.reason
     n = _node(core, name)
     assert n.spec.unschedulable is True  # still the operator's
-    assert not any(t.key == "fleetmedic.io/quarantine" for t in n.spec.taints or [])
-    assert "fleetmedic.io/state" not in (n.metadata.labels or {}) and _condition(n).status == "False"
+    assert not any(t.key == TAINT_QUARANTINE for t in n.spec.taints or [])
+    assert LABEL_STATE not in (n.metadata.labels or {}) and _condition(n).status == "False"
 
 
 def test_bad_signature_expired_and_unknown_node_are_refused_with_reasons(
@@ -122,4 +131,4 @@ def test_kubectl_describe_node_shows_the_condition_and_the_event(
                          capture_output=True, text=True, timeout=60, check=True).stdout
     assert re.search(r"FleetmedicQuarantine\s+True\s.*Cordoned\s+fleetmedic cordon \(incident inc-test\)", out), out
     assert re.search(r"Warning\s+FleetmedicCordoned\s+.*fleetmedic-executor\s+cordoned by fleetmedic", out), out
-    assert "fleetmedic.io/cordoned-by: fleetmedic" in out
+    assert f"{ANNOTATION_CORDONED_BY}: fleetmedic" in out

@@ -9,9 +9,20 @@ import pytest
 from fleetmedic.config import PlacementSettings
 from fleetmedic.executor.workload import placement_plan as pm
 from fleetmedic.executor.workload.plan import excluded_nodes, with_node_exclusion
+from fleetmedic.k8s_keys import (
+    ANNOTATION_PLACEMENT,
+    LABEL_LEAF,
+    LABEL_NVLINK_DOMAIN,
+    LABEL_POOL,
+    LABEL_RACK,
+    LABEL_SPINE,
+    LABEL_STANDBY,
+    TAINT_QUARANTINE,
+    TAINT_STANDBY,
+)
 
-RACK, LEAF, NVL, POOL, SPINE = ("fleetmedic.io/rack", "fleetmedic.io/leaf", "fleetmedic.io/nvlink-domain",
-                                "fleetmedic.io/pool", "fleetmedic.io/spine")
+RACK, LEAF, NVL, POOL, SPINE = (LABEL_RACK, LABEL_LEAF, LABEL_NVLINK_DOMAIN,
+                                LABEL_POOL, LABEL_SPINE)
 KWOK = {"key": "kwok.x-k8s.io/node", "operator": "Equal", "value": "fake", "effect": "NoSchedule"}
 
 
@@ -52,9 +63,9 @@ def test_preferences_are_weighted_nvlink_over_leaf_over_rack_over_spine_over_poo
     for i, (_, w) in enumerate(weights):
         assert w > sum(x for _, x in weights[i + 1:])
     # a label switched off ("") or a level without a value gives no term; the standby pool comes first
-    topo = _topo([_node(0)], spine_label="", standby_label="fleetmedic.io/standby")
+    topo = _topo([_node(0)], spine_label="", standby_label=LABEL_STANDBY)
     terms = pm.preferred_terms(topo, {"leaf": "leaf-0", "spine": "spine-0"})
-    assert [t["preference"]["matchExpressions"][0]["key"] for t in terms] == ["fleetmedic.io/standby", LEAF]
+    assert [t["preference"]["matchExpressions"][0]["key"] for t in terms] == [LABEL_STANDBY, LEAF]
 
 
 def test_place_keeps_the_required_exclusion_and_replaces_only_fleetmedics_earlier_preference() -> None:
@@ -79,10 +90,10 @@ def test_place_forces_the_exclusion_into_every_required_term_and_adds_standby_to
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
         {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}]}}}
-    tol = pm.standby_tolerations(PlacementSettings(standby_label="fleetmedic.io/standby"))
+    tol = pm.standby_tolerations(PlacementSettings(standby_label=LABEL_STANDBY))
     placed = pm.place(_spec(), affinity, [], tol, {}, force_exclude=["n3"])
     assert placed.affinity is not None and excluded_nodes(placed.affinity) == {"n3"}
-    assert placed.tolerations == [KWOK, {"key": "fleetmedic.io/standby", "operator": "Exists",
+    assert placed.tolerations == [KWOK, {"key": TAINT_STANDBY, "operator": "Exists",
                                          "effect": "NoSchedule"}]
     assert pm.standby_tolerations(PlacementSettings()) == []
 
@@ -90,9 +101,9 @@ def test_place_forces_the_exclusion_into_every_required_term_and_adds_standby_to
 @pytest.mark.parametrize(("node", "spec", "exposed"), [
     (_node(1), _spec(), True),  # healthy, nothing keeps the pods off: not isolated yet
     (_node(1, unschedulable=True), _spec(), False),  # cordoned
-    (_node(1, taints=(("fleetmedic.io/quarantine", "NoSchedule"),)), _spec(), False),  # tainted
-    (_node(1, taints=(("fleetmedic.io/quarantine", "PreferNoSchedule"),)), _spec(), True),  # only a preference
-    (_node(1, unschedulable=True, taints=(("fleetmedic.io/quarantine", "NoSchedule"),)),
+    (_node(1, taints=((TAINT_QUARANTINE, "NoSchedule"),)), _spec(), False),  # tainted
+    (_node(1, taints=((TAINT_QUARANTINE, "PreferNoSchedule"),)), _spec(), True),  # only a preference
+    (_node(1, unschedulable=True, taints=((TAINT_QUARANTINE, "NoSchedule"),)),
      _spec(tolerations=[{"operator": "Exists"}]), True),  # the pods tolerate everything
     (_node(1), _spec(affinity=with_node_exclusion({}, ["n1"])), False),  # required anti-affinity
     (None, _spec(), False),  # the node is gone
@@ -106,7 +117,7 @@ def test_capacity_counts_free_gpus_on_healthy_nodes_in_the_domain_and_anywhere()
     nodes = [_node(i) for i in range(8)]
     nodes[5] = _node(5, free=4)  # half used by someone else
     nodes[6] = _node(6, unschedulable=True)  # cordoned
-    nodes[7] = _node(7, taints=(("fleetmedic.io/quarantine", "NoSchedule"),))
+    nodes[7] = _node(7, taints=((TAINT_QUARANTINE, "NoSchedule"),))
     topo = _topo(nodes)
     domain = pm.job_domain(topo, ["n4", "n5"], excluded=["n4"])
     demands = [pm.Demand(8, _spec())] * 2
@@ -126,13 +137,13 @@ def test_capacity_counts_free_gpus_on_healthy_nodes_in_the_domain_and_anywhere()
 
 
 def test_capacity_honours_the_node_selector_required_affinity_and_standby_taint() -> None:
-    standby = _node(3, labels={"fleetmedic.io/standby": "true"}, taints=(("fleetmedic.io/standby", "NoSchedule"),))
+    standby = _node(3, labels={LABEL_STANDBY: "true"}, taints=((TAINT_STANDBY, "NoSchedule"),))
     nodes = [_node(0), _node(1, labels={"fleet": "other"}), _node(2), standby]
     spec = _spec(affinity=with_node_exclusion({}, ["n2"]))
     topo = _topo(nodes)
     v = pm.capacity_verdict([pm.Demand(8, spec)] * 3, nodes, [], topo, {})
     assert v.placed_anywhere == 1  # n1: other fleet, n2: excluded by the template, n3: standby taint
-    with_pool = _topo(nodes, standby_label="fleetmedic.io/standby")
+    with_pool = _topo(nodes, standby_label=LABEL_STANDBY)
     v = pm.capacity_verdict([pm.Demand(8, spec)] * 3, nodes, [], with_pool, {})
     assert v.placed_anywhere == 2 and v.placed_on_standby == 1
 
@@ -147,14 +158,14 @@ def test_pod_gpus_reads_requests_then_limits_and_init_containers() -> None:
 def test_previous_placement_reads_what_placement_record_wrote() -> None:
     terms = [{"weight": 40, "preference": {"matchExpressions": [{"key": LEAF, "operator": "In", "values": ["l"]}]}}]
     record = pm.placement_record(terms, [], {"leaf": "l"})
-    assert pm.previous_placement({pm.ANNOTATION_PLACEMENT: record}) == {"preferences": terms, "tolerations": []}
-    assert pm.previous_placement({pm.ANNOTATION_PLACEMENT: "not json"}) == {}
+    assert pm.previous_placement({ANNOTATION_PLACEMENT: record}) == {"preferences": terms, "tolerations": []}
+    assert pm.previous_placement({ANNOTATION_PLACEMENT: "not json"}) == {}
 
 
 def test_exclusions_of_nodes_back_in_service_are_lifted_so_a_job_never_runs_out_of_nodes() -> None:
     """A job that failed on n1 and then n2 carries NotIn [n1, n2]; once n1 is back (Ready, uncordoned,
     untainted) the next restart (for n3) lifts n1 and keeps n2 (still quarantined) and n3."""
-    taint = "fleetmedic.io/quarantine"
+    taint = TAINT_QUARANTINE
     nodes = {"n1": _node(1), "n2": _node(2, unschedulable=True, taints=((taint, "NoSchedule"),)),
              "n3": _node(3), "n4": _node(4, ready=False)}
     assert pm.back_in_service(["n1", "n2", "n4", "gone"], ["n3"], nodes, taint) == ["n1"]
@@ -174,7 +185,7 @@ def test_a_jobset_child_job_gets_its_exclusion_and_the_preference_in_one_patch()
     """A suspended child Job of a JobSet: the ops its own plan made (the NotIn) are merged with the
     restart's recipe: fleetmedic's earlier preference replaced, a node back in service released,
     the standby toleration added; the owner's own preference kept."""
-    topo = _topo([_node(i) for i in range(8)], standby_label="fleetmedic.io/standby")
+    topo = _topo([_node(i) for i in range(8)], standby_label=LABEL_STANDBY)
     old_term = {"weight": 40, "preference": {"matchExpressions": [{"key": LEAF, "operator": "In", "values": ["x"]}]}}
     owners = {"weight": 1, "preference": {"matchExpressions": [{"key": "team", "operator": "In", "values": ["a"]}]}}
     affinity = with_node_exclusion({"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution":

@@ -24,8 +24,17 @@ from fleetmedic.config import PlacementSettings, Settings
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.executor.workload.placement_apply import PlacementRestarter
 from fleetmedic.executor.workload.placement_metrics import PlacementMetrics
-from fleetmedic.executor.workload.placement_plan import ANNOTATION_PLACEMENT
 from fleetmedic.executor.workload.plan import excluded_nodes
+from fleetmedic.k8s_keys import (
+    ANNOTATION_EXCLUDED_NODES,
+    ANNOTATION_PLACEMENT,
+    LABEL_LEAF,
+    LABEL_POOL,
+    LABEL_RACK,
+    LABEL_STANDBY,
+    TAINT_QUARANTINE,
+    TAINT_STANDBY,
+)
 from tests.executor.test_placement_support import (
     ScheduleWatch,
     leaves_of,
@@ -70,7 +79,7 @@ def test_replacements_stay_in_the_original_leaf_and_never_on_a_suspect(
     template = client.BatchV1Api(kube_api).read_namespaced_job("job-0", namespace)
     prefs = template.spec.template.spec.affinity.node_affinity.preferred_during_scheduling_ignored_during_execution
     assert [(p.weight, p.preference.match_expressions[0].key) for p in prefs] == [
-        (40, fl.LABEL_LEAF), (20, fl.LABEL_RACK), (5, fl.LABEL_POOL)]  # replaced, not accumulated
+        (40, LABEL_LEAF), (20, LABEL_RACK), (5, LABEL_POOL)]  # replaced, not accumulated
     assert ANNOTATION_PLACEMENT in template.metadata.annotations
     assert registry.get_sample_value("fleetmedic_executor_placements_total", {"capacity": "sufficient"}) == 5
 
@@ -158,11 +167,11 @@ def test_the_warm_standby_pool_is_used_first_and_tolerated(
     standby = sorted(leaf_of)[-2:]  # two nodes of the other leaf, reserved: label + taint
     for n in standby:
         taints = [t.to_dict() for t in core.read_node(n).spec.taints or []]
-        core.patch_node(n, {"metadata": {"labels": {"fleetmedic.io/standby": "true"}},
-                            "spec": {"taints": [*taints, {"key": "fleetmedic.io/standby", "value": "true",
+        core.patch_node(n, {"metadata": {"labels": {LABEL_STANDBY: "true"}},
+                            "spec": {"taints": [*taints, {"key": TAINT_STANDBY, "value": "true",
                                                           "effect": "NoSchedule"}]}})
     jobs = start_one_job_per_leaf(kube_api, namespace, fleet, pods=2, leaves=[leaf_of[sorted(leaf_of)[0]]])
-    restarter, _ = _restarter(kube_api, standby_label="fleetmedic.io/standby")
+    restarter, _ = _restarter(kube_api, standby_label=LABEL_STANDBY)
     suspect = sorted(p.spec.node_name for p in live_pods(kube_api, namespace, "app=job-0"))[0]
     quarantine(kube_api, suspect)
 
@@ -172,9 +181,9 @@ def test_the_warm_standby_pool_is_used_first_and_tolerated(
     assert r.details["capacity_fit_on_standby"] == "2"
     assert sorted(r.nodes_after) == standby  # the reserved nodes first, though the own leaf had room
     spec = client.BatchV1Api(kube_api).read_namespaced_job("job-0", namespace).spec.template.spec
-    assert any(t.key == "fleetmedic.io/standby" and t.operator == "Exists" for t in spec.tolerations)
+    assert any(t.key == TAINT_STANDBY and t.operator == "Exists" for t in spec.tolerations)
     prefs = spec.affinity.node_affinity.preferred_during_scheduling_ignored_during_execution
-    assert (prefs[0].weight, prefs[0].preference.match_expressions[0].key) == (100, "fleetmedic.io/standby")
+    assert (prefs[0].weight, prefs[0].preference.match_expressions[0].key) == (100, LABEL_STANDBY)
 
 
 def test_the_executor_runs_restart_job_through_the_placement(
@@ -223,7 +232,7 @@ def test_a_node_back_in_service_is_no_longer_excluded_at_the_next_restart(
     assert excluded_nodes(kube_api.sanitize_for_serialization(template.affinity)) == {first}
 
     core.patch_node(first, {"spec": {"unschedulable": False, "taints": [
-        t.to_dict() for t in core.read_node(first).spec.taints or [] if t.key != "fleetmedic.io/quarantine"]}})
+        t.to_dict() for t in core.read_node(first).spec.taints or [] if t.key != TAINT_QUARANTINE]}})
     second = pick_suspect(kube_api, namespace, "job-0")
     assert second != first
     quarantine(kube_api, second)
@@ -234,7 +243,7 @@ def test_a_node_back_in_service_is_no_longer_excluded_at_the_next_restart(
     assert r2.details.get("exclusion_released") == first
     job = batch.read_namespaced_job("job-0", namespace)
     assert excluded_nodes(kube_api.sanitize_for_serialization(job.spec.template.spec.affinity)) == {second}
-    assert job.metadata.annotations["fleetmedic.io/excluded-nodes"] == second
+    assert job.metadata.annotations[ANNOTATION_EXCLUDED_NODES] == second
     assert second not in r2.nodes_after
 
 

@@ -29,8 +29,15 @@ from fleetmedic.config import PlacementSettings, Settings
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.executor.workload.placement_apply import PlacementRestarter
 from fleetmedic.executor.workload.placement_metrics import PlacementMetrics
-from fleetmedic.executor.workload.placement_plan import ANNOTATION_PLACEMENT
 from fleetmedic.executor.workload.plan import excluded_nodes
+from fleetmedic.k8s_keys import (
+    ANNOTATION_EXCLUDED_NODES,
+    ANNOTATION_PLACEMENT,
+    LABEL_LEAF,
+    LABEL_POOL,
+    LABEL_RACK,
+    TAINT_QUARANTINE,
+)
 from tests.executor.jobset_support import create_when_served, register_webhooks, unregister_webhooks
 from tests.executor.test_placement_support import leaves_of, set_cordon
 from tests.executor.test_workloads_jobset_controller import (  # noqa: F401  (the fixture and the skip mark)
@@ -118,19 +125,19 @@ def test_a_jobset_restart_prefers_the_surviving_ranks_leaf_through_its_child_job
             assert excluded_nodes(kube_api.sanitize_for_serialization(spec.affinity)) == {suspect}, job.metadata.name
             prefs = spec.affinity.node_affinity.preferred_during_scheduling_ignored_during_execution
             assert [(p.weight, p.preference.match_expressions[0].key) for p in prefs] == [
-                (40, fl.LABEL_LEAF), (20, fl.LABEL_RACK), (5, fl.LABEL_POOL)], job.metadata.name
+                (40, LABEL_LEAF), (20, LABEL_RACK), (5, LABEL_POOL)], job.metadata.name
             assert prefs[0].preference.match_expressions[0].values == [leaf]
         js = custom.get_namespaced_custom_object(JS_GROUP, JS_VERSION, namespace, "jobsets", "placed")
         assert not js["spec"].get("suspend")
         assert ANNOTATION_PLACEMENT in js["metadata"]["annotations"]
-        assert js["metadata"]["annotations"]["fleetmedic.io/excluded-nodes"] == suspect
+        assert js["metadata"]["annotations"][ANNOTATION_EXCLUDED_NODES] == suspect
         assert registry.get_sample_value("fleetmedic_executor_placements_total", {"capacity": "sufficient"}) == 1
 
         # the suspect is repaired and returned; another rank's node fails: its exclusion is lifted, the
         # new suspect excluded, and the terms replaced, not piled up, on the same child Jobs
         core = client.CoreV1Api(kube_api)
         core.patch_node(suspect, {"spec": {"unschedulable": False, "taints": [
-            t.to_dict() for t in core.read_node(suspect).spec.taints or [] if t.key != "fleetmedic.io/quarantine"]}})
+            t.to_dict() for t in core.read_node(suspect).spec.taints or [] if t.key != TAINT_QUARANTINE]}})
         second = nodes_after[0]
         quarantine(kube_api, second)
         again = restarter.restart(f"{namespace}/placed", action="restart_job", exclude_nodes=[second],

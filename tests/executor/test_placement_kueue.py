@@ -46,6 +46,14 @@ from fleetmedic.executor.workload import kueue
 from fleetmedic.executor.workload.placement_apply import PlacementRestarter
 from fleetmedic.executor.workload.placement_metrics import PlacementMetrics
 from fleetmedic.executor.workload.plan import excluded_nodes
+from fleetmedic.k8s_keys import (
+    ANNOTATION_EXCLUDED_NODES,
+    ANNOTATION_RESTART_IN_PROGRESS,
+    LABEL_FLEET,
+    LABEL_POOL,
+    LABEL_STANDBY,
+    TAINT_STANDBY,
+)
 from tests.executor.jobset_support import (
     JS_GROUP,
     JS_VERSION,
@@ -69,7 +77,7 @@ KUEUE, pytestmark = real_controller("FLEETMEDIC_KUEUE", settings.layout().kueue_
 JOBSET_MANAGER, JOBSET_MARKS = real_controller("FLEETMEDIC_JOBSET_MANAGER", settings.layout().jobset_manager,
                                                "JobSet controller")
 METRICS_CERTS = Path("/etc/kueue/metrics/certs")  # fixed in Kueue's main when its cert management is off
-FLAVOR_LABELS = {fl.LABEL_POOL: "h100"}  # every fleet's pool (make_fleet's default)
+FLAVOR_LABELS = {LABEL_POOL: "h100"}  # every fleet's pool (make_fleet's default)
 FLAVOR_TOLERATION = {"key": "example.com/flavor", "operator": "Exists", "effect": "NoSchedule"}
 JS_SELECTOR = "jobset.sigs.k8s.io/jobset-name=queued"
 
@@ -255,7 +263,7 @@ def test_real_kueue_requeues_the_job_with_the_placement(
     suspect = pods[0].spec.node_name
     quarantine(kube_api, suspect)
     registry = CollectorRegistry()
-    settings_ = Settings(placement=PlacementSettings(standby_label="fleetmedic.io/standby"))  # + its toleration
+    settings_ = Settings(placement=PlacementSettings(standby_label=LABEL_STANDBY))  # + its toleration
 
     out = PlacementRestarter(kube_api, settings_, PlacementMetrics(registry)).restart(
         f"{namespace}/queued", action="restart_job", exclude_nodes=[suspect], params={"timeout_s": "60"},
@@ -273,7 +281,7 @@ def test_real_kueue_requeues_the_job_with_the_placement(
                                                            {p.metadata.uid for p in pods}), timeout=90)
     assert suspect not in {p.spec.node_name for p in after}
     for p in after:  # the standby toleration (a pod-set toleration for Kueue) and the flavor's survived
-        assert {t.key for t in p.spec.tolerations} >= {"fleetmedic.io/standby", FLAVOR_TOLERATION["key"]}
+        assert {t.key for t in p.spec.tolerations} >= {TAINT_STANDBY, FLAVOR_TOLERATION["key"]}
     now = _workload(kube_api, kueue_crds, namespace, uid)
     assert now is not None and now["spec"].get("active", True) is True
     assert _conditions(now).get("Admitted", ("",))[0] == "True"
@@ -375,7 +383,7 @@ def test_without_a_kueue_controller_a_jobset_is_left_active_and_untouched(
     assert out.outcome == "failed" and "Kueue did not evict" in out.reason and "set active again" in out.reason
     w = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(kueue.GROUP, kueue_crds, namespace,
                                                                       "workloads", "jobset-queued-1a2b3")
-    assert w["spec"]["active"] is True and "fleetmedic.io/restart-in-progress" not in (
+    assert w["spec"]["active"] is True and ANNOTATION_RESTART_IN_PROGRESS not in (
         w["metadata"].get("annotations") or {})
     js = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(JS_GROUP, JS_VERSION, namespace, "jobsets",
                                                                        "queued")
@@ -400,8 +408,8 @@ def test_real_kueue_requeues_a_jobset_with_the_placement_on_its_child_jobs(
     assert first is not None and _conditions(first).get("Admitted", ("",))[0] == "True", kueue_manager.tail()
     suspect = pods[0].spec.node_name
     quarantine(kube_api, suspect)
-    standby = {"key": "fleetmedic.io/standby", "operator": "Exists", "effect": "NoSchedule"}
-    settings_ = Settings(placement=PlacementSettings(standby_label="fleetmedic.io/standby"))  # + its toleration
+    standby = {"key": TAINT_STANDBY, "operator": "Exists", "effect": "NoSchedule"}
+    settings_ = Settings(placement=PlacementSettings(standby_label=LABEL_STANDBY))  # + its toleration
     registry = CollectorRegistry()
 
     out = PlacementRestarter(kube_api, settings_, PlacementMetrics(registry)).restart(
@@ -422,22 +430,22 @@ def test_real_kueue_requeues_a_jobset_with_the_placement_on_its_child_jobs(
     for name, spec in specs.items():
         assert excluded_nodes(spec.get("affinity")) == {suspect}, (name, spec.get("affinity"))
         assert spec["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"], name
-        assert spec["nodeSelector"] == {fl.LABEL_FLEET: fleet4.name, **FLAVOR_LABELS}, name
+        assert spec["nodeSelector"] == {LABEL_FLEET: fleet4.name, **FLAVOR_LABELS}, name
         assert FLAVOR_TOLERATION in spec["tolerations"] and standby in spec["tolerations"], name
     for p in after:  # the pods were created from them
         assert excluded_nodes(kube_api.sanitize_for_serialization(p.spec.affinity)) == {suspect}
         assert {t.key for t in p.spec.tolerations} >= {standby["key"], FLAVOR_TOLERATION["key"]}
     js = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(JS_GROUP, JS_VERSION, namespace, "jobsets",
                                                                        "queued")
-    assert not js["spec"].get("suspend") and js["metadata"]["annotations"]["fleetmedic.io/excluded-nodes"] == suspect
+    assert not js["spec"].get("suspend") and js["metadata"]["annotations"][ANNOTATION_EXCLUDED_NODES] == suspect
     for rjob in js["spec"]["replicatedJobs"]:  # Kueue's admission is on the template, fleetmedic's is not
         template = rjob["template"]["spec"]["template"]["spec"]
-        assert template["nodeSelector"] == {fl.LABEL_FLEET: fleet4.name, **FLAVOR_LABELS}
+        assert template["nodeSelector"] == {LABEL_FLEET: fleet4.name, **FLAVOR_LABELS}
         assert not template.get("affinity")
     now = _workload(kube_api, kueue_crds, namespace, uid)
     assert now is not None and now["spec"].get("active", True) is True
     assert _conditions(now).get("Admitted", ("",))[0] == "True"
-    assert "fleetmedic.io/restart-in-progress" not in (now["metadata"].get("annotations") or {})
+    assert ANNOTATION_RESTART_IN_PROGRESS not in (now["metadata"].get("annotations") or {})
     # Kueue evicted the Workload fleetmedic deactivated and stopped the JobSet, then admitted the
     # same Workload again, its pod sets untouched (a template change would have made Kueue update it)
     events = client.CoreV1Api(kube_api).list_namespaced_event(namespace).items
@@ -474,14 +482,14 @@ def test_a_workload_deactivated_by_someone_else_is_left_alone_and_fleetmedics_ow
     assert w["spec"]["active"] is False
 
     custom.patch_namespaced_custom_object(kueue.GROUP, kueue_crds, namespace, "workloads", wname, {
-        "metadata": {"annotations": {"fleetmedic.io/restart-in-progress": "requeue Job"}}},
+        "metadata": {"annotations": {ANNOTATION_RESTART_IN_PROGRESS: "requeue Job"}}},
         _content_type=kueue.MERGE_PATCH)  # as an executor that died after deactivating it leaves it
     out = restarter.restart(f"{namespace}/queued", action="restart_job", exclude_nodes=[suspect],
                             params={"timeout_s": "60"}, dry_run=False, actor="t")
 
     assert out.outcome == "applied", (out.reason, kueue_manager.tail())
     w = custom.get_namespaced_custom_object(kueue.GROUP, kueue_crds, namespace, "workloads", wname)
-    assert w["spec"]["active"] is True and "fleetmedic.io/restart-in-progress" not in (
+    assert w["spec"]["active"] is True and ANNOTATION_RESTART_IN_PROGRESS not in (
         w["metadata"].get("annotations") or {})
     after = wait("Kueue admits the Job again: 2 new Running pods",
                  lambda: kueue_manager.alive() and running(kube_api, namespace, "app=queued", 2,

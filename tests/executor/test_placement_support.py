@@ -17,6 +17,7 @@ from kubernetes.client.rest import ApiException
 
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.executor.workload.placement_apply import PlacementRestarter
+from fleetmedic.k8s_keys import LABEL_LEAF
 from tests.executor.jobset_support import create_when_served
 from tests.executor.test_workloads_support import gpu_job, live_pods, quarantine, wait
 
@@ -24,7 +25,7 @@ from tests.executor.test_workloads_support import gpu_job, live_pods, quarantine
 def leaves_of(api: client.ApiClient, fleet: fl.Fleet) -> dict[str, str]:
     """node -> leaf label, for the fleet's nodes."""
     nodes = client.CoreV1Api(api).list_node(label_selector=fleet.selector).items
-    return {n.metadata.name: n.metadata.labels[fl.LABEL_LEAF] for n in nodes}
+    return {n.metadata.name: n.metadata.labels[LABEL_LEAF] for n in nodes}
 
 
 def set_cordon(api: client.ApiClient, nodes: Sequence[str], cordoned: bool) -> None:

@@ -12,6 +12,17 @@ import pytest
 from fleetmedic.config import ExecutorSettings
 from fleetmedic.executor.node import long_plan as pl
 from fleetmedic.executor.node import plan as p
+from fleetmedic.k8s_keys import (
+    ANNOTATION_COMMANDS,
+    ANNOTATION_CORDONED_BY,
+    ANNOTATION_DIAGNOSTICS,
+    ANNOTATION_DRAIN,
+    ANNOTATION_INFLIGHT,
+    ANNOTATION_REASON,
+    ANNOTATION_TAINTED_BY,
+    LABEL_STATE,
+    TAINT_QUARANTINE,
+)
 from fleetmedic.records import RemediationCommand
 from fleetmedic.signing import sign
 
@@ -46,19 +57,19 @@ def test_signed_fresh_command_is_accepted_tampered_or_expired_is_refused_with_re
 def test_recorded_command_id_is_a_duplicate_inflight_id_resumes_and_expired_ids_are_forgotten() -> None:
     c = cmd()
     assert p.screen(c, {}) == "act"
-    ann = {p.ANN_COMMANDS: p.remember({}, c, 1000.0)}
+    ann = {ANNOTATION_COMMANDS: p.remember({}, c, 1000.0)}
     assert p.screen(c, ann) == "duplicate"
     assert p.screen(cmd(cid="c2"), ann) == "act"
-    assert p.screen(cmd(cid="c3"), {p.ANN_INFLIGHT: json.dumps({"id": "c3"})}) == "resume"
+    assert p.screen(cmd(cid="c3"), {ANNOTATION_INFLIGHT: json.dumps({"id": "c3"})}) == "resume"
     later = p.remember(ann, cmd(cid="c2", issued_at=1400.0, expires_at=1700.0), 1400.0)
-    assert set(p.applied_ids({p.ANN_COMMANDS: later})) == {"c2"}  # c1 expired at 1300: refused anyway
-    assert p.applied_ids({p.ANN_COMMANDS: "not json"}) == {}
+    assert set(p.applied_ids({ANNOTATION_COMMANDS: later})) == {"c2"}  # c1 expired at 1300: refused anyway
+    assert p.applied_ids({ANNOTATION_COMMANDS: "not json"}) == {}
 
 
 def test_the_record_of_applied_ids_is_bounded() -> None:
     ann: dict[str, str] = {}
     for i in range(p.MAX_REMEMBERED + 50):
-        ann = {p.ANN_COMMANDS: p.remember(ann, cmd(cid=f"c{i}", expires_at=1300.0 + i), 1000.0)}
+        ann = {ANNOTATION_COMMANDS: p.remember(ann, cmd(cid=f"c{i}", expires_at=1300.0 + i), 1000.0)}
     ids = p.applied_ids(ann)
     assert len(ids) == p.MAX_REMEMBERED and f"c{p.MAX_REMEMBERED + 49}" in ids and "c0" not in ids
 
@@ -69,21 +80,21 @@ def test_the_record_of_applied_ids_is_bounded() -> None:
 def test_cordon_of_a_schedulable_node_is_owned_and_explained() -> None:
     plan = p.plan_node_action(cmd(), node(), CFG, 1000.0)
     assert plan.outcome == "applied" and plan.unschedulable is True
-    assert plan.annotations[p.ANN_CORDONED] == "fleetmedic" and plan.details["already_cordoned"] == "false"
-    assert plan.labels == {"fleetmedic.io/state": "quarantined"}
+    assert plan.annotations[ANNOTATION_CORDONED_BY] == "fleetmedic" and plan.details["already_cordoned"] == "false"
+    assert plan.labels == {LABEL_STATE: "quarantined"}
     assert plan.condition and plan.condition.status == "True" and plan.event and "xid 79" in plan.event.message
-    assert p.ANN_REASON in plan.annotations
+    assert ANNOTATION_REASON in plan.annotations
 
 
 def test_cordon_of_a_node_someone_else_cordoned_reports_it_and_takes_no_ownership() -> None:
     plan = p.plan_node_action(cmd(), node(unschedulable=True), CFG, 1000.0)
     assert plan.outcome == "applied" and plan.details["already_cordoned"] == "true"
-    assert plan.unschedulable is None and p.ANN_CORDONED not in plan.annotations
+    assert plan.unschedulable is None and ANNOTATION_CORDONED_BY not in plan.annotations
 
 
 def test_uncordon_and_return_to_service_never_lift_a_cordon_or_taint_fleetmedic_did_not_make() -> None:
-    foreign = node(unschedulable=True, taints=(p.Taint("fleetmedic.io/quarantine", "x", "NoSchedule"),),
-                   annotations={p.ANN_DIAGNOSTICS: json.dumps({"verdict": "pass"})})
+    foreign = node(unschedulable=True, taints=(p.Taint(TAINT_QUARANTINE, "x", "NoSchedule"),),
+                   annotations={ANNOTATION_DIAGNOSTICS: json.dumps({"verdict": "pass"})})
     assert p.plan_node_action(cmd("uncordon"), foreign, CFG, 1000.0).outcome == "skipped"
     assert p.plan_node_action(cmd("untaint"), foreign, CFG, 1000.0).outcome == "skipped"
     back = p.plan_node_action(cmd("return_to_service"), foreign, CFG, 1000.0)
@@ -94,27 +105,27 @@ def test_uncordon_and_return_to_service_never_lift_a_cordon_or_taint_fleetmedic_
 def test_taint_adds_the_configured_key_with_effect_from_params_and_keeps_other_taints() -> None:
     other = p.Taint("kwok.x-k8s.io/node", "fake", "NoSchedule")
     plan = p.plan_node_action(cmd("taint", params={"effect": "NoExecute"}), node(taints=(other,)), CFG, 1000.0)
-    assert plan.taints == (other, p.Taint("fleetmedic.io/quarantine", "true", "NoExecute"))
-    assert plan.annotations[p.ANN_TAINTED] == "NoExecute"
+    assert plan.taints == (other, p.Taint(TAINT_QUARANTINE, "true", "NoExecute"))
+    assert plan.annotations[ANNOTATION_TAINTED_BY] == "NoExecute"
     assert p.plan_node_action(cmd("taint", params={"effect": "Bogus"}), node(), CFG, 1000.0).outcome == "failed"
     untaint = p.plan_node_action(cmd("untaint"), node(taints=(other, *plan.taints[1:]),
-                                                      annotations={p.ANN_TAINTED: "NoExecute"}), CFG, 1000.0)
-    assert untaint.taints == (other,) and untaint.annotations[p.ANN_TAINTED] is None
+                                                      annotations={ANNOTATION_TAINTED_BY: "NoExecute"}), CFG, 1000.0)
+    assert untaint.taints == (other,) and untaint.annotations[ANNOTATION_TAINTED_BY] is None
 
 
 def test_return_to_service_is_refused_without_passing_diagnostics_unless_an_operator_clears() -> None:
-    owned = node(unschedulable=True, taints=(p.Taint("fleetmedic.io/quarantine", "true", "NoSchedule"),),
-                 annotations={p.ANN_CORDONED: "fleetmedic", p.ANN_TAINTED: "NoSchedule"})
+    owned = node(unschedulable=True, taints=(p.Taint(TAINT_QUARANTINE, "true", "NoSchedule"),),
+                 annotations={ANNOTATION_CORDONED_BY: "fleetmedic", ANNOTATION_TAINTED_BY: "NoSchedule"})
     refused = p.plan_node_action(cmd("return_to_service"), owned, CFG, 1000.0)
     assert refused.outcome == "failed" and "no diagnostics" in refused.reason
-    failed = replace(owned, annotations={**owned.annotations, p.ANN_DIAGNOSTICS: json.dumps({"verdict": "fail"})})
+    failed = replace(owned, annotations={**owned.annotations, ANNOTATION_DIAGNOSTICS: json.dumps({"verdict": "fail"})})
     assert "diagnostics fail" in p.plan_node_action(cmd("return_to_service"), failed, CFG, 1000.0).reason
     cleared = p.plan_node_action(cmd("return_to_service", params={"actor": "alice"}), owned, CFG, 1000.0)
     assert cleared.outcome == "applied" and cleared.unschedulable is False and cleared.taints == ()
-    passed = replace(owned, annotations={**owned.annotations, p.ANN_DIAGNOSTICS: json.dumps({"verdict": "pass"})})
+    passed = replace(owned, annotations={**owned.annotations, ANNOTATION_DIAGNOSTICS: json.dumps({"verdict": "pass"})})
     back = p.plan_node_action(cmd("return_to_service", params={"uncordon": "false"}), passed, CFG, 1000.0)
     assert back.outcome == "applied" and back.unschedulable is None and back.taints == ()
-    assert back.labels == {"fleetmedic.io/state": None} and back.condition and back.condition.status == "False"
+    assert back.labels == {LABEL_STATE: None} and back.condition and back.condition.status == "False"
 
 
 def test_escalate_and_hooks_without_configuration_are_skipped_with_a_reason_and_an_event() -> None:
@@ -134,7 +145,7 @@ def test_merge_patch_carries_the_resource_version_guard_and_only_what_changes() 
 
 def test_dry_run_description_lists_the_changes() -> None:
     text = ", ".join(p.plan_node_action(cmd("taint"), node(), CFG, 1000.0).changes())
-    assert "fleetmedic.io/quarantine=true:NoSchedule" in text and "label fleetmedic.io/state=quarantined" in text
+    assert f"{TAINT_QUARANTINE}=true:NoSchedule" in text and f"label {LABEL_STATE}=quarantined" in text
 
 
 # --- drain ------------------------------------------------------------------------------------------
@@ -162,7 +173,7 @@ def test_drain_plan_follows_namespace_policies_and_leaves_daemonset_mirror_and_f
 
 def test_a_resumed_drain_keeps_its_original_start() -> None:
     c = cmd("drain")
-    ann = {p.ANN_DRAIN: json.dumps({"command": "c1", "started": 500.0})}
+    ann = {ANNOTATION_DRAIN: json.dumps({"command": "c1", "started": 500.0})}
     assert pl.drain_started(ann, c, 900.0) == 500.0
     assert pl.drain_started(ann, cmd("drain", cid="other"), 900.0) == 900.0
 
@@ -177,7 +188,7 @@ def test_diagnostics_job_is_pinned_tolerates_the_quarantine_and_uses_the_configu
     spec = job["spec"]["template"]["spec"]
     assert spec["nodeName"] == "n1" and job["spec"]["backoffLimit"] == 0
     keys = [t["key"] for t in spec["tolerations"]]
-    assert keys == ["fleetmedic.io/quarantine", "node.kubernetes.io/unschedulable", "kwok.x-k8s.io/node"]
+    assert keys == [TAINT_QUARANTINE, "node.kubernetes.io/unschedulable", "kwok.x-k8s.io/node"]
     assert spec["containers"][0]["command"] == ["dcgmi", "diag", "-r", "1"]
     assert spec["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8"}
     assert job["spec"]["template"]["metadata"]["annotations"]["a"] == "b"

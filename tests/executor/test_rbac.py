@@ -19,6 +19,7 @@ from fleetmedic.devenv.kclient import connect
 from fleetmedic.executor.kube import Cluster
 from fleetmedic.executor.leader import LeaseElector
 from fleetmedic.executor.node.apply import CommandExecutor
+from fleetmedic.k8s_keys import ANNOTATION_KWOK_COMPLETE
 from tests.executor.e2e_support import gpu_job, running_ranks
 from tests.executor.executor_support import KEY, command, pinned_pod, running, settings, wait
 
@@ -96,7 +97,7 @@ def test_the_executor_runs_under_the_service_account(
     core.create_namespaced_pod(namespace, pinned_pod("victim", name))
     wait("Running", lambda: running(core, namespace, "victim"))
     s = settings(namespace, extra=f"  namespace_policies: {{{namespace}: evict_now}}\n"
-                                  "  diagnostics_pod_annotations: {fleetmedic.io/kwok-complete: 'true'}\n")
+                                  f"  diagnostics_pod_annotations: {{{ANNOTATION_KWOK_COMPLETE}: 'true'}}\n")
     wait("RBAC to take effect", lambda: _allowed(kube_api, executor_rbac, "patch", "nodes"), timeout=30)
     with connect(kube_config) as sa_api:
         sa_api.set_default_header("Impersonate-User", executor_rbac)

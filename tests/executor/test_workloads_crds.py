@@ -34,6 +34,7 @@ from kubernetes.client import ApiException
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.executor.workload.apply import restart_workload
 from fleetmedic.executor.workload.plan import HOSTNAME_LABEL, JOBSET, PYTORCHJOB, excluded_nodes
+from fleetmedic.k8s_keys import ANNOTATION_LAST_COMMAND, ANNOTATION_RESTART_ATTEMPTS
 from tests.executor.test_workloads_support import (
     TOLERATE_ALL,
     BindingWatch,
@@ -183,7 +184,7 @@ def test_pytorchjob_tolerating_all_taints_is_replaced_off_the_suspect_by_its_ope
     job = custom.get_namespaced_custom_object("kubeflow.org", "v1", namespace, "pytorchjobs", "llm")
     for rspec in job["spec"]["pytorchReplicaSpecs"].values():
         assert excluded_nodes(rspec["template"]["spec"]["affinity"]) == {suspect}
-    assert job["metadata"]["annotations"]["fleetmedic.io/last-command"] == "c-7"
+    assert job["metadata"]["annotations"][ANNOTATION_LAST_COMMAND] == "c-7"
     missing = restart_workload(kube_api, f"{namespace}/gone", action="restart_job", exclude_nodes=[],
                                params={"kind": "PyTorchJob"}, dry_run=False, actor="t")
     assert missing.outcome == "failed" and "not found (looked for PyTorchJob)" in missing.reason
@@ -224,4 +225,4 @@ def test_jobset_child_jobs_are_recreated_off_the_suspect_and_retry_in_place_keep
     js = custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", "js")
     affinity = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"].get("affinity") or {}
     assert HOSTNAME_LABEL not in str(affinity)  # the in-place preference was dropped by the re-placement
-    assert js["metadata"]["annotations"]["fleetmedic.io/restart-attempts"] == "2"
+    assert js["metadata"]["annotations"][ANNOTATION_RESTART_ATTEMPTS] == "2"

@@ -20,7 +20,12 @@ from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.executor.workload.apply import restart_workload
-from fleetmedic.executor.workload.plan import ANNOTATION_ATTEMPTS, ANNOTATION_COMMAND, ANNOTATION_LAST_RESTART
+from fleetmedic.k8s_keys import (
+    ANNOTATION_LAST_COMMAND,
+    ANNOTATION_LAST_RESTART,
+    ANNOTATION_RESTART_ATTEMPTS,
+    ANNOTATION_RESTART_IN_PROGRESS,
+)
 from tests.executor.test_workloads_support import (
     TOLERATE_ALL,
     BindingWatch,
@@ -65,7 +70,7 @@ def test_restart_job_recreates_every_pod_off_the_quarantined_node_and_records_it
     job = _job(kube_api, namespace, "train")
     assert not job.spec.suspend
     annotations = job.metadata.annotations
-    assert annotations[ANNOTATION_ATTEMPTS] == "1" and annotations[ANNOTATION_COMMAND] == "cmd-1"
+    assert annotations[ANNOTATION_RESTART_ATTEMPTS] == "1" and annotations[ANNOTATION_LAST_COMMAND] == "cmd-1"
     assert '"action":"restart_job"' in annotations[ANNOTATION_LAST_RESTART]
     # the taint keeps these pods off: no anti-affinity was needed, the template is untouched
     assert out.details["template_changed"] == "false" and job.spec.template.spec.affinity is None
@@ -180,7 +185,7 @@ def test_a_job_left_suspended_by_a_crashed_executor_is_resumed_by_the_next_comma
     before = _start(kube_api, namespace, fleet, "crash")
     # what the executor had done when it died: suspended the Job with its in-progress marker
     client.BatchV1Api(kube_api).patch_namespaced_job("crash", namespace, {
-        "metadata": {"annotations": {"fleetmedic.io/restart-in-progress": "re-place Job (attempt 1)"}},
+        "metadata": {"annotations": {ANNOTATION_RESTART_IN_PROGRESS: "re-place Job (attempt 1)"}},
         "spec": {"suspend": True}})
     wait("the pods gone", lambda: not live_pods(kube_api, namespace, "app=crash"))
 
@@ -190,4 +195,4 @@ def test_a_job_left_suspended_by_a_crashed_executor_is_resumed_by_the_next_comma
     assert out.outcome == "applied", out.reason
     wait("4 new Running pods", lambda: running(kube_api, namespace, "app=crash", 4, {p.metadata.uid for p in before}))
     job = _job(kube_api, namespace, "crash")
-    assert not job.spec.suspend and "fleetmedic.io/restart-in-progress" not in job.metadata.annotations
+    assert not job.spec.suspend and ANNOTATION_RESTART_IN_PROGRESS not in job.metadata.annotations

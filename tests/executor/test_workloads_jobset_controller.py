@@ -25,6 +25,7 @@ from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv import settings
 from fleetmedic.executor.workload.apply import restart_workload
 from fleetmedic.executor.workload.plan import excluded_nodes
+from fleetmedic.k8s_keys import ANNOTATION_EXCLUDED_NODES, ANNOTATION_RESTART_IN_PROGRESS
 from tests.executor.jobset_support import create_when_served, register_webhooks
 from tests.executor.jobset_support import jobset_controller as run_jobset_controller
 from tests.executor.test_workloads_support import (
@@ -117,8 +118,8 @@ def test_with_the_real_jobset_webhooks_the_exclusion_goes_onto_the_suspended_chi
         assert seen and suspect not in seen
         js = custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", "hooked")
         assert not js["spec"].get("suspend")
-        assert "fleetmedic.io/restart-in-progress" not in js["metadata"]["annotations"]
-        assert js["metadata"]["annotations"]["fleetmedic.io/excluded-nodes"] == suspect
+        assert ANNOTATION_RESTART_IN_PROGRESS not in js["metadata"]["annotations"]
+        assert js["metadata"]["annotations"][ANNOTATION_EXCLUDED_NODES] == suspect
     finally:
         for name in names:
             reg.delete_mutating_webhook_configuration(name)

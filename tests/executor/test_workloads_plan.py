@@ -9,6 +9,14 @@ from typing import Any
 import pytest
 
 from fleetmedic.executor.workload import plan as wp
+from fleetmedic.k8s_keys import (
+    ANNOTATION_EXCLUDED_NODES,
+    ANNOTATION_IN_PLACE_NODES,
+    ANNOTATION_LAST_RESTART,
+    ANNOTATION_RESTART_ATTEMPTS,
+    ANNOTATION_RESTART_IN_PROGRESS,
+    TAINT_QUARANTINE,
+)
 
 NOW = 1_780_000_000.0
 
@@ -46,12 +54,12 @@ def test_kinds_and_job_refs_parse_or_name_the_field() -> None:
 
 
 def test_tolerations_that_let_pods_onto_a_quarantined_node() -> None:
-    assert wp.tolerates([{"operator": "Exists"}], "fleetmedic.io/quarantine")
-    assert wp.tolerates([{"key": "fleetmedic.io/quarantine", "operator": "Exists"}], "fleetmedic.io/quarantine")
-    assert not wp.tolerates([{"operator": "Exists", "effect": "NoExecute"}], "fleetmedic.io/quarantine")
-    assert not wp.tolerates([{"key": "kwok.x-k8s.io/node", "value": "fake"}], "fleetmedic.io/quarantine")
+    assert wp.tolerates([{"operator": "Exists"}], TAINT_QUARANTINE)
+    assert wp.tolerates([{"key": TAINT_QUARANTINE, "operator": "Exists"}], TAINT_QUARANTINE)
+    assert not wp.tolerates([{"operator": "Exists", "effect": "NoExecute"}], TAINT_QUARANTINE)
+    assert not wp.tolerates([{"key": "kwok.x-k8s.io/node", "value": "fake"}], TAINT_QUARANTINE)
     assert wp.needs_node_exclusion(pod([{"key": "node.kubernetes.io/unschedulable", "operator": "Exists"}]),
-                                   wp.DEFAULT_TAINT_KEY)
+                                   TAINT_QUARANTINE)
 
 
 def test_node_exclusion_is_anded_into_every_required_term_and_merges_with_earlier_exclusions() -> None:
@@ -95,15 +103,15 @@ def test_job_whose_pods_the_taint_keeps_off_needs_no_template_change() -> None:
 
 def test_job_tolerating_all_taints_gets_the_exclusion_and_the_restart_is_recorded() -> None:
     obj = job(pod([{"operator": "Exists"}]),
-              annotations={wp.ANNOTATION_ATTEMPTS: "2", wp.ANNOTATION_EXCLUDED: "old"})
+              annotations={ANNOTATION_RESTART_ATTEMPTS: "2", ANNOTATION_EXCLUDED_NODES: "old"})
     p = plan(obj, params={"command_id": "c-9"})
     value = p.template_ops[0]["value"]
     assert wp.excluded_nodes(value) == {"bad"}
     assert p.attempt == 3 and p.excluded == ("bad", "old")
-    record = json.loads(p.annotations[wp.ANNOTATION_LAST_RESTART])
+    record = json.loads(p.annotations[ANNOTATION_LAST_RESTART])
     assert record == {"at": "2026-05-28T20:26:40Z", "action": "restart_job", "by": "ex-0", "command": "c-9",
                       "exclude": ["bad"], "attempt": 3}
-    ops = p.annotation_ops(obj["metadata"]["annotations"], remove=[wp.ANNOTATION_IN_PROGRESS])
+    ops = p.annotation_ops(obj["metadata"]["annotations"], remove=[ANNOTATION_RESTART_IN_PROGRESS])
     assert {"op": "add", "path": "/metadata/annotations/fleetmedic.io~1restart-attempts", "value": "3"} in ops
     assert p.details()["excluded_nodes"] == "bad,old" and p.details()["template_changed"] == "true"
 
@@ -113,14 +121,14 @@ def test_retry_in_place_prefers_the_current_nodes_and_excludes_nothing() -> None
     assert p.excluded == () and p.preferred == ("a", "bad")
     aff = p.template_ops[0]["value"]
     assert "requiredDuringSchedulingIgnoredDuringExecution" not in aff["nodeAffinity"]
-    assert p.annotations[wp.ANNOTATION_PREFERRED] == "a,bad"
+    assert p.annotations[ANNOTATION_IN_PLACE_NODES] == "a,bad"
     # the next re-placement drops that preference again
     pref = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
         {"weight": 100, "preference": {"matchExpressions": [
             {"key": wp.HOSTNAME_LABEL, "operator": "In", "values": ["a", "bad"]}]}}]}}
-    later = plan(job(pod(affinity=pref), annotations={wp.ANNOTATION_PREFERRED: "a,bad"}))
+    later = plan(job(pod(affinity=pref), annotations={ANNOTATION_IN_PLACE_NODES: "a,bad"}))
     assert later.template_ops == [{"op": "add", "path": "/spec/template/spec/affinity", "value": {}}]
-    ops = later.annotation_ops({wp.ANNOTATION_PREFERRED: "a,bad"})
+    ops = later.annotation_ops({ANNOTATION_IN_PLACE_NODES: "a,bad"})
     assert {"op": "remove", "path": "/metadata/annotations/fleetmedic.io~1in-place-nodes"} in ops
 
 

@@ -16,8 +16,9 @@ from kubernetes import client, watch
 
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv import settings
+from fleetmedic.k8s_keys import LABEL_FLEET, TAINT_QUARANTINE
 
-QUARANTINE_TAINT = {"key": "fleetmedic.io/quarantine", "value": "suspect", "effect": "NoSchedule"}
+QUARANTINE_TAINT = {"key": TAINT_QUARANTINE, "value": "suspect", "effect": "NoSchedule"}
 GPUS = {fl.GPU: "8"}
 TOLERATE_ALL = [{"operator": "Exists"}]
 
@@ -26,7 +27,7 @@ def pod_spec(fleet: fl.Fleet, tolerations: list[dict[str, Any]] | None = None,
              restart_policy: str = "Never") -> dict[str, Any]:
     return {
         "restartPolicy": restart_policy,
-        "nodeSelector": {fl.LABEL_FLEET: fleet.name},
+        "nodeSelector": {LABEL_FLEET: fleet.name},
         "tolerations": tolerations if tolerations is not None else [fl.KWOK_TOLERATION],
         "containers": [{"name": "trainer", "image": "example.invalid/trainer:1",
                         "resources": {"requests": GPUS, "limits": GPUS}}],

@@ -13,6 +13,7 @@ import pytest
 from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.k8s_keys import LABEL_FLEET
 
 
 def _pod(name: str, fleet: fl.Fleet) -> client.V1Pod:
@@ -23,7 +24,7 @@ def _pod(name: str, fleet: fl.Fleet) -> client.V1Pod:
             "kind": "Pod",
             "metadata": {"name": name, "labels": {"app": "trainer"}},
             "spec": {
-                "nodeSelector": {fl.LABEL_FLEET: fleet.name},
+                "nodeSelector": {LABEL_FLEET: fleet.name},
                 "tolerations": [fl.KWOK_TOLERATION],
                 "containers": [
                     {"name": "t", "image": "example.invalid/t:1", "resources": {"requests": gpus, "limits": gpus}}

@@ -14,6 +14,7 @@ from typing import Any
 from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.k8s_keys import LABEL_FLEET
 
 
 def _job(name: str, fleet: fl.Fleet) -> client.V1Job:
@@ -31,7 +32,7 @@ def _job(name: str, fleet: fl.Fleet) -> client.V1Job:
                     "metadata": {"labels": {"job": name}},
                     "spec": {
                         "restartPolicy": "Never",
-                        "nodeSelector": {fl.LABEL_FLEET: fleet.name},
+                        "nodeSelector": {LABEL_FLEET: fleet.name},
                         "tolerations": [fl.KWOK_TOLERATION],
                         "containers": [
                             {

@@ -25,7 +25,10 @@ from fleetmedic.executor.metrics import ExecutorMetrics
 from fleetmedic.executor.node import long_apply as la
 from fleetmedic.executor.node import long_plan as pl
 from fleetmedic.executor.node import plan as p
-from fleetmedic.records import RemediationCommand, RemediationResult
+from fleetmedic.executor.vocabulary import JOB_ACTIONS, NODE_LONG, NODE_QUICK
+from fleetmedic.executor.workload.placement_apply import PlacementRestarter
+from fleetmedic.k8s_keys import ANNOTATION_COMMANDS
+from fleetmedic.records import Outcome, RemediationCommand, RemediationResult
 
 log = logging.getLogger(__name__)
 ATTEMPTS = 5  # re-reads after a 409 before giving up
@@ -71,7 +74,7 @@ class CommandExecutor:
         if dry and cmd.id in self._dry_seen:
             return self._result(cmd, "skipped", "duplicate command id (already applied)", dry=True)
         try:
-            if cmd.node and cmd.action not in p.JOB_ACTIONS:
+            if cmd.node and cmd.action not in JOB_ACTIONS:
                 result = self._node_command(cmd, dry)
             else:
                 result = self._job_command(cmd, dry)
@@ -82,14 +85,14 @@ class CommandExecutor:
         return result
 
     def _in_flight_here(self, cmd: RemediationCommand) -> bool:
-        if not cmd.node or cmd.action not in p.NODE_LONG:
+        if not cmd.node or cmd.action not in NODE_LONG:
             return False
         node = self.cluster.read_node(cmd.node)
         return node is not None and p.screen(cmd, node.annotations) == "resume"
 
-    def _result(self, cmd: RemediationCommand, outcome: str, reason: str = "", details: dict[str, str] | None = None,
-                dry: bool = False) -> RemediationResult:
-        return p.result_of(cmd, outcome, self.clock(), self.identity, reason, details, dry)  # type: ignore[arg-type]
+    def _result(self, cmd: RemediationCommand, outcome: Outcome, reason: str = "",
+                details: dict[str, str] | None = None, dry: bool = False) -> RemediationResult:
+        return p.result_of(cmd, outcome, self.clock(), self.identity, reason, details, dry)
 
     # --- node track -------------------------------------------------------------------------------
 
@@ -117,7 +120,7 @@ class CommandExecutor:
         hook_file = hooks.get(action, "")
         if dry:
             return self._result(cmd, "skipped", "dry run: would " + self._would(cmd, node, hook_file), dry=True)
-        if action in p.NODE_QUICK and not hook_file:
+        if action in NODE_QUICK and not hook_file:
             plan = p.plan_node_action(cmd, node, cfg, self.clock())
         elif action == "drain":
             plan = la.drain(self.ctx, cmd, node)
@@ -132,13 +135,13 @@ class CommandExecutor:
             plan = p.no_hook_plan(cmd)
         else:
             return self._result(cmd, "failed", f"{action} needs a job, not a node")
-        touched = node if action in p.NODE_QUICK and not hook_file else dataclasses.replace(node, resource_version="")
-        self._commit(touched, cmd, plan, record=plan.outcome != "failed" or action in p.NODE_LONG)
+        touched = node if action in NODE_QUICK and not hook_file else dataclasses.replace(node, resource_version="")
+        self._commit(touched, cmd, plan, record=plan.outcome != "failed" or action in NODE_LONG)
         return self._result(cmd, plan.outcome, plan.reason, dict(plan.details))
 
     def _would(self, cmd: RemediationCommand, node: p.NodeView, hook_file: str) -> str:
         cfg = self.settings.executor
-        if cmd.action in p.NODE_QUICK and not hook_file:
+        if cmd.action in NODE_QUICK and not hook_file:
             plan = p.plan_node_action(cmd, node, cfg, self.clock())
             if plan.outcome != "applied":
                 return f"not act ({plan.outcome}: {plan.reason})"
@@ -161,7 +164,7 @@ class CommandExecutor:
         ann = dict(plan.annotations)
         if record:
             fresh = node if node.resource_version else self.cluster.read_node(node.name)
-            ann[p.ANN_COMMANDS] = p.remember(fresh.annotations if fresh else {}, cmd, self.clock())
+            ann[ANNOTATION_COMMANDS] = p.remember(fresh.annotations if fresh else {}, cmd, self.clock())
         plan = dataclasses.replace(plan, annotations=ann)
         patch = p.merge_patch(plan, node)
         if patch.get("spec") or set(patch["metadata"]) - {"resourceVersion"}:
@@ -174,7 +177,7 @@ class CommandExecutor:
     # --- job track --------------------------------------------------------------------------------
 
     def _job_command(self, cmd: RemediationCommand, dry: bool) -> RemediationResult:
-        if cmd.action not in p.JOB_ACTIONS and cmd.action != "escalate":
+        if cmd.action not in JOB_ACTIONS and cmd.action != "escalate":
             return self._result(cmd, "failed", f"{cmd.action} needs a node", dry=dry)
         ns = self.settings.executor.lease_namespace
         for _ in range(ATTEMPTS):
@@ -184,7 +187,7 @@ class CommandExecutor:
             if dry:
                 break
             try:  # at most once: the id is recorded before the workload is touched
-                self.cluster.patch_ledger(ns, {p.ANN_COMMANDS: p.remember(ann, cmd, self.clock())}, version)
+                self.cluster.patch_ledger(ns, {ANNOTATION_COMMANDS: p.remember(ann, cmd, self.clock())}, version)
                 break
             except Conflict:
                 continue
@@ -194,10 +197,7 @@ class CommandExecutor:
             what = cmd.params.get("escalation", "notify")
             return self._result(cmd, "skipped", f"no escalate hook configured (executor.action_hooks): escalation "
                                                 f"'{what}' about {cmd.job} recorded only in this result", dry=dry)
-        from fleetmedic.executor.workload.placement_apply import (
-            PlacementRestarter,  # topology-aware restart (docs/placement.md)
-        )
-
+        # the topology-aware restart (docs/placement.md)
         placement_metrics = self.metrics.placement if self.metrics else None
         restarter = PlacementRestarter(self.cluster.api, self.settings, placement_metrics, stop=self.stop)
         out = restarter.restart(cmd.job, action=cmd.action, exclude_nodes=list(cmd.exclude_nodes),

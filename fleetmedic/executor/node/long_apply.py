@@ -1,9 +1,10 @@
 """The long node actions: drain (Eviction API), diagnostics and hook Jobs.
 
 Each records its progress in the node's annotations before acting (``fleetmedic.io/inflight`` plus
-``fleetmedic.io/drain`` or ``fleetmedic.io/diagnostics``), so an executor that restarts, or a
-standby that takes over, resumes the same drain from its original start (the timeout still counts
-from there) or watches the same Job instead of starting another. ``stop`` (leadership lost, shutdown)
+``fleetmedic.io/drain``, ``fleetmedic.io/diagnostics`` or ``fleetmedic.io/hook``: the
+``ANNOTATION_*`` keys of :mod:`fleetmedic.k8s_keys`), so an executor that restarts, or a standby
+that takes over, resumes the same drain from its original start (the timeout still counts from
+there) or watches the same Job instead of starting another. ``stop`` (leadership lost, shutdown)
 interrupts them without a result: the command is delivered again to whoever leads next.
 """
 
@@ -21,6 +22,13 @@ from fleetmedic.executor.kube import Cluster
 from fleetmedic.executor.metrics import ExecutorMetrics
 from fleetmedic.executor.node import long_plan as pl
 from fleetmedic.executor.node import plan as p
+from fleetmedic.k8s_keys import (
+    ANNOTATION_CORDONED_BY,
+    ANNOTATION_DIAGNOSTICS,
+    ANNOTATION_DRAIN,
+    ANNOTATION_HOOK,
+    ANNOTATION_INFLIGHT,
+)
 from fleetmedic.records import RemediationCommand
 
 POLL_S = 0.5
@@ -56,12 +64,12 @@ def drain(ctx: Context, cmd: RemediationCommand, node: p.NodeView) -> p.NodePlan
     started = pl.drain_started(node.annotations, cmd, now)
     state = pl.drain_state(node.annotations)
     evicted: list[str] = list(state.get("evicted", [])) if state.get("command") == cmd.id else []
-    begin: dict[str, str | None] = {p.ANN_INFLIGHT: _inflight(cmd, started),
-                                    p.ANN_DRAIN: json.dumps({"command": cmd.id, "started": started,
-                                                             "state": "in_progress", "evicted": evicted})}
+    begin: dict[str, str | None] = {ANNOTATION_INFLIGHT: _inflight(cmd, started),
+                                    ANNOTATION_DRAIN: json.dumps({"command": cmd.id, "started": started,
+                                                                  "state": "in_progress", "evicted": evicted})}
     cordon = not node.unschedulable
     if cordon:
-        begin[p.ANN_CORDONED] = p.ACTOR
+        begin[ANNOTATION_CORDONED_BY] = p.ACTOR
     resumed = state.get("command") == cmd.id
     ctx.commit(node, cmd, p.NodePlan(
         "applied", unschedulable=True if cordon else None, labels={cfg.lifecycle_label: "draining"},
@@ -102,8 +110,9 @@ def _drain_end(ctx: Context, cmd: RemediationCommand, node: p.NodeView, started:
     details = {"evicted_pods": ",".join(evicted)[:4000], "drain_s": f"{took:.1f}"} if evicted else \
         {"drain_s": f"{took:.1f}"}
     if step is None:
-        ann = {p.ANN_INFLIGHT: None, p.ANN_DRAIN: json.dumps({"command": cmd.id, "started": started, "state": "done",
-                                                              "evicted": evicted[:200]})}
+        ann = {ANNOTATION_INFLIGHT: None,
+               ANNOTATION_DRAIN: json.dumps({"command": cmd.id, "started": started, "state": "done",
+                                             "evicted": evicted[:200]})}
         return p.NodePlan("applied", details=details, labels={cfg.lifecycle_label: "quarantined"}, annotations=ann,
                           condition=p.Condition("True", "Drained", f"drained by fleetmedic: {cmd.reason}"[:1024]),
                           event=p.Note("FleetmedicDrained", f"drained in {took:.0f}s, {len(evicted)} pod(s) evicted"))
@@ -113,8 +122,9 @@ def _drain_end(ctx: Context, cmd: RemediationCommand, node: p.NodeView, started:
            + (f"evictions refused by PodDisruptionBudget {', '.join(pdbs)}" if pdbs else
               f"pods still on the node: {', '.join(waiting[:10])}"))
     details |= {"blocking_pdbs": ",".join(pdbs), "remaining_pods": ",".join(waiting)[:4000]}
-    ann = {p.ANN_INFLIGHT: None, p.ANN_DRAIN: json.dumps({"command": cmd.id, "started": started, "state": "failed",
-                                                          "evicted": evicted[:200], "why": why[:512]})}
+    ann = {ANNOTATION_INFLIGHT: None,
+           ANNOTATION_DRAIN: json.dumps({"command": cmd.id, "started": started, "state": "failed",
+                                         "evicted": evicted[:200], "why": why[:512]})}
     return p.NodePlan("failed", why, details, annotations=ann,
                       event=p.Note("FleetmedicDrainFailed", why, warning=True))
 
@@ -135,7 +145,7 @@ def run_job(ctx: Context, cmd: RemediationCommand, node: p.NodeView, doc: dict[s
     state = p.annotation_json(node.annotations.get(state_key, ""))
     started = float(state["started"]) if state.get("command") == cmd.id and "started" in state else ctx.clock()
     ctx.commit(node, cmd, p.NodePlan(
-        "applied", annotations={p.ANN_INFLIGHT: _inflight(cmd, started),
+        "applied", annotations={ANNOTATION_INFLIGHT: _inflight(cmd, started),
                                 state_key: json.dumps({"command": cmd.id, "job": ref, "verdict": "running",
                                                        "started": started})},
         labels={ctx.settings.executor.lifecycle_label: "diagnosing"} if cmd.action == "run_diagnostics" else {},
@@ -157,14 +167,15 @@ def run_job(ctx: Context, cmd: RemediationCommand, node: p.NodeView, doc: dict[s
 def diagnostics(ctx: Context, cmd: RemediationCommand, node: p.NodeView) -> p.NodePlan:
     cfg = ctx.settings.executor
     doc = pl.diagnostics_job(cmd, node, cfg)
-    passed, message, ref = run_job(ctx, cmd, node, doc, p.ANN_DIAGNOSTICS, cfg.diagnostics_timeout_s + 60.0)
+    passed, message, ref = run_job(ctx, cmd, node, doc, ANNOTATION_DIAGNOSTICS, cfg.diagnostics_timeout_s + 60.0)
     verdict = "pass" if passed else "fail"
     details = {"verdict": verdict, "diagnostics": verdict, "job": ref, "level": cmd.params.get("level", "3")}
     if not passed:
         details["failed_tests"] = pl.failed_tests(message) if passed is False else "timeout"
     why = f"diagnostics {verdict}" + (f" ({details['failed_tests']}): {message}" if not passed else "")
-    ann = {p.ANN_INFLIGHT: None, p.ANN_DIAGNOSTICS: json.dumps({"command": cmd.id, "job": ref, "verdict": verdict,
-                                                                "failed_tests": details.get("failed_tests", "")})}
+    ann = {ANNOTATION_INFLIGHT: None,
+           ANNOTATION_DIAGNOSTICS: json.dumps({"command": cmd.id, "job": ref, "verdict": verdict,
+                                               "failed_tests": details.get("failed_tests", "")})}
     return p.NodePlan("applied", why[:4096] if not passed else "", details, annotations=ann,
                       labels={cfg.lifecycle_label: "validated" if passed else "quarantined"},
                       condition=p.Condition("True", "DiagnosticsPassed" if passed else "DiagnosticsFailed",
@@ -179,8 +190,8 @@ def hook(ctx: Context, cmd: RemediationCommand, node: p.NodeView, template_file:
         doc = pl.hook_job(Path(template_file).read_text(), cmd, node, cfg)
     except (OSError, ValueError) as exc:
         return p.NodePlan("failed", f"executor.action_hooks.{cmd.action}: {exc}")
-    passed, message, ref = run_job(ctx, cmd, node, doc, "fleetmedic.io/hook", cfg.diagnostics_timeout_s)
-    ann: dict[str, str | None] = {p.ANN_INFLIGHT: None, "fleetmedic.io/hook": None}
+    passed, message, ref = run_job(ctx, cmd, node, doc, ANNOTATION_HOOK, cfg.diagnostics_timeout_s)
+    ann: dict[str, str | None] = {ANNOTATION_INFLIGHT: None, ANNOTATION_HOOK: None}
     if passed:
         return p.NodePlan("applied", details={"job": ref, "hook": cmd.action}, annotations=ann,
                           event=p.Note(f"Fleetmedic{p.camel(cmd.action)}Done",

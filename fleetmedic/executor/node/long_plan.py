@@ -1,6 +1,6 @@
 """The pure half of the long node actions: which pods a drain evicts (per namespace policy), the
 diagnostics Job and hook Jobs to create, and what a finished Job means (verdict, failed tests).
-No cluster access: :mod:`.long_actions` carries these out."""
+No cluster access: :mod:`.long_apply` carries these out."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetmedic.config import ExecutorSettings
-from fleetmedic.executor.node.plan import ANN_DRAIN, NodeView, annotation_json
+from fleetmedic.executor.node.plan import NodeView, annotation_json
+from fleetmedic.k8s_keys import ANNOTATION_COMMAND, ANNOTATION_DRAIN, ANNOTATION_NODE, LABEL_ROLE
 from fleetmedic.records import RemediationCommand
 
 # --- drain -------------------------------------------------------------------------------------------
@@ -27,7 +28,7 @@ class PodView:
     owner_kind: str = ""
     mirror: bool = False
     deleting: bool = False
-    role: str = ""  # the label fleetmedic.io/role (fleetmedic's own diagnostics and hook pods)
+    role: str = ""  # the label LABEL_ROLE (fleetmedic's own diagnostics and hook pods)
 
     @property
     def ref(self) -> str:
@@ -77,7 +78,7 @@ def plan_drain(pods: Sequence[PodView], cfg: ExecutorSettings, started_at: float
 
 
 def drain_state(annotations: Mapping[str, str]) -> dict[str, Any]:
-    return annotation_json(annotations.get(ANN_DRAIN, ""))
+    return annotation_json(annotations.get(ANNOTATION_DRAIN, ""))
 
 
 def drain_started(annotations: Mapping[str, str], cmd: RemediationCommand, now: float) -> float:
@@ -112,8 +113,8 @@ def diagnostics_job(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSettin
         "metadata": {
             "name": job_name("fleetmedic-diag", cmd),
             "namespace": cfg.diagnostics_namespace,
-            "labels": {"app.kubernetes.io/managed-by": "fleetmedic", "fleetmedic.io/role": "diagnostics"},
-            "annotations": {"fleetmedic.io/node": node.name, "fleetmedic.io/command": cmd.id[:1024]},
+            "labels": {"app.kubernetes.io/managed-by": "fleetmedic", LABEL_ROLE: "diagnostics"},
+            "annotations": {ANNOTATION_NODE: node.name, ANNOTATION_COMMAND: cmd.id[:1024]},
         },
         "spec": {
             "backoffLimit": 0,
@@ -121,8 +122,8 @@ def diagnostics_job(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSettin
             "ttlSecondsAfterFinished": 86_400,
             "template": {
                 "metadata": {
-                    "labels": {"fleetmedic.io/role": "diagnostics"},
-                    "annotations": {"fleetmedic.io/node": node.name, **cfg.diagnostics_pod_annotations},
+                    "labels": {LABEL_ROLE: "diagnostics"},
+                    "annotations": {ANNOTATION_NODE: node.name, **cfg.diagnostics_pod_annotations},
                 },
                 "spec": {
                     "nodeName": node.name,
@@ -158,7 +159,7 @@ def hook_job(template: str, cmd: RemediationCommand, node: NodeView, cfg: Execut
     meta.setdefault("namespace", cfg.diagnostics_namespace)
     meta.setdefault("labels", {})["app.kubernetes.io/managed-by"] = "fleetmedic"
     pod_meta = doc.setdefault("spec", {}).setdefault("template", {}).setdefault("metadata", {})
-    pod_meta.setdefault("labels", {})["fleetmedic.io/role"] = cmd.action
+    pod_meta.setdefault("labels", {})[LABEL_ROLE] = cmd.action
     return doc
 
 

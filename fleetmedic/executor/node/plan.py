@@ -1,28 +1,28 @@
 """What a remediation command means for a node: the pure half of the executor (decide, then act).
 
 Nothing here talks to a cluster. Functions take what the node (or its pods, or a Job) looks like
-now as plain values and return what to change and what to report; :mod:`.actions` applies it.
+now as plain values and return what to change and what to report; :mod:`.apply` applies it.
 
 **Annotations** (the executor's durable state, on the Node; job-track commands use the same keys on
-the ledger ConfigMap):
+the ledger ConfigMap; the keys live in :mod:`fleetmedic.k8s_keys`):
 
-- ``fleetmedic.io/commands``: ``{command id: expires_at}`` of commands applied here. A command seen
-  again (a second replica, a restart re-reading the topic) is ``skipped`` as a duplicate. Entries
-  are dropped once expired: an expired command is refused anyway.
-- ``fleetmedic.io/inflight``: the long command (drain, diagnostics, hook) in progress, as JSON, so a
-  restarted executor resumes it when the command is delivered again.
-- ``fleetmedic.io/cordoned-by`` / ``fleetmedic.io/tainted-by``: fleetmedic made this cordon / taint.
-  Only these are ever lifted: a cordon or a taint someone else made stays.
-- ``fleetmedic.io/drain``: drain progress (command, start, evicted pods, state).
-- ``fleetmedic.io/diagnostics``: the diagnostics Job and its verdict (``running``, ``pass``, ``fail``);
-  ``return_to_service`` by fleetmedic is refused unless it says ``pass``.
-- ``fleetmedic.io/reason``: why fleetmedic last changed the node; ``fleetmedic.io/escalation``: the
-  last escalation.
+- ``fleetmedic.io/commands`` (``ANNOTATION_COMMANDS``): ``{command id: expires_at}`` of commands
+  applied here. A command seen again (a second replica, a restart re-reading the topic) is
+  ``skipped`` as a duplicate. Entries are dropped once expired: an expired command is refused anyway.
+- ``fleetmedic.io/inflight`` (``ANNOTATION_INFLIGHT``): the long command (drain, diagnostics, hook) in
+  progress, as JSON, so a restarted executor resumes it when the command is delivered again.
+- ``fleetmedic.io/cordoned-by`` / ``fleetmedic.io/tainted-by`` (``ANNOTATION_CORDONED_BY`` /
+  ``ANNOTATION_TAINTED_BY``): fleetmedic made this cordon / taint. Only these are ever lifted: a
+  cordon or a taint someone else made stays.
+- ``fleetmedic.io/drain`` (``ANNOTATION_DRAIN``): drain progress (command, start, evicted pods, state).
+- ``fleetmedic.io/diagnostics`` (``ANNOTATION_DIAGNOSTICS``): the diagnostics Job and its verdict
+  (``running``, ``pass``, ``fail``); ``return_to_service`` by fleetmedic is refused unless it says ``pass``.
+- ``fleetmedic.io/reason`` (``ANNOTATION_REASON``): why fleetmedic last changed the node;
+  ``fleetmedic.io/escalation`` (``ANNOTATION_ESCALATION``): the last escalation.
 
-The node condition ``FleetmedicQuarantine`` and a core/v1 Event explain every change in
-``kubectl describe node``.
+The node condition ``FleetmedicQuarantine`` (``CONDITION_QUARANTINE``) and a core/v1 Event explain
+every change in ``kubectl describe node``.
 """
-
 from __future__ import annotations
 
 import json
@@ -32,27 +32,25 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fleetmedic.config import ExecutorSettings
+from fleetmedic.k8s_keys import (
+    ANNOTATION_COMMANDS,
+    ANNOTATION_CORDONED_BY,
+    ANNOTATION_DIAGNOSTICS,
+    ANNOTATION_DRAIN,
+    ANNOTATION_ESCALATION,
+    ANNOTATION_INFLIGHT,
+    ANNOTATION_REASON,
+    ANNOTATION_TAINTED_BY,
+    CONDITION_QUARANTINE,
+)
 from fleetmedic.records import Outcome, RemediationCommand, RemediationResult
 from fleetmedic.signing import CommandExpired, SignatureError, verify
 
-ANN_COMMANDS = "fleetmedic.io/commands"
-ANN_INFLIGHT = "fleetmedic.io/inflight"
-ANN_CORDONED = "fleetmedic.io/cordoned-by"
-ANN_TAINTED = "fleetmedic.io/tainted-by"
-ANN_REASON = "fleetmedic.io/reason"
-ANN_DRAIN = "fleetmedic.io/drain"
-ANN_DIAGNOSTICS = "fleetmedic.io/diagnostics"
-ANN_ESCALATION = "fleetmedic.io/escalation"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
-CONDITION_TYPE = "FleetmedicQuarantine"
 ACTOR = "fleetmedic"
 TAINT_VALUE = "true"
 MAX_REMEMBERED = 200
 
-NODE_QUICK = frozenset({"cordon", "uncordon", "taint", "untaint", "label", "return_to_service", "escalate"})
-NODE_LONG = frozenset({"drain", "run_diagnostics", "reset_gpu", "reboot_node"})
-JOB_ACTIONS = frozenset({"restart_job", "requeue_job", "retry_in_place"})
-HOOK_ACTIONS = frozenset({"reset_gpu", "reboot_node", "escalate"})
 EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
@@ -120,9 +118,9 @@ class NodePlan:
             out.append("set taints to [" + ", ".join(f"{t.key}={t.value}:{t.effect}" for t in self.taints) + "]")
         out += [f"label {k}={v}" if v is not None else f"remove label {k}" for k, v in self.labels.items()]
         out += [f"annotate {k}" if v is not None else f"remove annotation {k}" for k, v in self.annotations.items()
-                if k != ANN_COMMANDS]
+                if k != ANNOTATION_COMMANDS]
         if self.condition is not None:
-            out.append(f"condition {CONDITION_TYPE}={self.condition.status} ({self.condition.reason})")
+            out.append(f"condition {CONDITION_QUARANTINE}={self.condition.status} ({self.condition.reason})")
         if self.event is not None:
             out.append(f"event {self.event.reason}")
         return out
@@ -163,7 +161,7 @@ def reject_reason(cmd: RemediationCommand, key: bytes, now: float) -> str | None
 
 
 def applied_ids(annotations: Mapping[str, str]) -> dict[str, float]:
-    raw = annotations.get(ANN_COMMANDS, "")
+    raw = annotations.get(ANNOTATION_COMMANDS, "")
     try:
         doc = json.loads(raw) if raw else {}
     except ValueError:
@@ -172,7 +170,7 @@ def applied_ids(annotations: Mapping[str, str]) -> dict[str, float]:
 
 
 def remember(annotations: Mapping[str, str], cmd: RemediationCommand, now: float) -> str:
-    """The ``fleetmedic.io/commands`` value with ``cmd`` added and expired ids dropped."""
+    """The ``fleetmedic.io/commands`` (``ANNOTATION_COMMANDS``) value with ``cmd`` added and expired ids dropped."""
     ids = {k: v for k, v in applied_ids(annotations).items() if v >= now}
     ids[cmd.id] = cmd.expires_at
     newest = sorted(ids.items(), key=lambda kv: kv[1])[-MAX_REMEMBERED:]
@@ -180,7 +178,7 @@ def remember(annotations: Mapping[str, str], cmd: RemediationCommand, now: float
 
 
 def inflight(annotations: Mapping[str, str]) -> dict[str, Any]:
-    return annotation_json(annotations.get(ANN_INFLIGHT, ""))
+    return annotation_json(annotations.get(ANNOTATION_INFLIGHT, ""))
 
 
 Screen = Literal["act", "resume", "duplicate"]
@@ -219,7 +217,7 @@ def plan_node_action(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSetti
                                         or plan.annotations or plan.condition):
         return plan
     ann = dict(plan.annotations)
-    ann[ANN_REASON] = f"{cmd.action}: {cmd.reason}"[:1024]
+    ann[ANNOTATION_REASON] = f"{cmd.action}: {cmd.reason}"[:1024]
     return _with(plan, annotations=ann)
 
 
@@ -237,23 +235,23 @@ def _cordon(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSettings) -> N
     labels = {cfg.lifecycle_label: "quarantined"}
     cond = _quarantine_condition(cmd, "Cordoned")
     if node.unschedulable:
-        if ANN_CORDONED in node.annotations:
+        if ANNOTATION_CORDONED_BY in node.annotations:
             return NodePlan("applied", "already cordoned by fleetmedic", labels=labels, condition=cond)
         return NodePlan("applied", "already cordoned by someone else: fleetmedic will not uncordon it",
                         {"already_cordoned": "true"}, labels=labels, condition=cond,
                         event=Note("FleetmedicCordonExisting", f"node already cordoned (not by fleetmedic); "
                                    f"{cmd.action} for: {cmd.reason}", warning=True))
     return NodePlan("applied", details={"already_cordoned": "false"}, unschedulable=True, labels=labels,
-                    annotations={ANN_CORDONED: ACTOR}, condition=cond,
+                    annotations={ANNOTATION_CORDONED_BY: ACTOR}, condition=cond,
                     event=Note("FleetmedicCordoned", f"cordoned by fleetmedic (incident {cmd.incident_id}): "
                                f"{cmd.reason}", warning=True))
 
 
 def _uncordon(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSettings) -> NodePlan:
-    if ANN_CORDONED not in node.annotations:
+    if ANNOTATION_CORDONED_BY not in node.annotations:
         why = "cordon not made by fleetmedic: left in place" if node.unschedulable else "node is not cordoned"
         return NodePlan("skipped", why)
-    return NodePlan("applied", unschedulable=False, annotations={ANN_CORDONED: None},
+    return NodePlan("applied", unschedulable=False, annotations={ANNOTATION_CORDONED_BY: None},
                     event=Note("FleetmedicUncordoned", f"uncordoned by fleetmedic: {cmd.reason}"))
 
 
@@ -264,7 +262,7 @@ def _taint(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSettings) -> No
     labels = {cfg.lifecycle_label: "quarantined"}
     cond = _quarantine_condition(cmd, "Tainted")
     ours = [t for t in node.taints if t.key == cfg.taint_key]
-    if ours and ANN_TAINTED not in node.annotations:
+    if ours and ANNOTATION_TAINTED_BY not in node.annotations:
         return NodePlan("applied", f"taint {cfg.taint_key} already present (not fleetmedic's): left as it is",
                         {"already_tainted": "true"}, labels=labels, condition=cond)
     if any(t.effect == effect for t in ours):
@@ -273,17 +271,17 @@ def _taint(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSettings) -> No
     others = tuple(t for t in node.taints if t.key != cfg.taint_key)
     return NodePlan("applied", details={"taint": f"{cfg.taint_key}={TAINT_VALUE}:{effect}"},
                     taints=(*others, Taint(cfg.taint_key, TAINT_VALUE, effect)), labels=labels,
-                    annotations={ANN_TAINTED: effect}, condition=cond,
+                    annotations={ANNOTATION_TAINTED_BY: effect}, condition=cond,
                     event=Note("FleetmedicTainted", f"tainted {cfg.taint_key}:{effect} by fleetmedic "
                                f"(incident {cmd.incident_id}): {cmd.reason}", warning=True))
 
 
 def _untaint(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSettings) -> NodePlan:
-    if ANN_TAINTED not in node.annotations:
+    if ANNOTATION_TAINTED_BY not in node.annotations:
         present = any(t.key == cfg.taint_key for t in node.taints)
         return NodePlan("skipped", "taint not made by fleetmedic: left in place" if present else "node not tainted")
     return NodePlan("applied", taints=tuple(t for t in node.taints if t.key != cfg.taint_key),
-                    annotations={ANN_TAINTED: None},
+                    annotations={ANNOTATION_TAINTED_BY: None},
                     event=Note("FleetmedicUntainted", f"taint {cfg.taint_key} removed by fleetmedic: {cmd.reason}"))
 
 
@@ -297,7 +295,7 @@ def _label(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSettings) -> No
 
 def _return_to_service(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSettings) -> NodePlan:
     actor = cmd.params.get("actor", ACTOR)
-    diag = annotation_json(node.annotations.get(ANN_DIAGNOSTICS, ""))
+    diag = annotation_json(node.annotations.get(ANNOTATION_DIAGNOSTICS, ""))
     if actor == ACTOR and diag.get("verdict") != "pass":
         seen = f"diagnostics {diag.get('verdict')}" if diag else "no diagnostics recorded on the node"
         return NodePlan("failed", f"refused: return to service needs passing diagnostics ({seen}); "
@@ -306,16 +304,16 @@ def _return_to_service(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSet
         return NodePlan("failed", f"node busy: {inflight(node.annotations).get('action')} in progress")
     unschedulable: bool | None = None
     taints: tuple[Taint, ...] | None = None
-    ann: dict[str, str | None] = {ANN_DRAIN: None, ANN_DIAGNOSTICS: None, ANN_ESCALATION: None}
+    ann: dict[str, str | None] = {ANNOTATION_DRAIN: None, ANNOTATION_DIAGNOSTICS: None, ANNOTATION_ESCALATION: None}
     kept = []
-    if cmd.params.get("untaint", "true") != "false" and ANN_TAINTED in node.annotations:
+    if cmd.params.get("untaint", "true") != "false" and ANNOTATION_TAINTED_BY in node.annotations:
         taints = tuple(t for t in node.taints if t.key != cfg.taint_key)
-        ann[ANN_TAINTED] = None
+        ann[ANNOTATION_TAINTED_BY] = None
     elif any(t.key == cfg.taint_key for t in node.taints):
         kept.append("taint (not fleetmedic's)")
-    if cmd.params.get("uncordon", "true") != "false" and ANN_CORDONED in node.annotations:
+    if cmd.params.get("uncordon", "true") != "false" and ANNOTATION_CORDONED_BY in node.annotations:
         unschedulable = False
-        ann[ANN_CORDONED] = None
+        ann[ANNOTATION_CORDONED_BY] = None
     elif node.unschedulable:
         kept.append("cordon (not fleetmedic's)")
     note = f"returned to service by fleetmedic ({actor}): {cmd.reason}" + (f"; kept {', '.join(kept)}" if kept else "")
@@ -329,7 +327,7 @@ def _escalate(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSettings) ->
     what = cmd.params.get("escalation", "notify")
     return NodePlan("skipped", f"no escalate hook configured (executor.action_hooks): escalation '{what}' "
                                "recorded on the node (annotation and Event) for a human",
-                    annotations={ANN_ESCALATION: json.dumps({"command": cmd.id, "escalation": what,
+                    annotations={ANNOTATION_ESCALATION: json.dumps({"command": cmd.id, "escalation": what,
                                                             "reason": cmd.reason[:512]})},
                     event=Note("FleetmedicEscalated", f"escalated ({what}): {cmd.reason}", warning=True))
 

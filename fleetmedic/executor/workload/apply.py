@@ -4,13 +4,15 @@
 finds the workload (``params["kind"]`` or a look-up among Job, PyTorchJob, JobSet), plans the
 restart with :mod:`fleetmedic.executor.workload.plan` (pure) and carries it out:
 
-- batch Job: suspend (with a ``fleetmedic.io/restart-in-progress`` marker), wait until the Job
+- batch Job: suspend (with the ``fleetmedic.io/restart-in-progress`` marker,
+  ``ANNOTATION_RESTART_IN_PROGRESS``), wait until the Job
   controller has removed the pods, patch the pod template's node affinity if the plan says so,
   resume. An executor that died in between finds the marker and resumes the Job on the next call.
 - PyTorchJob: patch the replica templates, delete the job's pods; the training operator
   recreates each replica from its (patched) template.
 - JobSet: patch the replicated-job templates, delete the child Jobs (foreground); the JobSet
-  controller recreates them.
+  controller recreates them. Where the JobSet webhook refuses the template change, the exclusion
+  goes onto the suspended child Jobs instead (:mod:`.jobset`).
 
 Every applied restart records annotations on the workload and a core/v1 Event on it. It returns
 once the API server accepted the change, not when the pods run again. ``dry_run`` plans, reports
@@ -20,10 +22,8 @@ a missing workload, a bad command or an API error is a ``failed`` outcome with t
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
@@ -31,8 +31,17 @@ from typing import Any, Literal, cast
 from kubernetes import client
 from kubernetes.client import ApiException
 
+from fleetmedic.executor.workload.api import (
+    AdjustChild,
+    AdjustPlan,
+    VersionChanged,
+    api_message,
+    patch_workload,
+    record_event,
+    wait_for,
+)
+from fleetmedic.executor.workload.jobset import suspend_and_patch_children
 from fleetmedic.executor.workload.plan import (
-    ANNOTATION_IN_PROGRESS,
     JOB,
     JOBSET,
     KINDS,
@@ -46,24 +55,15 @@ from fleetmedic.executor.workload.plan import (
     parse_job_ref,
     plan_restart,
 )
+from fleetmedic.k8s_keys import ANNOTATION_RESTART_IN_PROGRESS, LABEL_OPT_OUT
 
 log = logging.getLogger(__name__)
-JSON_PATCH = "application/json-patch+json"
 DEFAULT_TIMEOUT_S = 60.0
-DEFAULT_OPT_OUT_LABEL = "fleetmedic.io/opt-out"
 EVENT_REASONS = {"restart_job": "FleetmedicReplaceJob", "requeue_job": "FleetmedicRequeueJob",
                  "retry_in_place": "FleetmedicRetryInPlace"}
 
 
 CONFLICT_RETRIES = 5
-# (kind, workload, its live pods, plan) -> the plan to carry out; see fleetmedic.executor.workload.placement_apply
-AdjustPlan = Callable[[WorkloadKind, dict[str, Any], list[client.V1Pod], RestartPlan], RestartPlan]
-# (a JobSet's suspended child Job, the JSON-patch ops its own plan made) -> the ops to write to it
-AdjustChild = Callable[[dict[str, Any], list[dict[str, Any]]], list[dict[str, Any]]]
-
-
-class _Changed(Exception):
-    """The first write's resourceVersion precondition failed (409): nothing was changed yet."""
 
 
 @dataclass(frozen=True)
@@ -81,13 +81,13 @@ def restart_workload(api: client.ApiClient, job: str, *, action: str, exclude_no
         for _ in range(CONFLICT_RETRIES):
             try:
                 return _restart(api, job, action, exclude_nodes, params, dry_run, actor, adjust_plan, adjust_child)
-            except _Changed:  # the workload changed between our read and our first write: plan again
+            except VersionChanged:  # the workload changed between our read and our first write: plan again
                 continue
         return WorkloadOutcome("failed", f"workload {job} kept changing ({CONFLICT_RETRIES} conflicts)")
     except WorkloadError as exc:
         return WorkloadOutcome("failed", str(exc))
     except ApiException as exc:
-        return WorkloadOutcome("failed", f"API server: {exc.status} {_message(exc)}")
+        return WorkloadOutcome("failed", f"API server: {exc.status} {api_message(exc)}")
     except TimeoutError as exc:
         return WorkloadOutcome("failed", str(exc))
 
@@ -102,13 +102,13 @@ def _restart(api: client.ApiClient, job: str, action: str, exclude_nodes: Sequen
         return WorkloadOutcome("failed", f"workload {job} not found (looked for {kinds})")
     kind, obj = found
     meta = obj.get("metadata") or {}
-    opt_out = params.get("opt_out_label", DEFAULT_OPT_OUT_LABEL)
+    opt_out = params.get("opt_out_label", LABEL_OPT_OUT)
     if str((meta.get("labels") or {}).get(opt_out, "")).lower() == "true":
         return WorkloadOutcome("skipped", f"{kind.kind} {job} is labelled {opt_out}=true", {"kind": kind.kind})
     over = finished(kind, obj)
     if over:
         return WorkloadOutcome("skipped", over, {"kind": kind.kind})
-    resuming = ANNOTATION_IN_PROGRESS in (meta.get("annotations") or {})
+    resuming = ANNOTATION_RESTART_IN_PROGRESS in (meta.get("annotations") or {})
     spec = obj.get("spec") or {}
     if (spec.get("suspend") or (spec.get("runPolicy") or {}).get("suspend")) and not resuming:
         return WorkloadOutcome("skipped", f"{kind.kind} {job} is suspended by someone else (not by fleetmedic)",
@@ -129,7 +129,7 @@ def _restart(api: client.ApiClient, job: str, action: str, exclude_nodes: Sequen
         _jobset_with_exclusion(api, plan, obj, params, timeout, actor, details, adjust_child)
     else:
         details["deleted"] = str(_patch_then_delete(api, plan, obj))
-    _record_event(api, kind, obj, EVENT_REASONS[action], plan.summary, actor)
+    record_event(api, kind, obj, EVENT_REASONS[action], plan.summary, actor)
     log.info("%s", plan.summary)
     return WorkloadOutcome("applied", plan.summary, details)
 
@@ -179,33 +179,17 @@ def workload_pods(api: client.ApiClient, kind: WorkloadKind, obj: Mapping[str, A
 # --- carrying out a plan --------------------------------------------------------------------------
 
 
-def _patch(api: client.ApiClient, kind: WorkloadKind, namespace: str, name: str,
-           ops: list[dict[str, Any]], if_version: str = "") -> dict[str, Any]:
-    """A JSON patch; with ``if_version``, only if the object is still at that resourceVersion."""
-    custom = client.CustomObjectsApi(api)
-    if if_version:
-        ops = [{"op": "replace", "path": "/metadata/resourceVersion", "value": if_version}, *ops]
-    try:
-        result = custom.patch_namespaced_custom_object(
-            kind.group, kind.version, namespace, kind.plural, name, ops, _content_type=JSON_PATCH)
-    except ApiException as exc:
-        if if_version and exc.status == 409:
-            raise _Changed() from None
-        raise
-    return cast(dict[str, Any], result)
-
-
 def _suspend_resume(api: client.ApiClient, plan: RestartPlan, obj: Mapping[str, Any], timeout: float) -> None:
     annotations = (obj.get("metadata") or {}).get("annotations") or {}
     rv = str((obj.get("metadata") or {}).get("resourceVersion"))
-    if ANNOTATION_IN_PROGRESS not in annotations:
-        marker = annotation_patch(annotations, {ANNOTATION_IN_PROGRESS: plan.summary})
-        _patch(api, JOB, plan.namespace, plan.name, [{"op": "add", "path": "/spec/suspend", "value": True}, *marker],
-               if_version=rv)
-        annotations = {**annotations, ANNOTATION_IN_PROGRESS: plan.summary}
-    done = annotation_patch(annotations, {}, remove=[ANNOTATION_IN_PROGRESS])
+    if ANNOTATION_RESTART_IN_PROGRESS not in annotations:
+        marker = annotation_patch(annotations, {ANNOTATION_RESTART_IN_PROGRESS: plan.summary})
+        patch_workload(api, JOB, plan.namespace, plan.name,
+                       [{"op": "add", "path": "/spec/suspend", "value": True}, *marker], if_version=rv)
+        annotations = {**annotations, ANNOTATION_RESTART_IN_PROGRESS: plan.summary}
+    done = annotation_patch(annotations, {}, remove=[ANNOTATION_RESTART_IN_PROGRESS])
     resume = [{"op": "add", "path": "/spec/suspend", "value": False}]
-    record = plan.annotation_ops(annotations, remove=[ANNOTATION_IN_PROGRESS])
+    record = plan.annotation_ops(annotations, remove=[ANNOTATION_RESTART_IN_PROGRESS])
     deadline = time.monotonic() + timeout
     seen: dict[str, Any] = {}
     while True:
@@ -215,9 +199,10 @@ def _suspend_resume(api: client.ApiClient, plan: RestartPlan, obj: Mapping[str, 
                  f"Job {plan.namespace}/{plan.name}: the Job controller did not remove its pods")
         version = str(seen["metadata"].get("resourceVersion"))
         try:
-            _patch(api, JOB, plan.namespace, plan.name, [*plan.template_ops, *record, *resume], if_version=version)
+            patch_workload(api, JOB, plan.namespace, plan.name, [*plan.template_ops, *record, *resume],
+                           if_version=version)
             return
-        except _Changed:  # the Job controller wrote its status after we looked: look again
+        except VersionChanged:  # the Job controller wrote its status after we looked: look again
             if time.monotonic() > deadline:
                 raise TimeoutError(f"Job {plan.namespace}/{plan.name}: kept changing while suspended "
                                    f"within {timeout:.0f}s") from None
@@ -225,9 +210,9 @@ def _suspend_resume(api: client.ApiClient, plan: RestartPlan, obj: Mapping[str, 
             if exc.status != 422 or not plan.template_ops:
                 raise
             # never leave the job suspended because the node affinity was refused
-            _patch(api, JOB, plan.namespace, plan.name, [*done, *resume])
+            patch_workload(api, JOB, plan.namespace, plan.name, [*done, *resume])
             raise WorkloadError(f"Job {plan.namespace}/{plan.name}: resumed without the node affinity, which the "
-                                f"API server refused ({_message(exc)[:300]}); the Job we wrote to: "
+                                f"API server refused ({api_message(exc)[:300]}); the Job we wrote to: "
                                 f"{_suspension_state(seen)}") from None
 
 
@@ -255,16 +240,14 @@ def _jobset_with_exclusion(api: client.ApiClient, plan: RestartPlan, obj: Mappin
                            adjust_child: AdjustChild | None = None) -> None:
     """Patch the JobSet's template and recreate its children; where the JobSet webhook refuses the
     template change (or a suspension of ours is to be finished), go through the child Jobs."""
-    from fleetmedic.executor.workload.jobset import suspend_and_patch_children
-
-    if ANNOTATION_IN_PROGRESS not in ((obj.get("metadata") or {}).get("annotations") or {}):
+    if ANNOTATION_RESTART_IN_PROGRESS not in ((obj.get("metadata") or {}).get("annotations") or {}):
         try:
             details["deleted"] = str(_patch_then_delete(api, plan, obj))
             return
         except ApiException as exc:
             if exc.status not in (400, 403, 422):
                 raise
-            details["template_refused"] = _message(exc)[:300]
+            details["template_refused"] = api_message(exc)[:300]
     details["mechanism"] = "suspend_patch_children"
     details["children_patched"] = str(suspend_and_patch_children(api, plan, obj, params, timeout, actor,
                                                                  adjust_child))
@@ -276,7 +259,7 @@ def _patch_then_delete(api: client.ApiClient, plan: RestartPlan, obj: Mapping[st
     meta = obj.get("metadata") or {}
     rv, uid = str(meta.get("resourceVersion")), str(meta.get("uid"))
     ops = [*plan.template_ops, *plan.annotation_ops(meta.get("annotations") or {})]
-    _patch(api, plan.kind, plan.namespace, plan.name, ops, if_version=rv)
+    patch_workload(api, plan.kind, plan.namespace, plan.name, ops, if_version=rv)
     selector = f"{plan.kind.job_label}={plan.name}"
     deleted = 0
     if plan.kind is PYTORCHJOB:
@@ -312,40 +295,3 @@ def _gone(delete: Callable[..., object], *args: Any, **kwargs: Any) -> int:
         if exc.status == 404:
             return 0
         raise
-
-
-def _record_event(api: client.ApiClient, kind: WorkloadKind, obj: Mapping[str, Any], reason: str,
-                  message: str, actor: str) -> None:
-    """A core/v1 Event on the workload (``kubectl describe`` shows it); best effort."""
-    meta = obj.get("metadata") or {}
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    event = {
-        "metadata": {"name": f"{meta.get('name')}.{uuid.uuid4().hex[:12]}", "namespace": meta.get("namespace")},
-        "involvedObject": {"apiVersion": kind.api_version, "kind": kind.kind, "name": meta.get("name"),
-                           "namespace": meta.get("namespace"), "uid": meta.get("uid")},
-        "reason": reason, "message": message[:1024], "type": "Normal", "count": 1,
-        "firstTimestamp": now, "lastTimestamp": now,
-        "source": {"component": "fleetmedic-executor"},
-        "reportingComponent": "fleetmedic.io/executor", "reportingInstance": actor[:128] or "fleetmedic",
-    }
-    try:
-        body = cast(client.CoreV1Event, client.CoreV1Event.from_dict(event))
-        client.CoreV1Api(api).create_namespaced_event(str(meta.get("namespace")), body)
-    except ApiException as exc:
-        log.warning("event on %s %s/%s not recorded: %s", kind.kind, meta.get("namespace"), meta.get("name"),
-                    _message(exc))
-
-
-def wait_for(ready: Callable[[], bool], timeout: float, what: str, interval: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} within {timeout:.0f}s")
-        time.sleep(interval)
-
-
-def _message(exc: ApiException) -> str:
-    try:
-        return str(json.loads(exc.body or "{}").get("message", exc.reason))
-    except (ValueError, AttributeError):
-        return str(exc.reason)

@@ -14,53 +14,50 @@ stay and the recreated pods honour them. A later JobSet-level restart (its failu
 recreates the children from the template) drops the affinity, exclusion and preference alike: the
 result says so, and the quarantine taint still applies to pods that do not tolerate it.
 
-Crash-safe like the batch Job path: the JobSet carries ``fleetmedic.io/restart-in-progress`` while
-suspended by fleetmedic, and the next call finishes the job.
+Crash-safe like the batch Job path: the JobSet carries ``fleetmedic.io/restart-in-progress``
+(``ANNOTATION_RESTART_IN_PROGRESS``) while suspended by fleetmedic, and the next call finishes the job.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from kubernetes import client
 
-if TYPE_CHECKING:
-    from fleetmedic.executor.workload.apply import AdjustChild
-
+from fleetmedic.executor.workload.api import AdjustChild, patch_workload, wait_for
 from fleetmedic.executor.workload.plan import (
-    ANNOTATION_IN_PROGRESS,
     JOB,
     JOBSET,
     RestartPlan,
     annotation_patch,
     plan_restart,
 )
+from fleetmedic.k8s_keys import ANNOTATION_RESTART_IN_PROGRESS
 
 
 def suspend_and_patch_children(api: client.ApiClient, plan: RestartPlan, obj: Mapping[str, Any],
                                params: Mapping[str, str], timeout: float, actor: str,
                                adjust_child: AdjustChild | None = None) -> int:
     """Suspend, patch the child Jobs' node affinity, resume; returns how many children were patched.
-    ``adjust_child`` (the placement step, :mod:`fleetmedic.executor.workload.placement_apply`) turns each child's
-    own exclusion ops into the ops that also carry the preference and tolerations: one patch."""
-    from fleetmedic.executor.workload.apply import _patch, wait_for
-
+    ``adjust_child`` (the placement step, :mod:`.placement_apply`) turns each child's own exclusion
+    ops into the ops that also carry the preference and tolerations: one patch."""
     meta = obj.get("metadata") or {}
     annotations: dict[str, str] = dict(meta.get("annotations") or {})
-    if ANNOTATION_IN_PROGRESS not in annotations:
-        marker = annotation_patch(annotations, {ANNOTATION_IN_PROGRESS: plan.summary})
-        _patch(api, JOBSET, plan.namespace, plan.name, [{"op": "add", "path": "/spec/suspend", "value": True},
-                                                        *marker], if_version=str(meta.get("resourceVersion")))
-        annotations[ANNOTATION_IN_PROGRESS] = plan.summary
+    if ANNOTATION_RESTART_IN_PROGRESS not in annotations:
+        marker = annotation_patch(annotations, {ANNOTATION_RESTART_IN_PROGRESS: plan.summary})
+        patch_workload(api, JOBSET, plan.namespace, plan.name,
+                       [{"op": "add", "path": "/spec/suspend", "value": True}, *marker],
+                       if_version=str(meta.get("resourceVersion")))
+        annotations[ANNOTATION_RESTART_IN_PROGRESS] = plan.summary
     uid = str(meta.get("uid"))
     wait_for(lambda: all_suspended(_children(api, plan, uid)), timeout,
              f"JobSet {plan.namespace}/{plan.name}: its child Jobs were not suspended")
     patched = patch_children(api, plan, uid, params, actor, adjust_child)
     resume = [{"op": "add", "path": "/spec/suspend", "value": False},
-              *plan.annotation_ops(annotations, remove=[ANNOTATION_IN_PROGRESS])]
-    _patch(api, JOBSET, plan.namespace, plan.name, resume)
+              *plan.annotation_ops(annotations, remove=[ANNOTATION_RESTART_IN_PROGRESS])]
+    patch_workload(api, JOBSET, plan.namespace, plan.name, resume)
     return patched
 
 
@@ -68,15 +65,13 @@ def patch_children(api: client.ApiClient, plan: RestartPlan, uid: str, params: M
                    adjust_child: AdjustChild | None) -> int:
     """Write each suspended child Job's plan (its exclusion; through ``adjust_child`` also the
     placement) in one patch per child; returns how many children were patched."""
-    from fleetmedic.executor.workload.apply import _patch
-
     patched = 0
     for child in _children(api, plan, uid):
         child_plan = plan_restart(JOB, child, action=plan.action, exclude_nodes=plan.excluded,
                                   current_nodes=plan.preferred, params=params, now=time.time(), actor=actor)
         ops = adjust_child(child, child_plan.template_ops) if adjust_child else child_plan.template_ops
         if ops:
-            _patch(api, JOB, plan.namespace, str(child["metadata"]["name"]), ops)
+            patch_workload(api, JOB, plan.namespace, str(child["metadata"]["name"]), ops)
             patched += 1
     return patched
 

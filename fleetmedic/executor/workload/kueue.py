@@ -4,7 +4,8 @@ Kueue owns a queued workload's ``spec.suspend``: it suspends it until the Worklo
 against a ClusterQueue's quota, and suspends it again if anyone else resumes it. Restarting such a
 workload around Kueue (suspend/resume it ourselves) fights Kueue; this module goes through it:
 
-1. ``spec.active: false`` on the Workload (with the ``fleetmedic.io/restart-in-progress`` marker):
+1. ``spec.active: false`` on the Workload (with the ``fleetmedic.io/restart-in-progress`` marker,
+   ``ANNOTATION_RESTART_IN_PROGRESS``):
    Kueue evicts it (condition ``Evicted``, reason ``InactiveWorkload``) and suspends the Job or
    JobSet; for a JobSet the JobSet controller suspends its child Jobs; the Job controller removes
    the pods and clears the Jobs' start time;
@@ -35,16 +36,16 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from kubernetes import client
 from kubernetes.client import ApiException
 
 from fleetmedic.executor.workload import apply as wl
+from fleetmedic.executor.workload.api import JSON_PATCH, AdjustChild, AdjustPlan, api_message, record_event, wait_for
 from fleetmedic.executor.workload.jobset import all_suspended, child_jobs, patch_children
 from fleetmedic.executor.workload.plan import (
-    ANNOTATION_IN_PROGRESS,
     JOB,
     JOBSET,
     RestartPlan,
@@ -54,6 +55,7 @@ from fleetmedic.executor.workload.plan import (
     parse_job_ref,
     plan_restart,
 )
+from fleetmedic.k8s_keys import ANNOTATION_RESTART_IN_PROGRESS, LABEL_OPT_OUT
 
 log = logging.getLogger(__name__)
 GROUP = "kueue.x-k8s.io"
@@ -61,7 +63,6 @@ PLURAL = "workloads"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_STOPPING = "kueue.x-k8s.io/stopping"  # on a Job while Kueue stops it (pkg/controller/jobs/job)
 MERGE_PATCH = "application/merge-patch+json"
-Adjust = Callable[[WorkloadKind, dict[str, Any], list[client.V1Pod], RestartPlan], RestartPlan]
 
 
 def served_version(api: client.ApiClient) -> str:
@@ -99,8 +100,8 @@ def owning_workload(api: client.ApiClient, version: str, namespace: str, job_uid
 
 
 def requeue_if_managed(api: client.ApiClient, job: str, *, action: str, exclude_nodes: Sequence[str],
-                       params: Mapping[str, str], dry_run: bool, actor: str, adjust: Adjust | None = None,
-                       adjust_child: wl.AdjustChild | None = None) -> wl.WorkloadOutcome | None:
+                       params: Mapping[str, str], dry_run: bool, actor: str, adjust: AdjustPlan | None = None,
+                       adjust_child: AdjustChild | None = None) -> wl.WorkloadOutcome | None:
     """The outcome of restarting ``job`` (a Job, or a JobSet or one of its child Jobs) through its
     Kueue Workload, or None when Kueue does not manage it (the caller restarts it the ordinary way).
     ``adjust`` turns the plan into the placed plan; ``adjust_child`` a JobSet child Job's ops."""
@@ -125,13 +126,13 @@ def requeue_if_managed(api: client.ApiClient, job: str, *, action: str, exclude_
     wname = str(workload["metadata"]["name"])
     details = {"kind": kind.kind, "mechanism": "kueue_workload", "kueue_workload": f"{namespace}/{wname}",
                "kueue_version": version}
-    opt_out = params.get("opt_out_label", wl.DEFAULT_OPT_OUT_LABEL)
+    opt_out = params.get("opt_out_label", LABEL_OPT_OUT)
     if str((meta.get("labels") or {}).get(opt_out, "")).lower() == "true":
         return wl.WorkloadOutcome("skipped", f"{kind.kind} {ref} is labelled {opt_out}=true", details)
     over = finished(kind, obj)
     if over:
         return wl.WorkloadOutcome("skipped", over, details)
-    resuming = ANNOTATION_IN_PROGRESS in ((workload.get("metadata") or {}).get("annotations") or {})
+    resuming = ANNOTATION_RESTART_IN_PROGRESS in ((workload.get("metadata") or {}).get("annotations") or {})
     if (workload.get("spec") or {}).get("active") is False and not resuming:
         return wl.WorkloadOutcome("skipped", f"Kueue Workload {namespace}/{wname} was deactivated by someone else "
                                              "(not by fleetmedic)", details)
@@ -145,7 +146,7 @@ def requeue_if_managed(api: client.ApiClient, job: str, *, action: str, exclude_
     if not resuming:
         _set_active(api, version, namespace, wname, False, marker=f"requeue {kind.kind} {ref}")
     try:
-        wl.wait_for(lambda: _evicted(api, kind, obj), timeout,
+        wait_for(lambda: _evicted(api, kind, obj), timeout,
                     f"Kueue did not evict Workload {namespace}/{wname} and suspend {kind.kind} {ref} "
                     "(is the Kueue controller running?)")
     except TimeoutError as exc:
@@ -157,19 +158,19 @@ def requeue_if_managed(api: client.ApiClient, job: str, *, action: str, exclude_
                                         params=params, actor=actor, adjust=adjust, adjust_child=adjust_child)
     except (ApiException, WorkloadError) as exc:
         _set_active(api, version, namespace, wname, True)
-        why = f"{exc.status} {wl._message(exc)}" if isinstance(exc, ApiException) else str(exc)
+        why = f"{exc.status} {api_message(exc)}" if isinstance(exc, ApiException) else str(exc)
         return wl.WorkloadOutcome("failed", f"{kind.kind} {ref}: the placement was not written ({why[:300]}); "
                                             f"Workload {wname} set active again", details)
     _set_active(api, version, namespace, wname, True)  # readmission goes through Kueue's queue
     summary = f"requeued {kind.kind} {ref} through Kueue Workload {wname} (attempt {plan.attempt})"
-    wl._record_event(api, kind, obj, wl.EVENT_REASONS.get(action, "FleetmedicRequeueJob"), summary, actor)
+    record_event(api, kind, obj, wl.EVENT_REASONS.get(action, "FleetmedicRequeueJob"), summary, actor)
     log.info("%s", summary)
     return wl.WorkloadOutcome("applied", summary, {**plan.details(), **details, **placed})
 
 
 def _write_placement(api: client.ApiClient, kind: WorkloadKind, obj: Mapping[str, Any], pods: list[client.V1Pod],
                      *, action: str, exclude_nodes: Sequence[str], params: Mapping[str, str], actor: str,
-                     adjust: Adjust | None, adjust_child: wl.AdjustChild | None) -> tuple[RestartPlan, dict[str, str]]:
+                     adjust: AdjustPlan | None, adjust_child: AdjustChild | None) -> tuple[RestartPlan, dict[str, str]]:
     """While Kueue keeps the workload suspended: write the plan (a JobSet: onto its child Jobs)."""
     custom = client.CustomObjectsApi(api)
     meta = obj.get("metadata") or {}
@@ -193,14 +194,14 @@ def _write_placement(api: client.ApiClient, kind: WorkloadKind, obj: Mapping[str
         ops = [*plan.template_ops, *record]
     if ops:
         custom.patch_namespaced_custom_object(kind.group, kind.version, namespace, kind.plural, name, ops,
-                                              _content_type=wl.JSON_PATCH)
+                                              _content_type=JSON_PATCH)
     return plan, placed
 
 
 def _set_active(api: client.ApiClient, version: str, namespace: str, name: str, active: bool,
                 marker: str = "") -> None:
     """Set the Workload's ``spec.active``; deactivating marks it as fleetmedic's, activating unmarks."""
-    patch = {"metadata": {"annotations": {ANNOTATION_IN_PROGRESS: marker or None}}, "spec": {"active": active}}
+    patch = {"metadata": {"annotations": {ANNOTATION_RESTART_IN_PROGRESS: marker or None}}, "spec": {"active": active}}
     client.CustomObjectsApi(api).patch_namespaced_custom_object(
         GROUP, version, namespace, PLURAL, name, patch, _content_type=MERGE_PATCH)
 

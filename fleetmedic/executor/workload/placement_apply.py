@@ -1,5 +1,5 @@
-"""Topology-aware restart_job: reads nodes and pods, plans with :mod:`.placement`, restarts through
-:func:`fleetmedic.executor.workload.apply.restart_workload` (docs/placement.md).
+"""Topology-aware restart_job: reads nodes and pods, plans with :mod:`.placement_plan`, restarts through
+:func:`.apply.restart_workload` (docs/placement.md).
 
 :meth:`PlacementRestarter.restart` is what the executor calls for ``restart_job`` / ``requeue_job``:
 
@@ -16,7 +16,7 @@
    surviving ranks' NVLink domain / leaf / rack / spine / pool (and the standby pool); and the
    capacity verdict is taken (Job, PyTorchJob, JobSet). A JobSet whose webhook refuses the template
    change gets the same placement on its suspended child Jobs, in the patch that excludes the
-   suspects (:func:`.placement.child_job_ops`).
+   suspects (:func:`.placement_plan.child_job_ops`).
 4. No healthy capacity: the result says ``capacity: insufficient`` and what is missing, a Warning
    Event ``FleetmedicCapacityWait`` goes on the workload, ``fleetmedic_executor_capacity_waits_total``
    counts it; the pods stay Pending in the scheduler's queue with their own priority, and the
@@ -43,11 +43,11 @@ from kubernetes.client import ApiException
 
 from fleetmedic.config import Settings
 from fleetmedic.executor.workload import apply as wl
+from fleetmedic.executor.workload import kueue
 from fleetmedic.executor.workload import placement_plan as pm
 from fleetmedic.executor.workload.jobset import child_jobs
 from fleetmedic.executor.workload.placement_metrics import PlacementMetrics
 from fleetmedic.executor.workload.plan import (
-    ANNOTATION_EXCLUDED,
     JOB,
     JOBSET,
     PYTORCHJOB,
@@ -58,6 +58,7 @@ from fleetmedic.executor.workload.plan import (
     parse_job_ref,
     pod_spec_paths,
 )
+from fleetmedic.k8s_keys import ANNOTATION_EXCLUDED_NODES, ANNOTATION_PLACEMENT, REPORTING_COMPONENT, SOURCE_COMPONENT
 
 log = logging.getLogger(__name__)
 PLACED_ACTIONS = frozenset({"restart_job", "requeue_job"})
@@ -114,8 +115,6 @@ class PlacementRestarter:
             return pm.child_job_ops(child, ops, recipe) if recipe is not None else ops
 
         if cfg.kueue == "auto":  # a Kueue-managed Job or JobSet: through its Workload (kueue.py)
-            from fleetmedic.executor.workload import kueue
-
             queued = kueue.requeue_if_managed(self.api, job, action=action, exclude_nodes=exclude_nodes,
                                               params=params, dry_run=dry_run, actor=actor, adjust=adjust,
                                               adjust_child=adjust_child)
@@ -163,7 +162,7 @@ class PlacementRestarter:
         tolerations = pm.standby_tolerations(cfg)
         meta = obj.get("metadata") or {}
         previous = pm.previous_placement(meta.get("annotations") or {})
-        earlier = [n for n in ((meta.get("annotations") or {}).get(ANNOTATION_EXCLUDED) or "").split(",") if n]
+        earlier = [n for n in ((meta.get("annotations") or {}).get(ANNOTATION_EXCLUDED_NODES) or "").split(",") if n]
         release = pm.back_in_service(earlier, [*exclude, *keep_off], states, self.settings.executor.taint_key)
         recipe = pm.Recipe(tuple(terms), tuple(tolerations), previous, tuple(keep_off), tuple(release))
         seen["recipe"] = recipe  # a JobSet whose webhook refuses the template: applied to its child Jobs
@@ -181,10 +180,10 @@ class PlacementRestarter:
         states = self._with_requests(nodes, own)
         verdict = pm.capacity_verdict(demands, list(states.values()), exclude, topo, domain)
         annotations = {**plan.annotations,
-                       pm.ANNOTATION_PLACEMENT: pm.placement_record(terms, tolerations, domain)}
+                       ANNOTATION_PLACEMENT: pm.placement_record(terms, tolerations, domain)}
         excluded_now = sorted((set(plan.excluded) | set(keep_off)) - set(release))
         if excluded_now:
-            annotations[ANNOTATION_EXCLUDED] = ",".join(excluded_now)
+            annotations[ANNOTATION_EXCLUDED_NODES] = ",".join(excluded_now)
         words = ", ".join(f"{lvl}={v}" for lvl, v in domain.items() if topo.label_of[lvl])
         summary = plan.summary + (f"; prefer {words}" if words and terms else "")
         seen["verdict"] = verdict
@@ -195,7 +194,7 @@ class PlacementRestarter:
         if kind is JOB and (obj.get("spec") or {}).get("podReplacementPolicy") != "Failed":
             seen["details"]["placement_note"] = ("podReplacementPolicy is not Failed: replacements may be created "
                                                  "while the old pods still hold their nodes' GPUs, and land elsewhere")
-        remove = tuple(plan.remove_annotations) + ((ANNOTATION_EXCLUDED,) if not excluded_now else ())
+        remove = tuple(plan.remove_annotations) + ((ANNOTATION_EXCLUDED_NODES,) if not excluded_now else ())
         return dataclasses.replace(plan, template_ops=ops, annotations=annotations, summary=summary,
                                    excluded=tuple(excluded_now), remove_annotations=remove)
 
@@ -361,7 +360,7 @@ def warning_event(api: client.ApiClient, kind: WorkloadKind, obj: Mapping[str, A
         involved_object=client.V1ObjectReference(api_version=kind.api_version, kind=kind.kind, name=meta.get("name"),
                                                  namespace=meta.get("namespace"), uid=meta.get("uid")),
         reason=reason, message=message[:1024], type="Warning", count=1, first_timestamp=now, last_timestamp=now,
-        source=client.V1EventSource(component="fleetmedic-executor"), reporting_component="fleetmedic.io/executor",
+        source=client.V1EventSource(component=SOURCE_COMPONENT), reporting_component=REPORTING_COMPONENT,
         reporting_instance=actor[:128] or "fleetmedic")
     try:
         client.CoreV1Api(api).create_namespaced_event(str(meta.get("namespace")), body)
@@ -376,7 +375,7 @@ def _name(obj: Any) -> str:
 
 
 def _spec_dict(pod: client.V1Pod) -> dict[str, Any]:
-    """The parts of a typed pod spec :func:`placement.pod_gpus` reads, as plain dicts."""
+    """The parts of a typed pod spec :func:`.placement_plan.pod_gpus` reads, as plain dicts."""
     def containers(items: Any) -> list[dict[str, Any]]:
         out = []
         for c in items or []:

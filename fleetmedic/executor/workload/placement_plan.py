@@ -35,9 +35,9 @@ from fleetmedic.executor.workload.plan import (
     with_node_exclusion,
     without_node_exclusion,
 )
+from fleetmedic.k8s_keys import ANNOTATION_PLACEMENT
 
 LEVELS: Final = ("nvlink_domain", "leaf", "rack", "spine", "pool")
-ANNOTATION_PLACEMENT: Final = "fleetmedic.io/placement"
 BLOCKING_EFFECTS: Final = ("NoSchedule", "NoExecute")
 
 
@@ -128,7 +128,8 @@ class Placed:
 
 
 def previous_placement(annotations: Mapping[str, str]) -> dict[str, list[dict[str, Any]]]:
-    """What fleetmedic added last time (``fleetmedic.io/placement``), so it can be replaced."""
+    """What fleetmedic added last time (``fleetmedic.io/placement``, ``ANNOTATION_PLACEMENT``), so it
+    can be replaced."""
     try:
         doc = json.loads(annotations.get(ANNOTATION_PLACEMENT) or "{}")
     except ValueError:

@@ -18,8 +18,9 @@ allowed onto a quarantined node (they tolerate the quarantine taint), unless the
 say ``anti_affinity: always`` or ``never``. ``retry_in_place`` adds a preferred affinity for the
 nodes the pods ran on (and replaces fleetmedic's earlier preference), and excludes nothing.
 
-What fleetmedic did is recorded in annotations on the workload (``ANNOTATION_*``), so a later
-command (or a person) can tell fleetmedic's changes from the owner's.
+What fleetmedic did is recorded in annotations on the workload (the ``ANNOTATION_*`` keys of
+:mod:`fleetmedic.k8s_keys`: last restart, attempts, last command, excluded and in-place nodes, restart
+in progress), so a later command (or a person) can tell fleetmedic's changes from the owner's.
 """
 
 from __future__ import annotations
@@ -31,19 +32,20 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from fleetmedic.executor.vocabulary import JOB_ACTIONS
+from fleetmedic.k8s_keys import (
+    ANNOTATION_EXCLUDED_NODES,
+    ANNOTATION_IN_PLACE_NODES,
+    ANNOTATION_LAST_COMMAND,
+    ANNOTATION_LAST_RESTART,
+    ANNOTATION_RESTART_ATTEMPTS,
+    TAINT_QUARANTINE,
+)
+
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
-DEFAULT_TAINT_KEY: Final = "fleetmedic.io/quarantine"
 UNSCHEDULABLE_TAINT_KEY: Final = "node.kubernetes.io/unschedulable"
-ANNOTATION_LAST_RESTART: Final = "fleetmedic.io/last-restart"
-ANNOTATION_ATTEMPTS: Final = "fleetmedic.io/restart-attempts"
-ANNOTATION_COMMAND: Final = "fleetmedic.io/last-command"
-ANNOTATION_EXCLUDED: Final = "fleetmedic.io/excluded-nodes"
-ANNOTATION_PREFERRED: Final = "fleetmedic.io/in-place-nodes"
-ANNOTATION_IN_PROGRESS: Final = "fleetmedic.io/restart-in-progress"
 PREFERRED_WEIGHT: Final = 100
 
-WorkloadAction = Literal["restart_job", "requeue_job", "retry_in_place"]
-ACTIONS: Final[frozenset[str]] = frozenset({"restart_job", "requeue_job", "retry_in_place"})
 Mechanism = Literal["suspend_resume", "delete_pods", "delete_child_jobs"]
 
 
@@ -282,21 +284,21 @@ def finished(kind: WorkloadKind, obj: Mapping[str, Any]) -> str:
 def plan_restart(kind: WorkloadKind, obj: Mapping[str, Any], *, action: str, exclude_nodes: Sequence[str],
                  current_nodes: Sequence[str], params: Mapping[str, str], now: float, actor: str) -> RestartPlan:
     """The restart of ``obj`` that ``action`` asks for. ``current_nodes``: where its pods run now."""
-    if action not in ACTIONS:
-        raise WorkloadError(f"action: {action!r} is not a workload action ({', '.join(sorted(ACTIONS))})")
+    if action not in JOB_ACTIONS:
+        raise WorkloadError(f"action: {action!r} is not a workload action ({', '.join(sorted(JOB_ACTIONS))})")
     meta = obj.get("metadata") or {}
     namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
     annotations: Mapping[str, str] = meta.get("annotations") or {}
     mode = params.get("anti_affinity", "auto")
     if mode not in ("auto", "always", "never"):
         raise WorkloadError(f"params.anti_affinity: {mode!r} is not one of auto, always, never")
-    taint_key = params.get("taint_key", DEFAULT_TAINT_KEY)
+    taint_key = params.get("taint_key", TAINT_QUARANTINE)
     exclude = sorted({n for n in exclude_nodes if n}) if action != "retry_in_place" else []
-    previous_pref = _split(annotations.get(ANNOTATION_PREFERRED))
+    previous_pref = _split(annotations.get(ANNOTATION_IN_PLACE_NODES))
     preferred = sorted(set(current_nodes)) if action == "retry_in_place" else []
 
     template_ops: list[dict[str, Any]] = []
-    all_excluded: set[str] = set(_split(annotations.get(ANNOTATION_EXCLUDED)))
+    all_excluded: set[str] = set(_split(annotations.get(ANNOTATION_EXCLUDED_NODES)))
     for pointer, pod_spec in pod_spec_paths(kind, obj):
         before = pod_spec.get("affinity")
         after: dict[str, Any] = copy.deepcopy(before) if before else {}
@@ -309,19 +311,19 @@ def plan_restart(kind: WorkloadKind, obj: Mapping[str, Any], *, action: str, exc
         if after != (before or {}):
             template_ops.append({"op": "add", "path": pointer + "/affinity", "value": after})
 
-    attempt = _int(annotations.get(ANNOTATION_ATTEMPTS)) + 1
+    attempt = _int(annotations.get(ANNOTATION_RESTART_ATTEMPTS)) + 1
     stamp = dt.datetime.fromtimestamp(now, tz=dt.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
     record = {"at": stamp, "action": action, "by": actor, "command": params.get("command_id", ""),
               "exclude": exclude, "attempt": attempt}
     new_annotations = {ANNOTATION_LAST_RESTART: json.dumps(record, separators=(",", ":"), sort_keys=True),
-                       ANNOTATION_ATTEMPTS: str(attempt)}
+                       ANNOTATION_RESTART_ATTEMPTS: str(attempt)}
     if params.get("command_id"):  # the executor passes the command's id here
-        new_annotations[ANNOTATION_COMMAND] = params["command_id"]
+        new_annotations[ANNOTATION_LAST_COMMAND] = params["command_id"]
     if all_excluded:
-        new_annotations[ANNOTATION_EXCLUDED] = ",".join(sorted(all_excluded))
+        new_annotations[ANNOTATION_EXCLUDED_NODES] = ",".join(sorted(all_excluded))
     if preferred:
-        new_annotations[ANNOTATION_PREFERRED] = ",".join(preferred)
-    remove = () if preferred else (ANNOTATION_PREFERRED,)
+        new_annotations[ANNOTATION_IN_PLACE_NODES] = ",".join(preferred)
+    remove = () if preferred else (ANNOTATION_IN_PLACE_NODES,)
     changed = bool(template_ops)
     verb = {"restart_job": "re-place", "requeue_job": "requeue", "retry_in_place": "restart in place"}[action]
     how = {"suspend_resume": "suspend, {t}resume", "delete_pods": "{t}delete its pods for the operator to recreate",

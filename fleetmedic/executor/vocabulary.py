@@ -1,0 +1,31 @@
+"""The executor's action vocabulary: every :data:`fleetmedic.records.Action`, by the route it takes (pure).
+
+The actions themselves are declared once, in :mod:`fleetmedic.records`; here each one is put on one
+route, and the three routes partition ``Action`` (``tests/executor/test_vocabulary.py`` checks that
+every action has exactly one; mypy checks that every name here is an ``Action``):
+
+- quick node actions: one patch of the Node (:func:`fleetmedic.executor.node.plan.plan_node_action`);
+- long node actions: a drain, diagnostics or a hook Job (:mod:`fleetmedic.executor.node.long_apply`),
+  resumable from the Node's annotations;
+- job actions: a workload restart (:mod:`fleetmedic.executor.workload`), recorded on the ledger.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal, get_args
+
+from fleetmedic.records import Action
+
+QuickNodeAction = Literal["cordon", "uncordon", "taint", "untaint", "label", "return_to_service", "escalate"]
+LongNodeAction = Literal["drain", "run_diagnostics", "reset_gpu", "reboot_node"]
+JobAction = Literal["restart_job", "requeue_job", "retry_in_place"]
+
+ACTIONS: Final[frozenset[Action]] = frozenset(get_args(Action))
+NODE_QUICK: Final[frozenset[Action]] = frozenset(get_args(QuickNodeAction))
+NODE_LONG: Final[frozenset[Action]] = frozenset(get_args(LongNodeAction))
+JOB_ACTIONS: Final[frozenset[Action]] = frozenset(get_args(JobAction))
+
+
+def _routed(action: QuickNodeAction | LongNodeAction | JobAction) -> Action:
+    """Never called: mypy refuses it if a route names something that is not a ``records.Action``."""
+    return action
