@@ -1,21 +1,21 @@
 """The decision engine: findings, job events, executor results and node observations in; incidents,
 remediation commands and audit records out. Decide, then act: nothing here performs I/O.
 
-One :class:`DecisionEngine` holds triage, policy, the per-node lifecycle, safety and accounting.
 Every input method takes ``now`` (epoch seconds; the engine never reads a clock and never lets its
 own time run backwards) and returns a :class:`Decisions` value::
 
     engine = DecisionEngine(settings, topology)
     out = engine.on_finding(finding, now)          # also on_job_event, on_result, node_observed, tick
     producer.send_all(out.incidents, out.commands, out.audit)   # the stage signs commands first
-    table["engine"] = engine.to_bytes()            # reassign: the state lives in a table changelog
+    snapshot = engine.to_bytes()                   # the stage keeps it in a compacted Kafka topic
 
 The engine reads no files: a stage loads the failure-log library named by
 ``triage.patterns_file`` with :func:`~fleetmedic.remediation.log_patterns.load_library` and passes
-it in (default: the shipped library), and restores the engine with :meth:`DecisionEngine.from_bytes`.
-Node observations (:meth:`DecisionEngine.node_observed`: cordon, who made it, labels) teach it the
-topology, opt-outs and cordon ownership; :meth:`DecisionEngine.node_removed` drops a deleted node.
-Operator requests (:meth:`DecisionEngine.clear_node`, :meth:`DecisionEngine.node_repaired`,
+it in (default: the shipped library), and restores the engine with :meth:`DecisionEngine.from_bytes`
+(see :mod:`fleetmedic.streams.state`). Node observations (:meth:`DecisionEngine.node_observed`:
+cordon, who made it, labels) teach it the topology, opt-outs and cordon ownership;
+:meth:`DecisionEngine.node_removed` drops a deleted node. Operator requests
+(:meth:`DecisionEngine.clear_node`, :meth:`DecisionEngine.node_repaired`,
 :meth:`DecisionEngine.resume_breaker`) are audited.
 
 Call :meth:`DecisionEngine.tick` every few seconds as well: failure reports are gathered for
@@ -27,9 +27,14 @@ inputs yields the same ids, and executors apply an id at most once. Job-track co
 blocked by node budgets; node-track isolation passes the :class:`~.safety.SafetyGate` first, and
 when it is refused the engine escalates instead and says why in the audit.
 
-The implementation is split for reading: :mod:`.engine_state` (the values and the state),
-:mod:`.engine_core` (bookkeeping, audit, commands), :mod:`.engine_acting` (acting on assessments);
-this module holds the public API.
+How it is put together: one :class:`~.engine_state.EngineState` (serialised whole) and the parts
+that work on it, each held by the engine, which routes every input through them here —
+finding -> :class:`~.triage.Triage` (incident) -> :class:`~.policy.Policy` (decision) ->
+:class:`~.job_track.JobTrack` and :class:`~.node_track.NodeTrack` (commands, the node track through
+the :class:`~.safety.SafetyGate` and the :class:`~.lifecycle.Lifecycle`), with
+:class:`~.incident_tracks.IncidentTracker` (what an incident still waits for, its status and
+publication), :class:`~.issuer.Issuer` (audit records and commands) and
+:class:`~.accounting.Accounting` alongside.
 """
 
 from __future__ import annotations
@@ -41,8 +46,9 @@ import msgspec
 
 from fleetmedic.config import Settings
 from fleetmedic.records import Finding, JobEvent, NodeState, RemediationResult
-from fleetmedic.remediation.engine_acting import EngineActing
+from fleetmedic.remediation.accounting import Accounting
 from fleetmedic.remediation.engine_state import (
+    NODE_CLASSES,
     STATE_VERSION,
     CommandInfo,
     Decisions,
@@ -52,17 +58,52 @@ from fleetmedic.remediation.engine_state import (
     decode_state,
     encode_state,
 )
-from fleetmedic.remediation.lifecycle import OUT_OF_SERVICE
-from fleetmedic.remediation.log_patterns import PatternLibrary
+from fleetmedic.remediation.incident_tracks import IncidentTracker
+from fleetmedic.remediation.issuer import Issuer
+from fleetmedic.remediation.job_track import JobTrack
+from fleetmedic.remediation.lifecycle import Lifecycle
+from fleetmedic.remediation.log_patterns import PatternLibrary, default_library
+from fleetmedic.remediation.node_track import NodeTrack
+from fleetmedic.remediation.policy import Policy
+from fleetmedic.remediation.safety import SafetyGate
 from fleetmedic.remediation.topology import Topology
+from fleetmedic.remediation.triage import Assessment, Triage
 
 __all__ = ["STATE_VERSION", "CommandInfo", "DecisionEngine", "Decisions", "EngineState", "HeldCommand",
            "IncidentTracks"]
 
 
-class DecisionEngine(EngineActing):
+class DecisionEngine:
     """Findings, job events, executor results and node observations in; incidents, commands and audit
     records out (see the module's docstring)."""
+
+    def __init__(self, settings: Settings | None = None, topology: Topology | None = None,
+                 library: PatternLibrary | None = None, state: EngineState | None = None) -> None:
+        self.settings = s = settings or Settings()
+        self.state = state if state is not None else EngineState()
+        if topology is not None:
+            self.state.topology = dict(topology.nodes)
+        fleet = self._topology = Topology(self.state.topology)
+        self.triage = Triage(s.triage, s.policy, library or default_library(), fleet, self.state.triage)
+        self.policy = Policy(s.policy)
+        self.gate = SafetyGate(s.safety, self.state.safety)
+        self.lifecycle = Lifecycle(s.policy, self._may_disrupt, self.gate.record_disruptive)
+        self.accounting = Accounting(self.state.accounting)
+        self.issuer = Issuer(s, self.state, self.gate, lambda: len(self.topology))
+        self.incidents = IncidentTracker(s, self.state, self.triage, self.issuer)
+        self.nodes = NodeTrack(s, self.state, fleet, self.triage, self.gate, self.lifecycle, self.accounting,
+                               self.issuer, self.incidents)
+        self.jobs = JobTrack(s, self.state, self.triage, self.gate, self.accounting, self.issuer, self.incidents,
+                             self.nodes.state_of)
+
+    @property
+    def topology(self) -> Topology:
+        """Where the nodes sit, as learned so far; triage and the node track always see the same one."""
+        return self._topology
+
+    @topology.setter
+    def topology(self, topology: Topology) -> None:
+        self._topology = self.triage.topology = self.nodes.topology = topology
 
     # --- serialisation ------------------------------------------------------------------------------
 
@@ -91,20 +132,19 @@ class DecisionEngine(EngineActing):
 
     def on_finding(self, finding: Finding, now: float) -> Decisions:
         now, out = self._begin(now)
-        why = self._out_of_service(finding)
+        why = self.nodes.out_of_service(finding)
         if why:
             # the node is isolated and being worked on (by fleetmedic, or by a person who cordoned it
             # for maintenance): what it reports now is mostly the echo of that work (links down during
             # a reboot, counters reset, diagnostics load); it must not open incidents or implicate its leaf
             if finding.node not in self.state.muted:
                 self.state.muted[finding.node] = now
-                self._audit(out, now, "skipped", f"{why}: its findings are not triaged "
-                            f"until it is back in service (first: {finding.summary})", node=finding.node)
-            self._advance(now, out)
-            return self._finish(now, out)
-        self.state.muted.pop(finding.node, None)
-        for a in self.triage.add_finding(finding, now):
-            self._act(a, now, out)
+                self.issuer.audit(out, now, "skipped", f"{why}: its findings are not triaged "
+                                  f"until it is back in service (first: {finding.summary})", node=finding.node)
+        else:
+            self.state.muted.pop(finding.node, None)
+            for a in self.triage.add_finding(finding, now):
+                self._act(a, now, out)
         self._advance(now, out)
         return self._finish(now, out)
 
@@ -113,32 +153,23 @@ class DecisionEngine(EngineActing):
         rec_before = self.triage.job(event.job)
         old_nodes = list(rec_before.nodes) if rec_before else []
         if event.event in ("start", "placement", "restart"):
-            self.triage.state.decided.pop(f"{event.job}#{event.attempt}", None)  # a new run of that attempt
+            self.triage.forget_decision(event.job, event.attempt)  # a new run of that attempt
         for note in self.triage.add_job_event(event, now):
-            self._audit(out, now, "skipped", note, job=event.job)
-        self._account_job(event, now, out)
+            self.issuer.audit(out, now, "skipped", note, job=event.job)
+        self.jobs.on_event(event, now, out)
         if event.event in ("failure", "completion"):
             for node in old_nodes:  # a job boundary may have been reached
-                self._advance_node(node, now, out)
+                self.nodes.advance(node, now, out)
         self._advance(now, out)
         return self._finish(now, out)
 
     def on_result(self, result: RemediationResult, now: float) -> Decisions:
         now, out = self._begin(now)
         info = self.state.commands.get(result.command_id)
-        if info is None:
-            self._advance(now, out)
-            return self._finish(now, out)
-        if info.track == "node" and info.node in self.state.nodes:
-            rec = self.state.nodes[info.node]
-            events = self.lifecycle.on_result(rec, result, now, self._busy(info.node), self._issuer(now, out))
-            self._events(events, now, out)
-        elif info.track == "job" and result.outcome == "failed":
-            self._audit(out, now, "escalated", f"{info.action} of {info.job} failed: {result.reason}", job=info.job,
-                        incident_id=info.incident_id, track="job")
-            self._job_command(out, now, f"{info.incident_id}/escalate/{info.job}/{info.action}-failed", "escalate",
-                              info.incident_id, info.job, f"{info.action} failed: {result.reason}",
-                              {"escalation": "notify"})
+        if info is not None and info.track == "node" and info.node in self.state.nodes:
+            self.nodes.on_result(info, result, now, out)
+        elif info is not None and info.track == "job" and result.outcome == "failed":
+            self.jobs.on_failed_result(info, result, now, out)
         self._advance(now, out)
         return self._finish(now, out)
 
@@ -148,30 +179,10 @@ class DecisionEngine(EngineActing):
         now, out = self._begin(now)
         labels = labels or {}
         t = self.settings.triage
-        before = self.topology
-        self.topology = self.topology.with_labels(node, labels, t.rack_label, t.leaf_label, t.pool_label)
-        if self.topology is not before:
-            self.triage.topology = self.topology
-        rec = self._node(node)
-        opted = labels.get(self.settings.safety.opt_out_label, "").lower() in ("true", "1", "yes")
-        if opted != rec.opted_out:
-            rec.opted_out = opted
-            self._audit(out, now, "skipped" if opted else "state_change",
-                        f"{node} {'opts out of' if opted else 'no longer opts out of'} remediation "
-                        f"(label {self.settings.safety.opt_out_label})", node=node)
-        if cordoned and not cordoned_by_fleetmedic and not rec.foreign_cordon:
-            rec.foreign_cordon, rec.cordon_owned = True, False
-            self._audit(out, now, "skipped", f"{node} is cordoned by someone else: fleetmedic will never uncordon it",
-                        node=node)
-        elif cordoned and cordoned_by_fleetmedic:
-            rec.cordon_owned, rec.foreign_cordon = True, False
-        elif not cordoned:
-            rec.foreign_cordon = False
-            cordon_pending = any(f.action == "cordon" for f in rec.inflight)
-            if rec.cordon_owned and rec.state in OUT_OF_SERVICE and not cordon_pending:
-                why = f"{node} was uncordoned outside fleetmedic while {rec.state}: treated as a manual clear"
-                self._events(self.lifecycle.released_elsewhere(rec, now, why), now, out, actor="kubernetes")
-            rec.cordon_owned = False
+        placed = self.topology.with_labels(node, labels, t.rack_label, t.leaf_label, t.pool_label)
+        if placed is not self.topology:
+            self.topology = placed
+        self.nodes.observed(node, cordoned, cordoned_by_fleetmedic, labels, now, out)
         self._advance(now, out)
         return self._finish(now, out)
 
@@ -181,59 +192,125 @@ class DecisionEngine(EngineActing):
         now, out = self._begin(now)
         if node in self.topology:
             self.topology = Topology({n: p for n, p in self.topology.nodes.items() if n != node})
-            self.triage.topology = self.topology
-            self._audit(out, now, "state_change", f"{node} was deleted from the cluster: no longer counted in "
-                        f"the fleet ({len(self.topology)} nodes)", node=node)
+            self.issuer.audit(out, now, "state_change", f"{node} was deleted from the cluster: no longer counted "
+                              f"in the fleet ({len(self.topology)} nodes)", node=node)
         return self._finish(now, out)
 
     def tick(self, now: float) -> Decisions:
         """Deadlines, backoffs, settle windows, probation, blocked isolations, breaker resume, pruning."""
         now, out = self._begin(now)
         self._advance(now, out)
-        fleet = self._fleet_size()
-        for name in sorted(self.state.nodes):
-            rec = self.state.nodes[name]
-            if rec.state == "suspect" and rec.blocked_reason:
-                self._retry_blocked(rec, now, out)
-            elif rec.state != "healthy" or rec.inflight or rec.plan or rec.returns:
-                self._events(self.lifecycle.tick(rec, now, self._busy(name), self._issuer(now, out)), now, out)
+        fleet = len(self.topology)
+        self.nodes.tick(now, out)
         if self.gate.breaker.poll(now, fleet):
-            self._audit(out, now, "breaker_resumed", f"circuit breaker closed by rule (resume: auto) after "
-                        f"{self.settings.safety.breaker.auto_resume_after_s:g}s with suspicion below the trip level")
-        self._close_stale(now, out)
+            self.issuer.audit(out, now, "breaker_resumed", f"circuit breaker closed by rule (resume: auto) after "
+                              f"{self.settings.safety.breaker.auto_resume_after_s:g}s with suspicion below the trip "
+                              "level")
+        self.incidents.close_stale(now, out)
         self._prune(now)
         self.accounting.fleet(fleet, now)
         return self._finish(now, out)
+
+    # --- the route: an assessment -> its incident -> a decision -> commands ----------------------------
+
+    def _act(self, a: Assessment, now: float, out: Decisions) -> None:
+        inc = a.incident
+        probation = {n for n in a.suspect_nodes if self.nodes.state_of(n) == "probation"}
+        if not a.confirmed and not probation:  # watched, not yet published
+            if a.new:
+                c = self.settings.triage
+                self.issuer.audit(out, now, "skipped", f"{a.explanation}: {inc.severity} evidence not yet seen "
+                                  f"{c.warning_confirmations} times over {c.warning_confirm_min_span_s:g}s: "
+                                  "watching, no incident published, no action yet", incident=inc)
+            return
+        if self.incidents.publish(inc, out) or a.job:
+            self.issuer.audit(out, now, "incident", ("new: " if a.new else "updated: ") + a.explanation,
+                              incident=inc, job=a.job, node=(a.suspect_nodes or ("",))[0])
+        self._count_failure(a, now, out)
+        decision = self.policy.decide(a, probation)
+        issued_before = len(out.commands)
+        self.jobs.act(a, decision, now, out)
+        for node in a.suspect_nodes:
+            self.nodes.act(node, a, decision, now, out)
+        if decision.node_steps and not a.suspect_nodes:
+            self.nodes.escalate_switches(a, decision, now, out)
+        if not decision.rule:
+            self.issuer.audit(out, now, "skipped", decision.explanation, incident=inc)
+            if a.new:
+                self.incidents.set_status(inc.id, "dismissed", now, out)
+        elif len(out.commands) > issued_before:
+            self.incidents.set_status(inc.id, "mitigating", now, out)
+
+    def _count_failure(self, a: Assessment, now: float, out: Decisions) -> None:
+        """Account the failed job (and one that failed on a node already held), and the node failure
+        the first time the incident is decided on."""
+        inc = a.incident
+        if a.job:
+            self.accounting.job_failed(inc.incident_class)
+            for n in a.suspect_nodes:
+                if self.gate.holds(n) and self.state.nodes[n].cordon_owned:
+                    self.accounting.repeat_failure()
+                    self.issuer.audit(out, now, "repeat_placement", f"job {a.job} failed on {n}, which fleetmedic "
+                                      "holds out of service: the job was placed there before the cordon took effect",
+                                      incident=inc, node=n, job=a.job)
+        if self.incidents.first_decision(inc.id) and inc.incident_class in NODE_CLASSES and a.suspect_nodes:
+            self.accounting.node_failed(inc.incident_class, len(a.suspect_nodes))
+
+    def _advance(self, now: float, out: Decisions) -> None:
+        """Act on what became due: triage groups that settled, then job retries whose backoff passed."""
+        deadline = self.triage.next_deadline()
+        if deadline is not None and deadline <= now:
+            for a in self.triage.due(now):
+                self._act(a, now, out)
+        self.jobs.release_due(now, out)
+
+    # --- a call's frame, housekeeping -----------------------------------------------------------------
+
+    def _begin(self, now: float) -> tuple[float, Decisions]:
+        now = max(float(now), self.state.clock)
+        self.state.clock = now
+        return now, Decisions()
+
+    def _finish(self, now: float, out: Decisions) -> Decisions:
+        self.issuer.explain_commands(out, now)
+        return out
+
+    def _prune(self, now: float) -> None:
+        self.triage.prune(now)
+        s, p = self.settings, self.settings.policy
+        self.issuer.forget_commands(now - max(s.signing.command_ttl_s, p.action_timeout_s, p.diagnostics_timeout_s) * 2,
+                                    self.nodes.live_command_ids())
+        self.nodes.forget_idle(now)
+        self.incidents.forget_gone()
+
+    def _may_disrupt(self, node: str, action: str, now: float) -> bool:
+        return self.gate.check_disruptive(node, action, now).allowed
 
     # --- operator commands (audited) ------------------------------------------------------------------
 
     def clear_node(self, node: str, *, actor: str, reason: str, now: float) -> Decisions:
         """An operator vouches for a node: return it to service now (no diagnostics), forget its flaps."""
         now, out = self._begin(now)
-        rec = self._node(node)
-        self._events(self.lifecycle.clear(rec, now, self._issuer(now, out), actor, reason), now, out, actor=actor)
+        self.nodes.clear(node, actor, reason, now, out)
         return self._finish(now, out)
 
     def node_repaired(self, node: str, *, actor: str, reason: str, now: float) -> Decisions:
         """A human repaired a node awaiting repair: validate it with diagnostics before it returns."""
         now, out = self._begin(now)
-        rec = self._node(node)
-        if rec.state != "repair_needed":
-            self._audit(out, now, "skipped", f"{node} is {rec.state}, not repair_needed: nothing to validate",
-                        node=node, actor=actor)
-            return self._finish(now, out)
-        events = self.lifecycle.repaired(rec, now, self._busy(node), self._issuer(now, out), actor, reason)
-        self._events(events, now, out, actor=actor)
+        self.nodes.repaired(node, actor, reason, now, out)
         return self._finish(now, out)
 
     def resume_breaker(self, *, actor: str, reason: str, now: float) -> Decisions:
         now, out = self._begin(now)
         if self.gate.breaker.state.open:
             self.gate.breaker.close()
-            self._audit(out, now, "breaker_resumed", f"circuit breaker closed by {actor}: {reason}", actor=actor)
+            self.issuer.audit(out, now, "breaker_resumed", f"circuit breaker closed by {actor}: {reason}", actor=actor)
         return self._finish(now, out)
 
     # --- queries ------------------------------------------------------------------------------------
+
+    def node_state(self, node: str) -> NodeState:
+        return self.nodes.state_of(node)
 
     def nodes_in(self, *states: NodeState) -> list[str]:
         return sorted(n for n, r in self.state.nodes.items() if r.state in states)
@@ -249,6 +326,6 @@ class DecisionEngine(EngineActing):
         return {
             **self.accounting.report(now),
             "nodes": dict(sorted(states.items())),
-            "budget": msgspec.to_builtins(self.gate.snapshot(now, self._fleet_size())),
+            "budget": msgspec.to_builtins(self.gate.snapshot(now, len(self.topology))),
             "breaker_trips": self.gate.breaker.state.trips,
         }

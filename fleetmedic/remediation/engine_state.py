@@ -1,5 +1,8 @@
 """The decision engine's values: what one call decided (:class:`Decisions`) and the whole state
-it keeps between calls (:class:`EngineState`, msgpack-serialisable: it lives in a table changelog)."""
+it keeps between calls (:class:`EngineState`), serialised whole as msgpack by :func:`encode_state`
+(the decision stage snapshots it to a compacted Kafka topic, :mod:`fleetmedic.streams.state`).
+Keep the encoding compatible: a snapshot written before a change must restore after it
+(:meth:`~.engine.DecisionEngine.from_bytes` refuses any other :data:`STATE_VERSION`)."""
 
 from __future__ import annotations
 

@@ -286,3 +286,19 @@ def test_a_node_going_down_behind_a_troubled_leaf_is_its_own_incident_not_the_le
     assert leaf and "4 of 8 nodes" in leaf[-1].summary
     node = w.last_incident(node="node-6")
     assert node.incident_class == "hardware" and node.suspects[0].name == "node-6"
+
+
+def test_a_job_failing_with_network_errors_on_nodes_without_a_leaf_label_does_not_crash() -> None:
+    """Issue #22: network findings on more nodes than ``max_hardware_suspects`` whose topology names no
+    leaf switch gave an empty leaf count, and deciding the failure raised ``IndexError``."""
+    w = World(n=16)
+    w.topology = Topology.from_dict({f"node-{i}": {"rack": f"r{i // 4}", "pool": "h100"} for i in range(16)})
+    w.engine = DecisionEngine(w.settings, w.topology)
+    w.place(JOB, NODES)
+    for n in ("node-2", "node-3", "node-4"):  # 3 > max_hardware_suspects (2), and no leaf to blame
+        w.finding(n, kind="network", severity="warning", detector="ib_ports", port="mlx5_0", gpu=None)
+    fail_all(w, lambda i, n: [timeout_line(i)])
+    w.advance(45)
+    inc = w.last_incident(job=JOB)
+    assert inc.incident_class == "transient_software" and [s.name for s in inc.suspects] == [JOB]
+    assert not any(s.kind == "switch" for i in w.incidents for s in i.suspects) and not w.isolated()

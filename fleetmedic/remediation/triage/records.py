@@ -1,23 +1,22 @@
 """Triage's state and vocabulary: what it remembers about jobs, failures and findings (serialisable
-structs), the :class:`Assessment` it hands to policy, the incident book (open or merge an incident)
-and the small pure helpers the triage rules share. Pure: no I/O, time comes in as ``now``."""
+structs, part of the engine's state), the :class:`Assessment` it hands to policy, and the small pure
+helpers the triage rules share. Pure: no I/O, time comes in as ``now``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final, Literal, TypeVar
 
 import msgspec
 
 from fleetmedic.config import TriageSettings
-from fleetmedic.records import Evidence, Finding, Incident, IncidentClass, Severity, Suspect
+from fleetmedic.records import Evidence, Finding, Incident, IncidentClass, Severity
 
 ISOLATING_HINTS: Final = frozenset({"reset_gpu", "reboot_node", "isolate"})
 QUIET_HINTS: Final = frozenset({"ignore", "restart_app"})
 SEVERITY_RANK: Final = {"info": 0, "warning": 1, "critical": 2}
-MAX_EVIDENCE: Final = 40
-MAX_IDS: Final = 200
 
 JobStatus = Literal["placed", "running", "failed", "completed"]
 
@@ -94,64 +93,10 @@ class Assessment:
         return (self.job, *[j for j in self.affected_jobs if j != self.job]) if self.job else self.affected_jobs
 
 
-
-class IncidentBook:
-    """Opens incidents, merges evidence into the open one with the same class and subject, and
-    changes their status; the incidents live in the triage state."""
-
-    settings: TriageSettings
-    state: TriageState
-
-    def _open(self, klass: IncidentClass, subject: str, suspects: list[Suspect], confidence: float,
-              evidence: list[Evidence], severity: Severity, summary: str, jobs: list[str],
-              finding_ids: list[str], first_seen: float, now: float) -> tuple[Incident, bool]:
-        """Open an incident, or merge into the open one with the same class and subject."""
-        key = f"{klass}|{subject}"
-        old_id = self.state.open_by_subject.get(key)
-        old = self.state.incidents.get(old_id) if old_id else None
-        if old is not None and old.status in ("open", "mitigating") and \
-                now - (old.last_seen or old.first_seen) <= self.settings.incident_merge_s:
-            merged = msgspec.structs.replace(
-                old,
-                suspects=union(old.suspects, suspects),
-                confidence=max(old.confidence, confidence),
-                evidence=(old.evidence + evidence)[-MAX_EVIDENCE:],
-                last_seen=max(now, old.last_seen or 0.0),
-                severity=max_severity((old.severity, severity)),
-                jobs=union(old.jobs, jobs),
-                finding_ids=union(old.finding_ids, finding_ids)[-MAX_IDS:],
-            )
-            self.state.incidents[merged.id] = merged
-            return merged, False
-        base = f"{klass}:{subject}:{int(first_seen * 1000)}"
-        inc_id, n = base, 1
-        while inc_id in self.state.incidents:
-            n += 1
-            inc_id = f"{base}.{n}"
-        inc = Incident(id=inc_id, incident_class=klass, suspects=union([], suspects), confidence=round(confidence, 3),
-                       evidence=evidence[-MAX_EVIDENCE:], first_seen=first_seen, last_seen=now, status="open",
-                       severity=severity, summary=summary[:4096], jobs=union([], jobs),
-                       finding_ids=union([], finding_ids)[-MAX_IDS:])
-        self.state.incidents[inc_id] = inc
-        self.state.open_by_subject[key] = inc_id
-        return inc, True
-
-    def set_status(self, incident_id: str, status: Literal["open", "mitigating", "resolved", "dismissed"],
-                   now: float) -> Incident | None:
-        """Change an incident's status; returns the updated incident, or None if nothing changed."""
-        inc = self.state.incidents.get(incident_id)
-        if inc is None or inc.status == status:
-            return None
-        inc = msgspec.structs.replace(inc, status=status, last_seen=max(now, inc.last_seen or 0.0))
-        self.state.incidents[incident_id] = inc
-        if status in ("resolved", "dismissed"):
-            for key in [k for k, v in self.state.open_by_subject.items() if v == incident_id]:
-                del self.state.open_by_subject[key]
-        return inc
-
-    # --- housekeeping -------------------------------------------------------------------------------
+# --- what a finding says ------------------------------------------------------------------------------
 
 def finding_class(f: Finding) -> IncidentClass | None:
+    """The incident a finding on its own opens (None: network findings, and those to stay quiet on)."""
     hint = f.action_hint
     if hint in QUIET_HINTS:
         return None
@@ -164,6 +109,12 @@ def finding_class(f: Finding) -> IncidentClass | None:
     return None
 
 
+def is_hardware_finding(f: Finding) -> bool:
+    """Evidence of a hardware fault (isolate at once), as opposed to degradation or network symptoms."""
+    return finding_class(f) == "hardware" or (f.kind == "hard_fault" and f.severity == "critical"
+                                               and f.action_hint not in QUIET_HINTS)
+
+
 def is_congestion(f: Finding, metrics: Iterable[str]) -> bool:
     """A network finding whose every measurement is a congestion counter (``metrics``): traffic
     waiting for credits, not a broken link or NIC."""
@@ -171,15 +122,37 @@ def is_congestion(f: Finding, metrics: Iterable[str]) -> bool:
     return f.kind == "network" and bool(measured) and set(measured) <= set(metrics)
 
 
-def is_hardware_finding(f: Finding) -> bool:
-    """Evidence of a hardware fault (isolate at once), as opposed to degradation or network symptoms."""
-    return is_hardware(f)
+def link_name(f: Finding) -> str:
+    """A link as the scorer and operators name it: ``device/port`` as findings give it, else ``node:port``."""
+    return f.port if "/" in f.port else f"{f.node}:{f.port}"
 
 
-def is_hardware(f: Finding) -> bool:
-    return finding_class(f) == "hardware" or (f.kind == "hard_fault" and f.severity == "critical"
-                                               and f.action_hint not in QUIET_HINTS)
+def evidence_of(findings: list[Finding]) -> list[Evidence]:
+    out: list[Evidence] = []
+    for f in findings[:10]:
+        out += f.evidence[:2] or [Evidence(detector=f.detector, ts=f.ts, note=f.summary)]
+    return out
 
+
+# --- confirmation: warnings act only once reasserted --------------------------------------------------
+
+def times_seen(state: TriageState, settings: TriageSettings, node: str, same: Callable[[Finding], bool],
+               now: float) -> list[float]:
+    """When ``node`` reported findings like this one (``same``) within the confirmation window."""
+    lo = now - settings.warning_confirm_window_s
+    return sorted({f.ts for f in state.findings.get(node, ()) if f.severity != "info" and f.ts >= lo and same(f)})
+
+
+def confirmed(settings: TriageSettings, severity: Severity, seen: list[float],
+              klass: IncidentClass = "network") -> bool:
+    """Hardware faults and critical network evidence act at once; warnings, and degradation of
+    any severity (statistical evidence), only once the detector has reasserted them over time."""
+    if severity == "critical" and klass != "degradation":
+        return True
+    return len(seen) >= settings.warning_confirmations and seen[-1] - seen[0] >= settings.warning_confirm_min_span_s
+
+
+# --- small helpers --------------------------------------------------------------------------------------
 
 def max_severity(values: Iterable[Severity]) -> Severity:
     best: Severity = "info"
@@ -201,9 +174,8 @@ def union(a: Iterable[T], b: Iterable[T]) -> list[T]:
     return out
 
 
-def evidence_of(findings: list[Finding]) -> list[Evidence]:
-    out: list[Evidence] = []
-    for f in findings[:10]:
-        out += f.evidence[:2] or [Evidence(detector=f.detector, ts=f.ts, note=f.summary)]
-    return out
-
+def most_common(counts: Counter[T]) -> tuple[T, int] | None:
+    """The most frequent value and its count; None when nothing was counted (never index an empty
+    ``Counter.most_common``: issue #22)."""
+    top = counts.most_common(1)
+    return top[0] if top else None

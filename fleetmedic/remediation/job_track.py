@@ -1,0 +1,163 @@
+"""The job track: what fleetmedic does to jobs. The policy's job steps for the failed job and the
+running jobs an incident hits (restart elsewhere, retry in place after a backoff, requeue, escalate),
+never blocked by node budgets; retries held until their backoff passes (dropped if the job moved on);
+and the accounting of job events (attempts, running time, jobs placed on held nodes)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fleetmedic.config import Settings
+from fleetmedic.records import JobEvent, NodeState, RemediationResult
+from fleetmedic.remediation.accounting import Accounting
+from fleetmedic.remediation.engine_state import CommandInfo, Decisions, EngineState, HeldCommand
+from fleetmedic.remediation.incident_tracks import IncidentTracker
+from fleetmedic.remediation.issuer import Issuer
+from fleetmedic.remediation.lifecycle import OUT_OF_SERVICE
+from fleetmedic.remediation.policy import Decision
+from fleetmedic.remediation.safety import SafetyGate
+from fleetmedic.remediation.triage import Assessment, Triage
+
+
+class JobTrack:
+    def __init__(self, settings: Settings, state: EngineState, triage: Triage, gate: SafetyGate,
+                 accounting: Accounting, issuer: Issuer, incidents: IncidentTracker,
+                 node_state: Callable[[str], NodeState]) -> None:
+        self.settings = settings
+        self.state = state
+        self.triage = triage
+        self.gate = gate
+        self.accounting = accounting
+        self.issuer = issuer
+        self.incidents = incidents
+        self.node_state = node_state
+
+    # --- acting on a decision -----------------------------------------------------------------------
+
+    def act(self, a: Assessment, decision: Decision, now: float, out: Decisions) -> None:
+        """Run the decision's job steps on the failed job and on the running jobs the incident hits
+        (those on nodes to be drained too); a running job is moved once per incident."""
+        inc = a.incident
+        jobs = list(a.jobs)
+        if any(s.action == "drain" for s in decision.node_steps):
+            jobs += [j for n in a.suspect_nodes for j in self.triage.jobs_on(n) if j not in jobs]
+        done = self.incidents.handled_jobs(inc.id)
+        if self.gate.breaker.state.open and decision.job_steps and any(j != a.job for j in jobs):
+            self.issuer.audit(out, now, "skipped", "circuit breaker open: running jobs are not moved on this "
+                              "evidence (a failed job still is)", incident=inc, rule=decision.rule, track="job")
+            jobs = [j for j in jobs if j == a.job]
+        for job in jobs:
+            if job != a.job and job in done:
+                continue  # a running job is moved once per incident; its own failures decide again
+            for step in decision.job_steps:
+                self._step(step.action, dict(step.params), job, a, decision, now, out)
+
+    def _step(self, action: str, params: dict[str, str], job: str, a: Assessment, decision: Decision,
+              now: float, out: Decisions) -> None:
+        rec = self.triage.job(job)
+        attempt = rec.attempt if rec else a.attempt
+        inc = a.incident
+        # one escalation per incident and job; other actions once per incident, job and attempt
+        cid = f"{inc.id}/{action}/{job}" + ("" if action == "escalate" else f"/{attempt}")
+        if cid in self.state.commands or any(h.id == cid for h in self.state.held):
+            return
+        reason = f"{decision.explanation}: {a.explanation}"
+        if action == "retry_in_place":
+            self._hold_retry(cid, params, job, attempt, reason, a, decision, now, out)
+            return
+        if action in ("restart_job", "requeue_job"):
+            self._move(cid, action, params, job, attempt, reason, a, now, out)
+        else:
+            if action == "escalate":
+                params.setdefault("escalation", "notify")
+            self.issuer.command(out, now, cid, action, inc.id, job, reason, params)
+            self.incidents.track(inc.id, job=job, wait=False)
+        self.issuer.audit(out, now, "command", f"{action} {job}" + (f" excluding {len(a.exclude_nodes)} suspect "
+                          "node(s)" if action == "restart_job" and a.exclude_nodes else "")
+                          + f": {decision.explanation}", incident=inc, job=job, rule=decision.rule, track="job",
+                          command_ids=[cid])
+
+    def _hold_retry(self, cid: str, params: dict[str, str], job: str, attempt: int, reason: str, a: Assessment,
+                    decision: Decision, now: float, out: Decisions) -> None:
+        """Retry the job in place after an exponential backoff (held until due; no node is isolated)."""
+        rec, inc = self.triage.job(job), a.incident
+        retries = (rec.retries_in_place if rec else 0) + 1
+        if rec:
+            rec.retries_in_place = retries
+        backoff = self.settings.policy.transient_retry_backoff_s * 2 ** (retries - 1)
+        params |= {"retry": str(retries), "backoff_s": f"{backoff:g}"}
+        self.state.held.append(HeldCommand(due=now + backoff, id=cid, action="retry_in_place", incident_id=inc.id,
+                                           job=job, reason=reason, params=params, attempt=attempt))
+        self.issuer.audit(out, now, "command", f"retry {retries} of {job} in place after {backoff:g}s backoff; "
+                          "no node is isolated", incident=inc, job=job, rule=decision.rule, track="job",
+                          command_ids=[cid])
+        self.incidents.track(inc.id, job=job)
+
+    def _move(self, cid: str, action: str, params: dict[str, str], job: str, attempt: int, reason: str,
+              a: Assessment, now: float, out: Decisions) -> None:
+        """Restart or requeue the job away from the suspects and the held nodes; its coming failure is
+        fleetmedic's own doing, and its recovery is timed."""
+        inc = a.incident
+        self.state.held = [h for h in self.state.held if h.job != job]  # a restart supersedes a pending retry
+        self.triage.expect_failure(job, attempt, now + self.settings.signing.command_ttl_s
+                                   + self.settings.triage.failure_settle_s)
+        if job != a.job:  # a running job interrupted by fleetmedic counts as a failed attempt of that class
+            self.accounting.job_failed(inc.incident_class)
+            self.accounting.job_stopped(job, now)
+        exclude = sorted(set(a.exclude_nodes) | set(a.suspect_nodes) | set(self.gate.state.held))
+        self.issuer.command(out, now, cid, action, inc.id, job, reason, params, exclude=exclude)
+        self.accounting.recovery_started(job, inc.id, attempt, a.fault_at, now, list(a.suspect_nodes), now)
+        self.incidents.track(inc.id, job=job)
+
+    # --- what time, results and job events bring -----------------------------------------------------
+
+    def release_due(self, now: float, out: Decisions) -> None:
+        """Issue held retries whose backoff passed, unless the job moved on meanwhile."""
+        if not self.state.held or min(h.due for h in self.state.held) > now:
+            return
+        due = [h for h in self.state.held if h.due <= now]
+        self.state.held = [h for h in self.state.held if h.due > now]
+        for h in due:
+            rec = self.triage.job(h.job)
+            if rec is None or rec.attempt != h.attempt or rec.status != "failed":
+                state = f"attempt {rec.attempt} is {rec.status}" if rec else "it is gone"
+                self.issuer.audit(out, now, "skipped", f"{h.action} of {h.job} dropped: the job moved on ({state}) "
+                                  "during the backoff", job=h.job, incident_id=h.incident_id, track="job")
+                self.incidents.untrack(h.incident_id, now, out, job=h.job)
+                continue
+            self.triage.expect_failure(h.job, h.attempt, now + self.settings.signing.command_ttl_s
+                                       + self.settings.triage.failure_settle_s)
+            self.issuer.command(out, now, h.id, h.action, h.incident_id, h.job, h.reason, h.params)
+
+    def on_failed_result(self, info: CommandInfo, result: RemediationResult, now: float, out: Decisions) -> None:
+        """The executor could not carry out a job command: a human is told."""
+        self.issuer.audit(out, now, "escalated", f"{info.action} of {info.job} failed: {result.reason}", job=info.job,
+                          incident_id=info.incident_id, track="job")
+        self.issuer.command(out, now, f"{info.incident_id}/escalate/{info.job}/{info.action}-failed", "escalate",
+                            info.incident_id, info.job, f"{info.action} failed: {result.reason}",
+                            {"escalation": "notify"})
+
+    def on_event(self, e: JobEvent, now: float, out: Decisions) -> None:
+        """Account a job event: attempts, running time, placements on held nodes, recoveries done."""
+        acc = self.accounting
+        if e.event == "placement":
+            bad = [p.node for p in e.placement if self.gate.holds(p.node) or self.node_state(p.node) in OUT_OF_SERVICE]
+            for node in sorted(set(bad)):
+                acc.repeat_placement()
+                self.issuer.audit(out, now, "repeat_placement", f"job {e.job} attempt {e.attempt} was placed on "
+                                  f"{node}, which fleetmedic holds out of service ({self.node_state(node)})",
+                                  node=node, job=e.job)
+        if e.event == "start":
+            acc.job_attempt()
+            acc.job_running(e.job, now)
+        elif e.event == "progress":
+            acc.job_running(e.job, now)
+        elif e.event in ("failure", "completion"):
+            acc.job_stopped(e.job, now)
+        resolved = acc.job_progress(e.job, e.event, e.attempt, now)
+        if resolved:
+            self.incidents.untrack(resolved, now, out, job=e.job)
+        if e.event == "completion":
+            for inc_id, tracks in list(self.state.tracks.items()):
+                if e.job in tracks.jobs:
+                    self.incidents.untrack(inc_id, now, out, job=e.job)

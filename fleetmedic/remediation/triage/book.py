@@ -1,0 +1,82 @@
+"""The incident book: opens incidents, merges new evidence into the open incident with the same class
+and subject, changes their status, and forgets closed ones. The incidents live in the triage state."""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+from fleetmedic.config import TriageSettings
+from fleetmedic.records import Evidence, Incident, IncidentClass, IncidentStatus, Severity, Suspect
+from fleetmedic.remediation.triage.records import TriageState, max_severity, union
+
+MAX_EVIDENCE: Final = 40
+MAX_IDS: Final = 200
+
+
+class IncidentBook:
+    def __init__(self, settings: TriageSettings, state: TriageState) -> None:
+        self.settings = settings
+        self.state = state
+
+    def open(self, klass: IncidentClass, subject: str, suspects: list[Suspect], confidence: float,
+             evidence: list[Evidence], severity: Severity, summary: str, jobs: list[str],
+             finding_ids: list[str], first_seen: float, now: float) -> tuple[Incident, bool]:
+        """Open an incident, or merge into the open one with the same class and subject seen within
+        ``incident_merge_s``. Returns the incident and whether it is new."""
+        key = f"{klass}|{subject}"
+        old_id = self.state.open_by_subject.get(key)
+        old = self.state.incidents.get(old_id) if old_id else None
+        if old is not None and old.status in ("open", "mitigating") and \
+                now - (old.last_seen or old.first_seen) <= self.settings.incident_merge_s:
+            merged = msgspec.structs.replace(
+                old,
+                suspects=union(old.suspects, suspects),
+                confidence=max(old.confidence, confidence),
+                evidence=(old.evidence + evidence)[-MAX_EVIDENCE:],
+                last_seen=max(now, old.last_seen or 0.0),
+                severity=max_severity((old.severity, severity)),
+                jobs=union(old.jobs, jobs),
+                finding_ids=union(old.finding_ids, finding_ids)[-MAX_IDS:],
+            )
+            self.state.incidents[merged.id] = merged
+            return merged, False
+        base = f"{klass}:{subject}:{int(first_seen * 1000)}"
+        inc_id, n = base, 1
+        while inc_id in self.state.incidents:
+            n += 1
+            inc_id = f"{base}.{n}"
+        inc = Incident(id=inc_id, incident_class=klass, suspects=union([], suspects), confidence=round(confidence, 3),
+                       evidence=evidence[-MAX_EVIDENCE:], first_seen=first_seen, last_seen=now, status="open",
+                       severity=severity, summary=summary[:4096], jobs=union([], jobs),
+                       finding_ids=union([], finding_ids)[-MAX_IDS:])
+        self.state.incidents[inc_id] = inc
+        self.state.open_by_subject[key] = inc_id
+        return inc, True
+
+    def is_open(self, klass: IncidentClass, subject: str) -> bool:
+        """Whether an open (or mitigating) incident of that class and subject is on the book."""
+        inc_id = self.state.open_by_subject.get(f"{klass}|{subject}")
+        if not inc_id:
+            return False
+        return self.state.incidents[inc_id].status in ("open", "mitigating")
+
+    def set_status(self, incident_id: str, status: IncidentStatus, now: float) -> Incident | None:
+        """Change an incident's status; returns the updated incident, or None if nothing changed."""
+        inc = self.state.incidents.get(incident_id)
+        if inc is None or inc.status == status:
+            return None
+        inc = msgspec.structs.replace(inc, status=status, last_seen=max(now, inc.last_seen or 0.0))
+        self.state.incidents[incident_id] = inc
+        if status in ("resolved", "dismissed"):
+            for key in [k for k, v in self.state.open_by_subject.items() if v == incident_id]:
+                del self.state.open_by_subject[key]
+        return inc
+
+    def forget_closed(self, now: float) -> None:
+        """Drop incidents resolved or dismissed longer than ``incident_merge_s`` ago."""
+        horizon = now - self.settings.incident_merge_s
+        for inc_id, inc in list(self.state.incidents.items()):
+            if inc.status in ("resolved", "dismissed") and (inc.last_seen or inc.first_seen) < horizon:
+                del self.state.incidents[inc_id]

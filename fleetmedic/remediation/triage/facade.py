@@ -1,0 +1,124 @@
+""":class:`Triage`, the one object the engine talks to. It composes the parts of triage over one
+:class:`~.records.TriageState`: the :class:`~.book.IncidentBook`, the :class:`~.jobs.JobBoard`,
+:class:`~.findings.NodeFindings`, :class:`~.network.NetworkTriage` and
+:class:`~.failures.JobFailureTriage`; routes each input to its part; decides the gathered groups
+(network findings per leaf, failure reports per job attempt) when they settle; and forgets what no
+window reaches any more."""
+
+from __future__ import annotations
+
+from fleetmedic.config import PolicySettings, TriageSettings
+from fleetmedic.records import Finding, Incident, IncidentStatus, JobEvent
+from fleetmedic.remediation.log_patterns import PatternLibrary
+from fleetmedic.remediation.topology import Topology
+from fleetmedic.remediation.triage.book import IncidentBook
+from fleetmedic.remediation.triage.failures import JobFailureTriage
+from fleetmedic.remediation.triage.findings import NodeFindings
+from fleetmedic.remediation.triage.jobs import JobBoard
+from fleetmedic.remediation.triage.network import NetworkTriage
+from fleetmedic.remediation.triage.records import Assessment, JobRecord, TriageState
+
+
+class Triage:
+    def __init__(self, settings: TriageSettings, policy: PolicySettings, library: PatternLibrary,
+                 topology: Topology | None = None, state: TriageState | None = None) -> None:
+        self.settings = settings
+        self.policy = policy
+        self.library = library
+        self.state = state if state is not None else TriageState()
+        topology = topology if topology is not None else Topology()
+        self.book = IncidentBook(settings, self.state)
+        self.job_board = JobBoard(settings, self.state)
+        self.node_findings = NodeFindings(settings, self.state, self.book, self.job_board)
+        self.network = NetworkTriage(settings, self.state, self.book, self.job_board, topology)
+        self.failures = JobFailureTriage(settings, policy, library, self.state, self.book, topology)
+        self._topology = topology
+
+    @property
+    def topology(self) -> Topology:
+        return self._topology
+
+    @topology.setter
+    def topology(self, topology: Topology) -> None:
+        """The engine learned where nodes sit (labels, a node deleted): the parts that ask see it too."""
+        self._topology = self.network.topology = self.failures.topology = topology
+
+    # --- inputs -------------------------------------------------------------------------------------
+
+    def add_finding(self, f: Finding, now: float) -> list[Assessment]:
+        """Remember ``f``; a node's own finding may open an incident now, a network finding waits with
+        its leaf's group (see :meth:`due`)."""
+        self.state.findings.setdefault(f.node, []).append(f)
+        if f.severity == "info" or f.kind == "telemetry":
+            return []
+        if f.kind == "network":
+            self.network.gather(f, now)
+            return []
+        return self.node_findings.assess(f, now)
+
+    def add_job_event(self, e: JobEvent, now: float) -> list[str]:
+        """Track the job; gather failure reports. Returns notes for the audit (ignored reports)."""
+        return self.job_board.add_event(e, now)
+
+    # --- jobs ---------------------------------------------------------------------------------------
+
+    def jobs_on(self, node: str) -> tuple[str, ...]:
+        return self.job_board.jobs_on(node)
+
+    def job(self, job: str) -> JobRecord | None:
+        return self.job_board.job(job)
+
+    def expect_failure(self, job: str, attempt: int, until: float) -> None:
+        """A failure of this attempt is fleetmedic's own doing (it restarted or drained it)."""
+        self.job_board.expect_failure(job, attempt, until)
+
+    def forget_decision(self, job: str, attempt: int) -> None:
+        """A new run of that attempt: its failure is decided anew."""
+        self.job_board.forget_decision(job, attempt)
+
+    # --- deciding -----------------------------------------------------------------------------------
+
+    def due(self, now: float) -> list[Assessment]:
+        """Decide the gathered groups whose settle time has passed (oldest first)."""
+        out: list[Assessment] = []
+        for key, group in sorted(self.state.network.items(), key=lambda kv: (kv[1].deadline, kv[0])):
+            if group.deadline <= now:
+                del self.state.network[key]
+                out += self.network.decide(group, now)
+        for key, group in sorted(self.state.failures.items(), key=lambda kv: (kv[1].deadline, kv[0])):
+            if group.deadline <= now:
+                del self.state.failures[key]
+                self.state.decided[key] = now
+                out += self.failures.decide(group, now)
+        return out
+
+    def next_deadline(self) -> float | None:
+        deadlines = [g.deadline for g in (*self.state.failures.values(), *self.state.network.values())]
+        return min(deadlines) if deadlines else None
+
+    def set_status(self, incident_id: str, status: IncidentStatus, now: float) -> Incident | None:
+        """Change an incident's status; returns the updated incident, or None if nothing changed."""
+        return self.book.set_status(incident_id, status, now)
+
+    # --- housekeeping -------------------------------------------------------------------------------
+
+    def prune(self, now: float) -> None:
+        """Forget what no window can reach any more (keeps the serialised state small)."""
+        s, p = self.settings, self.policy
+        keep = max(s.evidence_window_s, s.network_window_s, s.warning_confirm_window_s)
+        for node in list(self.state.findings):
+            fs = [f for f in self.state.findings[node] if f.ts >= now - keep]
+            if fs:
+                self.state.findings[node] = fs
+            else:
+                del self.state.findings[node]
+        self.state.node_failures = {n: kept for n, v in self.state.node_failures.items()
+                                    if (kept := [(t, j) for t, j in v if t >= now - p.escalate_window_s])}
+        self.state.job_signatures = {j: sigs for j, v in self.state.job_signatures.items()
+                                     if (sigs := [x for x in v if x[0] >= now - p.escalate_window_s])}
+        self.state.node_failed_jobs = {n: kept for n, v in self.state.node_failed_jobs.items()
+                                       if (kept := [(t, j) for t, j in v if t >= now - p.suspect_window_s])}
+        self.state.expected = {k: t for k, t in self.state.expected.items() if t >= now}
+        self.state.decided = {k: t for k, t in self.state.decided.items() if t >= now - s.incident_merge_s}
+        self.book.forget_closed(now)
+        self.job_board.forget_finished(now - max(s.incident_merge_s, p.suspect_window_s))

@@ -1,0 +1,91 @@
+"""What triage knows about jobs: where each runs (and so which jobs a node's fault hits), its current
+attempt and status, and the failure reports of an attempt gathered for ``failure_settle_s`` before
+the failure is decided (:mod:`.failures`)."""
+
+from __future__ import annotations
+
+from fleetmedic.config import TriageSettings
+from fleetmedic.records import JobEvent
+from fleetmedic.remediation.triage.records import FailureReport, JobRecord, PendingGroup, TriageState
+
+
+class JobBoard:
+    def __init__(self, settings: TriageSettings, state: TriageState) -> None:
+        self.settings = settings
+        self.state = state
+        self._node_jobs: dict[str, set[str]] | None = None  # node -> placed or running jobs (rebuilt lazily)
+
+    def jobs_on(self, node: str) -> tuple[str, ...]:
+        if self._node_jobs is None:
+            index: dict[str, set[str]] = {}
+            for rec in self.state.jobs.values():
+                if rec.status in ("placed", "running"):
+                    for n in rec.nodes:
+                        index.setdefault(n, set()).add(rec.job)
+            self._node_jobs = index
+        return tuple(sorted(self._node_jobs.get(node, ())))
+
+    def job(self, job: str) -> JobRecord | None:
+        return self.state.jobs.get(job)
+
+    def expect_failure(self, job: str, attempt: int, until: float) -> None:
+        """A failure of this attempt is fleetmedic's own doing (it restarted or drained it)."""
+        self.state.expected[f"{job}#{attempt}"] = until
+
+    def forget_decision(self, job: str, attempt: int) -> None:
+        """A new run of that attempt (started, placed or restarted again): its failure is decided anew."""
+        self.state.decided.pop(f"{job}#{attempt}", None)
+
+    def add_event(self, e: JobEvent, now: float) -> list[str]:
+        """Track the job; gather failure reports. Returns notes for the audit (ignored reports)."""
+        rec = self.state.jobs.get(e.job)
+        if rec is None:
+            rec = self.state.jobs[e.job] = JobRecord(job=e.job, attempt=e.attempt)
+        notes: list[str] = []
+        if e.attempt < rec.attempt and e.event != "failure":
+            return [f"{e.job}: {e.event} of attempt {e.attempt} ignored, attempt {rec.attempt} is current"]
+        self._node_jobs = None
+        rec.last_event = max(rec.last_event, e.ts)
+        if e.placement:
+            rec.attempt = e.attempt
+            rec.ranks = {p.rank: p.node for p in e.placement}
+            rec.nodes = sorted(set(rec.ranks.values()))
+        if e.event == "placement":
+            rec.attempt, rec.status = e.attempt, "placed"
+        elif e.event in ("start", "progress"):
+            rec.attempt = max(rec.attempt, e.attempt)
+            rec.status = "running"
+            if e.event == "progress":
+                rec.retries_in_place = 0
+        elif e.event == "completion":
+            rec.status, rec.retries_in_place = "completed", 0
+        elif e.event == "restart":
+            rec.attempt, rec.status = max(rec.attempt, e.attempt), "placed"
+        elif e.event == "failure":
+            notes += self._gather_failure(rec, e, now)
+        return notes
+
+    def _gather_failure(self, rec: JobRecord, e: JobEvent, now: float) -> list[str]:
+        key = f"{e.job}#{e.attempt}"
+        if e.attempt == rec.attempt:
+            rec.status = "failed"
+        if self.state.expected.get(key, -1.0) >= now:
+            return [f"{key}: failure expected (fleetmedic restarted or drained it); no new decision"]
+        if key in self.state.decided:
+            return [f"{key}: late failure report after the attempt was triaged; kept as evidence only"]
+        node = e.node or (rec.ranks.get(e.rank, "") if e.rank is not None else "")
+        report = FailureReport(ts=e.ts, node=node, rank=e.rank, exit_code=e.exit_code, reason=e.reason,
+                               lines=list(e.log_excerpt))
+        group = self.state.failures.get(key)
+        if group is None:
+            group = self.state.failures[key] = PendingGroup(
+                key=key, first_ts=now, deadline=now + self.settings.failure_settle_s, job=e.job, attempt=e.attempt)
+        group.reports.append(report)
+        return []
+
+    def forget_finished(self, before: float) -> None:
+        """Drop completed and failed jobs whose last event is older than ``before``."""
+        for job, rec in list(self.state.jobs.items()):
+            if rec.status in ("completed", "failed") and rec.last_event < before:
+                del self.state.jobs[job]
+                self._node_jobs = None
