@@ -1,13 +1,17 @@
 """fleetmedic: keeps GPU training fleets on Kubernetes running.
 
-Layout (see README "Architecture"):
-- ``fleetmedic.records``, ``fleetmedic.config``, ``fleetmedic.signing``, ``fleetmedic.bus``:
-  the wire contract and settings; pure.
-- ``fleetmedic.models``: detectors and baselines; pure.
-- ``fleetmedic.remediation``: triage and policy decisions (pure) and executors (adapters).
-- ``fleetmedic.streams``: the Faust pipeline and the embedded engine.
-- ``fleetmedic.connectors``: exporters and ingest adapters.
-- ``fleetmedic.devenv``: real Kafka and Kubernetes services for tests and local runs.
+Floors, from the top (docs/architecture.md; ``.importlinter`` enforces them):
+
+- tools: ``fleetmedic.cli`` (the command line), ``fleetmedic.sim`` (the simulator, the embedded
+  engine, the demo), ``fleetmedic.evaluation`` (truth, scoring, backtest);
+- adapters: ``fleetmedic.streams`` (the pipeline on Kafka), ``fleetmedic.connectors`` (exporters
+  and ingest), ``fleetmedic.executor`` (the Kubernetes executor);
+- the pure core: ``fleetmedic.remediation`` (the decision engine), ``fleetmedic.models``
+  (baselines and detectors);
+- the contract: ``fleetmedic.config``, ``fleetmedic.signing``, ``fleetmedic.bus``,
+  ``fleetmedic.records``, ``fleetmedic.k8s_keys``.
+
+``fleetmedic.devenv`` (real Kafka and Kubernetes services for tests and local runs) stands apart.
 """
 
 __version__ = "0.1.0"
