@@ -172,7 +172,7 @@ class DetectionTelemetry(Record, frozen=True, kw_only=True, tag="gpu_telemetry",
 
     node: NodeName
     ts: Timestamp
-    gpus: Annotated[list[GpuIndex], Meta(max_length=256)]
+    gpus: Annotated[list[GpuIndex], Meta(min_length=1, max_length=256)]  # none: nothing to detect on
     metrics: DetectionMetrics
     xids: list[XidEvent] = []
     sku: str = ""

@@ -36,6 +36,6 @@ def _main(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     keys = ("records", "findings", "findings_by_kind", "incidents", "incidents_by_class", "commands_by_action",
-            "skipped_total", "elapsed_s", "score")
+            "skipped_total", "input_problems", "elapsed_s", "score")
     print(json.dumps({k: summary[k] for k in keys if k in summary}, sort_keys=True))
     return 0

@@ -1,5 +1,9 @@
 """Pure mapping for the Kafka telemetry connector: Telegraf / prometheus-kafka-adapter JSON -> points
 -> per-node window records (see :mod:`fleetmedic.connectors.kafka_telemetry` for the behaviour).
+
+:meth:`PointMapper.points` raises :class:`BadMessage` and nothing else, whatever the bytes: sizes,
+value lengths and digit counts are checked before any conversion (as in
+:mod:`fleetmedic.connectors.prometheus_text`), and timestamps must be in the records' range.
 """
 
 from __future__ import annotations
@@ -15,7 +19,15 @@ import msgspec
 
 from fleetmedic import records as r
 from fleetmedic.config import IngestSettings, KafkaTelemetrySettings
-from fleetmedic.connectors.prometheus_text import DCGM_TO_METRIC, NODE_EXPORTER_IB, ExpositionReader
+from fleetmedic.connectors.prometheus_text import (
+    DCGM_TO_METRIC,
+    MAX_VALUE_CHARS,
+    NODE_EXPORTER_IB,
+    TS_MAX,
+    TS_MIN,
+    ExpositionReader,
+    ascii_index,
+)
 
 _TELEGRAF_NVIDIA_SMI = {
     "temperature_gpu": "gpu_temp", "power_draw": "power_usage", "clocks_current_sm": "sm_clock",
@@ -42,6 +54,9 @@ BUILTIN_MAP: dict[str, str] = {
 }
 _PROM_FIELDS = ("gauge", "counter", "value", "untyped")
 _STATE = {1: "down", 2: "init", 3: "init", 4: "up"}
+#: the largest message read (Kafka's default limit is 1 MB; a Telegraf batch of 1,000 metrics ~300 KB)
+MAX_MESSAGE_BYTES = 16 << 20
+_MAX_NODE_CHARS, _MAX_PORT_PART_CHARS, _MAX_TIME_TEXT = 253, 256, 64
 
 
 class BadMessage(ValueError):
@@ -68,21 +83,39 @@ class Point:
 
 def _seconds(ts: Any) -> float:
     if isinstance(ts, bool) or not isinstance(ts, int | float):
-        raise BadMessage(f"timestamp: {ts!r} is not a number", "timestamp: not a number")
+        raise BadMessage(f"timestamp: {_short(ts)} is not a number", "timestamp: not a number")
+    if isinstance(ts, int) and not -(10**20) < ts < 10**20:  # JSON integers have any length; float() overflows
+        raise BadMessage("timestamp: out of range")
     t = float(ts)
     for limit, scale in ((1e17, 1e9), (1e14, 1e6), (1e11, 1e3)):
         if t > limit:
-            return t / scale
+            t /= scale
+            break
+    return _in_range(t)
+
+
+def _in_range(t: float) -> float:
+    if not TS_MIN <= t <= TS_MAX:  # also NaN
+        raise BadMessage("timestamp: out of range")
     return t
 
 
 def _rfc3339(ts: Any) -> float:
     if not isinstance(ts, str):
-        raise BadMessage(f"timestamp: {ts!r} is not an RFC 3339 string", "timestamp: not an RFC 3339 string")
+        raise BadMessage(f"timestamp: {_short(ts)} is not an RFC 3339 string", "timestamp: not an RFC 3339 string")
+    if len(ts) > _MAX_TIME_TEXT:
+        raise BadMessage(f"timestamp: longer than {_MAX_TIME_TEXT} characters")
     try:
-        return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
-    except ValueError:
+        t = datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+    except (ValueError, OverflowError, OSError):
         raise BadMessage(f"timestamp: {ts!r} is not an RFC 3339 time", "timestamp: not an RFC 3339 time") from None
+    return _in_range(t)
+
+
+def _short(value: Any) -> str:
+    """``repr(value)`` for a message, at most 60 characters."""
+    text = repr(value) if not isinstance(value, dict | list) else type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class PointMapper:
@@ -93,6 +126,20 @@ class PointMapper:
         self.mapping = {**BUILTIN_MAP, **cfg.metric_map}
 
     def points(self, message: bytes) -> list[Point]:
+        """The points of one message; :class:`BadMessage` (only) when it cannot be read."""
+        if len(message) > MAX_MESSAGE_BYTES:
+            raise BadMessage(f"message longer than {MAX_MESSAGE_BYTES} bytes")
+        try:
+            return self._points(message)
+        except BadMessage:
+            raise
+        except RecursionError:
+            raise BadMessage("nested too deeply") from None
+        except Exception as exc:  # a mapping bug must cost this message, not the consumer
+            name = type(exc).__name__
+            raise BadMessage(f"unreadable ({name}: {str(exc)[:200]})", f"unreadable ({name})") from None
+
+    def _points(self, message: bytes) -> list[Point]:
         try:
             doc = msgspec.json.decode(message)
         except msgspec.DecodeError as exc:
@@ -145,12 +192,15 @@ class PointMapper:
                             {str(k): str(v) for k, v in labels.items()})]
 
     def _point(self, source: str, target: str, raw: Any, ts: float, tags: dict[str, str]) -> Point:
+        if isinstance(raw, str) and len(raw) > MAX_VALUE_CHARS:
+            raise BadMessage(f"{source}: value longer than {MAX_VALUE_CHARS} characters")
         try:
             value = float(raw)
-        except (TypeError, ValueError):
-            raise BadMessage(f"{source}: value {raw!r} is not a number", f"{source}: value is not a number") from None
+        except (TypeError, ValueError, OverflowError):  # OverflowError: an int too large for a float
+            raise BadMessage(f"{source}: value {_short(raw)} is not a number",
+                             f"{source}: value is not a number") from None
         if not math.isfinite(value):
-            raise BadMessage(f"{source}: value is {raw}")
+            raise BadMessage(f"{source}: value is {'NaN' if math.isnan(value) else 'infinite'}")
         node = ""
         for t in self.cfg.node_tags:
             node = tags.get(t, "")
@@ -159,14 +209,22 @@ class PointMapper:
                 break
         if not node:
             raise BadMessage(f"{source}: no node tag ({', '.join(self.cfg.node_tags)})")
+        if len(node) > _MAX_NODE_CHARS:
+            raise BadMessage(f"{source}: node tag longer than {_MAX_NODE_CHARS} characters")
         if target.startswith("port."):
-            port = f"{tags.get(self.cfg.port_device_tag, '?')}/{tags.get(self.cfg.port_tag, '?')}"
+            device, port = tags.get(self.cfg.port_device_tag, "?"), tags.get(self.cfg.port_tag, "?")
+            if len(device) > _MAX_PORT_PART_CHARS or len(port) > _MAX_PORT_PART_CHARS:
+                raise BadMessage(f"{source}: port tag longer than {_MAX_PORT_PART_CHARS} characters")
             fieldname, out_value = target[5:], _port_value(source, target[5:], value)
-            return Point(node, fieldname, out_value, ts, port=port, labels=tags)
+            return Point(node, fieldname, out_value, ts, port=f"{device}/{port}", labels=tags)
         gpu = next((tags[t] for t in self.cfg.gpu_tags if tags.get(t)), "")
-        if not gpu.isdigit():
+        if not gpu:
             raise BadMessage(f"{source}: no GPU index tag ({', '.join(self.cfg.gpu_tags)})")
-        return Point(node, target, value, ts, gpu=int(gpu), labels=tags)
+        index = ascii_index(gpu)
+        if index is None or index > 255:
+            raise BadMessage(f"{source}: GPU index tag {_short(gpu)} is not 0-255",
+                             f"{source}: GPU index tag is not 0-255")
+        return Point(node, target, value, ts, gpu=index, labels=tags)
 
 
 def _port_value(source: str, fieldname: str, value: float) -> float | str:

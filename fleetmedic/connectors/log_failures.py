@@ -1,6 +1,10 @@
 """Pure part of the log connector: a log shipper's JSON line -> :class:`LogLine`, and
 :class:`FailureLogGate`, which turns classified lines into rate-limited failure JobEvents (see
 :mod:`fleetmedic.connectors.log_events` for the behaviour).
+
+:func:`parse_log_message` raises :class:`BadLogLine` and nothing else, whatever the bytes; sizes
+are checked before any regex or conversion, and a line's text is cut to :data:`MAX_LOG_TEXT_CHARS`
+before it is classified.
 """
 
 from __future__ import annotations
@@ -18,6 +22,12 @@ from fleetmedic.config import LogExporterSettings
 from fleetmedic.remediation.log_patterns import LineMatch, PatternLibrary
 
 _JOB_PART = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+#: the largest message read (Fluent Bit's chunks are 32 KB; container runtimes split lines at 16 KB)
+MAX_MESSAGE_BYTES = 1 << 20
+#: a line's text is cut to this many characters before the pattern library sees it
+MAX_LOG_TEXT_CHARS = 16_384
+_MAX_NAMESPACE, _MAX_NAME, _MAX_NODE, _MAX_ATTEMPT_DIGITS, _MAX_TIME_TEXT = 63, 253, 253, 7, 64
+_TS_MIN, _TS_MAX = 0.0, 4e9  # the records' Timestamp range
 
 
 class BadLogLine(ValueError):
@@ -35,6 +45,20 @@ class LogLine:
 
 
 def parse_log_message(message: bytes, cfg: LogExporterSettings, now: float) -> LogLine:
+    """The log line of one message; :class:`BadLogLine` (only) when it is not one."""
+    if len(message) > MAX_MESSAGE_BYTES:
+        raise BadLogLine(f"message longer than {MAX_MESSAGE_BYTES} bytes")
+    try:
+        return _parse(message, cfg, now)
+    except BadLogLine:
+        raise
+    except RecursionError:
+        raise BadLogLine("not valid JSON (nested too deeply)") from None
+    except Exception as exc:  # a parsing bug must cost this message, not the consumer
+        raise BadLogLine(f"unreadable ({type(exc).__name__})") from None
+
+
+def _parse(message: bytes, cfg: LogExporterSettings, now: float) -> LogLine:
     try:
         doc = msgspec.json.decode(message)
     except msgspec.DecodeError:
@@ -48,7 +72,7 @@ def parse_log_message(message: bytes, cfg: LogExporterSettings, now: float) -> L
     if not isinstance(k8s, dict):
         raise BadLogLine("kubernetes: missing or not an object")
     namespace = k8s.get("namespace_name")
-    if not isinstance(namespace, str) or not _JOB_PART.match(namespace):
+    if not isinstance(namespace, str) or len(namespace) > _MAX_NAMESPACE or not _JOB_PART.match(namespace):
         raise BadLogLine("kubernetes.namespace_name: missing or not a namespace name")
     labels = k8s.get("labels") or {}
     if not isinstance(labels, dict):
@@ -56,12 +80,19 @@ def parse_log_message(message: bytes, cfg: LogExporterSettings, now: float) -> L
     name = next((str(labels[k]) for k in cfg.job_labels if labels.get(k)), "")
     if not name:
         raise BadLogLine("kubernetes.labels: no job label")
-    if not _JOB_PART.match(name):
+    if len(name) > _MAX_NAME or not _JOB_PART.match(name):
         raise BadLogLine("kubernetes.labels: the job label is not a Kubernetes name")
     attempt_text = str(labels.get(cfg.attempt_label, "0"))
-    attempt = int(attempt_text) if attempt_text.isdigit() else 0
-    return LogLine(job=f"{namespace}/{name}", attempt=attempt, node=str(k8s.get("host") or ""),
-                   pod=str(k8s.get("pod_name") or ""), ts=_time_of(doc, now), text=text.rstrip("\r\n"))
+    # ASCII digits only: str.isdigit() accepts "²", which int() refuses
+    ok = attempt_text.isascii() and attempt_text.isdigit() and len(attempt_text) <= _MAX_ATTEMPT_DIGITS
+    attempt = int(attempt_text) if ok else 0
+    node, pod = str(k8s.get("host") or ""), str(k8s.get("pod_name") or "")
+    if len(node) > _MAX_NODE:
+        raise BadLogLine(f"kubernetes.host: longer than {_MAX_NODE} characters")
+    if len(pod) > _MAX_NAME:
+        raise BadLogLine(f"kubernetes.pod_name: longer than {_MAX_NAME} characters")
+    return LogLine(job=f"{namespace}/{name}", attempt=min(attempt, 1_000_000), node=node, pod=pod,
+                   ts=_time_of(doc, now), text=text[:MAX_LOG_TEXT_CHARS].rstrip("\r\n"))
 
 
 def _time_of(doc: dict[str, Any], now: float) -> float:
@@ -70,11 +101,13 @@ def _time_of(doc: dict[str, Any], now: float) -> float:
         if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < 4e9:
             return float(value)
     value = doc.get("time", doc.get("@timestamp"))
-    if isinstance(value, str):
+    if isinstance(value, str) and len(value) <= _MAX_TIME_TEXT:
         try:
-            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            pass
+            t = datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except (ValueError, OverflowError, OSError):
+            return now
+        if _TS_MIN < t < _TS_MAX:
+            return t
     return now
 
 

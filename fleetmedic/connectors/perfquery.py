@@ -1,5 +1,8 @@
 """Pure part of the InfiniBand connector: perfquery output (default and ``-x``) -> counters, and
 counters + topology -> PortTelemetry (see :mod:`fleetmedic.connectors.infiniband`).
+
+:func:`parse_perfquery` never raises: line lengths and digit counts are checked before any regex or
+``int()``, and what cannot be read is counted per reason.
 """
 
 from __future__ import annotations
@@ -12,9 +15,15 @@ from typing import Any
 
 from fleetmedic import records as r
 from fleetmedic.config import InfinibandExporterSettings, InfinibandPortLink
+from fleetmedic.connectors.prometheus_text import ascii_index, count
 
-_HEADER = re.compile(r"^# Port (?P<ext>extended )?counters: Lid (?P<lid>\d+) port (?P<port>\d+|ALL|255)")
+_HEADER = re.compile(r"^# Port (?P<ext>extended )?counters: Lid (?P<lid>[0-9]+) port (?P<port>[0-9]+|ALL)")
 _LINE = re.compile(r"^(?P<name>[A-Za-z0-9]+):\.*(?P<value>\S*)\s*$")
+#: perfquery's lines are under 80 characters; longer ones are skipped before any regex
+MAX_LINE_CHARS = 4096
+#: a 64-bit counter is at most 20 decimal digits ("0x" + 16 hex digits in hex)
+_MAX_VALUE_CHARS = 24
+_COUNTER_MAX = 2**63 - 1  # the records' Counter range
 
 #: perfquery counter -> PortSample field
 PERFQUERY_FIELDS: dict[str, str] = {
@@ -45,30 +54,60 @@ def parse_perfquery(text: str, skipped: Counter[str]) -> list[PerfqueryBlock]:
     blocks: list[PerfqueryBlock] = []
     current: PerfqueryBlock | None = None
     for line in text.splitlines():
+        if len(line) > MAX_LINE_CHARS:
+            count(skipped, f"perfquery: line longer than {MAX_LINE_CHARS} characters")
+            current = None  # it may have been a header: what follows is no longer the block's
+            continue
         line = line.strip()
         if not line:
             continue
-        header = _HEADER.match(line)
-        if header:
-            port = header.group("port")
-            current = PerfqueryBlock(int(header.group("lid")), int(port) if port.isdigit() else 255,
-                                     bool(header.group("ext")))
-            blocks.append(current)
+        if line.startswith("# Port"):
+            current = _header(line, skipped)
+            if current is not None:
+                blocks.append(current)
             continue
         if line.startswith(("#", "ibwarn", "timestamp")):
             continue
         m = _LINE.match(line)
         if m is None or current is None:
-            skipped["perfquery: unparsable line"] += 1
+            count(skipped, "perfquery: unparsable line")
             continue
         name, value = m.group("name"), m.group("value")
         if name not in PERFQUERY_FIELDS:
             continue
-        try:
-            current.counters[name] = int(value, 0)
-        except ValueError:
-            skipped[f"perfquery {name}: value is not a number"] += 1
+        number = _counter(value)
+        if number is None:
+            count(skipped, f"perfquery {name}: value is not a number")
+        elif not 0 <= number <= _COUNTER_MAX:
+            count(skipped, f"perfquery {name}: value out of range")
+        else:
+            current.counters[name] = number
     return blocks
+
+
+def _header(line: str, skipped: Counter[str]) -> PerfqueryBlock | None:
+    """The block a header line starts; None (counted) when it cannot be read, so that the counters
+    under it are not taken for the previous block's."""
+    header = _HEADER.match(line)
+    if header is None:
+        count(skipped, "perfquery: unparsable header")
+        return None
+    lid, port = ascii_index(header.group("lid"), 5), header.group("port")
+    port_number = 255 if port == "ALL" else ascii_index(port, 3)
+    if lid is None or port_number is None:
+        count(skipped, "perfquery: header LID or port out of range")
+        return None
+    return PerfqueryBlock(lid, port_number, bool(header.group("ext")))
+
+
+def _counter(text: str) -> int | None:
+    """A counter's text (decimal or 0x hex) as an int; None when it is not one."""
+    if not text or len(text) > _MAX_VALUE_CHARS or not text.isascii():
+        return None
+    try:
+        return int(text, 0)
+    except ValueError:
+        return None
 
 
 @dataclass

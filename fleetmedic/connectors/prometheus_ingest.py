@@ -12,22 +12,77 @@ Two modes (``exporters.prometheus.mode``):
 
 Labels map to nodes, GPUs and ports as the ``ingest`` section says. Unknown series are ignored;
 bad samples are counted per reason (``fleetmedic_connector_skipped_total``). An unreachable target
-or server is counted as an error and retried on the next interval.
+or server is counted as an error and retried on the next interval. Whatever a target answers, the
+others go on: an answer over :data:`MAX_ANSWER_BYTES`, one that is not UTF-8 (read with
+replacement characters, its bad lines skipped) or one whose reading raises is counted per target
+and kind (``fleetmedic_connector_target_errors_total``) and logged with the target.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import math
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Final, TypeVar
+from urllib.parse import urlsplit
 
 from fleetmedic.config import Settings
 from fleetmedic.connectors.prometheus_api import ApiAnswerError, Watermarks, api_samples, map_samples
-from fleetmedic.connectors.prometheus_text import ExpositionReader, is_known_series
+from fleetmedic.connectors.prometheus_text import ExpositionReader, Sample, is_known_series
 from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox, sleep_or_stop, telemetry_outgoing
 from fleetmedic.records import GpuTelemetry, PortTelemetry
+
+log = logging.getLogger("fleetmedic.connectors.prometheus")
+
+#: the largest answer read from a target or from the Prometheus API (decompressed); dcgm-exporter's
+#: for 8 GPUs is ~300 KB, node-exporter's a few MB. A larger one is counted as an error.
+MAX_ANSWER_BYTES: Final = 64 << 20
+_A = TypeVar("_A")
+
+
+class AnswerTooLarge(Exception):
+    """A target's answer over :data:`MAX_ANSWER_BYTES`."""
+
+
+def target_label(url: str) -> str:
+    """A target's URL without credentials or query (for logs and the metric label)."""
+    try:
+        u = urlsplit(url)
+        host, port = u.hostname or "", u.port
+    except ValueError:
+        return "?"
+    host = f"[{host}]" if ":" in host else host
+    return f"{u.scheme}://{host}{f':{port}' if port else ''}{u.path}"
+
+
+def lines_of(text: str) -> Iterator[str]:
+    """The lines of ``text`` one at a time (no list of them all: an answer of many tiny lines
+    would cost ~50 bytes per line)."""
+    start = 0
+    while True:
+        end = text.find("\n", start)
+        if end < 0:
+            yield text[start:]
+            return
+        yield text[start:end]
+        start = end + 1
+
+
+async def read_capped(resp: Any, limit: int | None = None) -> bytes:
+    """The body of an aiohttp response, refused past ``limit`` bytes (default
+    :data:`MAX_ANSWER_BYTES`; counted while reading, so a compressed answer cannot expand past it)."""
+    limit = MAX_ANSWER_BYTES if limit is None else limit
+    if resp.content_length is not None and resp.content_length > limit:
+        raise AnswerTooLarge(f"answer of {resp.content_length} bytes, over {limit}")
+    body = bytearray()
+    async for chunk in resp.content.iter_chunked(1 << 16):
+        body += chunk
+        if len(body) > limit:
+            raise AnswerTooLarge(f"answer over {limit} bytes")
+    return bytes(body)
 
 
 class PrometheusSource:
@@ -41,6 +96,7 @@ class PrometheusSource:
         self.metrics = metrics
         self.clock = clock
         self.watermarks = Watermarks()
+        self._failing: dict[str, str] = {}  # target -> the kind of its last failure (to log changes only)
         self.reader = ExpositionReader(settings.ingest, source=f"prometheus-{self.p.mode}", ignore_unknown=True)
         if self.p.mode == "scrape" and not self.p.targets:
             raise ValueError("exporters.prometheus.targets: scrape mode needs at least one target URL")
@@ -60,7 +116,11 @@ class PrometheusSource:
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while not stop.is_set():
                 started = time.monotonic()
-                await self.tick(session)
+                try:
+                    await self.tick(session)
+                except Exception as exc:  # not expected (each target is guarded): try again next interval
+                    self.metrics.error(f"tick_{type(exc).__name__}")
+                    log.exception("prometheus: a %s round failed; trying again next interval", self.p.mode)
                 if await sleep_or_stop(stop, self.p.interval_s - (time.monotonic() - started)):
                     return
 
@@ -71,9 +131,9 @@ class PrometheusSource:
         records: list[GpuTelemetry | PortTelemetry] = []
         if self.p.mode == "scrape":
             texts = await asyncio.gather(*(self._get_text(session, url) for url in self.p.targets))
-            for text in texts:
+            for url, text in zip(self.p.targets, texts, strict=True):
                 if text is not None:
-                    records += map_samples(reader, reader.parse(text.splitlines(), default_ts=self.clock()))
+                    records += self._guarded(url, self._from_text, text)
         else:
             doc = await self._query(session)
             if doc is not None:
@@ -83,23 +143,56 @@ class PrometheusSource:
                     self.metrics.error("api_answer")
                     self.metrics.skipped(f"api answer: {exc}")
                     return 0
-                records = map_samples(reader, self.watermarks.fresh(s for s in samples if is_known_series(s[0])))
+                except Exception as exc:  # an answer nothing foresaw: counted and logged, next interval
+                    self._failed(self.p.api_url, f"answer_{type(exc).__name__}", exc)
+                    return 0
+                records = self._guarded(self.p.api_url, self._from_samples, samples)
         for reason, n in reader.skipped.items():
             self.metrics.skipped(reason, n)
         for rec in records:
             self.outbox.offer(telemetry_outgoing(rec, self.settings))
         return len(records)
 
+    def _from_text(self, text: str) -> list[GpuTelemetry | PortTelemetry]:
+        return map_samples(self.reader, self.reader.parse(lines_of(text), default_ts=self.clock()))
+
+    def _from_samples(self, samples: list[Sample]) -> list[GpuTelemetry | PortTelemetry]:
+        return map_samples(self.reader, self.watermarks.fresh(s for s in samples if is_known_series(s[0])))
+
+    def _guarded(self, url: str, read: Callable[[_A], list[GpuTelemetry | PortTelemetry]], answer: _A
+                 ) -> list[GpuTelemetry | PortTelemetry]:
+        """``read(answer)``'s records, or none when it raises: that target's answer is lost for this
+        round (counted and logged with the target), the other targets' are not."""
+        try:
+            got = read(answer)
+        except Exception as exc:  # a reader bug, or an answer nothing foresaw
+            self._failed(url, f"answer_{type(exc).__name__}", exc)
+            return []
+        self._recovered(url)
+        return got
+
+    def _failed(self, url: str, kind: str, exc: BaseException | None = None) -> None:
+        target = target_label(url)
+        self.metrics.error(kind)
+        self.metrics.target_error(target, kind)
+        if self._failing.get(url) != kind:  # logged when it starts failing this way, not every interval
+            self._failing[url] = kind
+            log.warning("prometheus: target %s failed (%s%s); the other targets go on", target, kind,
+                        f": {str(exc)[:300]}" if exc is not None else "")
+
+    def _recovered(self, url: str) -> None:
+        if self._failing.pop(url, None) is not None:
+            log.info("prometheus: target %s answers again", target_label(url))
+
     async def _get_text(self, session: Any, url: str) -> str | None:
         try:
             async with session.get(url, headers=self._headers()) as resp:
                 if resp.status != 200:
-                    self.metrics.error(f"http_{resp.status}")
+                    self._failed(url, f"http_{resp.status}")
                     return None
-                text: str = await resp.text()
-                return text
-        except Exception as exc:  # connection refused, timeout, aiohttp.ClientError: try next interval
-            self.metrics.error(type(exc).__name__)
+                return (await read_capped(resp)).decode("utf-8", "replace")
+        except Exception as exc:  # connection refused, timeout, aiohttp.ClientError, too large: next interval
+            self._failed(url, type(exc).__name__, exc)
             return None
 
     async def _query(self, session: Any) -> Any:
@@ -109,9 +202,9 @@ class PrometheusSource:
         try:
             async with session.get(url, params={"query": query}, headers=self._headers()) as resp:
                 if resp.status != 200:
-                    self.metrics.error(f"http_{resp.status}")
+                    self._failed(self.p.api_url, f"http_{resp.status}")
                     return None
-                return await resp.json(content_type=None)
-        except Exception as exc:  # connection refused, timeout, bad JSON: count and try next interval
-            self.metrics.error(type(exc).__name__)
+                return json.loads(await read_capped(resp))
+        except Exception as exc:  # connection refused, timeout, bad JSON, too large: try next interval
+            self._failed(self.p.api_url, type(exc).__name__, exc)
             return None

@@ -11,8 +11,9 @@ A connector is a *source* (sampling on an interval, or consuming a Kafka topic) 
 - **Reconnects.** A failed send is retried after :class:`Backoff` delays (doubling, capped); the
   record stays at the head of the outbox meanwhile.
 - **Metrics** (``fleetmedic_connector_*``, label ``connector``) on an injected ``CollectorRegistry``:
-  records out per topic, bad input skipped per reason, errors per kind, dropped records, queue
-  depth, the time of the last successful send.
+  records out per topic, bad input skipped per reason, errors per kind, failures per scrape target
+  and kind (a target whose answer could not be fetched or read; the others go on), dropped
+  records, queue depth, the time of the last successful send.
 - **Stopping.** :func:`run_until_stopped` sets the stop event on SIGTERM/SIGINT; the pump then
   sends what is queued for up to ``drain_timeout_s`` and the sink is closed.
 """
@@ -97,6 +98,9 @@ class ConnectorMetrics:
                                 ["connector", "reason"], registry=registry)
         self._errors = Counter("fleetmedic_connector_errors", "Errors talking to the source or the sink, per kind",
                                ["connector", "kind"], registry=registry)
+        self._target_errors = Counter("fleetmedic_connector_target_errors",
+                                      "Targets whose answer could not be fetched or read, per target and kind",
+                                      ["connector", "target", "kind"], registry=registry)
         self._dropped = Counter("fleetmedic_connector_dropped", "Records dropped because the outbox was full",
                                 ["connector"], registry=registry)
         self._depth = Gauge("fleetmedic_connector_queue_depth", "Records waiting in the outbox",
@@ -112,6 +116,10 @@ class ConnectorMetrics:
 
     def error(self, kind: str) -> None:
         self._errors.labels(self.connector, kind).inc()
+
+    def target_error(self, target: str, kind: str) -> None:
+        """A target (a configured URL, so a bounded label) failed this round: counted per kind."""
+        self._target_errors.labels(self.connector, target, kind).inc()
 
     def dropped(self, n: int = 1) -> None:
         self._dropped.labels(self.connector).inc(n)

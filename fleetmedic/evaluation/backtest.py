@@ -14,24 +14,30 @@ switches (a YAML/JSON map ``node -> {rack, leaf, pool, rails}``, or a simulator 
 Outputs in ``--out``: ``findings.jsonl``, ``incidents.jsonl``, ``commands.jsonl``, ``audit.jsonl``,
 ``summary.json``; with ``--truth`` also ``score.json`` (the simulator's scorer); with ``--report``
 an HTML page. Malformed lines are skipped and counted per reason in the summary.
+
+Bad input never stops the run: lines that are not UTF-8, longer than the caps or unreadable are
+skipped and counted, a file that cannot be read further stops only itself, and the other files'
+results are kept. ``summary.json``'s ``input_problems`` names every file with a problem (its lines,
+records and problems per reason); each is also logged as a warning.
 """
 
 from __future__ import annotations
 
 import heapq
 import json
+import logging
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import IO, TYPE_CHECKING, Any, TextIO
 
 import msgspec
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings
-from fleetmedic.connectors.prometheus_text import ExpositionReader
+from fleetmedic.connectors.prometheus_text import MAX_LINE_CHARS, ExpositionReader, count
 
 if TYPE_CHECKING:
     from fleetmedic.models.stages import FleetDetection, NodeDetection
@@ -40,6 +46,25 @@ Telemetry = r.GpuTelemetry | r.PortTelemetry | r.JobEvent
 _INPUT_DECODER = msgspec.json.Decoder(r.GpuTelemetry | r.PortTelemetry | r.JobEvent)
 _TYPE_ONLY = msgspec.json.Decoder(dict[str, Any])
 _WANTED = {"gpu_telemetry", "port_telemetry", "job_event"}
+#: the longest JSONL line read (a GPU record is ~2 KB, a Kafka message at most 1 MB by default)
+MAX_JSONL_LINE_BYTES = 4 << 20
+log = logging.getLogger("fleetmedic.backtest")
+
+
+@dataclass
+class FileReport:
+    """What reading one input file found."""
+
+    lines: int = 0
+    records: int = 0
+    problems: Counter[str] = field(default_factory=Counter)  # reason -> lines
+
+    def problem(self, reason: str, n: int = 1) -> None:
+        count(self.problems, reason, n)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"lines": self.lines, "records": self.records, "problems_total": sum(self.problems.values()),
+                "problems": dict(self.problems.most_common(20))}
 
 
 @dataclass
@@ -47,6 +72,11 @@ class InputReader:
     settings: Settings
     skipped: Counter[str] = field(default_factory=Counter)
     lines: int = 0
+    files_read: dict[str, FileReport] = field(default_factory=dict)  # path -> what reading it found
+
+    def problems(self) -> dict[str, dict[str, Any]]:
+        """The files with problems: path -> lines, records and problems per reason."""
+        return {path: rep.as_dict() for path, rep in self.files_read.items() if rep.problems}
 
     def files(self, paths: Iterable[str]) -> list[Path]:
         out: list[Path] = []
@@ -64,23 +94,54 @@ class InputReader:
         yield from heapq.merge(*streams, key=_ts)
 
     def _read(self, path: Path) -> Iterator[Telemetry]:
-        with path.open(encoding="utf-8") as fh:
-            if path.suffix == ".jsonl":
-                yield from self._jsonl(path, fh)
-            else:
-                reader = ExpositionReader(self.settings.ingest)
-                yield from reader.read(self._count(fh))
-                for reason, n in reader.skipped.items():
-                    self.skipped[f"{path.name}: {reason}"] += n
+        report = self.files_read[str(path)] = FileReport()
+        exposition: ExpositionReader | None = None
+        try:
+            with path.open("rb") as fh:
+                if path.suffix == ".jsonl":
+                    for rec in self._jsonl(fh, report):
+                        report.records += 1
+                        yield rec
+                else:
+                    exposition = ExpositionReader(self.settings.ingest)
+                    for rec in exposition.read(self._text(fh, report)):
+                        report.records += 1
+                        yield rec
+        except Exception as exc:  # unreadable from here on (an I/O error, a bug): this file stops, not the run
+            report.problem(f"reading stopped at line {report.lines}: {type(exc).__name__}: {str(exc)[:200]}")
+        finally:
+            if exposition is not None:
+                for reason, n in exposition.skipped.items():
+                    report.problem(reason, n)
+            for reason, n in report.problems.items():
+                self.skipped[f"{path.name}: {reason}"] += n
+            if report.problems:
+                log.warning("input %s: %d of %d lines skipped, %d records read (%s)", path,
+                            sum(report.problems.values()), report.lines, report.records,
+                            "; ".join(f"{reason}: {n}" for reason, n in report.problems.most_common(3)))
 
-    def _count(self, fh: TextIO) -> Iterator[str]:
-        for line in fh:
+    def _raw_lines(self, fh: IO[bytes], report: FileReport, limit: int) -> Iterator[bytes]:
+        """The file's lines as bytes, at most ``limit`` each (memory stays bounded whatever the
+        file holds: a longer line is skipped in pieces and counted)."""
+        while raw := fh.readline(limit + 1):
             self.lines += 1
-            yield line
+            report.lines += 1
+            if len(raw) > limit and not raw.endswith(b"\n"):
+                while (rest := fh.readline(1 << 20)) and not rest.endswith(b"\n"):
+                    pass
+                report.problem(f"line longer than {limit} bytes")
+                continue
+            yield raw
 
-    def _jsonl(self, path: Path, fh: TextIO) -> Iterator[Telemetry]:
-        for number, line in enumerate(fh, 1):
-            self.lines += 1
+    def _text(self, fh: IO[bytes], report: FileReport) -> Iterator[str]:
+        for raw in self._raw_lines(fh, report, MAX_LINE_CHARS):
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError:
+                report.problem("line is not UTF-8")
+
+    def _jsonl(self, fh: IO[bytes], report: FileReport) -> Iterator[Telemetry]:
+        for line in self._raw_lines(fh, report, MAX_JSONL_LINE_BYTES):
             if not line.strip():
                 continue
             try:
@@ -89,12 +150,12 @@ class InputReader:
                 kind = _type_of(line)
                 if kind is not None and kind not in _WANTED:
                     continue  # e.g. findings in the same directory: not telemetry
-                self.skipped[f"{path.name}: {exc}"] += 1
-            except msgspec.DecodeError:
-                self.skipped[f"{path.name}: line {number} is not valid JSON"] += 1
+                report.problem(str(exc)[:200])
+            except msgspec.DecodeError:  # also bytes that are not UTF-8
+                report.problem("not valid JSON")
 
 
-def _type_of(line: str) -> str | None:
+def _type_of(line: bytes) -> str | None:
     try:
         kind = _TYPE_ONLY.decode(line).get("type")
     except msgspec.MsgspecError:
@@ -237,6 +298,7 @@ def run(settings: Settings, inputs: list[str], out: Path, progress: Progress | N
         "lines_read": reader.lines,
         "skipped": dict(reader.skipped.most_common(50)),
         "skipped_total": sum(reader.skipped.values()),
+        "input_problems": reader.problems(),
         "span_s": (last - first) if first is not None and last is not None else 0.0,
         "elapsed_s": round(elapsed, 3),
         "records_per_s": round(n / elapsed, 1) if elapsed > 0 else None,

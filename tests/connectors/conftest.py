@@ -2,6 +2,7 @@
 
 - ``fixture_exporter``: ``fixture_exporter(render)`` serves ``render(n)`` (n = 0, 1, 2... per request)
   as a text exposition on a free loopback port, like dcgm-exporter or node-exporter; returns its URL.
+  ``render`` may return bytes (served as they are: garbage, not UTF-8).
 - ``prometheus``: ``prometheus(targets)`` starts Debian's real Prometheus server on a free loopback
   port with a temp config scraping ``targets`` every second; returns its base URL. When it cannot
   start, the test fails under CI / ``FLEETMEDIC_REQUIRE_SERVICES=1`` with the log tail, and is
@@ -39,10 +40,10 @@ def _unavailable(what: str, detail: str) -> NoReturn:
 
 
 @pytest.fixture
-def fixture_exporter() -> Iterator[Callable[[Callable[[int], str]], str]]:
+def fixture_exporter() -> Iterator[Callable[[Callable[[int], str | bytes]], str]]:
     servers: list[ThreadingHTTPServer] = []
 
-    def start(render: Callable[[int], str]) -> str:
+    def start(render: Callable[[int], str | bytes]) -> str:
         calls = [0]
         lock = threading.Lock()
 
@@ -51,7 +52,8 @@ def fixture_exporter() -> Iterator[Callable[[Callable[[int], str]], str]]:
                 with lock:
                     n = calls[0]
                     calls[0] += 1
-                body = render(n).encode()
+                out = render(n)
+                body = out if isinstance(out, bytes) else out.encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
                 self.send_header("Content-Length", str(len(body)))

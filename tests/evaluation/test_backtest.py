@@ -103,6 +103,36 @@ def test_backtest_over_jsonl_and_prometheus_text_writes_findings_and_summary(tmp
         assert (out / name).exists()
 
 
+def test_a_binary_or_non_utf8_file_among_good_ones_is_named_and_the_good_results_are_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    write_jsonl(inputs / "gpu.jsonl")
+    (inputs / "dcgm.prom").write_text("\n".join(prom_lines()) + "\n")
+    core = inputs / "core.prom"  # binary: not UTF-8, NULs, lines of any length
+    core.write_bytes(np.random.default_rng(1).integers(0, 256, 300_000, dtype=np.uint8).tobytes())
+    latin1 = inputs / "latin1.jsonl"  # one line in Latin-1, one good
+    latin1.write_bytes(b'{"type":"job_event","job":"ml/caf\xe9","event":"start","ts":1790000001.0}\n'
+                       + r.encode(r.JobEvent(job="ml/b", event="start", ts=T0 + 6)) + b"\n")
+    out = tmp_path / "out"
+    with caplog.at_level("WARNING", "fleetmedic.backtest"):
+        assert main(["backtest", "--input", str(inputs), "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["records"] == {"GpuTelemetry": 6 * 160 + 40, "PortTelemetry": 40, "JobEvent": 2}
+    findings = {(f.node, f.detector, f.gpu) for f in map(
+        lambda line: r.decode(r.Finding, line), (out / "findings.jsonl").read_bytes().splitlines())}
+    assert {("node-4", "hard_rules", 6), ("dgx-1", "hard_rules", 2), ("dgx-1", "xid_rules", 5)} <= findings
+    problems = summary["input_problems"]
+    assert set(problems) == {str(core), str(latin1), str(inputs / "gpu.jsonl")}  # gpu.jsonl: its 2 bad lines
+    assert problems[str(core)]["records"] == 0 and problems[str(core)]["problems"]["line is not UTF-8"] > 100
+    assert problems[str(core)]["problems_total"] >= problems[str(core)]["lines"] - 10  # a few are blank or "#..."
+    assert problems[str(latin1)] == {"lines": 2, "records": 1, "problems_total": 1,
+                                     "problems": {"not valid JSON": 1}}
+    assert str(inputs / "dcgm.prom") not in problems
+    assert any(str(core) in m and "lines skipped" in m for m in caplog.messages)
+
+
 def test_a_missing_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["backtest", "--input", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
     assert "no such file" in capsys.readouterr().err

@@ -135,6 +135,16 @@ def test_malformed_gpu_telemetry_names_field_and_reason(mutate: Any, path: str, 
     assert path in str(err.value)
 
 
+def test_a_gpu_record_needs_at_least_one_gpu() -> None:
+    # schema-valid before, it crashed stage 1 (IndexError on an empty GPU axis), and replay crash-looped
+    doc = {"type": "gpu_telemetry", "node": "gpu-node-7", "ts": 1.0, "gpus": [], "metrics": {}}
+    for record_type in (r.GpuTelemetry, r.DetectionTelemetry):
+        with pytest.raises(r.InvalidRecord) as err:
+            r.decode(record_type, json.dumps(doc))
+        assert err.value.path == "$.gpus" and "length >= 1" in err.value.reason
+        assert "$.gpus" in str(err.value)
+
+
 def test_json_with_nan_or_infinity_tokens_is_rejected() -> None:
     for token in ("NaN", "Infinity", "-Infinity"):
         raw = r.encode(gpu_telemetry()).replace(b'"gpu_temp":[55.0', f'"gpu_temp":[{token}'.encode(), 1)
