@@ -6,23 +6,41 @@
   underscores between path parts, case-insensitive; the value is parsed as a YAML scalar or flow
   collection, e.g. ``FLEETMEDIC__SAFETY__MAX_QUARANTINED_FRACTION=0.02``).
 - Errors raise :class:`ConfigError` naming the field path (``safety.max_quarantined_fraction``) and
-  the reason (unknown key, wrong type, out of range).
+  the reason (unknown key, wrong type, out of range), every error of a file at once. Keys under maps
+  are checked against what they name (signals, counters, topics, step parameters, namespaces...),
+  with a "did you mean" for a near miss.
+- Loading is bounded: a file of at most :data:`MAX_CONFIG_BYTES`, UTF-8, nested at most
+  :data:`MAX_DEPTH` levels, and aliases limited (no "billion laughs"); each is a ConfigError.
+- :func:`config_warnings` lists settings that are valid but dangerous (``fleetmedic config check``
+  prints them; the long-running roles log them at startup).
 
 Pure: :func:`parse_config` takes text and an environment mapping; only :func:`read_config` opens a file.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
-from collections.abc import Mapping
-from typing import Annotated, Any, Literal, cast
+from collections.abc import Callable, Mapping, Sequence
+from typing import Annotated, Any, Literal, cast, get_args, get_origin
 
 import msgspec
 import yaml
 from msgspec import Meta, Struct
 
 from fleetmedic.bus import BY_NAME
-from fleetmedic.records import GPU_METRICS, IncidentClass, PortSample, Severity, SuspectKind
+from fleetmedic.k8s_keys import (
+    LABEL_LEAF,
+    LABEL_NVLINK_DOMAIN,
+    LABEL_OPT_OUT,
+    LABEL_POOL,
+    LABEL_RACK,
+    LABEL_SPINE,
+    LABEL_STATE,
+    TAINT_QUARANTINE,
+    TAINT_STANDBY,
+)
+from fleetmedic.records import GPU_METRICS, Counter, IncidentClass, PortSample, Severity, SuspectKind
 
 ENV_PREFIX = "FLEETMEDIC__"
 
@@ -228,9 +246,9 @@ class TriageSettings(Section, frozen=True, kw_only=True):
     # failed job) on their own; they still count towards a leaf switch's incident
     congestion_metrics: list[str] = msgspec.field(default_factory=lambda: ["port_xmit_wait"])
     patterns_file: str = ""
-    rack_label: str = "fleetmedic.io/rack"
-    leaf_label: str = "fleetmedic.io/leaf"
-    pool_label: str = "fleetmedic.io/pool"
+    rack_label: str = LABEL_RACK
+    leaf_label: str = LABEL_LEAF
+    pool_label: str = LABEL_POOL
 
 
 RuleAction = Literal[
@@ -391,7 +409,7 @@ class SafetySettings(Section, frozen=True, kw_only=True):
     node_cooldown_s: NonNegFloat = 1800.0
     preventive_share: Fraction = 0.5
     breaker: BreakerSettings = BreakerSettings()
-    opt_out_label: str = "fleetmedic.io/opt-out"
+    opt_out_label: str = LABEL_OPT_OUT
     retry_blocked_s: NonNegFloat = 600.0
 
 
@@ -405,9 +423,9 @@ class ExecutorSettings(Section, frozen=True, kw_only=True):
     kubeconfig: str = ""
     in_cluster: bool = False
     identity: str = ""
-    taint_key: str = "fleetmedic.io/quarantine"
+    taint_key: str = TAINT_QUARANTINE
     taint_effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
-    lifecycle_label: str = "fleetmedic.io/state"
+    lifecycle_label: str = LABEL_STATE
     drain_timeout_s: PosFloat = 900.0
     eviction_retry_backoff_s: PosFloat = 5.0
     default_namespace_policy: NamespaceDrainPolicy = "evict_after_timeout"
@@ -550,11 +568,11 @@ class PlacementSettings(Section, frozen=True, kw_only=True):
     """Topology-aware re-placement of restarted jobs (docs/placement.md)."""
 
     enabled: bool = True
-    rack_label: str = "fleetmedic.io/rack"
-    leaf_label: str = "fleetmedic.io/leaf"
-    spine_label: str = "fleetmedic.io/spine"
-    nvlink_domain_label: str = "fleetmedic.io/nvlink-domain"
-    pool_label: str = "fleetmedic.io/pool"
+    rack_label: str = LABEL_RACK
+    leaf_label: str = LABEL_LEAF
+    spine_label: str = LABEL_SPINE
+    nvlink_domain_label: str = LABEL_NVLINK_DOMAIN
+    pool_label: str = LABEL_POOL
     nvlink_weight: Annotated[int, Meta(ge=0, le=100)] = 80
     leaf_weight: Annotated[int, Meta(ge=0, le=100)] = 40
     rack_weight: Annotated[int, Meta(ge=0, le=100)] = 20
@@ -566,7 +584,7 @@ class PlacementSettings(Section, frozen=True, kw_only=True):
     capacity_poll_s: PosFloat = 1.0
     standby_label: str = ""
     standby_value: str = "true"
-    standby_taint_key: str = "fleetmedic.io/standby"
+    standby_taint_key: str = TAINT_STANDBY
     standby_weight: Annotated[int, Meta(ge=0, le=100)] = 100
     exclude_suspects: bool = True
     kueue: Literal["auto", "off"] = "auto"
@@ -589,17 +607,249 @@ class Settings(Section, frozen=True, kw_only=True):
     placement: PlacementSettings = PlacementSettings()
 
 
+# --- names that keys under maps (and items of some lists) must be --------------------------------
+
+#: the GPU detector's signals, the keys of ``detection.metrics``: its residual signals (raw metrics)
+#: and its rate signals (fleetmedic.models.gpu_signals.KNOWN_SIGNALS, which a test keeps equal;
+#: the models sit above the config and cannot be imported here)
+DETECTION_SIGNALS: tuple[str, ...] = (
+    "gpu_temp", "memory_temp", "power_usage", "sm_clock", "mem_clock",
+    "ecc_sbe_rate", "pcie_replay_rate", "nvlink_error_rate", "power_violation_rate", "thermal_violation_rate",
+)
+#: cumulative port counters, the keys of ``detection.ib_thresholds``
+PORT_COUNTERS: tuple[str, ...] = tuple(
+    f.name for f in msgspec.structs.fields(PortSample) if f.type == (Counter | None))
+#: what a port finding's evidence measures (``triage.congestion_metrics``): every PortSample
+#: measurement (the counters, link_state, speed_gbps, width, effective_ber)
+PORT_METRICS: tuple[str, ...] = tuple(n for n in PortSample.__struct_fields__ if n not in ("port", "node", "peer"))
+#: what ``exporters.kafka.metric_map`` may map a source series onto
+METRIC_MAP_TARGETS: tuple[str, ...] = (*GPU_METRICS, *(f"port.{n}" for n in PortSample.__struct_fields__))
+#: the parameters a policy step's ``params`` may set, the union over actions of what the executor
+#: and the decision stage read (docs/executor.md, docs/workloads.md, docs/placement.md)
+STEP_PARAMS: tuple[str, ...] = (
+    "effect",  # taint
+    "state", "value",  # label
+    "level", "gpu",  # run_diagnostics, reset_gpu, hooks
+    "escalation", "target_kind",  # escalate
+    "kind", "timeout_s", "opt_out_label", "anti_affinity", "taint_key",  # restart_job, requeue_job
+    "actor", "untaint", "uncordon",  # return_to_service
+)
+#: the fields of a Kubernetes toleration that a string value can set (``executor.diagnostics_tolerations``)
+TOLERATION_FIELDS: tuple[str, ...] = ("key", "operator", "value", "effect")
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_QUALIFIED_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+def _did_you_mean(name: object, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(str(name), list(known), n=1, cutoff=0.6)
+    return f" (did you mean `{close[0]}`?)" if close else ""
+
+
+def _is_namespace(name: str) -> bool:
+    return bool(_DNS_LABEL.match(name))
+
+
+def _is_annotation_key(name: str) -> bool:
+    prefix, slash, rest = name.rpartition("/")
+    if slash and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.match(prefix)):
+        return False
+    return bool(_QUALIFIED_NAME.match(rest))
+
+
+class _Names:
+    """What the keys (or the values / items) of one map or list field name."""
+
+    def __init__(self, what: str, known: Sequence[str] = (), *, of: Literal["keys", "values"] = "keys",
+                 valid: Callable[[str], bool] | None = None, form: str = "") -> None:
+        self.what, self.known, self.of, self.valid, self.form = what, tuple(known), of, valid, form
+
+    def problem(self, name: object) -> str | None:
+        if not isinstance(name, str):
+            return None  # a wrong type is reported by the type check
+        if self.valid is not None:
+            return None if self.valid(name) else f"`{name}` is not a valid {self.what} ({self.form})"
+        if name in self.known:
+            return None
+        hint = _did_you_mean(name, self.known)
+        if not hint and len(self.known) <= 30:
+            hint = f" (known: {', '.join(self.known)})"
+        if self.form:
+            return f"`{name}` is not {self.form}{hint}"
+        return f"unknown {self.what} `{name}`{hint}"
+
+
+#: (section, field) -> what the names under that map or list field must be
+_NAMES: dict[tuple[type, str], _Names] = {
+    (TopicSettings, "names"): _Names("topic", tuple(BY_NAME)),
+    (TopicSettings, "partitions"): _Names("topic", tuple(BY_NAME)),
+    (DetectionSettings, "metrics"): _Names("signal", DETECTION_SIGNALS),
+    (DetectionSettings, "ib_thresholds"): _Names("counter", PORT_COUNTERS),
+    (TriageSettings, "congestion_metrics"): _Names("port metric", PORT_METRICS, of="values"),
+    (ActionStep, "params"): _Names("step parameter", STEP_PARAMS),
+    (ExecutorSettings, "namespace_policies"): _Names(
+        "namespace", valid=_is_namespace, form="lowercase letters, digits and '-', at most 63"),
+    (ExecutorSettings, "diagnostics_tolerations"): _Names("toleration field", TOLERATION_FIELDS),
+    (ExecutorSettings, "diagnostics_pod_annotations"): _Names(
+        "annotation key", valid=_is_annotation_key, form="[dns-subdomain/]name, the name at most 63 characters"),
+    (KafkaTelemetrySettings, "metric_map"): _Names(
+        "metric", METRIC_MAP_TARGETS, of="values", form="a GPU metric nor port.<PortSample field>"),
+}
+
+
 # --- loading ------------------------------------------------------------------------------------
+
+#: a config file larger than this is refused before it is parsed (a ConfigMap holds at most 1 MiB)
+MAX_CONFIG_BYTES = 1 << 20
+#: deepest nesting of mappings and lists (through aliases too); the deepest option is 6 levels down
+MAX_DEPTH = 64
+#: aliases (``*name``) a document may use
+MAX_ALIASES = 1_000
+#: nodes that aliases may repeat in all (an alias of a 10-node list repeats 10): refuses alias
+#: expansion bombs ("billion laughs") before anything is built
+MAX_ALIAS_NODES = 100_000
+#: errors listed in one ConfigError; the rest are counted
+MAX_LISTED_ERRORS = 50
 
 
 class ConfigError(ValueError):
-    """An invalid config: ``path`` is the dotted field path (``""`` = the document)."""
+    """An invalid config: ``path`` is the dotted field path (``""`` = the document), ``reason`` why.
 
-    def __init__(self, path: str, reason: str, source: str = "config") -> None:
+    ``errors`` lists every problem found (``(path, reason)``, in document order); ``path`` and
+    ``reason`` are the first's. ``str()`` gives one line per error, ``source: path: reason``."""
+
+    def __init__(self, path: str, reason: str, source: str = "config",
+                 more: Sequence[tuple[str, str]] = ()) -> None:
         self.path = path
         self.reason = reason
-        where = f"{source}: {path}" if path else source
-        super().__init__(f"{where}: {reason}")
+        self.source = source
+        self.errors: tuple[tuple[str, str], ...] = ((path, reason), *more)
+        super().__init__("\n".join(self.messages()))
+
+    @classmethod
+    def of(cls, errors: Sequence[tuple[str, str]], source: str) -> ConfigError:
+        listed = list(errors[:MAX_LISTED_ERRORS])
+        if len(errors) > MAX_LISTED_ERRORS:
+            listed.append(("", f"... and {len(errors) - MAX_LISTED_ERRORS} more errors"))
+        (path, reason), *more = listed
+        return cls(path, reason, source, more)
+
+    def messages(self) -> list[str]:
+        """One line per error: ``source: path: reason`` (``source: reason`` for the document)."""
+        return [f"{self.source}: {p}: {r}" if p else f"{self.source}: {r}" for p, r in self.errors]
+
+
+class _LimitError(Exception):
+    """The YAML document is over one of the limits (raised by :class:`_Loader`)."""
+
+
+def _at(mark: Any) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "somewhere"
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with limits: nesting depth and aliases counted while composing, the
+    alias expansion measured on the composed graph before any object is built, and a value that
+    cannot be built (an integer of 5,000 digits, a bad date) a load error naming its line."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._aliases = 0
+
+    def fetch_flow_collection_start(self, TokenClass: Any) -> None:
+        # the scanner looks ahead for simple keys across every open ``[``/``{``: stop before that
+        # gets quadratic (5,000 ``[`` would take seconds before the composer sees the depth)
+        if self.flow_level >= MAX_DEPTH:
+            raise _LimitError(f"nested deeper than {MAX_DEPTH} levels ({_at(cast(Any, self).get_mark())})")
+        super().fetch_flow_collection_start(TokenClass)
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                mark = cast(Any, self).peek_event().start_mark
+                raise _LimitError(f"more than {MAX_ALIASES} aliases ({_at(mark)})")
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = cast(Any, self).peek_event().start_mark
+                raise _LimitError(f"nested deeper than {MAX_DEPTH} levels ({_at(mark)})")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_object(self, node: Any, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, OverflowError, TypeError) as exc:
+            raise _LimitError(f"cannot read the value at {_at(node.start_mark)}: {exc}") from None
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """Refuse a graph whose aliases would repeat more than :data:`MAX_ALIAS_NODES` nodes, nest
+    deeper than :data:`MAX_DEPTH` once expanded, or refer to themselves. Linear in the composed
+    nodes (memoized per node); its recursion is bounded by the composed depth, because an alias
+    always refers to a node composed (and so walked) before it."""
+    seen: dict[int, tuple[int, int]] = {}  # id(node) -> (expanded size, expanded depth)
+    active: set[int] = set()
+
+    def walk(node: yaml.Node) -> tuple[int, int]:
+        key = id(node)
+        done = seen.get(key)
+        if done is not None:
+            return done
+        if key in active:
+            raise _LimitError(f"an alias refers to the node that contains it ({_at(node.start_mark)})")
+        active.add(key)
+        if isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        else:
+            children = []
+        size, depth = 1, 0
+        for child in children:
+            s, d = walk(child)
+            size += s
+            depth = max(depth, d)
+            if size - len(seen) > MAX_ALIAS_NODES + 1:
+                raise _LimitError(f"aliases repeat more than {MAX_ALIAS_NODES} nodes (an alias expansion "
+                                  f"bomb?) ({_at(node.start_mark)})")
+        if depth + 1 > MAX_DEPTH:
+            raise _LimitError(f"nested deeper than {MAX_DEPTH} levels once aliases are expanded "
+                              f"({_at(node.start_mark)})")
+        active.discard(key)
+        seen[key] = (size, depth + 1)
+        return seen[key]
+
+    walk(root)
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` within the limits above: raises ``yaml.YAMLError`` for invalid YAML and
+    :class:`_LimitError` for a document over a limit. ``None`` for an empty document."""
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expansion(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _load(text: str, path: str, source: str) -> Any:
+    try:
+        return load_yaml(text)
+    except _LimitError as exc:
+        raise ConfigError(path, f"refused: {exc}", source) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(path, f"not valid YAML: {exc}", source) from None
+    except RecursionError:  # pragma: no cover - the depth limit comes first
+        raise ConfigError(path, f"refused: nested deeper than {MAX_DEPTH} levels", source) from None
 
 
 _AT = re.compile(r"^(?P<reason>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
@@ -609,7 +859,7 @@ _UNKNOWN = re.compile(r"^Object contains unknown field `(?P<key>[^`]*)`$")
 _TOKEN = re.compile(r"\.(\w+)|\[(\d+|\.\.\.)\]")
 
 
-def _dotted(path: str, doc: Any) -> str:
+def _dotted(path: str, doc: Any, tp: Any = None) -> str:
     """Turn msgspec's ``.a.b[...][2]`` into ``a.b.<key>.2``; msgspec hides mapping keys as
     ``[...]``, so find the offending key by validating the document with one key at a time."""
     parts: list[str] = []
@@ -622,7 +872,7 @@ def _dotted(path: str, doc: Any) -> str:
             trail.append(attr)
             node = node.get(attr) if isinstance(node, dict) else None
         elif index == "...":
-            key = _failing_key(doc, trail, node)
+            key = _failing_key(doc, trail, node, Settings if tp is None else tp)
             parts.append(str(key) if key is not None else "<key>")
             trail.append(key if key is not None else "")
             node = node.get(key) if isinstance(node, dict) and key is not None else None
@@ -633,8 +883,8 @@ def _dotted(path: str, doc: Any) -> str:
     return ".".join(parts)
 
 
-def _failing_key(doc: Any, trail: list[str | int], mapping: Any) -> Any:
-    if not isinstance(mapping, dict):
+def _failing_key(doc: Any, trail: list[str | int], mapping: Any, tp: Any) -> Any:
+    if not isinstance(mapping, dict) or not trail:
         return None
     for key in mapping:
         trial = _deep_copy(doc)
@@ -643,20 +893,99 @@ def _failing_key(doc: Any, trail: list[str | int], mapping: Any) -> Any:
             holder = holder[step]
         holder[trail[-1]] = {key: mapping[key]}
         try:
-            msgspec.convert(trial, Settings)
+            msgspec.convert(trial, tp)
         except msgspec.ValidationError:
             return key
     return None
 
 
-def _error_from(exc: Exception, source: str, doc: Any) -> ConfigError:
+def _join(path: str, key: object) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _error_of(exc: Exception, value: Any, tp: Any, where: str) -> tuple[str, str]:
+    """``(path, reason)`` of msgspec's error converting ``value`` (found at ``where``) to ``tp``."""
     m = _AT.match(str(exc))
-    reason, path = (m.group("reason"), _dotted(m.group("path") or "", doc)) if m else (str(exc), "")
+    reason, rel = (m.group("reason"), _dotted(m.group("path") or "", value, tp)) if m else (str(exc), "")
+    path = _join(where, rel) if rel else where
     unknown = _UNKNOWN.match(reason)
     if unknown:
         key = unknown.group("key")
-        return ConfigError(f"{path}.{key}" if path else key, "unknown key", source)
+        known = msgspec.structs.fields(tp) if isinstance(tp, type) and issubclass(tp, Struct) else ()
+        return _join(path, key), "unknown key" + _did_you_mean(key, [f.encode_name for f in known])
+    return path, reason
+
+
+def _error_from(exc: Exception, source: str, doc: Any) -> ConfigError:
+    path, reason = _error_of(exc, doc, Settings, "")
     return ConfigError(path, reason, source)
+
+
+def _convert_errors(value: Any, tp: Any, where: str) -> list[tuple[str, str]]:
+    try:
+        msgspec.convert(value, tp)
+    except msgspec.ValidationError as exc:
+        return [_error_of(exc, value, tp, where)]
+    return []
+
+
+def _bare(tp: Any) -> Any:
+    while get_origin(tp) is Annotated:
+        tp = get_args(tp)[0]
+    return tp
+
+
+def _check(value: Any, tp: Any, where: str, names: _Names | None = None) -> list[tuple[str, str]]:
+    """Every problem of ``value`` (found at ``where``) as a ``tp``: structs and containers are walked
+    key by key and item by item, so one bad value does not hide the next (msgspec stops at the
+    first); a struct's own checks (``__post_init__``, required fields) run once its fields pass."""
+    bare = _bare(tp)
+    if isinstance(bare, type) and issubclass(bare, Struct) and isinstance(value, dict):
+        fields = {f.encode_name: f for f in msgspec.structs.fields(bare)}
+        errors: list[tuple[str, str]] = []
+        for key, item in value.items():
+            field = fields.get(key) if isinstance(key, str) else None
+            if field is None:
+                errors.append((_join(where, key), "unknown key" + _did_you_mean(key, list(fields))))
+            else:
+                errors += _check(item, field.type, _join(where, key), _NAMES.get((bare, field.name)))
+        return errors or _convert_errors(value, tp, where)
+    origin = get_origin(bare)
+    if origin is dict and isinstance(value, dict):
+        key_tp, item_tp = get_args(bare)
+        errors = []
+        for key, item in value.items():
+            here = _join(where, key)
+            try:
+                msgspec.convert({key: None}, dict[key_tp, Any])  # type: ignore[valid-type]
+            except msgspec.ValidationError as exc:
+                reason = str(exc).split(" - at `", 1)[0]
+                errors.append((here, f"invalid key: {reason}"))
+                continue
+            problem = names.problem(key if names.of == "keys" else item) if names is not None else None
+            if problem is not None:
+                errors.append((here, problem))
+                continue
+            errors += _check(item, item_tp, here)
+        return errors
+    if origin is list and isinstance(value, list):
+        (item_tp,) = get_args(bare)
+        errors = []
+        for i, item in enumerate(value):
+            problem = names.problem(item) if names is not None and names.of == "values" else None
+            if problem is not None:
+                errors.append((_join(where, i), problem))
+            else:
+                errors += _check(item, item_tp, _join(where, i), names if names is not None and names.of == "keys"
+                                 else None)
+        return errors
+    return _convert_errors(value, tp, where)
+
+
+def validate(doc: Any) -> list[tuple[str, str]]:
+    """Every problem of a config document (a parsed YAML mapping) as ``(path, reason)``, in
+    document order; empty when ``msgspec.convert(doc, Settings)`` succeeds."""
+    return _check(doc, Settings, "")
 
 
 def apply_env_overrides(doc: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
@@ -668,11 +997,16 @@ def apply_env_overrides(doc: dict[str, Any], env: Mapping[str, str]) -> dict[str
         parts = [p.lower() for p in name[len(ENV_PREFIX) :].split("__") if p]
         if not parts:
             continue
+        path = ".".join(parts)
+        if len(env[name]) > MAX_CONFIG_BYTES:
+            raise ConfigError(path, f"the value of {name} is longer than {MAX_CONFIG_BYTES} characters", "environment")
         try:
-            value = yaml.safe_load(env[name])
+            value = load_yaml(env[name])
+        except _LimitError as exc:
+            raise ConfigError(path, f"refused value of {name}: {exc}", "environment") from None
         except yaml.YAMLError as exc:
             reason = f"cannot parse value of {name}: {exc}"
-            raise ConfigError(".".join(parts), reason, "environment") from None
+            raise ConfigError(path, reason, "environment") from None
         node = out
         for i, part in enumerate(parts[:-1]):
             child = node.get(part)
@@ -694,31 +1028,114 @@ def _deep_copy(value: Any) -> Any:
 
 
 def parse_config(text: str, env: Mapping[str, str] | None = None, source: str = "config") -> Settings:
-    try:
-        doc = yaml.safe_load(text) if text.strip() else {}
-    except yaml.YAMLError as exc:
-        raise ConfigError("", f"not valid YAML: {exc}", source) from None
+    """Settings from YAML ``text`` and ``FLEETMEDIC__*`` overrides in ``env``; raises
+    :class:`ConfigError` listing every error (``source`` names the file in its messages)."""
+    if len(text) > MAX_CONFIG_BYTES or len(text.encode("utf-8", "replace")) > MAX_CONFIG_BYTES:
+        raise ConfigError("", f"refused: larger than {MAX_CONFIG_BYTES} bytes", source)
+    doc = _load(text, "", source) if text.strip() else {}
     if doc is None:
         doc = {}
     if not isinstance(doc, dict):
         raise ConfigError("", f"the document must be a mapping, got {type(doc).__name__}", source)
     doc = apply_env_overrides(doc, env or {})
+    errors = validate(doc)
+    if errors:
+        raise ConfigError.of(errors, source)
     try:
         return msgspec.convert(doc, Settings)
-    except msgspec.ValidationError as exc:
+    except msgspec.ValidationError as exc:  # pragma: no cover - validate() found nothing
         raise _error_from(exc, source, doc) from None
 
 
 def read_config(path: str | None, env: Mapping[str, str] | None = None) -> Settings:
-    """Load the config file at ``path`` (or only defaults + environment when ``path`` is None)."""
+    """Load the config file at ``path`` (or only defaults + environment when ``path`` is None).
+    The file must be UTF-8 and at most :data:`MAX_CONFIG_BYTES`; every problem is a ConfigError."""
     if path is None:
         return parse_config("", env, "defaults")
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
-        raise ConfigError("", f"cannot read: {exc.strerror}", path) from None
+        raise ConfigError("", f"cannot read: {exc.strerror or exc}", path) from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError("", f"refused: larger than {MAX_CONFIG_BYTES} bytes", path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        reason = (f"not UTF-8: byte 0x{data[exc.start]:02x} at byte offset {exc.start} (line {line}) "
+                  f"cannot be decoded ({exc.reason})")
+        raise ConfigError("", reason, path) from None
     return parse_config(text, env, path)
+
+
+# --- dangerous but valid ------------------------------------------------------------------------
+
+#: ``config_warnings`` thresholds (see its docstring)
+WARN_QUARANTINED_FRACTION = 0.25
+WARN_BREAKER_FRACTION = 0.5
+WARN_BREAKER_MIN_NODES = 1_000
+WARN_BREAKER_WINDOW_S = 60.0
+WARN_COMMAND_TTL_S = 3_600.0
+
+
+def config_warnings(settings: Settings) -> list[str]:
+    """Settings that are valid but dangerous, one line each as ``path: why`` (empty: none).
+
+    While fleetmedic acts (``safety.dry_run: false``):
+
+    - ``safety.max_quarantined_fraction`` above 0.25 (:data:`WARN_QUARANTINED_FRACTION`): more than a
+      quarter of the fleet may be taken out of service, bounded only by ``max_quarantined_count``;
+    - the circuit breaker effectively off: ``breaker.trip_suspect_fraction`` above 0.5 (it opens only
+      once more than half the fleet is suspect at once), ``breaker.trip_min_nodes`` of 1,000 or more
+      (it never opens in a smaller storm), or ``breaker.window_s`` under 60 s (suspicions are
+      forgotten before a storm that unfolds over minutes reaches the trip level).
+
+    Always:
+
+    - a zero budget: ``safety.max_quarantined_count``, ``max_quarantined_fraction`` or
+      ``max_new_isolations`` of 0 (no node is ever isolated: faults stay in service while the
+      decisions look normal; ``dry_run: true`` is the way to observe only), ``max_per_rack`` or
+      ``max_per_switch`` of 0 (no node in a labelled rack / behind a labelled leaf is ever isolated);
+    - ``signing.command_ttl_s`` above one hour (:data:`WARN_COMMAND_TTL_S`): a signed command stays
+      valid, and can be replayed or applied late on stale evidence, that long (the default is 300 s).
+    """
+    s = settings.safety
+    b = s.breaker
+    out: list[str] = []
+    if not s.dry_run:
+        if s.max_quarantined_fraction > WARN_QUARANTINED_FRACTION:
+            out.append(f"safety.max_quarantined_fraction: {s.max_quarantined_fraction:g} with dry_run false lets "
+                       f"fleetmedic take up to {s.max_quarantined_fraction:.0%} of the fleet out of service (only "
+                       f"max_quarantined_count {s.max_quarantined_count} bounds it; above "
+                       f"{WARN_QUARANTINED_FRACTION:g} is dangerous)")
+        if b.trip_suspect_fraction > WARN_BREAKER_FRACTION:
+            out.append(f"safety.breaker.trip_suspect_fraction: {b.trip_suspect_fraction:g}: the circuit breaker "
+                       f"opens only once more than {WARN_BREAKER_FRACTION:.0%} of the fleet is suspect at once "
+                       f"(effectively off)")
+        if b.trip_min_nodes >= WARN_BREAKER_MIN_NODES:
+            out.append(f"safety.breaker.trip_min_nodes: {b.trip_min_nodes}: the circuit breaker never opens for "
+                       f"fewer suspect nodes at once (effectively off)")
+        if b.window_s < WARN_BREAKER_WINDOW_S:
+            out.append(f"safety.breaker.window_s: {b.window_s:g}s: suspicions are forgotten before a storm that "
+                       f"unfolds over minutes reaches the trip level (effectively off; under "
+                       f"{WARN_BREAKER_WINDOW_S:g}s is dangerous)")
+    never = "no node is ever isolated: faulty nodes stay in service (use dry_run: true to only observe)"
+    if s.max_quarantined_count == 0:
+        out.append(f"safety.max_quarantined_count: 0: {never}")
+    if s.max_quarantined_fraction == 0:
+        out.append(f"safety.max_quarantined_fraction: 0: {never}")
+    if s.max_new_isolations == 0:
+        out.append(f"safety.max_new_isolations: 0: {never}")
+    if s.max_per_rack == 0:
+        out.append("safety.max_per_rack: 0: no node with a rack label is ever isolated")
+    if s.max_per_switch == 0:
+        out.append("safety.max_per_switch: 0: no node with a leaf label is ever isolated")
+    if settings.signing.command_ttl_s > WARN_COMMAND_TTL_S:
+        out.append(f"signing.command_ttl_s: {settings.signing.command_ttl_s:g}s: a signed command stays valid "
+                   f"(replayable, or applied late on stale evidence) that long; over {WARN_COMMAND_TTL_S:g}s is "
+                   f"dangerous (default 300s)")
+    return out
 
 
 def to_builtins(settings: Settings) -> dict[str, Any]:

@@ -30,7 +30,8 @@ def settings_or_none(path: str | None) -> Settings | None:
     try:
         return read_config(path, os.environ)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        for line in exc.messages():
+            print(f"error: {line}", file=sys.stderr)
         return None
 
 

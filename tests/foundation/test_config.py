@@ -1,5 +1,8 @@
 """Configuration: the shipped example documents every option, environment variables override any
-value, and every error names the field path and the reason."""
+value, and every error names the field path and the reason. Hostile files (alias bombs, deep nesting,
+bad encodings, oversize) are refused with a ConfigError, every error of a file is listed at once, keys
+under maps are checked against what they name, and dangerous-but-valid settings are warned about
+(issue #22)."""
 
 from __future__ import annotations
 
@@ -8,7 +11,17 @@ from typing import Any
 
 import pytest
 
-from fleetmedic.config import ConfigError, Settings, parse_config, read_config, to_builtins
+from fleetmedic.cli.main import main
+from fleetmedic.config import (
+    DETECTION_SIGNALS,
+    MAX_CONFIG_BYTES,
+    ConfigError,
+    Settings,
+    config_warnings,
+    parse_config,
+    read_config,
+    to_builtins,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "config" / "fleetmedic.yaml"
 
@@ -53,7 +66,8 @@ def test_an_empty_file_gives_the_defaults() -> None:
         ("executor: {diagnostics_command: [dcgmi, 3]}", "executor.diagnostics_command.1", "Expected `str`"),
         ("executor: {taint_effect: Sometimes}", "executor.taint_effect", "Invalid enum value"),
         ("kafka: {security_protocol: SASL_SSL}", "kafka", "sasl_mechanism"),
-        ("topics: {partitions: {telemetry.cpu: 3}}", "topics", "unknown topic `telemetry.cpu`"),
+        ("topics: {partitions: {telemetry.cpu: 3}}", "topics.partitions.telemetry.cpu",
+         "unknown topic `telemetry.cpu`"),
         ("[1, 2]", "", "must be a mapping"),
         ("kafka: [", "", "not valid YAML"),
     ],
@@ -108,3 +122,220 @@ def test_topic_names_use_the_prefix_and_overrides() -> None:
 def test_an_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         read_config(str(tmp_path / "missing.yaml"))
+
+
+# --- hostile files (issue #22) ------------------------------------------------------------------
+
+# 9 levels of 9 aliases: ~390 million strings once expanded (before: minutes, then MemoryError)
+BILLION_LAUGHS = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
+    f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True))
+
+
+def _file(tmp_path: Path, data: bytes | str, name: str = "fleetmedic.yaml") -> str:
+    path = tmp_path / name
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    return str(path)
+
+
+def _refused(path: str) -> ConfigError:
+    with pytest.raises(ConfigError) as err:
+        read_config(path, {})
+    assert err.value.source == path
+    return err.value
+
+
+def test_an_alias_bomb_is_refused_before_it_expands(tmp_path: Path) -> None:
+    assert len(BILLION_LAUGHS) < 450
+    err = _refused(_file(tmp_path, BILLION_LAUGHS))
+    assert "alias" in err.reason and err.path == ""
+
+
+def test_an_alias_that_contains_itself_is_refused() -> None:
+    with pytest.raises(ConfigError, match="refers to the node that contains it"):
+        parse_config("a: &a [*a]")
+
+
+def test_reasonable_aliases_still_work() -> None:
+    s = parse_config("policy:\n  rules:\n    - {name: a, job: &steps [{action: restart_job}]}\n"
+                     "    - {name: b, job: *steps}\n")
+    assert s.policy.rules[0].job == s.policy.rules[1].job
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["kafka: " + "[" * 5000 + "]" * 5000,  # before: RecursionError
+     "kafka: " + "{a: " * 5000 + "1" + "}" * 5000,
+     "".join(" " * i + f"k{i}:\n" for i in range(200))],  # block style, one space deeper per level
+)
+def test_deep_nesting_is_refused(text: str) -> None:
+    with pytest.raises(ConfigError, match="nested deeper than 64 levels"):
+        parse_config(text)
+
+
+def test_a_non_utf8_file_names_the_file_and_byte_offset(tmp_path: Path) -> None:
+    path = _file(tmp_path, b"kafka:\n  client_id: caf\xe9\n")  # before: UnicodeDecodeError traceback
+    err = _refused(path)
+    assert "not UTF-8" in err.reason and "byte offset 23" in err.reason and "line 2" in err.reason
+    assert str(err).startswith(path)
+
+
+def test_an_oversize_file_is_refused_unread(tmp_path: Path) -> None:
+    err = _refused(_file(tmp_path, "#" * (MAX_CONFIG_BYTES + 1)))
+    assert "larger than" in err.reason
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ("safety: {max_per_rack: " + "9" * 5000 + "}", "Exceeds the limit"),  # before: ValueError traceback
+    ("kafka: {client_id: 2001-13-45}", "month must be in 1..12"),
+])
+def test_a_value_yaml_cannot_build_is_a_config_error_with_its_line(text: str, reason: str) -> None:
+    with pytest.raises(ConfigError, match=reason) as err:
+        parse_config(text)
+    assert "line 1" in err.value.reason
+
+
+def test_an_environment_override_is_held_to_the_same_limits() -> None:
+    with pytest.raises(ConfigError, match="nested deeper") as err:
+        parse_config("", {"FLEETMEDIC__KAFKA__CLIENT_ID": "[" * 5000})
+    assert err.value.path == "kafka.client_id"
+
+
+# --- every error at once, names under maps ------------------------------------------------------
+
+
+def test_every_error_of_a_file_is_listed_at_once() -> None:
+    text = """
+kafka: {bootstrap: x, acks: some}
+safety: {max_per_racks: 1, max_quarantined_fraction: 1.5, breaker: {window_s: -1}}
+detection: {metrics: {sm_clok: {}, gpu_temp: {z_warning: 0}}}
+policy: {rules: [{name: x, job: [{action: cordon}]}, {name: y, node: [{action: nap}]}]}
+nonsense: 1
+"""
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, source="f.yaml")
+    assert [path for path, _ in err.value.errors] == [
+        "kafka.bootstrap", "kafka.acks",
+        "safety.max_per_racks", "safety.max_quarantined_fraction", "safety.breaker.window_s",
+        "detection.metrics.sm_clok", "detection.metrics.gpu_temp.z_warning",
+        "policy.rules.0", "policy.rules.1.node.0.action",
+        "nonsense",
+    ]
+    assert (err.value.path, err.value.reason) == err.value.errors[0]
+    assert str(err.value).splitlines()[2] == "f.yaml: safety.max_per_racks: unknown key (did you mean `max_per_rack`?)"
+
+
+def test_a_file_with_a_thousand_errors_lists_fifty_and_counts_the_rest() -> None:
+    text = "safety: {" + ", ".join(f"x{i}: 1" for i in range(1000)) + "}"
+    with pytest.raises(ConfigError) as err:
+        parse_config(text)
+    assert len(err.value.errors) == 51 and err.value.errors[-1] == ("", "... and 950 more errors")
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "reason"),
+    [
+        ("detection: {metrics: {sm_clok: {direction: down}}}", "detection.metrics.sm_clok",
+         "unknown signal `sm_clok` (did you mean `sm_clock`?)"),
+        ("detection: {ib_thresholds: {link_downed_count: 1}}", "detection.ib_thresholds.link_downed_count",
+         "unknown counter `link_downed_count` (did you mean `link_downed_counter`?)"),
+        ("triage: {congestion_metrics: [port_xmit_wiat]}", "triage.congestion_metrics.0",
+         "unknown port metric `port_xmit_wiat` (did you mean `port_xmit_wait`?)"),
+        ("topics: {names: {finding: x}}", "topics.names.finding", "unknown topic `finding` (did you mean `findings`?)"),
+        ("policy: {rules: [{name: x, node: [{action: escalate, params: {escalaton: repair}}]}]}",
+         "policy.rules.0.node.0.params.escalaton", "unknown step parameter `escalaton` (did you mean `escalation`?)"),
+        ("executor: {diagnostics_tolerations: [{key: a, operater: Exists}]}",
+         "executor.diagnostics_tolerations.0.operater",
+         "unknown toleration field `operater` (did you mean `operator`?)"),
+        ("executor: {namespace_policies: {Batch_Jobs: evict_now}}", "executor.namespace_policies.Batch_Jobs",
+         "is not a valid namespace"),
+        ("executor: {diagnostics_pod_annotations: {'a b': x}}", "executor.diagnostics_pod_annotations.a b",
+         "is not a valid annotation key"),
+        ("exporters: {kafka: {metric_map: {temp: gpu_tmp}}}", "exporters.kafka.metric_map.temp",
+         "`gpu_tmp` is not a GPU metric nor port.<PortSample field> (did you mean `gpu_temp`?)"),
+        ("detection: {xid: {action_overrides: {abc: ignore}}}", "detection.xid.action_overrides.abc", "invalid key"),
+        ("safety: {breakr: {}}", "safety.breakr", "unknown key (did you mean `breaker`?)"),
+    ],
+)
+def test_keys_under_maps_are_checked_against_what_they_name(text: str, path: str, reason: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(text)
+    assert err.value.errors == ((path, err.value.reason),)
+    assert reason in err.value.reason
+
+
+def test_the_signal_names_match_the_gpu_detector() -> None:
+    from fleetmedic.models.gpu_signals import KNOWN_SIGNALS
+
+    assert DETECTION_SIGNALS == KNOWN_SIGNALS
+
+
+# --- dangerous but valid ------------------------------------------------------------------------
+
+
+def test_the_defaults_and_the_example_warn_about_nothing() -> None:
+    assert config_warnings(Settings()) == []
+    assert config_warnings(read_config(str(EXAMPLE), {})) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "path"),
+    [
+        ("safety: {dry_run: false, max_quarantined_fraction: 1.0}", "safety.max_quarantined_fraction"),
+        ("safety: {breaker: {trip_suspect_fraction: 1.0}}", "safety.breaker.trip_suspect_fraction"),
+        ("safety: {breaker: {trip_min_nodes: 1000000}}", "safety.breaker.trip_min_nodes"),
+        ("safety: {breaker: {window_s: 1}}", "safety.breaker.window_s"),
+        ("signing: {command_ttl_s: 946080000}", "signing.command_ttl_s"),  # 30 years
+        ("safety: {max_quarantined_count: 0}", "safety.max_quarantined_count"),
+        ("safety: {max_quarantined_fraction: 0}", "safety.max_quarantined_fraction"),
+        ("safety: {max_new_isolations: 0}", "safety.max_new_isolations"),
+        ("safety: {max_per_rack: 0}", "safety.max_per_rack"),
+        ("safety: {max_per_switch: 0}", "safety.max_per_switch"),
+    ],
+)
+def test_dangerous_but_valid_settings_are_warned_about(text: str, path: str) -> None:
+    warnings = config_warnings(parse_config(text))
+    assert len(warnings) == 1 and warnings[0].startswith(f"{path}: ")
+
+
+@pytest.mark.parametrize("text", [
+    "safety: {dry_run: true, max_quarantined_fraction: 1.0}",
+    "safety: {dry_run: true, breaker: {trip_suspect_fraction: 1.0, trip_min_nodes: 5000, window_s: 1}}",
+    "safety: {max_quarantined_fraction: 0.25}\nsigning: {command_ttl_s: 3600}",
+])
+def test_what_is_not_dangerous_is_not_warned_about(text: str) -> None:
+    assert config_warnings(parse_config(text)) == []
+
+
+# --- fleetmedic config check --------------------------------------------------------------------
+
+
+def test_config_check_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in __import__("os").environ if n.upper().startswith("FLEETMEDIC__")]:
+        monkeypatch.delenv(name)
+    good = _file(tmp_path, "safety: {dry_run: true}\n", "good.yaml")
+    risky = _file(tmp_path, "safety: {dry_run: false, max_quarantined_fraction: 1.0}\n", "risky.yaml")
+    bad = _file(tmp_path, "safety: {max_per_racks: 1, dry_run: maybe}\n", "bad.yaml")
+    binary = _file(tmp_path, b"\xff\xfe\x00", "binary.yaml")
+
+    assert main(["config", "check", good]) == 0
+    out, err = capsys.readouterr()
+    assert "dry_run: true" in out and err == ""
+    assert main(["config", "check", "--strict", "--quiet", good]) == 0
+    assert capsys.readouterr() == ("", "")
+
+    assert main(["config", "check", risky]) == 0
+    out, err = capsys.readouterr()
+    assert out and err.startswith(f"warning: {risky}: safety.max_quarantined_fraction: ")
+    assert main(["config", "check", "--strict", "--quiet", risky]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and "warning:" in err
+
+    assert main(["config", "check", bad]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [
+        f"error: {bad}: safety.max_per_racks: unknown key (did you mean `max_per_rack`?)",
+        f"error: {bad}: safety.dry_run: Expected `bool`, got `str`",
+    ]
+    assert main(["config", "check", binary]) == 2
+    assert "not UTF-8" in capsys.readouterr().err
