@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from fleetmedic.config import ConfigError, Settings, read_config
+from fleetmedic.config import ConfigError, Settings, config_warnings, read_config
 from fleetmedic.signing import load_key
 
 EXIT_INVALID = 2
@@ -26,13 +26,17 @@ def setup_logging(level: str) -> None:
 
 def settings_or_none(path: str | None) -> Settings | None:
     """The config at ``path`` (defaults when None) with environment overrides, or None after
-    printing the error (callers exit with :data:`EXIT_INVALID`)."""
+    printing every error (callers exit with :data:`EXIT_INVALID`). Dangerous-but-valid settings
+    (:func:`~fleetmedic.config.config_warnings`) are printed as warnings; the command still runs."""
     try:
-        return read_config(path, os.environ)
+        settings = read_config(path, os.environ)
     except ConfigError as exc:
         for line in exc.messages():
             print(f"error: {line}", file=sys.stderr)
         return None
+    for warning in config_warnings(settings):
+        print(f"warning: {warning}", file=sys.stderr)
+    return settings
 
 
 def signing_key(settings: Settings) -> bytes:

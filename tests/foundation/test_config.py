@@ -339,3 +339,15 @@ def test_config_check_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[s
     ]
     assert main(["config", "check", binary]) == 2
     assert "not UTF-8" in capsys.readouterr().err
+
+
+def test_every_command_loading_a_config_prints_its_warnings_and_still_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fleetmedic.cli.common import settings_or_none
+
+    path = tmp_path / "c.yaml"
+    path.write_text("safety:\n  max_per_rack: 0\n")
+    settings = settings_or_none(str(path))
+    assert settings is not None and settings.safety.max_per_rack == 0
+    err = capsys.readouterr().err
+    assert "warning: " in err and "max_per_rack" in err
