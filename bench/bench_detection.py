@@ -151,7 +151,7 @@ def main() -> None:
     det = GpuDetector(settings)
     for i in range(0, len(wire), args.batch):
         det.observe_batch([dec.decode(b) for b in wire[i : i + args.batch]])
-    sizes = [len(det.export_state(n) or b"") for n in det.nodes()]
+    sizes = [len(det.node_bytes(n) or b"") for n in det.nodes()]
     print(f"detector state              {np.mean(sizes) / 8:12,.0f} bytes per GPU (serialised; target <= 4096)")
 
 

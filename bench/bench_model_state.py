@@ -1,4 +1,4 @@
-"""The multivariate model's persisted state: bytes, export and restore time, changelog cost.
+"""The multivariate model's persisted state: bytes, export and restore time, state-topic cost.
 
     .venv/bin/python bench/bench_model_state.py [--nodes 1000] [--cap 20000] [--rounds 3]
 
@@ -10,7 +10,7 @@ refit interval of rows learned since (``--nodes`` x 3600 s / 300 s windows):
 - the part's bytes, the time to export it and to restore it (decode, and the forest's refit);
 - the baseline, measured in the same run: the fitted scikit-learn object pickled (what the
   package used to write: an injection path), its bytes and its load time; the ratios;
-- the changelog cost: stage 1 rewrites the part at each checkpoint where it changed
+- the state-topic cost: stage 1 rewrites the part at each checkpoint where it changed
   (``streams.detect_snapshot_every_s``, 60 s), against the telemetry of those 60 s
   (1,940 bytes per 8-GPU message, docs/streams.md) at 10 s and 1 s sampling.
 """
@@ -69,10 +69,16 @@ def main() -> None:
 
 def measure(algorithm: str, nodes: int, cap: int, rounds: int, probe: NDArray[np.float64]) -> None:
     model = build(algorithm, nodes, cap)
-    part = model.to_bytes()
-    export_s = best(model.to_bytes, rounds)
-    restore_s = best(partial(MultivariateModel.from_bytes, model.settings, part), rounds)
-    exact = np.array_equal(MultivariateModel.from_bytes(model.settings, part).score(probe), model.score(probe))
+    part = model.state_bytes()
+    export_s = best(model.state_bytes, rounds)
+
+    def restored() -> MultivariateModel:
+        into = MultivariateModel(model.settings)
+        into.load_state(part)
+        return into
+
+    restore_s = best(restored, rounds)
+    exact = np.array_equal(restored().score(probe), model.score(probe))
     pickled = pickle.dumps({"forest": model._forest, "ref": model._ref, "spread": model._spread,
                             "location": model._location, "precision": model._precision})
     unpickle_s = best(partial(pickle.loads, pickled), rounds)
@@ -85,7 +91,7 @@ def measure(algorithm: str, nodes: int, cap: int, rounds: int, probe: NDArray[np
     print(f"  ratio part/pickle: bytes {len(part) / len(pickled):.2f}x, restore time {restore_s / unpickle_s:.0f}x")
     for interval in (10.0, 1.0):
         telemetry = nodes * (60.0 / interval) * TELEMETRY_BYTES
-        print(f"  changelog per 60 s checkpoint vs telemetry at {interval:g} s sampling: "
+        print(f"  state topic per 60 s checkpoint vs telemetry at {interval:g} s sampling: "
               f"{len(part):,} / {telemetry:,.0f} bytes = {len(part) / telemetry:.3f}x")
 
 if __name__ == "__main__":

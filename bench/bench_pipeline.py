@@ -391,8 +391,8 @@ def state_costs(wire: list[bytes], settings: Settings) -> None:
     for i in range(0, len(msgs), 256):
         stage.on_gpu(msgs[i:i + 256])
     nodes = stage.gpu.nodes()
-    sizes = [len(msgspec.msgpack.encode(NodeStageState(gpu=stage.gpu.export_state(n),
-                                                       ports=stage.ports.export_device(n), written_at=0.0))) + len(n)
+    sizes = [len(msgspec.msgpack.encode(NodeStageState(gpu=stage.gpu.node_bytes(n),
+                                                       ports=stage.ports.node_bytes(n), written_at=0.0))) + len(n)
              for n in nodes]
     per_node = float(np.mean(sizes))
     telemetry = float(np.mean([len(b) for b in wire]))

@@ -2,15 +2,16 @@
 
 ``EwmaBaseline`` keeps, for every element of an array (e.g. ``[gpus, signals]`` of one node, or
 ``[nodes, gpus, signals]`` of a micro-batch), an exponentially weighted mean and variance with a
-half-life in samples. It follows the two-method detector contract of :mod:`fleetmedic.models.contract`:
+half-life in samples. Two methods:
 
 - :meth:`score` standardises a new observation against the baseline (a z-score; NaN while warming
   up or when the value is missing);
 - :meth:`learn` folds an observation in, except where ``protect`` says not to (the caller passes
   ``|z| > protect_z`` so that anomalies do not poison the baseline, as river's ``AnomalyFilter``).
 
-The state is three arrays (count, mean, var); it serialises to bytes and merges (two baselines of
-the same element learned on disjoint data combine by their effective weights). Pure numpy.
+The state is three arrays (count, mean, var); it saves and loads as bytes
+(:class:`~fleetmedic.models.state.State`) and merges (two baselines of the same element learned on
+disjoint data combine by their effective weights). Pure numpy.
 """
 
 from __future__ import annotations
@@ -67,15 +68,16 @@ class EwmaBaseline:
         var = w * (self.var + (self.mean - mean) ** 2) + (1 - w) * (other.var + (other.mean - mean) ** 2)
         return EwmaBaseline(n, mean, var)
 
-    def to_bytes(self) -> bytes:
+    def state_bytes(self) -> bytes:
+        """The three arrays as one float32 ``.npy`` array ``[3, *shape]``."""
         buf = io.BytesIO()
         np.save(buf, np.stack([self.count, self.mean, self.var]).astype(np.float32), allow_pickle=False)
         return buf.getvalue()
 
-    @classmethod
-    def from_bytes(cls, data: bytes) -> EwmaBaseline:
+    def load_state(self, data: bytes) -> None:
+        """Replace the arrays with what :meth:`state_bytes` wrote (their shape with them)."""
         arr = np.load(io.BytesIO(data), allow_pickle=False).astype(np.float64)
-        return cls(arr[0].copy(), arr[1].copy(), arr[2].copy())
+        self.count, self.mean, self.var = arr[0].copy(), arr[1].copy(), arr[2].copy()
 
 
 def alpha_for_halflife(halflife_samples: float) -> float:

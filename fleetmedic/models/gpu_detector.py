@@ -2,7 +2,8 @@
 
 :class:`GpuDetector` turns :class:`~fleetmedic.records.GpuTelemetry` into
 :class:`~fleetmedic.records.Finding` values. Its state is one :class:`NodeGpuState` per node,
-which serialises to bytes (it lives in a Faust table keyed by node). Two entry points:
+saved and loaded a node at a time (:class:`~fleetmedic.models.state.NodeState`: stage 1 writes it
+to its compacted state topic, key: node). Two entry points:
 
 - :meth:`GpuDetector.observe` for one message;
 - :meth:`GpuDetector.observe_batch` for a micro-batch: the arithmetic runs once over every node of
@@ -91,7 +92,8 @@ def metrics_batch(msgs: Sequence[DetectionTelemetry]) -> F64:
 
 
 class NodeGpuState(msgspec.Struct, kw_only=True):
-    """Everything the detector remembers about one node. Serialises with :meth:`to_bytes`."""
+    """Everything the detector remembers about one node: the format of
+    :meth:`GpuDetector.node_bytes` (msgpack)."""
 
     gpus: tuple[int, ...]
     signals: tuple[str, ...]
@@ -105,12 +107,9 @@ class NodeGpuState(msgspec.Struct, kw_only=True):
     active: dict[str, list[float]] = {}  # condition -> [last reported, last seen]
     xid_log: list[tuple[float, int, int]] = []
 
-    def to_bytes(self) -> bytes:
-        return msgspec.msgpack.encode(self)
 
-    @classmethod
-    def from_bytes(cls, data: bytes) -> NodeGpuState:
-        return msgspec.msgpack.decode(data, type=cls)
+_encode_node = msgspec.msgpack.Encoder().encode
+_decode_node = msgspec.msgpack.Decoder(NodeGpuState).decode
 
 
 class _Slab:
@@ -243,11 +242,12 @@ class GpuDetector:
     def nodes(self) -> list[str]:
         return list(self._nodes)
 
-    def export_state(self, node: str) -> bytes | None:
+    def node_bytes(self, node: str) -> bytes | None:
+        """The node's state (a :class:`NodeGpuState`, msgpack), or None before its first message."""
         live = self._nodes.get(node)
         if live is None:
             return None
-        return NodeGpuState(
+        return _encode_node(NodeGpuState(
             gpus=live.gpus,
             signals=self.names,
             planes=live.planes.tobytes(),
@@ -259,10 +259,11 @@ class GpuDetector:
             samples=live.samples,
             active={k: list(v) for k, v in live.active.items()},
             xid_log=list(live.xid_log),
-        ).to_bytes()
+        ))
 
-    def import_state(self, node: str, data: bytes) -> None:
-        st = NodeGpuState.from_bytes(data)
+    def load_node(self, node: str, data: bytes) -> None:
+        """Replace the node's state with what :meth:`node_bytes` wrote."""
+        st = _decode_node(data)
         g = len(st.gpus)
         self.forget(node)
         live = self._nodes[node] = self._new_live(st.gpus)

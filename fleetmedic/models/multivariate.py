@@ -26,11 +26,12 @@ inputs (the healthy windows of its last fit and those learned since, each with i
 time), the version and fit time, and for ``robust_covariance`` the fit itself (medians, scales,
 location and precision matrix: a MinCovDet fit of 20,000 windows takes seconds); an
 ``isolation_forest`` is refitted on the same rows with the same ``seed`` (~1 s). Either way the
-restored model scores exactly as the saved one (:meth:`MultivariateModel.export_part`,
-:meth:`MultivariateModel.restore`). Rows are kept and fitted in a canonical order (window time,
-node), at most ``max_training_windows`` of the newest, so that a model split by node (stage 1
-writes one part per partition) and merged again is the same. A node's open window travels with
-the node's state (:meth:`NodeWindowFeatures.export_node`). Pure apart from scikit-learn.
+restored model scores exactly as the saved one (:meth:`MultivariateModel.state_bytes`,
+:meth:`MultivariateModel.load_state`; :mod:`fleetmedic.models.state`). Rows are kept and fitted in a
+canonical order (window time, node), at most ``max_training_windows`` of the newest, so that a model
+split by node (stage 1 writes one part per partition: ``state_bytes(keep)``) and merged again
+(:meth:`MultivariateModel.load_parts`) is the same. A node's open window travels with the node's
+state (:meth:`NodeWindowFeatures.node_bytes`). Pure apart from scikit-learn.
 """
 
 from __future__ import annotations
@@ -245,13 +246,13 @@ class NodeWindowFeatures:
         slot = self._slot.get(node)
         return None if slot is None or not self._open[slot] else self._window(slot)
 
-    def export_node(self, node: str) -> bytes | None:
+    def node_bytes(self, node: str) -> bytes | None:
         """The node's open window (msgpack), or None."""
         w = self.window(node)
         return None if w is None else _encode(w)
 
-    def import_node(self, node: str, data: bytes | None) -> None:
-        """Load what :meth:`export_node` wrote (None: no open window)."""
+    def load_node(self, node: str, data: bytes | None) -> None:
+        """Load what :meth:`node_bytes` wrote (None: no open window)."""
         if data is None:
             self.forget(node)
             return
@@ -452,8 +453,9 @@ class MultivariateModel:
 
     # --- persistence (no pickle: the training inputs, refitted on restore) ----------------------------
 
-    def export_part(self, keep: Callable[[str], bool] | None = None) -> bytes:
-        """The rows of the nodes ``keep`` accepts (default: all), with the version and fit time."""
+    def state_bytes(self, keep: Callable[[str], bool] | None = None) -> bytes:
+        """The model as a part (:class:`ModelPart`, msgpack): the rows of the nodes ``keep`` accepts
+        (default: all, the whole model), with the version and the fit."""
         def mine(rows: list[Row]) -> list[Row]:
             return rows if keep is None else [row for row in rows if keep(row[1])]
 
@@ -467,8 +469,15 @@ class MultivariateModel:
                                  ref=raw(self._ref), spread=raw(self._spread), location=raw(self._location),
                                  precision=raw(self._precision)))
 
-    def restore(self, parts: Iterable[bytes]) -> int:
-        """Merge exported parts (e.g. one per partition) into this model; return the rows loaded.
+    def load_state(self, data: bytes) -> None:
+        """Replace the model with what :meth:`state_bytes` wrote (see :meth:`load_parts`)."""
+        fresh = MultivariateModel(self.settings, revision=self.revision)
+        vars(self).update(vars(fresh))  # every field as built, then the part's fit and rows
+        self.load_parts([data])
+
+    def load_parts(self, parts: Iterable[bytes]) -> int:
+        """Merge parts written by :meth:`state_bytes` (e.g. one per partition) into this model;
+        return the rows loaded.
 
         A model not fitted yet takes the parts' fit: their trained rows merged in canonical order and
         fitted again with the same settings and seed (the same model as before the export when the
@@ -514,13 +523,3 @@ class MultivariateModel:
         self.revision += 1
         self._trained = [row for row in self._trained if row[1] not in nodes]
         self._pending = [row for row in self._pending if row[1] not in nodes]
-
-    def to_bytes(self) -> bytes:
-        """The whole model as one part (see :meth:`export_part`)."""
-        return self.export_part()
-
-    @classmethod
-    def from_bytes(cls, settings: MultivariateSettings, data: bytes) -> MultivariateModel:
-        model = cls(settings)
-        model.restore([data])
-        return model

@@ -82,10 +82,12 @@ class PeerComparison:
     _reported: dict[str, float] = field(default_factory=dict)
     _offsets: dict[str, _Offset] = field(default_factory=dict)  # "<group>|<node>" -> its usual deviation
 
-    def export_state(self) -> bytes:
+    def state_bytes(self) -> bytes:
+        """The whole state (msgpack): latest summaries, when nodes stood out and were reported, offsets."""
         return msgspec.msgpack.encode([self._latest, self._since, self._reported, self._offsets])
 
-    def import_state(self, data: bytes) -> None:
+    def load_state(self, data: bytes) -> None:
+        """Replace the state with what :meth:`state_bytes` wrote (one without offsets too)."""
         parts = msgspec.msgpack.decode(data, type=list[msgspec.Raw])
         if len(parts) not in (3, 4):
             raise ValueError(f"peer comparison state: {len(parts)} parts, not 3 or 4")

@@ -17,8 +17,10 @@ Each finding names the node behind the port (``node``; the device itself for int
 and the port as ``device/port`` so triage can group the ports of one switch. A finding on an
 inter-switch port (no node behind it) also names the cable's other end, when the sample gives it,
 as an evidence entry (``detector="link_peer"``, ``port="<device>/<port>"``): triage files it with
-that switch. State per port is the previous counters and the best speed and width seen; it
-serialises to bytes. Pure: time comes from the messages.
+that switch. State per port is the previous counters and the best speed and width seen; it saves
+and loads whole (:class:`~fleetmedic.models.state.State`: the decision stage's switch ports) or one
+host's NICs at a time (:class:`~fleetmedic.models.state.NodeState`: stage 1's per-node state). Pure:
+time comes from the messages.
 """
 
 from __future__ import annotations
@@ -53,19 +55,21 @@ class PortDetector:
         getter = attrgetter(*self._names) if self._names else (lambda p: ())
         self._values = getter if len(self._names) != 1 else (lambda p: (getter(p),))
 
-    def export_state(self) -> bytes:
+    def state_bytes(self) -> bytes:
+        """The whole state (msgpack): every port's previous sample and best speed and width."""
         return msgspec.msgpack.encode(self._ports)
 
-    def import_state(self, data: bytes) -> None:
+    def load_state(self, data: bytes) -> None:
+        """Replace the state with what :meth:`state_bytes` wrote."""
         self._ports = msgspec.msgpack.decode(data, type=dict[str, _PortState])
 
-    def export_device(self, device: str) -> bytes:
-        """The state of one device's ports (a host's NICs), for per-node snapshots."""
-        prefix = device + "/"
+    def node_bytes(self, node: str) -> bytes:
+        """The state of one device's ports (a host's NICs: the device is the node), for per-node state."""
+        prefix = node + "/"
         return msgspec.msgpack.encode({k: v for k, v in self._ports.items() if k.startswith(prefix)})
 
-    def import_device(self, data: bytes) -> None:
-        """Add ports written by :meth:`export_device` (other ports are kept)."""
+    def load_node(self, node: str, data: bytes) -> None:
+        """Add the ports :meth:`node_bytes` wrote (other ports are kept)."""
         self._ports.update(msgspec.msgpack.decode(data, type=dict[str, _PortState]))
 
     def observe(self, msg: PortTelemetry) -> list[Finding]:

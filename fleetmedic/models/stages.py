@@ -6,8 +6,14 @@
 - :class:`FleetDetection` runs where many nodes are seen together (the correlation stage): a node
   against its job's peers and its SKU fleet, stragglers from per-rank step times, switch ports.
 
-Both are driven by the Faust workers, the embedded engine and ``fleetmedic backtest`` alike.
-Time comes from the records and from the ``now`` passed to :meth:`FleetDetection.tick`.
+Both are driven by the Kafka pipeline (:class:`NodeDetection` by stage 1's consumer-group loop,
+:class:`FleetDetection` by the decision stage), the embedded engine and ``fleetmedic backtest``
+alike. Time comes from the records and from the ``now`` passed to :meth:`FleetDetection.tick`.
+
+State (:mod:`fleetmedic.models.state`): :class:`NodeDetection` saves and loads a node at a time
+(its detectors' ``node_bytes`` / ``load_node``, its own :meth:`NodeDetection.multivariate_bytes`;
+the model's rows by partition, :meth:`MultivariateModel.state_bytes`), :class:`FleetDetection` as a
+whole (:meth:`FleetDetection.state_bytes`).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from fleetmedic.models.gpu_signals import USED_METRICS, median, reported
 from fleetmedic.models.multivariate import SAMPLE_METRICS, Fit, MultivariateModel, NodeWindowFeatures, RefitJob
 from fleetmedic.models.peers import SUMMARY_METRICS, PeerComparison, node_summary
 from fleetmedic.models.port_detector import PortDetector
+from fleetmedic.models.state import State
 from fleetmedic.models.straggler import StragglerDetector
 from fleetmedic.records import DetectionTelemetry, Finding, JobEvent, PortTelemetry
 
@@ -68,16 +75,16 @@ class NodeDetection:
     def on_port(self, msg: PortTelemetry) -> list[Finding]:
         return self.ports.observe(msg)
 
-    def export_multivariate(self, node: str) -> bytes:
+    def multivariate_bytes(self, node: str) -> bytes:
         """The node's part of the multivariate state (msgpack): its open window, outlier streak and
-        latest finding time. The model itself is saved apart (:meth:`MultivariateModel.export_part`)."""
-        return msgspec.msgpack.encode((self.windows.export_node(node), self._outlier_streak.get(node, 0),
+        latest finding time. The model itself is saved apart (:meth:`MultivariateModel.state_bytes`)."""
+        return msgspec.msgpack.encode((self.windows.node_bytes(node), self._outlier_streak.get(node, 0),
                                        self._flagged_since.get(node)))
 
-    def import_multivariate(self, node: str, data: bytes) -> None:
-        """Load what :meth:`export_multivariate` wrote."""
+    def load_multivariate(self, node: str, data: bytes) -> None:
+        """Load what :meth:`multivariate_bytes` wrote."""
         window, streak, flagged = msgspec.msgpack.decode(data, type=tuple[bytes | None, int, float | None])
-        self.windows.import_node(node, window)
+        self.windows.load_node(node, window)
         self._outlier_streak[node] = streak
         if flagged is not None:
             self._flagged_since[node] = flagged
@@ -188,21 +195,21 @@ class FleetDetection:
     def on_port(self, msg: PortTelemetry) -> list[Finding]:
         return self.switch_ports.observe(msg)
 
-    def to_bytes(self) -> bytes:
+    def _detectors(self) -> tuple[State, State, State, State]:
+        return self.peers, self.sku_peers, self.stragglers, self.switch_ports
+
+    def state_bytes(self) -> bytes:
         """The whole state (msgpack): peers, stragglers, switch ports, jobs and SKU groups."""
-        return msgspec.msgpack.encode([self.peers.export_state(), self.sku_peers.export_state(),
-                                       self.stragglers.export_state(), self.switch_ports.export_state(),
+        return msgspec.msgpack.encode([*(d.state_bytes() for d in self._detectors()),
                                        {k: sorted(v) for k, v in self._jobs.items()},
                                        {k: sorted(v) for k, v in self._skus.items()}])
 
-    def restore(self, data: bytes) -> None:
-        """Load what :meth:`to_bytes` wrote (same settings)."""
-        peers, sku_peers, stragglers, ports, jobs, skus = msgspec.msgpack.decode(
+    def load_state(self, data: bytes) -> None:
+        """Replace the state with what :meth:`state_bytes` wrote (same settings)."""
+        *detectors, jobs, skus = msgspec.msgpack.decode(
             data, type=tuple[bytes, bytes, bytes, bytes, dict[str, list[str]], dict[str, list[str]]])
-        self.peers.import_state(peers)
-        self.sku_peers.import_state(sku_peers)
-        self.stragglers.import_state(stragglers)
-        self.switch_ports.import_state(ports)
+        for detector, part in zip(self._detectors(), detectors, strict=True):
+            detector.load_state(part)
         self._jobs, self._placed = {}, {}
         for job, nodes in jobs.items():
             self._place(job, set(nodes))

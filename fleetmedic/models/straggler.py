@@ -43,10 +43,12 @@ class StragglerDetector:
     settings: StragglerSettings
     _jobs: dict[str, _JobSteps] = field(default_factory=dict)
 
-    def export_state(self) -> bytes:
+    def state_bytes(self) -> bytes:
+        """The whole state (msgpack): every job's ranks and step-time baselines."""
         return msgspec.msgpack.encode(self._jobs)
 
-    def import_state(self, data: bytes) -> None:
+    def load_state(self, data: bytes) -> None:
+        """Replace the state with what :meth:`state_bytes` wrote."""
         self._jobs = msgspec.msgpack.decode(data, type=dict[str, _JobSteps])
 
     def observe(self, event: JobEvent) -> list[Finding]:

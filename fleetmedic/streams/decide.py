@@ -113,7 +113,7 @@ class DecideStage:
         self.fleet_stage = FleetDetection(settings.detection)
         if snapshot is not None:
             self.engine = DecisionEngine.from_bytes(snapshot.engine, settings)
-            self.fleet_stage.restore(snapshot.fleet)
+            self.fleet_stage.load_state(snapshot.fleet)
         else:
             self.engine = DecisionEngine(settings)
         offsets = snapshot.offsets if snapshot else {}
@@ -324,7 +324,7 @@ class DecideStage:
     async def snapshot(self) -> int:
         """Write the state with the offsets it reflects, once everything before it is on the broker."""
         async with self._lock:
-            snap = DecideSnapshot(engine=self.engine.to_bytes(), fleet=self.fleet_stage.to_bytes(),
+            snap = DecideSnapshot(engine=self.engine.to_bytes(), fleet=self.fleet_stage.state_bytes(),
                                   offsets={t: dict(p) for t, p in self.offsets.items()}, commands_from=0,
                                   written_at=time.time(), seen_findings=list(self._seen_findings))
             acks, self._command_acks = self._command_acks, []

@@ -26,7 +26,7 @@ multivariate window) and, where the multivariate model changed, its part for eac
 compacted ``<group>-detect-state`` topic, in the node's partition of ``telemetry.gpu``, waits for the
 broker's acknowledgement of everything, and only then commits the input offsets. A worker that
 is assigned a partition loads its nodes' states and the model parts (merged, see
-:meth:`~fleetmedic.models.multivariate.MultivariateModel.restore`) and resumes at the committed
+:meth:`~fleetmedic.models.multivariate.MultivariateModel.load_parts`) and resumes at the committed
 offset: the state is exactly that of the committed offset, and the telemetry after it is
 processed again (a crash replays at most one snapshot interval; findings of that interval can
 appear twice).
@@ -96,9 +96,9 @@ class DetectStage:
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop`` is set; then write the state, commit and leave the group."""
         timeout_ms = int(self.session_timeout_s * 1000)
+        options = client_options(self.settings.kafka) | {"client_id": f"{self.settings.kafka.client_id}-detect"}
         consumer = self.consumer = AIOKafkaConsumer(
-            **client_options(self.settings.kafka), group_id=detect_group(self.settings),
-            client_id=f"{self.settings.kafka.client_id}-detect", enable_auto_commit=False,
+            **options, group_id=detect_group(self.settings), enable_auto_commit=False,
             auto_offset_reset="earliest", partition_assignment_strategy=(RangePartitionAssignor,),
             session_timeout_ms=timeout_ms, heartbeat_interval_ms=max(1000, timeout_ms // 3),
             max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
@@ -207,9 +207,9 @@ class DetectStage:
             partition = self.partition_of.get(node)
             if partition is None:
                 continue
-            value = _encode(NodeStageState(gpu=self.node_stage.gpu.export_state(node),
-                                           ports=self.node_stage.ports.export_device(node), written_at=now,
-                                           multivariate=self.node_stage.export_multivariate(node)))
+            value = _encode(NodeStageState(gpu=self.node_stage.gpu.node_bytes(node),
+                                           ports=self.node_stage.ports.node_bytes(node), written_at=now,
+                                           multivariate=self.node_stage.multivariate_bytes(node)))
             await self.outputs.send_raw(self.state_topic, node.encode(), value, partition=partition)
             written += len(value) + len(node)
         self.dirty -= nodes
@@ -233,7 +233,7 @@ class DetectStage:
             def here(node: str, p: int = partition) -> bool:
                 return self.partition_of.get(node) == p
 
-            value = model.export_part(here)
+            value = model.state_bytes(here)
             await self.outputs.send_raw(self.state_topic, MODEL_KEY, value, partition=partition)
             self._model_written[partition] = model.revision
             self._model_sizes[partition] = len(value)
@@ -267,10 +267,10 @@ class DetectStage:
                 if node in self.partition_of:
                     continue  # already live here: newer than what was written
                 if st.gpu is not None:
-                    self.node_stage.gpu.import_state(node, st.gpu)
-                self.node_stage.ports.import_device(st.ports)
+                    self.node_stage.gpu.load_node(node, st.gpu)
+                self.node_stage.ports.load_node(node, st.ports)
                 if st.multivariate is not None:
-                    self.node_stage.import_multivariate(node, st.multivariate)
+                    self.node_stage.load_multivariate(node, st.multivariate)
                 self.partition_of[node] = partition
                 restored += 1
         loaded = time.monotonic()
@@ -284,7 +284,7 @@ class DetectStage:
 
     def _restore_model(self, parts: list[bytes]) -> int:
         try:
-            return self.node_stage.model.restore(parts)
+            return self.node_stage.model.load_parts(parts)
         except ValueError as exc:  # another version's model: it relearns (min_training_windows)
             log.warning("detect: multivariate model not restored: %s", exc)
             return 0

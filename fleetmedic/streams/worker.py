@@ -1,4 +1,5 @@
-"""The pipeline's stages as Faust workers on Kafka: topology, roles and what survives a restart.
+"""The pipeline's stages on Kafka (stage 1 a plain consumer group, the decision stage a Faust agent):
+topology, roles and what survives a restart.
 
 Two stages, each its own consumer group, so that detection scales out and decisions stay single:
 
@@ -15,11 +16,13 @@ Two stages, each its own consumer group, so that detection scales out and decisi
 loop, still in its own group), for a single-process deployment. Every value is raw bytes, decoded and validated by
 :mod:`fleetmedic.records`; what does not decode is dead-lettered (:mod:`fleetmedic.streams.outputs`).
 
-Restarts: stage 1 writes the changed nodes' baselines to a compacted topic every
+Restarts: stage 1 writes the changed nodes' state (baselines, NIC counters, multivariate windows;
+the multivariate model's rows per partition) to a compacted topic every
 ``streams.detect_snapshot_every_s`` (and when it loses a partition), then commits its offsets, and
 loads them when it is assigned a partition: a restarted stage 1 has exactly the state of its
-committed offsets; the decision stage snapshots its state with its input offsets and replays from there,
-sending no command twice (docs/streams.md has the guarantees and the measured costs).
+committed offsets. The decision stage snapshots its state with its input offsets to another
+compacted topic and replays from there, sending no command twice (docs/streams.md has the
+guarantees and the measured costs).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""One conformance suite, run against every detector: seeded determinism, state round-trip
-through bytes mid-stream, tolerance of missing fields and counter resets, rejection of NaN/inf
-before a detector sees it, and a minimum AUC separating injected faults from clean streams."""
+"""One conformance suite, run against every detector: seeded determinism, state saved and loaded
+mid-stream through the state protocol (:mod:`fleetmedic.models.state`), tolerance of missing fields
+and counter resets, rejection of NaN/inf before a detector sees it, and a minimum AUC separating
+injected faults from clean streams. Then the protocol itself, for every model that keeps state: it
+is implemented, and the bytes written load back into the same state (replacing what was there)."""
 
 from __future__ import annotations
 
@@ -15,10 +17,13 @@ import pytest
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings
-from fleetmedic.models.contract import EwmaScalar
+from fleetmedic.models.baseline import EwmaBaseline
 from fleetmedic.models.gpu_detector import GpuDetector
+from fleetmedic.models.multivariate import FEATURES, MultivariateModel, NodeWindowFeatures
 from fleetmedic.models.peers import PeerComparison, node_summary
 from fleetmedic.models.port_detector import PortDetector
+from fleetmedic.models.stages import FleetDetection
+from fleetmedic.models.state import NodeState, State
 from fleetmedic.models.straggler import StragglerDetector
 from tests.models.synth import gpu_message
 
@@ -27,14 +32,31 @@ S = Settings().detection
 
 @dataclass
 class Case:
-    """How to drive one detector: a seeded stream (with or without a fault) and its state hooks."""
+    """How to drive one detector: a seeded stream (with or without a fault); ``node``: the node whose
+    state it saves and loads (:class:`NodeState`), or None for its whole state (:class:`State`)."""
 
     name: str
     make: Callable[[], Any]
     stream: Callable[[int, bool], list[Any]]
     feed: Callable[[Any, Any], list[r.Finding]]
-    export: Callable[[Any], bytes]
-    restore: Callable[[bytes], Any]
+    node: str | None = None
+
+    def save(self, det: Any) -> bytes:
+        if self.node is None:
+            data: bytes = det.state_bytes()
+            return data
+        node_data: bytes | None = det.node_bytes(self.node)
+        assert node_data is not None
+        return node_data
+
+    def restore(self, data: bytes) -> Any:
+        """A detector built as :attr:`make` does, its state loaded from ``data``."""
+        det = self.make()
+        if self.node is None:
+            det.load_state(data)
+        else:
+            det.load_node(self.node, data)
+        return det
 
 
 def gpu_stream(seed: int, fault: bool) -> list[r.GpuTelemetry]:
@@ -53,7 +75,8 @@ def gpu_stream(seed: int, fault: bool) -> list[r.GpuTelemetry]:
     return out
 
 
-def port_stream(seed: int, fault: bool) -> list[r.PortTelemetry]:
+def port_stream(seed: int, fault: bool, device: str = "leaf-1") -> list[r.PortTelemetry]:
+    """A switch's port (the node behind it: n1), or a host's NIC (``device`` n1)."""
     rng = np.random.default_rng(seed)
     out, sym = [], 0
     for k in range(60):
@@ -61,7 +84,8 @@ def port_stream(seed: int, fault: bool) -> list[r.PortTelemetry]:
         boot = "a" if k < 20 else "b"
         if k == 20:
             sym = 0
-        out.append(r.PortTelemetry(device="leaf-1", device_kind="switch", ts=10.0 * k, boot_id=boot, ports=[
+        out.append(r.PortTelemetry(device=device, device_kind="switch" if device == "leaf-1" else "host",
+                                   ts=10.0 * k, boot_id=boot, ports=[
             r.PortSample(port="p1", node="n1", link_state="up", symbol_error_counter=sym, port_rcv_errors=None)]))
     return out
 
@@ -82,7 +106,8 @@ def straggler_stream(seed: int, fault: bool) -> list[r.JobEvent]:
 def peer_stream(seed: int, fault: bool) -> list[list[r.GpuTelemetry]]:
     rng = np.random.default_rng(seed)
     bad = int(rng.integers(8))
-    return [[gpu_message(f"n{i}", 1000 + 10 * k, rng, hot={g: 5.0 for g in range(8)} if fault and i == bad else None)
+    # times as floats, as records off the wire have them (an int time would come back a float)
+    return [[gpu_message(f"n{i}", 1000.0 + 10 * k, rng, hot={g: 5.0 for g in range(8)} if fault and i == bad else None)
              for i in range(8)] for k in range(30)]
 
 
@@ -90,15 +115,6 @@ def feed_peers(det: PeerComparison, tick: list[r.GpuTelemetry]) -> list[r.Findin
     for m in tick:
         det.observe(m.node, m.ts, node_summary(m))
     return det.evaluate("ml/j", [m.node for m in tick], tick[0].ts)
-
-
-def _restore(factory: Callable[[], Any], load: Callable[[Any, bytes], None]) -> Callable[[bytes], Any]:
-    def restore(data: bytes) -> Any:
-        det = factory()
-        load(det, data)
-        return det
-
-    return restore
 
 
 def gpu_factory() -> GpuDetector:
@@ -118,14 +134,12 @@ def peer_factory() -> PeerComparison:
 
 
 CASES = [
-    Case("gpu", gpu_factory, gpu_stream, lambda d, m: d.observe(m), lambda d: d.export_state("n0") or b"",
-         _restore(gpu_factory, lambda d, b: d.import_state("n0", b))),
-    Case("port", port_factory, port_stream, lambda d, m: d.observe(m), lambda d: d.export_state(),
-         _restore(port_factory, lambda d, b: d.import_state(b))),
-    Case("straggler", straggler_factory, straggler_stream, lambda d, m: d.observe(m), lambda d: d.export_state(),
-         _restore(straggler_factory, lambda d, b: d.import_state(b))),
-    Case("peers", peer_factory, peer_stream, feed_peers, lambda d: d.export_state(),
-         _restore(peer_factory, lambda d, b: d.import_state(b))),
+    Case("gpu", gpu_factory, gpu_stream, lambda d, m: d.observe(m), node="n0"),
+    Case("port", port_factory, port_stream, lambda d, m: d.observe(m)),
+    Case("host_ports", port_factory, lambda seed, fault: port_stream(seed, fault, "n1"), lambda d, m: d.observe(m),
+         node="n1"),
+    Case("straggler", straggler_factory, straggler_stream, lambda d, m: d.observe(m)),
+    Case("peers", peer_factory, peer_stream, feed_peers),
 ]
 
 
@@ -151,7 +165,7 @@ class TestConformance:
         det = case.make()
         half = len(items) // 2
         first = run(case, items[:half], det)
-        restored = case.restore(case.export(det))
+        restored = case.restore(case.save(det))
         assert first + run(case, items[half:], restored) == whole
 
     def test_clean_streams_with_missing_values_and_resets_give_no_findings(self, case: Case) -> None:
@@ -176,28 +190,91 @@ def test_nan_and_infinity_never_reach_a_detector() -> None:
             r.convert(r.GpuTelemetry, doc)
 
 
-class TestScalarContract:
-    def test_learn_score_merge_and_bytes(self) -> None:
-        rng = np.random.default_rng(0)
-        a, b = EwmaScalar(warmup=10), EwmaScalar(warmup=10)
-        assert math.isnan(a.score_one(1.0))  # warming up
-        for x in rng.normal(10, 1, 500):
-            a.learn_one(float(x))
-            b.learn_one(float(x) + 0.1)
-        a.learn_one(math.nan)
-        a.learn_one(math.inf)
-        assert a.score_one(10.0) < 1.5 and a.score_one(25.0) > 8
-        assert math.isnan(a.score_one(math.inf))
-        c = EwmaScalar.from_bytes(a.to_bytes(), warmup=10)
-        assert c.score_one(25.0) == pytest.approx(a.score_one(25.0), rel=1e-5)
-        m = a.merge(b)
-        assert 9.5 < float(m.state.mean[0]) < 10.7
+# --- the state protocol, for every model that keeps state ---------------------------------------------
 
-    def test_anomalies_are_not_learned(self) -> None:
-        det = EwmaScalar(warmup=10)
-        for x in np.random.default_rng(1).normal(0, 1, 200):
-            det.learn_one(float(x))
-        before = float(det.state.mean[0])
-        for _ in range(50):
-            det.learn_one(100.0)
-        assert float(det.state.mean[0]) == pytest.approx(before)
+
+def _fleet_stage(seed: int) -> FleetDetection:
+    fleet = FleetDetection(S)
+    nodes = [f"n{i}" for i in range(6)]
+    fleet.on_job(r.JobEvent(job="ml/j", event="placement", ts=0,
+                            placement=[r.RankPlacement(rank=i, node=n) for i, n in enumerate(nodes)]))
+    rng = np.random.default_rng(seed)
+    for k in range(20):
+        for n in nodes:
+            msg = gpu_message(n, 1000.0 + 10 * k, rng)
+            fleet.on_gpu(msgspec.structs.replace(msg, sku="H100"))
+        for rank in range(len(nodes)):
+            fleet.on_job(r.JobEvent(job="ml/j", event="progress", ts=1000 + 10 * k + rank / 100, step=k, rank=rank,
+                                    step_time_s=1.0 + rng.normal(0, 0.01)))
+        fleet.on_port(port_stream(seed, False)[k])
+        fleet.tick(1000.0 + 10 * k + 1)
+    return fleet
+
+
+def _model(seed: int) -> MultivariateModel:
+    rng = np.random.default_rng(seed)
+    model = MultivariateModel(S.multivariate)
+    for k in range(300):
+        model.learn(np.abs(rng.normal(1.0, 0.3, len(FEATURES))), f"n{k % 6}", 60.0 * k)
+    assert model.maybe_refit(now=20_000.0)
+    model.learn(np.full(len(FEATURES), 1.5), "n1", 20_060.0)  # learned since the fit
+    return model
+
+
+def _baseline(seed: int) -> EwmaBaseline:
+    b = EwmaBaseline.empty((4, 3))
+    for x in np.random.default_rng(seed).normal(5, 1, (50, 4, 3)):
+        b.learn(x, 0.1)
+    return b
+
+
+def _fed(case: Case, seed: int) -> Any:
+    det = case.make()
+    run(case, case.stream(seed, True), det)
+    return det
+
+
+#: every model whose whole state is saved: a fresh one (as the settings build it) and one with state
+WHOLE: dict[str, tuple[Callable[[], State], Callable[[int], State]]] = {
+    "fleet": (lambda: FleetDetection(S), _fleet_stage),
+    "multivariate": (lambda: MultivariateModel(S.multivariate), _model),
+    "baseline": (lambda: EwmaBaseline.empty((1,)), _baseline),
+    **{c.name: (c.make, lambda seed, c=c: _fed(c, seed)) for c in CASES if c.node is None},  # type: ignore[misc]
+}
+
+
+def _windows(seed: int) -> NodeWindowFeatures:
+    w = NodeWindowFeatures(window_s=60.0)
+    rng = np.random.default_rng(seed)
+    w.add_batch([gpu_message(n, 1000 + 10 * k, rng) for k in range(4) for n in ("n0", "n1")])
+    return w
+
+
+#: every model whose state is saved a node at a time: a fresh one, one with state, and the node
+BY_NODE: dict[str, tuple[Callable[[], NodeState], Callable[[int], NodeState], str]] = {
+    "windows": (lambda: NodeWindowFeatures(window_s=60.0), _windows, "n0"),
+    **{c.name: (c.make, lambda seed, c=c: _fed(c, seed), c.node) for c in CASES if c.node},  # type: ignore[misc]
+}
+
+
+@pytest.mark.parametrize("name", WHOLE)
+def test_whole_state_loads_back_into_the_same_state_replacing_what_was_there(name: str) -> None:
+    fresh, with_state = WHOLE[name]
+    saved = with_state(1)
+    assert isinstance(saved, State)
+    data = saved.state_bytes()
+    for into in (fresh(), with_state(2)):  # a new object, and one that already has another state
+        into.load_state(data)
+        assert into.state_bytes() == data
+
+
+@pytest.mark.parametrize("name", BY_NODE)
+def test_node_state_loads_back_into_the_same_state_of_that_node(name: str) -> None:
+    fresh, with_state, node = BY_NODE[name]
+    saved = with_state(1)
+    assert isinstance(saved, NodeState)
+    data = saved.node_bytes(node)
+    assert data is not None and saved.node_bytes("never-seen") in (None, msgspec.msgpack.encode({}))
+    for into in (fresh(), with_state(2)):
+        into.load_node(node, data)
+        assert into.node_bytes(node) == data

@@ -28,7 +28,7 @@ def _stage1(msgs: list[r.DetectionTelemetry]) -> tuple[list[r.Finding], list[obj
         batch = stage1_batch(chunk)
         findings += stage.on_gpu(chunk, batch)
         summaries += summarise_batch(chunk, batch)
-    states = {m.node: stage.gpu.export_state(m.node) + stage.export_multivariate(m.node) for m in msgs}
+    states = {m.node: stage.gpu.node_bytes(m.node) + stage.multivariate_bytes(m.node) for m in msgs}
     return findings, summaries, states
 
 
@@ -68,7 +68,8 @@ def test_column_lengths_are_checked_for_every_case_of_the_fast_check(record: typ
         return msgspec.json.encode({"type": "gpu_telemetry", "node": "n", "ts": 1.0, "gpus": gpus, "metrics": metrics})
 
     assert r.decode(record, msg([0, 1], gpu_temp=[40.0, 41.0], power_usage=[300.0, 310.0])).gpus == [0, 1]
-    assert r.decode(record, msg([], gpu_temp=[])).metrics.gpu_temp == []  # no GPUs, nothing reported
-    for gpus, column, count in (([0, 1], [], 0), ([], [40.0], 1), ([0, 1], [40.0, 41.0, 42.0], 3)):
+    with pytest.raises(r.InvalidRecord, match=r"gpus.*length >= 1"):  # a GPU record names at least one GPU
+        r.decode(record, msg([], gpu_temp=[]))
+    for gpus, column, count in (([0, 1], [], 0), ([0], [40.0, 41.0], 2), ([0, 1], [40.0, 41.0, 42.0], 3)):
         with pytest.raises(r.InvalidRecord, match=rf"`metrics.power_usage` has {count} values for {len(gpus)} GPUs"):
             r.decode(record, msg(gpus, gpu_temp=[40.0] * len(gpus), power_usage=column))

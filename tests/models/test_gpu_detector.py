@@ -296,7 +296,7 @@ def test_state_restored_from_bytes_continues_exactly() -> None:
     for m in stream_b[:70]:
         b.observe(m)
     restored = GpuDetector(Settings().detection)
-    restored.import_state("n0", b.export_state("n0") or b"")
+    restored.load_node("n0", b.node_bytes("n0") or b"")
     for m in stream_a[:70]:
         a.observe(m)
     assert [f.id for m in stream_a[70:] for f in a.observe(m)] == [f.id for m in stream_b[70:]
@@ -306,7 +306,7 @@ def test_state_restored_from_bytes_continues_exactly() -> None:
 def test_state_per_gpu_stays_under_4_kb() -> None:
     det = detector()
     run(det, 50)
-    assert len(det.export_state("n0") or b"") / 8 <= 4096
+    assert len(det.node_bytes("n0") or b"") / 8 <= 4096
 
 
 def test_an_unknown_signal_in_the_config_is_rejected() -> None:

@@ -49,10 +49,11 @@ def test_a_restored_model_scores_exactly_as_the_one_saved_and_goes_on_alike(algo
     for k in range(30):  # learned after the fit: pending, not yet in the model
         model.learn(np.full(len(FEATURES), 1.0 + k / 10), NODES[k % 3], 20_000.0 + k)
 
-    restored = MultivariateModel.from_bytes(model.settings, model.to_bytes())
+    restored = MultivariateModel(model.settings)
+    restored.load_state(model.state_bytes())
     assert (restored.version, restored.fitted_at, restored.trained_on) == (1, 10_000.0, model.trained_on)
     assert np.array_equal(restored.score(_probe()), model.score(_probe()))  # equal, not close
-    assert restored.to_bytes() == model.to_bytes()
+    assert restored.state_bytes() == model.state_bytes()
     # and the next refit (on the fit's rows and those learned since) is the same model too
     assert model.maybe_refit(now=20_000.0) and restored.maybe_refit(now=20_000.0)
     assert np.array_equal(restored.score(_probe()), model.score(_probe())) and restored.version == 2
@@ -79,16 +80,16 @@ def test_parts_split_by_node_and_merged_again_fit_the_same_model() -> None:
     model = _learned(_settings())
     model.maybe_refit(now=10_000.0)
     model.learn(np.full(len(FEATURES), 2.0), "n1", 12_000.0)
-    even = model.export_part(lambda node: int(node[1:]) % 2 == 0)
-    odd = model.export_part(lambda node: int(node[1:]) % 2 == 1)
+    even = model.state_bytes(lambda node: int(node[1:]) % 2 == 0)
+    odd = model.state_bytes(lambda node: int(node[1:]) % 2 == 1)
     merged = MultivariateModel(model.settings)
-    assert merged.restore([odd, even]) == 400 + 1  # the fit's rows and the one learned since
+    assert merged.load_parts([odd, even]) == 400 + 1  # the fit's rows and the one learned since
     assert np.array_equal(merged.score(_probe()), model.score(_probe()))
-    assert merged.to_bytes() == model.to_bytes()  # rows in canonical order, wherever they came from
+    assert merged.state_bytes() == model.state_bytes()  # rows in canonical order, wherever they came from
     # one part alone (a worker that takes over half the partitions): the fit it was written with,
     # and only those nodes' rows for the next fit
     half = MultivariateModel(model.settings)
-    half.restore([even])
+    half.load_parts([even])
     assert np.array_equal(half.score(_probe()), model.score(_probe())) and half.version == model.version
     assert len(half.healthy) == sum(1 for k in range(400) if k % len(NODES) % 2 == 0) == 200
 
@@ -97,7 +98,7 @@ def test_an_isolation_forest_is_refitted_from_its_rows_and_a_changed_algorithm_r
     forest = _learned(_settings("isolation_forest"))
     forest.maybe_refit(now=10_000.0)
     mcd = MultivariateModel(_settings())  # the operator switched the algorithm: refit on the rows
-    mcd.restore([forest.to_bytes()])
+    mcd.load_parts([forest.state_bytes()])
     assert mcd.fitted and mcd.trained_on == 400 and np.isfinite(mcd.score(_probe())).all()
     reference = _learned(_settings())
     reference.maybe_refit(now=10_000.0)
@@ -111,21 +112,21 @@ def test_the_rows_kept_are_bounded_by_max_training_windows_and_the_state_by_44_b
     assert model.maybe_refit(now=1e6) and model.trained_on == 100
     for k in range(1000):
         model.learn(np.ones(len(FEATURES)), NODES[0], 2e6 + k)
-    size = len(model.to_bytes())
+    size = len(model.state_bytes())
     assert size < 200 * 44 + 1000, size  # at most twice the cap: the fit's rows and the newest since
 
 
 def test_bytes_that_are_not_a_model_part_are_refused_with_the_reason() -> None:
     model = MultivariateModel(_settings())
     with pytest.raises(ValueError, match="model part"):
-        model.restore([b"\x93not a part"])
-    part = msgspec.msgpack.decode(_learned(_settings(), windows=10).to_bytes(), type=ModelPart)
+        model.load_parts([b"\x93not a part"])
+    part = msgspec.msgpack.decode(_learned(_settings(), windows=10).state_bytes(), type=ModelPart)
     other = msgspec.structs.replace(part, features=["gpu_temp_spread"])
     with pytest.raises(ValueError, match="features"):
-        model.restore([msgspec.msgpack.encode(other)])
+        model.load_parts([msgspec.msgpack.encode(other)])
     short = msgspec.structs.replace(part, trained_x=part.pending_x, pending_x=b"\x00" * 4)
     with pytest.raises(ValueError, match="inconsistent"):
-        model.restore([msgspec.msgpack.encode(short)])
+        model.load_parts([msgspec.msgpack.encode(short)])
     assert model.version == 0 and np.isnan(model.score(_probe())).all()  # nothing half-loaded
 
 
@@ -167,20 +168,20 @@ def test_stage1_restored_mid_stream_finds_and_learns_exactly_as_one_never_restor
     found = [f.id for b in batches[:50] for f in first.on_gpu(b)]
     assert first.model.version >= 1  # fitted before the "checkpoint"
     partition = {n: i % 2 for i, n in enumerate(NODES)}
-    parts = [first.model.export_part(lambda node, p=p: partition[node] == p) for p in (0, 1)]  # type: ignore[misc]
-    nodes = {n: (first.gpu.export_state(n), first.export_multivariate(n)) for n in NODES}
+    parts = [first.model.state_bytes(lambda node, p=p: partition[node] == p) for p in (0, 1)]  # type: ignore[misc]
+    nodes = {n: (first.gpu.node_bytes(n), first.multivariate_bytes(n)) for n in NODES}
 
     second = NodeDetection(detection)
     for n, (gpu, mv) in nodes.items():
         if gpu is not None:
-            second.gpu.import_state(n, gpu)
-        second.import_multivariate(n, mv)
-    second.model.restore(parts)
+            second.gpu.load_node(n, gpu)
+        second.load_multivariate(n, mv)
+    second.model.load_parts(parts)
     found += [f.id for b in batches[50:] for f in second.on_gpu(b)]
 
     assert found == found_live
     assert any(":robust_covariance:" in f for f in found_live), "the drifting node was not flagged"
-    assert second.model.to_bytes() == live.model.to_bytes() and second.model.version == live.model.version
+    assert second.model.state_bytes() == live.model.state_bytes() and second.model.version == live.model.version
 
 
 def test_stage1_refitting_in_a_thread_plans_on_the_same_rows_and_ends_with_the_same_model() -> None:
@@ -205,5 +206,5 @@ def test_stage1_refitting_in_a_thread_plans_on_the_same_rows_and_ends_with_the_s
         threaded.install_refit()  # as a checkpoint does
     assert inline.model.version >= 5 and threaded.model.version == inline.model.version
     assert threaded.refit_running() is None and (running is None or running.done())
-    assert threaded.model.to_bytes() == inline.model.to_bytes()
+    assert threaded.model.state_bytes() == inline.model.state_bytes()
     assert np.array_equal(threaded.model.score(_probe()), inline.model.score(_probe()))

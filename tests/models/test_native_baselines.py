@@ -262,7 +262,7 @@ def test_the_detector_finds_and_learns_the_same_either_way(monkeypatch: pytest.M
         for i in range(0, len(wire), 16):
             msgs = [decode(b) for b in wire[i:i + 16]]
             found.append(msgspec.json.encode(stage.on_gpu(msgs, stage1_batch(msgs))))
-        return found, [stage.gpu.export_state(n) for n in sorted(stage.gpu.nodes())]
+        return found, [stage.gpu.node_bytes(n) for n in sorted(stage.gpu.nodes())]
 
     calls = {"C": 0, "numpy": 0}
 

@@ -83,7 +83,7 @@ class TestPorts:
         det = PortDetector(S)
         det.observe(port_msg(0, 100))
         other = PortDetector(S)
-        other.import_state(det.export_state())
+        other.load_state(det.state_bytes())
         assert [f.detector for f in other.observe(port_msg(10, 200))] == ["ib_counters"]
 
 
@@ -117,7 +117,7 @@ class TestPeers:
             found += cold.tick(1000 + 10 * k)
         assert {f.node for f in found if f.detector == "sku_peers"} == {"n5", "n6"}
         restored = FleetDetection(S)
-        restored.restore(fleet.to_bytes())
+        restored.load_state(fleet.state_bytes())
         assert restored._placed == {"n0": 1}
 
     def test_across_a_sku_a_node_hot_for_its_power_is_flagged_not_one_running_a_heavier_job(self) -> None:
@@ -198,7 +198,7 @@ class TestStraggler:
         assert [f.kind for f in found] == ["job"]
 
     def test_job_step_time_findings_and_state_hold_plain_floats(self) -> None:
-        # the finding goes onto Kafka and the state into a changelog: a numpy scalar encodes in neither
+        # the finding goes onto Kafka and the state into a compacted topic: a numpy scalar encodes in neither
         det = StragglerDetector(S.straggler)
         det.observe(r.JobEvent(job="ml/c", event="placement", ts=0, placement=[r.RankPlacement(rank=0, node="n0")]))
         rng = np.random.default_rng(1)
@@ -209,7 +209,7 @@ class TestStraggler:
         assert [f.detector for f in found] == ["job_step_time"]
         assert type(found[0].evidence[0].score) is float
         msgspec.json.encode(found[0])
-        msgspec.json.encode(det.export_state())
+        msgspec.json.encode(det.state_bytes())
 
 
 def _windows(model_cfg: object, nodes: int, minutes: int, rng: np.random.Generator, **bad: object) -> list:  # type: ignore[type-arg]
@@ -238,7 +238,8 @@ class TestMultivariate:
         bad = _windows(None, 1, 2, np.random.default_rng(5), hot={g: 4.0 for g in range(8)}, slow={2: 0.1})[0]
         finding = model.judge("bad", bad, now=3700.0)
         assert finding is not None and finding.detector == "robust_covariance"
-        restored = MultivariateModel.from_bytes(model.settings, model.to_bytes())
+        restored = MultivariateModel(model.settings)
+        restored.load_state(model.state_bytes())
         assert restored.version == 1
         assert np.allclose(restored.score(bad[None, :]), model.score(bad[None, :]))
 
@@ -282,7 +283,8 @@ class TestBaseline:
         b.learn(np.array([1.0, 2.0]), 0.1)
         b.learn(np.array([100.0, np.nan]), 0.1, protect=np.array([True, False]))
         assert b.mean.tolist() == [1.0, 2.0] and b.count.tolist() == [1.0, 1.0]
-        c = EwmaBaseline.from_bytes(b.to_bytes())
+        c = EwmaBaseline.empty((1,))
+        c.load_state(b.state_bytes())
         assert np.allclose(c.mean, b.mean) and np.allclose(c.count, b.count)
 
 
@@ -340,9 +342,9 @@ class TestSkuOffsets:
                 a.observe(f"n{i}", 100.0 + k, {"gpu_temp": 40.0 + i * 0.3})
             a.evaluate("sku H100 idle", [f"n{i}" for i in range(6)], 100.0 + k)
         b = PeerComparison(S.peers, detector="sku_peers", learn_offsets=True)
-        b.import_state(a.export_state())
+        b.load_state(a.state_bytes())
         assert b._offsets == a._offsets and b._offsets
         old = msgspec.msgpack.encode([a._latest, a._since, a._reported])  # a state written before offsets
         c = PeerComparison(S.peers, detector="sku_peers", learn_offsets=True)
-        c.import_state(old)
+        c.load_state(old)
         assert c._offsets == {} and c._latest == a._latest

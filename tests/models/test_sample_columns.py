@@ -108,7 +108,7 @@ def test_a_batch_gives_the_windows_of_one_message_at_a_time(msgs: list[r.GpuTele
             assert (x is None) == (b is None)
             assert x is None or np.array_equal(x, b, equal_nan=True)
     for node in {m.node for m in msgs}:
-        assert batched.export_node(node) == shared.export_node(node) == single.export_node(node)
+        assert batched.node_bytes(node) == shared.node_bytes(node) == single.node_bytes(node)
 
 
 @settings(max_examples=200, deadline=None)
@@ -185,12 +185,12 @@ def test_windows_close_as_the_reference_over_batches_and_a_restore(msgs: list[r.
     got = mine.add_batch(msgs[:cut], stage1_batch(msgs[:cut]))
     moved = NodeWindowFeatures(window_s=window_s)  # the nodes' windows saved and loaded mid-stream
     for node in {m.node for m in msgs}:
-        moved.import_node(node, mine.export_node(node))
+        moved.load_node(node, mine.node_bytes(node))
     got += moved.add_batch(msgs[cut:], stage1_batch(msgs[cut:])) if msgs[cut:] else []
     for a, b in zip(got, want, strict=True):
         assert (a is None) == (b is None) and (a is None or np.array_equal(a, b, equal_nan=True))
     for node in {m.node for m in msgs}:
-        assert moved.export_node(node) == msgspec.msgpack.encode(ref.open[node])
+        assert moved.node_bytes(node) == msgspec.msgpack.encode(ref.open[node])
 
 
 def test_summary_columns_round_trip_and_a_malformed_batch_is_refused() -> None:

@@ -110,8 +110,8 @@ def test_the_fleet_stage_fed_node_summaries_decides_as_one_fed_raw_telemetry_and
     assert found[0] == found[1] and any(":job_peers:" in f or "n3" in f for f in found[0])
 
     restored = FleetDetection(detection)
-    restored.restore(summarised.to_bytes())
-    assert restored.to_bytes() == summarised.to_bytes()
+    restored.load_state(summarised.state_bytes())
+    assert restored.state_bytes() == summarised.state_bytes()
     assert [f.id for f in restored.tick(400.0)] == [f.id for f in summarised.tick(400.0)]
 
 
