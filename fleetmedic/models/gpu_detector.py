@@ -75,7 +75,7 @@ from fleetmedic.models.gpu_signals import (
 )
 from fleetmedic.models.sample_columns import MetricBatch, columns
 from fleetmedic.models.xid_catalog import XidCatalog, default_catalog
-from fleetmedic.records import DetectionTelemetry, Evidence, Finding
+from fleetmedic.records import DetectionTelemetry, Evidence, Finding, FindingKind, Severity
 
 F64 = NDArray[np.float64]
 
@@ -449,29 +449,26 @@ class GpuDetector:
                 )
                 verb = "persistently off" if persistent else "drifting from"
                 out.append(
-                    _Condition(
-                        f"signal:{name}:{msg.gpus[g]}",
-                        detector,
-                        "degradation",
-                        "critical" if critical else "warning",
-                        f"GPU {msg.gpus[g]} {name} {verb} its baseline (z={_f(res.z[i][sig, g]):.1f})",
-                        ev,
-                        msg.gpus[g],
-                        "",
-                    )
+                    _Condition(key=f"signal:{name}:{msg.gpus[g]}", detector=detector, kind="degradation",
+                               severity="critical" if critical else "warning",
+                               summary=f"GPU {msg.gpus[g]} {name} {verb} its baseline (z={_f(res.z[i][sig, g]):.1f})",
+                               evidence=ev, gpu=msg.gpus[g], hint="")
                 )
         for g in np.nonzero(throttled)[0]:
             ev = Evidence(detector="gpu_throttle", metric="clocks_event_reasons", value=float(throttle[g]),
                           threshold=s.thermal_throttle_fraction, gpu=msg.gpus[g], ts=msg.ts,
                           note="share of samples in HW slowdown / thermal / power brake")
-            out.append(_Condition(f"gpu_throttle:{msg.gpus[g]}", "gpu_throttle", "degradation", "warning",
-                                  f"GPU {msg.gpus[g]} throttled {throttle[g]:.0%} of the time", ev, msg.gpus[g], ""))
+            out.append(_Condition(key=f"gpu_throttle:{msg.gpus[g]}", detector="gpu_throttle", kind="degradation",
+                                  severity="warning",
+                                  summary=f"GPU {msg.gpus[g]} throttled {throttle[g]:.0%} of the time", evidence=ev,
+                                  gpu=msg.gpus[g], hint=""))
         for g in np.nonzero(narrow)[0]:
             ev = Evidence(detector="pcie_width", metric="pcie_link_width", value=float(x[M["pcie_link_width"], g]),
                           baseline=float(np.nanmax(x[M["pcie_link_width"]])), gpu=msg.gpus[g], ts=msg.ts)
-            out.append(_Condition(f"pcie_width:{msg.gpus[g]}", "pcie_width", "degradation", "warning",
-                                  f"GPU {msg.gpus[g]} PCIe link width dropped to x{int(ev.value or 0)}", ev,
-                                  msg.gpus[g], ""))
+            out.append(_Condition(key=f"pcie_width:{msg.gpus[g]}", detector="pcie_width", kind="degradation",
+                                  severity="warning",
+                                  summary=f"GPU {msg.gpus[g]} PCIe link width dropped to x{int(ev.value or 0)}",
+                                  evidence=ev, gpu=msg.gpus[g], hint=""))
         for key, mask in hard.items():
             for g in np.nonzero(mask[i])[0]:
                 out.append(self._hard_condition(key, msg, int(g), x, prev))
@@ -483,12 +480,13 @@ class GpuDetector:
         value = float(x[M[metric], g])
         before = float(prev[W[metric], g]) if metric in W else float("nan")
         ev = Evidence(detector=detector, metric=metric, value=value, baseline=_f(before), gpu=gpu, ts=msg.ts)
-        severity = "critical" if kind == "hard_fault" else ("info" if key in _INFO_ONLY else "warning")
+        severity: Severity = "critical" if kind == "hard_fault" else ("info" if key in _INFO_ONLY else "warning")
         # hard faults are events: one finding per change, keyed by the value reached; a state (a
         # slowdown bit) is one condition while it lasts, whatever else the bitmask holds
         state = key in _HARD_STATES
-        return _Condition(f"{key}:{gpu}" if state else f"{key}:{gpu}:{value:g}", detector, kind, severity,
-                          summary.format(gpu=gpu, value=value), ev, gpu, hint)
+        return _Condition(key=f"{key}:{gpu}" if state else f"{key}:{gpu}:{value:g}", detector=detector, kind=kind,
+                          severity=severity, summary=summary.format(gpu=gpu, value=value), evidence=ev, gpu=gpu,
+                          hint=hint)
 
     def _power_brake_condition(self, msg: DetectionTelemetry, braking: NDArray[np.bool_]) -> _Condition:
         """One node-level condition: the board braked most of its GPUs at once (power delivery)."""
@@ -497,9 +495,9 @@ class GpuDetector:
         ev = Evidence(detector="power_brake", metric="clocks_event_reasons", value=float(len(gpus)),
                       threshold=frac * len(msg.gpus), ts=msg.ts,
                       note="HW power brake (0x80) on GPUs " + ",".join(map(str, gpus)))
-        return _Condition("power_brake", "power_brake", "hard_fault", "critical",
-                          f"HW power brake on {len(gpus)} of {len(msg.gpus)} GPUs: power delivery (PSU) fault",
-                          ev, None, "isolate")
+        return _Condition(key="power_brake", detector="power_brake", kind="hard_fault", severity="critical",
+                          summary=f"HW power brake on {len(gpus)} of {len(msg.gpus)} GPUs: power delivery (PSU) fault",
+                          evidence=ev, gpu=None, hint="isolate")
 
     def _gpu_set_changed(self, msg: DetectionTelemetry, live: _Live) -> list[Finding]:
         missing = sorted(set(live.gpus) - set(msg.gpus))
@@ -507,9 +505,10 @@ class GpuDetector:
         for gpu in missing:
             ev = Evidence(detector="hard_rules", metric="gpu_count", value=float(len(msg.gpus)),
                           baseline=float(len(live.gpus)), gpu=gpu, ts=msg.ts, note="GPU stopped reporting")
-            out.append(_finding(msg, _Condition(f"gpu_missing:{gpu}", "hard_rules", "hard_fault", "critical",
-                                                f"GPU {gpu} stopped reporting (fell off the bus?)", ev, gpu,
-                                                "reboot_node")))
+            out.append(_finding(msg, _Condition(key=f"gpu_missing:{gpu}", detector="hard_rules", kind="hard_fault",
+                                                severity="critical",
+                                                summary=f"GPU {gpu} stopped reporting (fell off the bus?)",
+                                                evidence=ev, gpu=gpu, hint="reboot_node")))
         return out
 
     def _realigned(self, node: str, live: _Live, gpus: tuple[int, ...]) -> _Live:
@@ -546,11 +545,13 @@ class GpuDetector:
         out: list[_Condition] = []
         for ts, gpu, code, text in events:
             info = self.catalog.lookup(code)
-            severity = "critical" if info.isolates else ("warning" if info.action == "investigate" else "info")
+            severity: Severity = ("critical" if info.isolates
+                                  else "warning" if info.action == "investigate" else "info")
             ev = Evidence(detector="xid_rules", metric="xid", value=float(code), gpu=gpu, ts=ts,
                           note=f"{info.mnemonic} ({info.bucket or 'not in catalog'}): {text}"[:4000])
-            out.append(_Condition(f"xid:{gpu}:{code}:{ts:.3f}", "xid_rules", "hard_fault", severity,
-                                  f"XID {code} ({info.mnemonic}) on GPU {gpu}", ev, gpu, info.action))
+            out.append(_Condition(key=f"xid:{gpu}:{code}:{ts:.3f}", detector="xid_rules", kind="hard_fault",
+                                  severity=severity, summary=f"XID {code} ({info.mnemonic}) on GPU {gpu}",
+                                  evidence=ev, gpu=gpu, hint=info.action))
             if code in xs.repeat_xids and not _xid_burst(log, ts, code, xs.repeat_burst_s, xs.repeat_max_gpus):
                 # occurrences on many GPUs at once (an application's every rank faulting) do not count
                 n = sum(1 for t, g_, c in log if g_ == gpu and c == code and t >= ts - xs.repeat_window_s
@@ -558,16 +559,18 @@ class GpuDetector:
                 if n >= xs.repeat_count:
                     ev2 = Evidence(detector="xid_repeat", metric="xid", value=float(n), threshold=xs.repeat_count,
                                    window_s=xs.repeat_window_s, gpu=gpu, ts=ts)
-                    out.append(_Condition(f"xid_repeat:{gpu}:{code}", "xid_repeat", "hard_fault", "warning",
-                                          f"XID {code} repeated {n}x on GPU {gpu}", ev2, gpu, "investigate"))
+                    out.append(_Condition(key=f"xid_repeat:{gpu}:{code}", detector="xid_repeat", kind="hard_fault",
+                                          severity="warning", summary=f"XID {code} repeated {n}x on GPU {gpu}",
+                                          evidence=ev2, gpu=gpu, hint="investigate"))
             if code in xs.trend_xids:
                 n = sum(1 for t, g_, c in log if g_ == gpu and c == code and t >= ts - xs.trend_window_s)
                 if n >= xs.trend_count:
                     ev3 = Evidence(detector="xid_trend", metric="xid", value=float(n), threshold=xs.trend_count,
                                    window_s=xs.trend_window_s, gpu=gpu, ts=ts)
-                    out.append(_Condition(f"xid_trend:{gpu}:{code}", "xid_trend", "degradation", "warning",
-                                          f"XID {code} trending on GPU {gpu} ({n} in window)", ev3, gpu,
-                                          "investigate"))
+                    out.append(_Condition(key=f"xid_trend:{gpu}:{code}", detector="xid_trend", kind="degradation",
+                                          severity="warning",
+                                          summary=f"XID {code} trending on GPU {gpu} ({n} in window)", evidence=ev3,
+                                          gpu=gpu, hint="investigate"))
         live.xid_log = log[-256:]
         return out
 
@@ -591,19 +594,21 @@ class GpuDetector:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Condition:
+    """One condition a rule saw on a node: reported as a :class:`Finding` when new or due again."""
+
     key: str
     detector: str
-    kind: str
-    severity: str
+    kind: FindingKind
+    severity: Severity
     summary: str
     evidence: Evidence
     gpu: int | None
     hint: str
 
 
-_HARD: dict[str, tuple[str, str, str, str, str]] = {
+_HARD: dict[str, tuple[str, str, FindingKind, str, str]] = {
     "dbe": ("ecc_dbe_vol_total", "hard_rules", "hard_fault", "GPU {gpu}: uncorrectable ECC (DBE) errors", "reset_gpu"),
     "row_remap_failure": ("row_remap_failure", "hard_rules", "hard_fault", "GPU {gpu}: row remapping failed",
                           "isolate"),
@@ -673,8 +678,8 @@ def _finding(msg: DetectionTelemetry, cond: _Condition) -> Finding:
         ts=msg.ts,
         node=msg.node,
         detector=cond.detector,
-        kind=cond.kind,  # type: ignore[arg-type]
-        severity=cond.severity,  # type: ignore[arg-type]
+        kind=cond.kind,
+        severity=cond.severity,
         summary=cond.summary,
         evidence=[cond.evidence],
         gpu=cond.gpu,
