@@ -111,3 +111,22 @@ def test_dashboard_shows_the_issue_panels() -> None:
         assert needle in titles, needle
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
+
+
+def test_every_alert_fires_and_stays_quiet_as_its_unit_test_says() -> None:
+    """``promtool test rules`` over deploy/prometheus/alerts.test.yml: input series, the alerts
+    expected (labels and rendered annotations) and the moments none is expected, for every alert."""
+    tests = yaml.safe_load((DEPLOY / "prometheus" / "alerts.test.yml").read_text())
+    covered = {case["alertname"] for t in tests["tests"] for case in t["alert_rule_test"]
+               if case["exp_alerts"]}
+    assert covered == {name for name, _ in _alert_exprs()}, "every alert needs a case where it fires"
+    run = subprocess.run([promtool(), "test", "rules", "alerts.test.yml"], cwd=DEPLOY / "prometheus",
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_the_scrape_config_keeps_fleetmedics_own_node_label() -> None:
+    doc = yaml.safe_load((DEPLOY / "prometheus" / "scrape.yml").read_text())
+    for job in doc["scrape_configs"]:
+        assert job.get("honor_labels") is True, job["job_name"]
+        assert "node" not in {r.get("target_label") for r in job["relabel_configs"]}, job["job_name"]
