@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from fleetmedic import __version__
+from fleetmedic.cli.common import plain_help
 
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for register in _registrars():
         register(sub)
+    plain_help(parser)
     return parser
 
 

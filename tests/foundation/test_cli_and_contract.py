@@ -72,3 +72,15 @@ def test_the_pure_core_imports_no_adapter_library() -> None:
     assert lint, "import-linter is not installed"
     proc = subprocess.run([lint], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_no_help_page_shows_docstring_markup(capsys: pytest.CaptureFixture[str]) -> None:
+    """Descriptions come from docstrings written in reST; ``--help`` shows them as plain text."""
+    from fleetmedic.cli.common import _parsers, plain_text
+
+    assert plain_text("see :class:`~fleetmedic.records.OperatorCommand` and ``--json``::") == \
+        "see OperatorCommand and --json:"
+    for parser in _parsers(build_parser()):
+        text = parser.format_help()
+        for mark in ("``", ":class:`", ":mod:`", ":func:`", ":meth:`", ":data:`"):
+            assert mark not in text, f"{parser.prog}: {mark}"
