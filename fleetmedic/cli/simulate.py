@@ -146,15 +146,13 @@ def run_simulate(args: argparse.Namespace) -> int:
 def _run_kafka(sim: Simulator, args: argparse.Namespace) -> int:
     import asyncio
 
-    from fleetmedic.config import ConfigError, read_config
+    from fleetmedic.cli.common import settings_or_none
     from fleetmedic.evaluation.truth import write_meta, write_truth
     from fleetmedic.sim.closed_loop import encode_accounting
     from fleetmedic.sim.kafka_producer import produce
 
-    try:
-        settings = read_config(args.config)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    settings = settings_or_none(args.config)  # the file and FLEETMEDIC__* overrides, as every command reads them
+    if settings is None:
         return EXIT_USAGE
     stats = asyncio.run(produce(sim, settings, rate=args.rate, closed_loop=args.closed_loop))
     print(f"produced {stats.messages} messages ({stats.bytes / 1e6:.1f} MB) in {stats.wall_s:.1f} s "

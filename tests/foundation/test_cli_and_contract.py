@@ -84,3 +84,25 @@ def test_no_help_page_shows_docstring_markup(capsys: pytest.CaptureFixture[str])
         text = parser.format_help()
         for mark in ("``", ":class:`", ":mod:`", ":func:`", ":meth:`", ":data:`"):
             assert mark not in text, f"{parser.prog}: {mark}"
+
+
+def test_every_command_reads_its_config_the_same_way(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """One loader for every subcommand (the file plus FLEETMEDIC__* overrides): ``simulate --kafka``
+    once read the file without the overrides and produced to another broker than ``worker`` read."""
+    import ast
+
+    from fleetmedic.cli.common import settings_or_none
+
+    cli_dir = Path(__file__).resolve().parents[2] / "fleetmedic" / "cli"
+    for path in sorted(cli_dir.glob("*.py")):
+        if path.name in ("common.py", "config.py"):  # the loader itself; `config check` reads what it is given
+            continue
+        calls = {n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", "")
+                 for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)}
+        assert not calls & {"read_config", "parse_config", "Settings"}, f"{path.name} loads its config itself"
+    config = tmp_path / "c.yaml"
+    config.write_text("kafka:\n  bootstrap_servers: file:9092\n")
+    monkeypatch.setenv("FLEETMEDIC__KAFKA__BOOTSTRAP_SERVERS", "env:9092")
+    for path_arg in (str(config), None):
+        settings = settings_or_none(path_arg)
+        assert settings is not None and settings.kafka.bootstrap_servers == "env:9092"
