@@ -84,7 +84,10 @@ class TopicSettings(Section, frozen=True, kw_only=True):
     names: dict[str, str] = {}
     partitions: dict[str, PosInt] = {}
     default_partitions: PosInt = 12
-    replication_factor: Annotated[int, Meta(ge=1, le=15)] = 1
+    replication_factor: Annotated[int, Meta(ge=1, le=15)] = 1  # 3 on a production cluster
+    # min.insync.replicas of the topics fleetmedic creates: with acks=all a write needs this many
+    # replicas; 0: replication_factor - 1, at most 2, at least 1 (3 -> 2: one broker may be lost)
+    min_insync_replicas: Annotated[int, Meta(ge=0, le=15)] = 0
 
     def __post_init__(self) -> None:
         for table in (self.names, self.partitions):
@@ -92,6 +95,14 @@ class TopicSettings(Section, frozen=True, kw_only=True):
                 if key not in BY_NAME:
                     known = ", ".join(sorted(BY_NAME))
                     raise ValueError(f"unknown topic `{key}` (known: {known})")
+        if self.min_insync_replicas > self.replication_factor:
+            raise ValueError(f"`min_insync_replicas` ({self.min_insync_replicas}) exceeds `replication_factor` "
+                             f"({self.replication_factor}): no write with acks=all could succeed")
+
+    @property
+    def min_isr(self) -> int:
+        """The ``min.insync.replicas`` topics are created with (``min_insync_replicas``, or derived)."""
+        return self.min_insync_replicas or max(1, min(2, self.replication_factor - 1))
 
     def topic(self, name: str) -> str:
         """Full topic name for a logical topic (``telemetry.gpu`` -> ``fleetmedic.telemetry.gpu``)."""
@@ -101,9 +112,19 @@ class TopicSettings(Section, frozen=True, kw_only=True):
 
 
 class SigningSettings(Section, frozen=True, kw_only=True):
+    """Keys by role (:mod:`fleetmedic.signing`): the command key (the decision stage signs, the
+    executor verifies) and the operator keys, by id (``fleetmedic ctl`` signs with one, the decision
+    stage accepts any, the executor none)."""
+
     key_file: str = ""
     key_env: str = "FLEETMEDIC_SIGNING_KEY"
     command_ttl_s: PosFloat = 300.0
+    operator_key_files: dict[str, str] = {}  # key id -> file holding that operator key
+    operator_key_dir: str = ""  # or a folder (a mounted Secret): each file one key, its name the id
+    operator_key_env: dict[str, str] = msgspec.field(
+        default_factory=lambda: {"operator": "FLEETMEDIC_OPERATOR_KEY"})  # key id -> env var (used when set)
+    operator_key_id: str = ""  # the key `fleetmedic ctl` signs with ("": the only one configured)
+    allow_demo_keys: bool = False  # the published demo keys: only `fleetmedic demo` sets this
 
 
 # --- detection ----------------------------------------------------------------------------------
@@ -202,6 +223,19 @@ class XidSettings(Section, frozen=True, kw_only=True):
     trend_window_s: PosFloat = 86_400.0
 
 
+class SiblingSettings(Section, frozen=True, kw_only=True):
+    """A GPU's error rate against the median of its node's GPUs (detector ``gpu_siblings``): errors
+    rising on one GPU while its siblings stay flat, however slowly (a per-GPU baseline can learn a
+    slow rise as normal). Rates are per minute, smoothed per GPU with ``halflife_samples``."""
+
+    signals: list[str] = msgspec.field(default_factory=lambda: ["nvlink_error_rate"])  # rate signals compared
+    halflife_samples: PosFloat = 6.0
+    min_excess: PosFloat = 3.0  # per minute above the median of the node's GPUs ...
+    ratio: PosFloat = 4.0  # ... and at least this multiple of that median
+    critical_excess: PosFloat = 60.0  # per minute (1/s: DCGM's limit for NVLink replay/recovery errors)
+    min_gpus: Annotated[int, Meta(ge=2, le=256)] = 4  # GPUs of the node reporting the signal
+
+
 class DetectionSettings(Section, frozen=True, kw_only=True):
     sample_interval_s: PosFloat = 10.0
     continuity_samples: PosInt = 4
@@ -221,6 +255,12 @@ class DetectionSettings(Section, frozen=True, kw_only=True):
     thermal_throttle_fraction: Fraction = 0.2
     hw_thermal_is_hard: bool = True  # HW thermal slowdown (0x40) on a GPU is a hard fault (cooling)
     power_brake_min_gpu_fraction: Fraction = 0.5  # HW power brake (0x80) on this share of a node's GPUs: PSU; 0 = off
+    # a GPU absent from a node's records (or listed with no values) is lost only once it was absent
+    # from this many records in a row spanning this long: one partial or misaligned scrape is not a
+    # GPU fallen off the bus. XID 79 for that GPU (NVML's lost-GPU error) confirms it at once
+    gpu_missing_after_samples: PosInt = 3
+    gpu_missing_after_s: NonNegFloat = 20.0
+    siblings: SiblingSettings = SiblingSettings()
 
 
 # --- triage, policy, safety ---------------------------------------------------------------------
@@ -391,11 +431,23 @@ class PolicySettings(Section, frozen=True, kw_only=True):
 
 
 class BreakerSettings(Section, frozen=True, kw_only=True):
-    trip_suspect_fraction: Fraction = 0.1
-    trip_min_nodes: PosInt = 3
+    """Correlated suspicion opens the breaker (remediation/safety.py): distinct nodes that became
+    isolation candidates within ``window_s``, counted three ways; each trips at ``max(min, fraction x
+    size)``. Fleet share (``trip_*``), one signature across the fleet (``signature_*``: the same XID,
+    metric or log signal) and one failure domain (``domain_*``: a rack, a leaf switch)."""
+
+    trip_suspect_fraction: Fraction = 0.02
+    trip_min_nodes: PosInt = 6
+    signature_fraction: Fraction = 0.002
+    signature_min_nodes: PosInt = 4
+    domain_fraction: Fraction = 0.5
+    domain_min_nodes: PosInt = 3
     window_s: PosFloat = 300.0
     resume: Literal["auto", "command"] = "command"
     auto_resume_after_s: PosFloat = 1800.0
+    # while open, definitive isolation of a node whose GPU or whole self is gone still proceeds
+    # (unless the breaker tripped on that very signature outside the node's failure domain)
+    pass_lost_devices: bool = True
 
 
 class SafetySettings(Section, frozen=True, kw_only=True):
@@ -410,7 +462,9 @@ class SafetySettings(Section, frozen=True, kw_only=True):
     preventive_share: Fraction = 0.5
     breaker: BreakerSettings = BreakerSettings()
     opt_out_label: str = LABEL_OPT_OUT
-    retry_blocked_s: NonNegFloat = 600.0
+    retry_blocked_s: NonNegFloat = 600.0  # a refused isolation is escalated again after this (never dropped)
+    settle_s: NonNegFloat = 60.0  # preventive candidates wait this long, so that a storm trips the breaker first
+    fleet_forget_after_s: PosFloat = 86_400.0  # a node only telemetry showed leaves the fleet size after this silence
 
 
 # --- executor -----------------------------------------------------------------------------------
@@ -463,10 +517,29 @@ class PrometheusExporterSettings(Section, frozen=True, kw_only=True):
     mode: Literal["scrape", "api"] = "scrape"
     targets: list[str] = []  # scrape: exporter URLs (http://host:9400/metrics)
     api_url: str = ""  # api: Prometheus server base URL (http://prometheus:9090)
-    api_selector: str = '{__name__=~"DCGM_FI_.*|node_infiniband_.*"}'
+    api_selector: str = '{__name__=~"DCGM_FI_.*|DCGM_EXP_.*|node_infiniband_.*"}'
     bearer_token_file: str = ""
     interval_s: PosFloat = 30.0
     timeout_s: PosFloat = 10.0
+    # which label names the node, first present wins, for Prometheus text, OpenMetrics, the API and
+    # backtest files: dcgm-exporter's Hostname (gpu-operator sets it from spec.nodeName; `hostname`
+    # on dcgm-exporter's main branch), node/kubernetes_node from relabelling, instance without its
+    # port. A config that sets only ingest.node_labels keeps that order (docs/connectors.md).
+    node_labels: list[str] = msgspec.field(
+        default_factory=lambda: ["Hostname", "hostname", "node", "kubernetes_node", "instance"])
+    # label values that are not a node's name: a dcgm-exporter pod's (exporters before 3.1 or
+    # gpu-operator before v23.9 report the pod's host name) or a Docker container id; the next label is used
+    node_label_ignore: str = r"^(nvidia-)?dcgm-exporter-[a-z0-9]{5}$|^[0-9a-f]{12}$"
+    # samples of one node within this of each other are one scrape, one record (issue #21)
+    group_tolerance_ms: Annotated[int, Meta(ge=0, le=60_000)] = 500
+    # range queries (backtest --prometheus): points per series per query, under the server's 11,000
+    range_max_points: Annotated[int, Meta(ge=10, le=11_000)] = 10_000
+
+    def __post_init__(self) -> None:
+        try:
+            re.compile(self.node_label_ignore)
+        except re.error as exc:
+            raise ValueError(f"node_label_ignore: not a regular expression: {exc}") from None
 
 
 class KafkaTelemetrySettings(Section, frozen=True, kw_only=True):
@@ -562,6 +635,9 @@ class StreamsSettings(Section, frozen=True, kw_only=True):
     engine_snapshot_every_s: PosFloat = 30.0  # decision stage: state + input offsets
     detect_snapshot_every_s: PosFloat = 60.0  # stage 1: the nodes that changed since the last write
     session_timeout_s: Annotated[float, Meta(ge=6.0, le=300.0)] = 10.0  # a dead worker's partitions move after this
+    # a record stamped further ahead of the clock than this is dead-lettered: it never moves event
+    # time (the decision clock, command expiry, stage 1's windows); issue #21, docs/streams.md
+    max_future_skew_s: Annotated[float, Meta(ge=0.0, le=86_400.0)] = 300.0
 
 
 class PlacementSettings(Section, frozen=True, kw_only=True):
@@ -685,6 +761,8 @@ _NAMES: dict[tuple[type, str], _Names] = {
     (TopicSettings, "names"): _Names("topic", tuple(BY_NAME)),
     (TopicSettings, "partitions"): _Names("topic", tuple(BY_NAME)),
     (DetectionSettings, "metrics"): _Names("signal", DETECTION_SIGNALS),
+    (SiblingSettings, "signals"): _Names(
+        "rate signal", tuple(n for n in DETECTION_SIGNALS if n.endswith("_rate")), of="values"),
     (DetectionSettings, "ib_thresholds"): _Names("counter", PORT_COUNTERS),
     (TriageSettings, "congestion_metrics"): _Names("port metric", PORT_METRICS, of="values"),
     (ActionStep, "params"): _Names("step parameter", STEP_PARAMS),

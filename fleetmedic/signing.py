@@ -8,15 +8,33 @@ print JSON numbers like msgspec can verify it. Executors call :func:`verify` bef
 checks the signature in constant time,
 then the expiry against the injected ``now``.
 
-Key material comes from a file or an environment variable (see ``signing`` in the config); the
-reading is the caller's job (:func:`load_key` takes the already-read text), keeping this pure.
+**Keys by role.** The *command key* (``signing.key_file`` / ``signing.key_env``): the decision stage
+signs remediation commands with it and the executor verifies them with it. The *operator keys*
+(``signing.operator_key_files`` / ``operator_key_dir`` / ``operator_key_env``, each with an id):
+``fleetmedic ctl`` signs an operator command with one of them, the decision stage accepts any of
+them (a :class:`KeySet`), and never the command key; the executor never holds them. So whoever may
+run ``ctl`` cannot sign a command for the executor, past the policy and the safety budgets.
+Verifiers hold a set of keys by id and signers use one: the step towards rotation (issue #25).
+
+**Unusable keys are refused, loudly.** An empty key, one shorter than :data:`MIN_KEY_BYTES`, and the
+published demo keys (:data:`DEMO_KEYS`, accepted only where ``allow_demo`` is set: the demo) raise
+:class:`UnusableKey` (a :class:`SignatureError`, so a verifier handed one refuses the command
+instead of acting on it), at load time with the reason.
+
+Key material comes from files or environment variables. :func:`load_key` takes the already-read
+text and stays pure; :func:`operator_keys` is the one function here that reads files (the key
+files named in the config, re-read at each call so a rotated Secret is picked up).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import TypeVar
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Protocol, TypeVar
 
 import msgspec
 
@@ -24,24 +42,53 @@ from fleetmedic.records import OperatorCommand, RemediationCommand
 
 C = TypeVar("C", RemediationCommand, OperatorCommand)
 
-MIN_KEY_BYTES = 32
+MIN_KEY_BYTES: Final = 32
+
+#: Keys that are published (in this repository, its demo and its compose file): anyone can sign
+#: with them. Accepted only where ``allow_demo`` is set (``fleetmedic demo``, ``signing.allow_demo_keys``).
+DEMO_COMMAND_KEY: Final = b"fleetmedic-demo-signing-key-not-for-production-use!"
+DEMO_OPERATOR_KEY: Final = b"fleetmedic-demo-operator-key-not-for-production-use!"
+DEMO_KEYS: Final = frozenset({
+    DEMO_COMMAND_KEY,
+    DEMO_OPERATOR_KEY,
+    b"compose-demo-signing-key-not-for-production-use",  # deploy/compose.yaml before the keys were split
+})
+
+KEY_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
 class SignatureError(ValueError):
     """The command's signature is missing or does not match: never act on it."""
 
 
+class UnusableKey(SignatureError):
+    """The key itself may not be used (empty, too short, a published demo key, missing, or a key of
+    the wrong role): nothing signed with it is acted on."""
+
+
 class CommandExpired(ValueError):
     """The command is past its ``expires_at``: it describes a world that may have changed."""
 
 
-def load_key(text: str | bytes) -> bytes:
-    """Turn key material (the content of a key file or env var) into HMAC key bytes."""
-    raw = text.encode() if isinstance(text, str) else text
-    key = raw.strip()
+def check_key(key: bytes, *, allow_demo: bool = False, what: str = "signing key") -> bytes:
+    """``key`` if it may sign or verify; :class:`UnusableKey` with the reason otherwise."""
+    if not key:
+        raise UnusableKey(f"{what}: empty (refused: anyone could sign with it)")
     if len(key) < MIN_KEY_BYTES:
-        raise ValueError(f"signing key: must be at least {MIN_KEY_BYTES} bytes, got {len(key)}")
+        raise UnusableKey(f"{what}: must be at least {MIN_KEY_BYTES} bytes, got {len(key)} "
+                          f"(e.g. `openssl rand -base64 48`)")
+    if key in DEMO_KEYS and not allow_demo:
+        raise UnusableKey(f"{what}: this is a published demo key (in fleetmedic's own repository: anyone can "
+                          f"sign with it); it is accepted only by the demo (signing.allow_demo_keys). "
+                          f"Generate one: `openssl rand -base64 48`")
     return key
+
+
+def load_key(text: str | bytes, *, allow_demo: bool = False, what: str = "signing key") -> bytes:
+    """Turn key material (the content of a key file or env var) into HMAC key bytes; refuse an
+    unusable key (:func:`check_key`) with the reason."""
+    raw = text.encode() if isinstance(text, str) else text
+    return check_key(raw.strip(), allow_demo=allow_demo, what=what)
 
 
 def canonical_bytes(command: RemediationCommand | OperatorCommand) -> bytes:
@@ -57,14 +104,129 @@ def signature_of(command: RemediationCommand | OperatorCommand, key: bytes) -> s
 
 
 def sign(command: C, key: bytes) -> C:
+    if len(key) < MIN_KEY_BYTES:
+        check_key(key)  # raises: never produce a signature anyone could forge
     return msgspec.structs.replace(command, signature=signature_of(command, key))
 
 
-def verify(command: RemediationCommand | OperatorCommand, key: bytes, now: float) -> None:
-    """Raise :class:`SignatureError` or :class:`CommandExpired`; return ``None`` if it may be acted on."""
+def verify(command: RemediationCommand | OperatorCommand, key: bytes, now: float, *,
+           allow_demo: bool = False) -> None:
+    """Raise :class:`SignatureError` (:class:`UnusableKey` for an empty, short or demo key) or
+    :class:`CommandExpired`; return ``None`` if it may be acted on."""
+    check_key(key, allow_demo=allow_demo)
     if not command.signature:
         raise SignatureError(f"command {command.id}: unsigned")
     if not hmac.compare_digest(command.signature, signature_of(command, key)):
         raise SignatureError(f"command {command.id}: signature does not match (tampered or wrong key)")
     if now > command.expires_at:
         raise CommandExpired(f"command {command.id}: expired at {command.expires_at:.3f}, now {now:.3f}")
+
+
+# --- a set of keys by id (operator keys) ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KeySet:
+    """Keys by id: a verifier accepts a command signed with any of them; a signer uses
+    :attr:`signing_id` (the only key when there is one)."""
+
+    keys: Mapping[str, bytes]
+    signing_id: str = ""
+    what: str = "operator key"
+
+    def __post_init__(self) -> None:
+        for kid in self.keys:
+            if not KEY_ID.fullmatch(kid):
+                raise UnusableKey(f"{self.what} id {kid!r}: must be 1-63 of [A-Za-z0-9._-], starting alphanumeric")
+
+    def signer(self) -> tuple[str, bytes]:
+        """(id, key) to sign with."""
+        if self.signing_id:
+            if self.signing_id not in self.keys:
+                raise UnusableKey(f"{self.what} {self.signing_id!r} (signing.operator_key_id, the one to sign with) "
+                                  f"is not configured; configured: {', '.join(sorted(self.keys)) or 'none'}")
+            return self.signing_id, self.keys[self.signing_id]
+        if len(self.keys) == 1:
+            return next(iter(self.keys.items()))
+        raise UnusableKey(f"{self.what}: " + ("none configured" if not self.keys else
+                          f"{len(self.keys)} configured ({', '.join(sorted(self.keys))}): "
+                          f"name the one to sign with (signing.operator_key_id)"))
+
+    def sign(self, command: C) -> C:
+        return sign(command, self.signer()[1])
+
+    def verify(self, command: RemediationCommand | OperatorCommand, now: float) -> str:
+        """The id of the key that signed ``command``; :class:`SignatureError` (none did, or no key is
+        configured) or :class:`CommandExpired` otherwise. Every key is tried (constant time each)."""
+        if not self.keys:
+            raise UnusableKey(f"command {command.id}: no {self.what} is configured, so none is accepted")
+        if not command.signature:
+            raise SignatureError(f"command {command.id}: unsigned")
+        matched = ""
+        for kid, key in self.keys.items():
+            if hmac.compare_digest(command.signature, signature_of(command, key)) and not matched:
+                matched = kid
+        if not matched:
+            raise SignatureError(f"command {command.id}: signature does not match any {self.what} "
+                                 f"({', '.join(sorted(self.keys))}): tampered or signed with another key")
+        if now > command.expires_at:
+            raise CommandExpired(f"command {command.id}: expired at {command.expires_at:.3f}, now {now:.3f}")
+        return matched
+
+
+class OperatorKeySource(Protocol):
+    """Where the operator keys are (the ``signing`` section of the config has these fields)."""
+
+    @property
+    def operator_key_files(self) -> Mapping[str, str]: ...
+    @property
+    def operator_key_dir(self) -> str: ...
+    @property
+    def operator_key_env(self) -> Mapping[str, str]: ...
+    @property
+    def operator_key_id(self) -> str: ...
+    @property
+    def allow_demo_keys(self) -> bool: ...
+
+
+def operator_keys(source: OperatorKeySource, environ: Mapping[str, str], *, command_key: bytes = b"") -> KeySet:
+    """The operator keys: each of ``operator_key_files`` (id -> file), every file of
+    ``operator_key_dir`` (the file name is the id; names starting with ``.`` are skipped, as the
+    bookkeeping of a mounted Secret is), and each variable of ``operator_key_env`` (id -> variable
+    name) that is set. Raises :class:`UnusableKey` naming the key for a missing file, an unusable key,
+    an id given twice, or an operator key equal to ``command_key`` (the roles would collapse)."""
+    texts: dict[str, tuple[str, bytes]] = {}
+
+    def add(kid: str, where: str, text: bytes) -> None:
+        if kid in texts:
+            raise UnusableKey(f"operator key {kid!r}: given twice ({texts[kid][0]} and {where})")
+        texts[kid] = (where, text)
+
+    for kid, path in source.operator_key_files.items():
+        add(kid, path, _read(Path(path), kid))
+    if source.operator_key_dir:
+        folder = Path(source.operator_key_dir)
+        try:
+            entries = sorted(p for p in folder.iterdir() if not p.name.startswith(".") and p.is_file())
+        except OSError as exc:
+            raise UnusableKey(f"signing.operator_key_dir {folder}: {exc.strerror or exc}") from None
+        for p in entries:
+            add(p.name, str(p), _read(p, p.name))
+    for kid, var in source.operator_key_env.items():
+        if environ.get(var):
+            add(kid, f"${var}", environ[var].encode())
+    keys = {kid: load_key(text, allow_demo=source.allow_demo_keys, what=f"operator key {kid!r} ({where})")
+            for kid, (where, text) in texts.items()}
+    if command_key:
+        for kid, key in keys.items():
+            if hmac.compare_digest(key, command_key):
+                raise UnusableKey(f"operator key {kid!r} ({texts[kid][0]}) is the command key: operators could "
+                                  f"sign commands for the executor. Give operators keys of their own")
+    return KeySet(keys, source.operator_key_id)
+
+
+def _read(path: Path, kid: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise UnusableKey(f"operator key {kid!r}: cannot read {path}: {exc.strerror or exc}") from None

@@ -5,9 +5,12 @@
     fleetmedic ctl node-repaired gpu-node-17 --reason "RMA done"       # validate with diagnostics first
     fleetmedic ctl audit --node gpu-node-17                             # the decisions about one node
 
-The first three publish a signed :class:`~fleetmedic.records.OperatorCommand` on
-``remediation.operator`` (key: the node, or ``fleet``), which the decision stage verifies and
-applies (:mod:`fleetmedic.remediation.operator`); the audit log then shows it with the actor
+The first three publish an :class:`~fleetmedic.records.OperatorCommand` on
+``remediation.operator`` (key: the node, or ``fleet``), signed with an *operator key*
+(``signing.operator_key_files`` / ``operator_key_dir`` / ``operator_key_env``; with several, the one
+``--key-id`` or ``signing.operator_key_id`` names), never with the command key the executor trusts.
+The decision stage verifies it against its operator keys and applies it once
+(:mod:`fleetmedic.remediation.operator`); the audit log then shows it with the actor
 ``operator:<--actor>``. ``audit`` prints ``remediation.audit`` records, one line each (``--json``:
 the records), from the beginning or ``--since`` seconds ago, and keeps following with ``--follow``.
 """
@@ -18,14 +21,24 @@ import argparse
 import asyncio
 import contextlib
 import getpass
+import os
 import sys
 import time
 import uuid
 
-from fleetmedic.cli.common import EXIT_INVALID, settings_and_key, settings_or_none
+import msgspec
+
+from fleetmedic.cli.common import (
+    EXIT_INVALID,
+    EXIT_KAFKA,
+    kafka_failure,
+    quiet_kafka_logs,
+    settings_or_none,
+    signing_key,
+)
 from fleetmedic.config import Settings
 from fleetmedic.records import AuditRecord, InvalidRecord, OperatorCommand, decode, encode
-from fleetmedic.signing import sign
+from fleetmedic.signing import UnusableKey, operator_keys, sign
 
 OPERATOR_TTL_S = 600.0
 
@@ -44,6 +57,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
             v.add_argument("node")
         v.add_argument("--reason", required=True, help="why (kept in the audit log)")
         v.add_argument("--actor", default=None, help="who (default: the login name)")
+        v.add_argument("--key-id", default=None, help="the operator key to sign with (default: "
+                       "signing.operator_key_id, else the only one configured)")
         v.add_argument("--config", metavar="FILE", help="YAML config (defaults when omitted)")
         v.set_defaults(handler=run_operator_command, action=verb.replace("-", "_"))
     a = verbs.add_parser("audit", help="print the decision stage's audit records")
@@ -56,23 +71,40 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run_operator_command(args: argparse.Namespace) -> int:
-    loaded = settings_and_key(args.config)
-    if loaded is None:
+    settings = settings_or_none(args.config)
+    if settings is None:
         return EXIT_INVALID
-    settings, key = loaded
+    source = settings.signing
+    if args.key_id:
+        source = msgspec.structs.replace(source, operator_key_id=args.key_id)
+    try:
+        key_id, key = operator_keys(source, os.environ, command_key=_command_key_if_here(settings)).signer()
+    except UnusableKey as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INVALID
     now = time.time()
     cmd = sign(OperatorCommand(
         id=f"op-{uuid.uuid4().hex}", action=args.action, actor=args.actor or getpass.getuser(), reason=args.reason,
         issued_at=now, expires_at=now + OPERATOR_TTL_S, node=getattr(args, "node", "") or "",
     ), key)
     try:
-        asyncio.run(_publish(settings, cmd))
-    except Exception as exc:  # the broker's errors are many; the operator needs the message
-        print(f"error: could not publish to Kafka ({settings.kafka.bootstrap_servers}): {exc}", file=sys.stderr)
-        return 1
-    print(f"published {cmd.action} {cmd.node or ''} as {cmd.id} (actor {cmd.actor}); "
+        with quiet_kafka_logs():
+            asyncio.run(_publish(settings, cmd))
+    except Exception as exc:  # the broker's errors are many; the operator needs the one that matters
+        why = kafka_failure(exc, settings.kafka) or f"{type(exc).__name__}: {exc}"
+        print(f"error: could not publish to Kafka: {why}", file=sys.stderr)
+        return EXIT_KAFKA
+    print(f"published {cmd.action} {cmd.node or ''} as {cmd.id} (actor {cmd.actor}, operator key {key_id}); "
           f"`fleetmedic ctl audit` shows what the decision stage did with it".replace("  ", " "))
     return 0
+
+
+def _command_key_if_here(settings: Settings) -> bytes:
+    """The command key if this machine holds it (then an operator key equal to it is refused), else b""."""
+    try:
+        return signing_key(settings)
+    except (OSError, ValueError):
+        return b""
 
 
 async def _publish(settings: Settings, cmd: OperatorCommand) -> None:
@@ -81,8 +113,8 @@ async def _publish(settings: Settings, cmd: OperatorCommand) -> None:
     from fleetmedic.bus import client_options
 
     producer = AIOKafkaProducer(**client_options(settings.kafka), acks="all", enable_idempotence=True)
-    await producer.start()
     try:
+        await producer.start()
         await producer.send_and_wait(settings.topics.topic("remediation.operator"), encode(cmd),
                                      key=(cmd.node or "fleet").encode())
     finally:
@@ -102,8 +134,15 @@ def run_audit(args: argparse.Namespace) -> int:
     settings = settings_or_none(args.config)
     if settings is None:
         return EXIT_INVALID
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_audit(settings, args))
+    try:
+        with contextlib.suppress(KeyboardInterrupt), quiet_kafka_logs():
+            asyncio.run(_audit(settings, args))
+    except Exception as exc:
+        why = kafka_failure(exc, settings.kafka)
+        if why is None:
+            raise
+        print(f"error: could not read the audit log from Kafka: {why}", file=sys.stderr)
+        return EXIT_KAFKA
     return 0
 
 
@@ -114,9 +153,9 @@ async def _audit(settings: Settings, args: argparse.Namespace) -> None:
 
     consumer = AIOKafkaConsumer(settings.topics.topic("remediation.audit"), **client_options(settings.kafka),
                                 group_id=None, auto_offset_reset="earliest", enable_auto_commit=False)
-    await consumer.start()
     since = time.time() - args.since if args.since else 0.0
     try:
+        await consumer.start()
         while True:
             batch = await consumer.getmany(timeout_ms=1000)
             if not batch and not args.follow:

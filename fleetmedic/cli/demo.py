@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-DEMO_KEY = b"fleetmedic-demo-signing-key-not-for-production-use!"
+from fleetmedic.signing import DEMO_COMMAND_KEY as DEMO_KEY  # published: refused outside the demo (DEMO_KEYS)
 
 
 @dataclass
@@ -150,6 +150,11 @@ def _result(sim: Any, out: Any, truth: list[Any], accounting_: Any, engine_: Any
             "capacity_wait_s": {k: accounting.get("phases", {}).get("wait_capacity", {}).get(k)
                                 for k in ("n", "p50_s", "max_s")},
             "dangerous_schedulable_node_h": accounting.get("dangerous_schedulable_node_h"),
+            "hard_faults_schedulable_s": _hard_faults_schedulable(truth, accounting),
+            "refused_isolation_node_h": {k.removeprefix("refused_").removesuffix("_s"): round(v / 3600, 4)
+                                         for k, v in engine.get("node_time", {}).items() if k.startswith("refused_")},
+            "refused_now": engine.get("refused_now"),
+            "definitive_isolations": (engine.get("budget") or {}).get("definitive_isolations"),
             "healthy_unschedulable_node_h": accounting.get("healthy_unschedulable_node_h"),
             "node_states": engine.get("nodes"),
             "budget": engine.get("budget"),
@@ -220,6 +225,11 @@ def print_timeline(result: dict[str, Any], out: Any) -> None:
         ("repeat failures on the same node", s["repeat_failures_same_node"]),
         *placement_rows(s),
         ("node-h dangerous but schedulable", _f(s["dangerous_schedulable_node_h"])),
+        ("dead nodes schedulable: max, > 60 s", _schedulable_row(s.get("hard_faults_schedulable_s") or {})),
+        ("isolations outside the budget", f"{s.get('definitive_isolations') or 0} (definitive evidence)"),
+        ("refused isolations, node-h (now)", ", ".join(
+            f"{k} {_f(v)} ({(s.get('refused_now') or {}).get(k, 0)})"
+            for k, v in (s.get("refused_isolation_node_h") or {}).items()) or "-"),
         ("node-h healthy but unschedulable", _f(s["healthy_unschedulable_node_h"])),
         ("commands", ", ".join(f"{k} {v}" for k, v in s["commands"].items())),
         ("node states at the end", ", ".join(f"{k} {v}" for k, v in (s["node_states"] or {}).items())),
@@ -246,6 +256,21 @@ def placement_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("wait for capacity p50 / max",
          f"{_f(wait.get('p50_s'))} / {_f(wait.get('max_s'))} s (n={wait.get('n') or 0})"),
     ]
+
+
+def _hard_faults_schedulable(truth: list[Any], accounting: dict[str, Any]) -> dict[str, float]:
+    """Faults that left a node dead (a fatal XID, a crash) -> seconds a node of it stayed schedulable."""
+    from fleetmedic.sim.faults import leaves_node_dead
+
+    by_fault = accounting.get("dangerous_by_fault") or {}
+    return {t.id: float(by_fault.get(t.id, 0.0)) for t in truth if leaves_node_dead(t.kind)}
+
+
+def _schedulable_row(by_fault: dict[str, float]) -> str:
+    if not by_fault:
+        return "-"
+    late = sum(1 for v in by_fault.values() if v > 60.0)
+    return f"{max(by_fault.values()):.0f} s / {late} of {len(by_fault)}"
 
 
 def _hms(seconds: float) -> str:

@@ -2,7 +2,9 @@
 it keeps between calls (:class:`EngineState`), serialised whole as msgpack by :func:`encode_state`
 (the decision stage snapshots it to a compacted Kafka topic, :mod:`fleetmedic.streams.state`).
 Keep the encoding compatible: a snapshot written before a change must restore after it
-(:meth:`~.engine.DecisionEngine.from_bytes` refuses any other :data:`STATE_VERSION`)."""
+(:meth:`~.engine.DecisionEngine.from_bytes` refuses any other :data:`STATE_VERSION`): new fields
+get defaults, so older snapshots still load (``seen``, the kinds of isolation in the safety state and
+node records, the breaker's signatures and domains, and the refusal clocks came that way)."""
 
 from __future__ import annotations
 
@@ -85,6 +87,8 @@ class EngineState(msgspec.Struct, kw_only=True):
     tracks: dict[str, IncidentTracks] = {}
     published: dict[str, str] = {}  # incident id -> what was last published of it
     muted: dict[str, float] = {}  # out-of-service node -> since when its findings are not triaged
+    seen: dict[str, float] = {}  # node -> last time telemetry, a finding or a placement named it (fleet size)
+    operator_ids: dict[str, float] = {}  # applied operator command id -> its expires_at (replays refused)
 
 
 _ENCODER: Final = msgspec.msgpack.Encoder()

@@ -39,6 +39,7 @@ from fleetmedic.config import Settings, parse_config
 from fleetmedic.k8s_keys import LABEL_RAIL_PREFIX
 from fleetmedic.models.stages import SummaryColumns
 from fleetmedic.remediation.engine import DecisionEngine
+from fleetmedic.signing import DEMO_OPERATOR_KEY
 from fleetmedic.sim.embedded import Collected, fleet_topology
 from fleetmedic.sim.engine import Simulator
 from fleetmedic.streams.app import ensure_topics
@@ -63,6 +64,7 @@ def demo_settings(settings: Settings, bootstrap: str) -> tuple[Settings, str]:
     doc["kafka"].update(bootstrap_servers=bootstrap, consumer_group=f"fleetmedic-demo-{u}")
     doc["topics"].update(prefix=f"fleetmedic-demo-{u}.", names={})
     doc["metrics"].update(port=0)
+    doc["signing"].update(allow_demo_keys=True)  # the worker verifies with the published demo keys
     text = yaml.safe_dump(doc, sort_keys=False)
     return parse_config(text, env={}), text
 
@@ -71,6 +73,7 @@ def demo_settings(settings: Settings, bootstrap: str) -> tuple[Settings, str]:
 def _worker(config: Path, key: bytes, log: Path) -> Iterator[subprocess.Popen[bytes]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETMEDIC__")}
     env["FLEETMEDIC_SIGNING_KEY"] = key.decode()
+    env["FLEETMEDIC_OPERATOR_KEY"] = DEMO_OPERATOR_KEY.decode()  # its own role's key, never the command key
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "fleetmedic.cli.main", "worker", "--config", str(config),
                                  "--role", "all", "--datadir", str(log.parent / "faust"), "--loglevel", "warning"],

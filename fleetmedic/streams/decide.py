@@ -35,14 +35,30 @@ Time: records carry their own time; ``now`` is an :class:`EventClock`, the newes
 (records' and ticks'). Only the tick advances it by the wall time that passed, and every tick is
 logged before its decisions go out (:mod:`fleetmedic.streams.replay`): a replay fires each tick
 at the same place among the inputs and with the same ``now``, so timeouts, retries and their
-attempt numbers (in the command ids) come out as in the first run.
+attempt numbers (in the command ids) come out as in the first run. A record stamped more than
+``streams.max_future_skew_s`` ahead of the clock (the wall clock, or its broker timestamp when
+earlier: a replay judges it alike) is dead-lettered before it can move ``now``
+(:mod:`fleetmedic.models.event_time`).
+
+Hardening (issue #22): every record is handled under :meth:`DecideStage.handle_record`, which
+dead-letters a record whose handling raises (the exception's type, message and last frame; counted
+in ``fleetmedic_record_errors_total``) and goes on; a tick that raises is logged and counted alike.
+Replay is deterministic, so anything else would crash the restarted stage on the same record again.
+A snapshot that cannot be read (:func:`restore`) is passed over for the one before it, or the stage
+starts fresh and replays its inputs from their beginning; either way the reset is logged, counted
+(``fleetmedic_state_unreadable_total``) and audited. A snapshot larger than the state topic takes is
+not written (the previous one stays, the replay covers the gap: ``fleetmedic_engine_snapshot_bytes``,
+``fleetmedic_engine_snapshots_skipped_total``); sharding it is issue #24.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import faust
@@ -55,16 +71,17 @@ from prometheus_client import Counter
 from fleetmedic import records as r
 from fleetmedic.bus import partitions_of, state_topic, summaries_topic, ticks_topic
 from fleetmedic.config import Settings
+from fleetmedic.models.event_time import ahead_of_clock, reference_clock
 from fleetmedic.models.stages import FleetDetection, SummaryColumns
 from fleetmedic.remediation.engine import DecisionEngine, Decisions
-from fleetmedic.remediation.operator import apply_operator_command
-from fleetmedic.signing import CommandExpired, SignatureError, sign, verify
+from fleetmedic.remediation.operator import apply_operator_command, is_replay
+from fleetmedic.signing import CommandExpired, SignatureError, operator_keys, sign
 from fleetmedic.streams.detect import PORT_KEY_PREFIX, SUMMARY_KEY
 from fleetmedic.streams.engine_metrics import EngineMetrics
 from fleetmedic.streams.metrics import PipelineMetrics
-from fleetmedic.streams.outputs import Outputs, Source
+from fleetmedic.streams.outputs import Outputs, Source, describe
 from fleetmedic.streams.replay import Tick, TickRecord, decode_tick, encode_tick, read_ranges, replay_order
-from fleetmedic.streams.state import SNAPSHOT_KEY, DecideSnapshot
+from fleetmedic.streams.state import SNAPSHOT_KEY, SNAPSHOT_LIMIT, DecideSnapshot, decode_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -99,23 +116,76 @@ class EventClock:
         return self._ts + (time.monotonic() - self._at) if self._ts else 0.0
 
 
+@dataclass(frozen=True)
+class Unreadable:
+    """A part of the saved state that could not be read, and why (it started fresh)."""
+
+    part: str  # snapshot (the whole of it, or its engine), fleet
+    detail: str  # where: the snapshot's offset and size
+    reason: str  # the exception: type and message
+
+    def __str__(self) -> str:
+        return f"{self.part} ({self.detail}): {self.reason}"
+
+
+@dataclass
+class Restored:
+    """What :func:`restore` made of the snapshots on the state topic."""
+
+    snapshot: DecideSnapshot | None
+    engine: DecisionEngine
+    offset: int | None  # of the snapshot restored, on the state topic
+    unreadable: list[Unreadable] = field(default_factory=list)
+    newest: int | None = None  # offset of the newest snapshot looked at
+
+
+def restore(settings: Settings, candidates: Sequence[tuple[int, bytes]]) -> Restored:
+    """The newest snapshot of ``candidates`` (``(offset, bytes)``, newest first) whose envelope and
+    engine decode, with its engine; each one passed over is listed in ``unreadable``. None readable:
+    a fresh engine and no snapshot (the stage replays its inputs from their beginning, and the
+    command and audit ids on their topics keep it from sending anything twice)."""
+    unreadable: list[Unreadable] = []
+    newest = candidates[0][0] if candidates else None
+    for offset, raw in candidates:
+        try:
+            snap = decode_snapshot(raw)
+            engine = DecisionEngine.from_bytes(snap.engine, settings)
+        except Exception as exc:  # corrupt, truncated, another version's: not this stage's to read
+            kind, message, _ = describe(exc)
+            unreadable.append(Unreadable("snapshot", f"offset {offset}, {len(raw)} bytes", f"{kind}: {message}"))
+            continue
+        return Restored(snap, engine, offset, unreadable, newest)
+    return Restored(None, DecisionEngine(settings), None, unreadable, newest)
+
+
 class DecideStage:
     def __init__(self, settings: Settings, key: bytes, outputs: Outputs, metrics: PipelineMetrics,
                  snapshot: DecideSnapshot | None, already_sent: set[str],
-                 already_audited: set[str] | None = None) -> None:
+                 already_audited: set[str] | None = None, engine: DecisionEngine | None = None) -> None:
+        """``engine``: the snapshot's, already decoded (:func:`restore`). A fleet part that cannot be
+        read starts fresh (listed in :attr:`unreadable`; :meth:`report_unreadable` audits it)."""
         self.settings = settings
         self.key = key
         self.outputs = outputs
         self.metrics = metrics
         self.engine_metrics = EngineMetrics(metrics.registry)
-        self.operator_commands = Counter("fleetmedic_operator_commands", "Operator commands (fleetmedic ctl) "
-                                         "read, by outcome: applied, rejected", ["outcome"], registry=metrics.registry)
+        self.operator_commands = Counter("fleetmedic_operator_commands", "Operator commands (fleetmedic ctl) read, "
+                                         "by outcome: applied, replayed (refused), rejected", ["outcome"],
+                                         registry=metrics.registry)
         self.fleet_stage = FleetDetection(settings.detection)
+        self.unreadable: list[Unreadable] = []
+        self.max_snapshot_bytes = SNAPSHOT_LIMIT
+        metrics.snapshot_limit.set(self.max_snapshot_bytes)
         if snapshot is not None:
-            self.engine = DecisionEngine.from_bytes(snapshot.engine, settings)
-            self.fleet_stage.load_state(snapshot.fleet)
+            self.engine = engine if engine is not None else DecisionEngine.from_bytes(snapshot.engine, settings)
+            try:
+                self.fleet_stage.load_state(snapshot.fleet)
+            except Exception as exc:  # the peers' baselines relearn from the summaries; the rest stands
+                kind, message, _ = describe(exc)
+                self.fleet_stage = FleetDetection(settings.detection)
+                self.unreadable.append(Unreadable("fleet", f"{len(snapshot.fleet)} bytes", f"{kind}: {message}"))
         else:
-            self.engine = DecisionEngine(settings)
+            self.engine = engine if engine is not None else DecisionEngine(settings)
         offsets = snapshot.offsets if snapshot else {}
         self.offsets: dict[str, dict[int, int]] = {t: dict(p) for t, p in offsets.items()}
         self.commands_from = snapshot.commands_from if snapshot else 0
@@ -162,7 +232,7 @@ class DecideStage:
                 self.offsets[self.ticks] = {0: item.offset + 1}
             else:
                 self.metrics.messages_in.labels(item.topic, "decide").inc()
-                await self._handle(Source.of_record(item))
+                await self.handle_record(Source.of_record(item))
                 self.offsets.setdefault(item.topic, {})[item.partition] = item.offset + 1
             count += 1
         return count
@@ -173,9 +243,22 @@ class DecideStage:
             m = event.message
             self.metrics.messages_in.labels(m.topic, "decide").inc()
             async with self._lock:
-                await self._handle(Source.of_event(event))
+                await self.handle_record(Source.of_event(event))
                 self.offsets.setdefault(m.topic, {})[m.partition] = m.offset + 1
             self.metrics.latency.labels("decide").observe(time.perf_counter() - started)
+
+    async def handle_record(self, src: Source) -> None:
+        """One input record; if handling it raises, it is dead-lettered with the exception and the
+        stage goes on (a broker error is no fault of the record's: it propagates)."""
+        try:
+            await self._handle(src)
+        except KafkaError:
+            raise
+        except Exception as exc:
+            await self.outputs.record_failed(src, "decide", exc)
+
+    async def _ahead(self, record: object, src: Source) -> bool:
+        return await self.outputs.ahead_of_clock(record, src, "decide")
 
     async def _handle(self, src: Source) -> None:
         if src.topic == self.summaries:
@@ -184,17 +267,17 @@ class DecideStage:
         name = self.logical.get(src.topic, "")
         if name == "findings":
             finding = await self.outputs.decode(r.Finding, src, "decide")
-            if finding is not None and self._first_time(finding.id):
+            if finding is not None and not await self._ahead(finding, src) and self._first_time(finding.id):
                 await self._send_decisions(self.engine.on_finding(finding, self.clock.observe(finding.ts)))
         elif name == "jobs.events":
             job = await self.outputs.decode(r.JobEvent, src, "decide")
-            if job is not None:
+            if job is not None and not await self._ahead(job, src):
                 now = self.clock.observe(job.ts)
                 await self.outputs.findings(self.fleet_stage.on_job(job))
                 await self._send_decisions(self.engine.on_job_event(job, now))
         elif name == "remediation.results":
             result = await self.outputs.decode(r.RemediationResult, src, "decide")
-            if result is not None:
+            if result is not None and not await self._ahead(result, src):
                 await self._send_decisions(self.engine.on_result(result, self.clock.observe(result.ts)))
         elif name == "cluster.nodes":
             await self._node_observation(src)
@@ -203,7 +286,7 @@ class DecideStage:
 
     async def _node_observation(self, src: Source) -> None:
         obs = await self.outputs.decode(r.NodeObservation, src, "decide")
-        if obs is None:
+        if obs is None or await self._ahead(obs, src):
             return
         now = self.clock.observe(obs.ts)
         if obs.deleted:
@@ -216,19 +299,21 @@ class DecideStage:
 
     async def _operator_command(self, src: Source) -> None:
         cmd = await self.outputs.decode(r.OperatorCommand, src, "decide")
-        if cmd is None:
+        if cmd is None or await self._ahead(cmd, src):  # issued in the future: refused before it moves time
             self.operator_commands.labels("rejected").inc()
             return
-        try:
-            verify(cmd, self.key, max(self.clock.now(), cmd.issued_at))  # first: a forged command must not move time
-            decisions = apply_operator_command(self.engine, cmd, self.key, self.clock.observe(cmd.issued_at))
+        try:  # operator keys only, never the command key; re-read each time (a rotated Secret is picked up)
+            keys = operator_keys(self.settings.signing, os.environ, command_key=self.key)
+            keys.verify(cmd, max(self.clock.now(), cmd.issued_at))  # first: a forged command must not move time
+            outcome = "replayed" if is_replay(self.engine, cmd) else "applied"  # a replay is refused and audited
+            decisions = apply_operator_command(self.engine, cmd, keys, self.clock.observe(cmd.issued_at))
         except (SignatureError, CommandExpired) as exc:
             self.operator_commands.labels("rejected").inc()
             log.warning("decide: operator command %s rejected: %s", cmd.id, exc)
             await self.outputs.dead_letter(src, "decide", f"operator command {cmd.id} rejected: {exc}")
             return
-        self.operator_commands.labels("applied").inc()
-        log.info("decide: operator command %s (%s %s) from %s", cmd.id, cmd.action, cmd.node, cmd.actor)
+        self.operator_commands.labels(outcome).inc()
+        log.info("decide: operator command %s (%s %s) from %s: %s", cmd.id, cmd.action, cmd.node, cmd.actor, outcome)
         await self._send_decisions(decisions)
 
     def _first_time(self, finding_id: str) -> bool:
@@ -250,13 +335,21 @@ class DecideStage:
             except msgspec.DecodeError as exc:
                 await self.outputs.dead_letter(src, "decide", f"$: {exc}")
                 return
+            clock, ahead = reference_clock(time.time(), src.timestamp_ms), 0
+            skew = self.settings.streams.max_future_skew_s
             for s in batch.summaries():
+                if ahead_of_clock(s.ts, clock, skew) is not None:  # stage 1 refuses these already
+                    ahead += 1
+                    continue
                 self.fleet_stage.on_summary(s)
-            if batch.ts:
-                self.clock.observe(max(batch.ts))
+                self.clock.observe(s.ts)
+            if ahead:
+                self.metrics.ahead_of_clock.labels(src.topic, "decide").inc(ahead)
+                log.warning("decide: %d node summaries of %s[%d]@%d ahead of the clock; left out", ahead, src.topic,
+                            src.partition, src.offset)
         elif key.startswith(PORT_KEY_PREFIX):
             port = await self.outputs.decode(r.PortTelemetry, src, "decide")
-            if port is not None:
+            if port is not None and not await self._ahead(port, src):
                 self.clock.observe(port.ts)
                 await self.outputs.findings(self.fleet_stage.on_port(port))
 
@@ -279,10 +372,20 @@ class DecideStage:
         self.metrics.latency.labels("tick").observe(time.perf_counter() - started)
 
     async def _apply_tick(self, now: float) -> None:
-        await self.outputs.findings(self.fleet_stage.tick(now))
-        await self._send_decisions(self.engine.tick(now))
-        self.engine_metrics.update(self.engine.report(now), ((rec.name, rec.state, rec.since) for rec in
-                                                             self.engine.state.nodes.values()))
+        """The tick's work; if it raises, that is logged and counted and the stage goes on (a
+        replay fires the same tick again: re-raising would stop the restarted stage there too)."""
+        try:
+            await self.outputs.findings(self.fleet_stage.tick(now))
+            await self._send_decisions(self.engine.tick(now))
+            self.engine_metrics.update(self.engine.report(now), ((rec.name, rec.state, rec.since) for rec in
+                                                                 self.engine.state.nodes.values()))
+        except KafkaError:
+            raise
+        except Exception as exc:
+            kind, message, frame = describe(exc)
+            self.metrics.record_errors.labels("tick", kind).inc()
+            log.error("decide: the tick at %.3f raised %s: %s (at %s); going on", now, kind, message, frame,
+                      exc_info=exc)
 
     def _report_lag(self) -> None:
         if self._app is None:
@@ -319,7 +422,39 @@ class DecideStage:
     # --- state -------------------------------------------------------------------------------------
 
     async def _periodic_snapshot(self) -> None:
-        await self.snapshot()
+        try:
+            await self.snapshot()
+        except KafkaError as exc:  # never fail inside the timer: the previous snapshot stays, the replay covers it
+            self.metrics.snapshots_skipped.labels("broker").inc()
+            log.error("decide: snapshot not written (%r); the previous one stays", exc)
+
+    async def report_unreadable(self, restored: Restored | None = None) -> None:
+        """Log, count and audit the saved state that could not be read and started fresh (the
+        snapshots :func:`restore` passed over and this stage's own :attr:`unreadable`). The audit
+        record's id names the newest snapshot looked at: a restart that finds it again does not
+        audit it twice."""
+        found = [*(restored.unreadable if restored else []), *self.unreadable]
+        if not found:
+            return
+        for u in found:
+            self.metrics.state_unreadable.labels("decide", u.part).inc()
+            log.error("decision state: %s could not be read; it starts fresh", u)
+        if restored is not None and restored.snapshot is not None and restored.unreadable:
+            outcome = f"restored the earlier snapshot at offset {restored.offset} and replayed the inputs since it"
+        elif restored is not None and restored.unreadable:
+            outcome = "started from a fresh state and replayed the inputs from the beginning of their retention"
+        else:
+            outcome = "that part started fresh; the rest of the snapshot was restored"
+        newest = restored.newest if restored is not None and restored.newest is not None else "none"
+        audit = r.AuditRecord(id=f"state-reset/{state_topic(self.settings)}/{newest}", ts=time.time(),
+                              decision="escalated", rule="state_reset",
+                              explanation=(f"decision state reset: {'; '.join(map(str, found))}; {outcome}. "
+                                           "Decisions may differ from an uninterrupted run: check the state "
+                                           "topic and the broker")[:4096])
+        if audit.id in self.already_audited:
+            return
+        self.already_audited.add(audit.id)
+        self._audit_acks.append(await self.outputs.send("remediation.audit", "", audit))
 
     async def snapshot(self) -> int:
         """Write the state with the offsets it reflects, once everything before it is on the broker."""
@@ -336,6 +471,14 @@ class DecideStage:
             self.audit_from = max(self.audit_from, 1 + max(a.result().offset for a in audit_acks))
         snap.commands_from, snap.audit_from = self.commands_from, self.audit_from
         value = msgspec.msgpack.encode(snap)
+        self.metrics.snapshot_size.set(len(value))
+        self.metrics.snapshot_limit.set(self.max_snapshot_bytes)
+        if len(value) > self.max_snapshot_bytes:
+            # the broker would refuse it: keep the previous one (the replay covers the gap); issue #24 shards it
+            self.metrics.snapshots_skipped.labels("oversize").inc()
+            log.error("decide: the snapshot is %d bytes, over the %d the state topic takes; not written, the "
+                      "previous one stays (a restart replays from it)", len(value), self.max_snapshot_bytes)
+            return 0
         await (await self.outputs.send_raw(state_topic(self.settings), SNAPSHOT_KEY, value))
         self.metrics.snapshots.inc()
         self.metrics.state_bytes.labels("decide").inc(len(value))

@@ -14,6 +14,11 @@ from fleetmedic.devenv import settings
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "fleetmedic"
 SIGNING_KEY = "c2lnbmluZy1rZXktZm9yLXRlc3RzLW9ubHktMzItYnl0ZXMtbG9uZy4u"  # base64, 42 bytes
+OPERATOR_KEY = "b3BlcmF0b3Ita2V5LWZvci10ZXN0cy1vbmx5LTMyLWJ5dGVzLWxvbmcu"  # base64, 42 bytes: another role's key
+#: what every render needs besides: the command key, an operator key, where Kafka and the API server are
+REQUIRED = (f"signing.key={SIGNING_KEY}", f"signing.operator.keys.ops-1={OPERATOR_KEY}",
+            "networkPolicy.kafkaCIDRs={10.20.0.0/24}", "networkPolicy.apiServerCIDRs={10.96.0.1/32,172.18.0.2/32}",
+            "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=monitoring")
 
 
 def helm_binary() -> str:
@@ -35,9 +40,22 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return proc
 
 
-def render(namespace: str = "fleetmedic-system", *sets: str, release: str = "fm") -> list[dict[str, Any]]:
-    args = ["template", release, str(CHART), "--namespace", namespace, "--set", f"signing.key={SIGNING_KEY}"]
-    for s in sets:
+def template_args(namespace: str = "fleetmedic-system", *sets: str, release: str = "fm",
+                  required: tuple[str, ...] = REQUIRED) -> list[str]:
+    args = ["template", release, str(CHART), "--namespace", namespace]
+    for s in (*required, *sets):
         args += ["--set", s]
-    out = helm(*args).stdout
+    return args
+
+
+def render(namespace: str = "fleetmedic-system", *sets: str, release: str = "fm",
+           required: tuple[str, ...] = REQUIRED) -> list[dict[str, Any]]:
+    out = helm(*template_args(namespace, *sets, release=release, required=required)).stdout
     return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def render_error(*sets: str, required: tuple[str, ...] = REQUIRED) -> str:
+    """helm's error message for a render that must fail."""
+    proc = helm(*template_args("fleetmedic-system", *sets, required=required), check=False)
+    assert proc.returncode != 0, f"rendered although it should not have: {sets}"
+    return proc.stderr

@@ -1,6 +1,8 @@
-"""The executor's pure planning (fleetmedic.executor.node.plan), without a cluster: screening and
-idempotency records, the node changes of each quick action and what they never undo, the drain plan
-per namespace policy, the diagnostics Job, verdicts from Job conditions."""
+"""The executor's pure planning (fleetmedic.executor.node.plan), without a cluster: screening (a
+command signed with an operator key is refused) and idempotency records, the node changes of each
+quick action and what they never undo, the drain plan per namespace policy, the diagnostics Job and
+its minimal privileges, hook templates (values substituted into parsed strings, never into YAML),
+verdicts from Job conditions."""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ from dataclasses import replace
 
 import pytest
 
-from fleetmedic.config import ExecutorSettings
+from fleetmedic.config import ExecutorSettings, Settings
 from fleetmedic.executor.node import long_plan as pl
 from fleetmedic.executor.node import plan as p
+from fleetmedic.executor.node.apply import CommandExecutor
 from fleetmedic.k8s_keys import (
     ANNOTATION_COMMANDS,
     ANNOTATION_CORDONED_BY,
@@ -27,6 +30,7 @@ from fleetmedic.records import RemediationCommand
 from fleetmedic.signing import sign
 
 KEY = b"k" * 40
+OPERATOR_KEY = b"o" * 40  # what `fleetmedic ctl` signs with: the executor never holds it
 CFG = ExecutorSettings(namespace_policies={"infer": "wait_for_completion", "batch": "evict_now"},
                        drain_evict_after_s=60.0, drain_timeout_s=300.0)
 
@@ -52,6 +56,22 @@ def test_signed_fresh_command_is_accepted_tampered_or_expired_is_refused_with_re
     assert "signature" in (p.reject_reason(tampered, KEY, 1100.0) or "")
     assert "signature" in (p.reject_reason(c, b"x" * 40, 1100.0) or "")
     assert (p.reject_reason(c, KEY, 1301.0) or "").startswith("expired")
+
+
+class _NoCluster:
+    """A cluster that must not be touched."""
+
+    def __getattr__(self, name: str) -> object:
+        raise AssertionError(f"the executor touched the cluster ({name}) for a command it must refuse")
+
+
+def test_the_executor_refuses_a_command_signed_with_an_operator_key_before_touching_the_cluster() -> None:
+    drain = RemediationCommand(id="c1", action="drain", incident_id="inc-1", reason="ctl user", issued_at=1000.0,
+                               expires_at=1300.0, node="n1")
+    assert "signature" in (p.reject_reason(sign(drain, OPERATOR_KEY), KEY, 1100.0) or "")
+    ex = CommandExecutor(_NoCluster(), Settings(), KEY, identity="t", clock=lambda: 1100.0)  # type: ignore[arg-type]
+    out = ex.handle(sign(drain, OPERATOR_KEY))
+    assert out.outcome == "skipped" and "signature rejected" in out.reason
 
 
 def test_recorded_command_id_is_a_duplicate_inflight_id_resumes_and_expired_ids_are_forgotten() -> None:
@@ -195,6 +215,17 @@ def test_diagnostics_job_is_pinned_tolerates_the_quarantine_and_uses_the_configu
     assert job["metadata"]["name"] == pl.diagnostics_job(cmd("run_diagnostics"), node(), cfg)["metadata"]["name"]
 
 
+def test_diagnostics_job_has_the_least_privileges_dcgmi_needs() -> None:
+    spec = pl.diagnostics_job(cmd("run_diagnostics"), node(gpus=8), CFG)["spec"]["template"]["spec"]
+    assert spec["automountServiceAccountToken"] is False and spec["enableServiceLinks"] is False
+    assert not {"hostPID", "hostNetwork", "hostIPC", "volumes"} & set(spec)
+    (container,) = spec["containers"]
+    sc = container["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}  # one capability, documented why
+    assert sc["privileged"] is False and sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "volumeMounts" not in container
+
+
 @pytest.mark.parametrize(("conditions", "passed"), [
     ([], None), ([("Complete", "True", "")], True), ([("Failed", "True", "BackoffLimitExceeded")], False),
     ([("Failed", "False", ""), ("SuccessCriteriaMet", "True", "")], True)])
@@ -213,3 +244,47 @@ def test_hook_template_is_substituted_and_must_be_a_job() -> None:
     assert doc["spec"]["template"]["spec"]["nodeName"] == "n1" and doc["metadata"]["namespace"] == "fleetmedic-system"
     with pytest.raises(ValueError, match=r"action_hooks\.reset_gpu"):
         pl.hook_job("kind: Pod", cmd("reset_gpu"), node(), CFG)
+    with pytest.raises(ValueError, match=r"action_hooks\.reset_gpu: the template is not valid YAML"):
+        pl.hook_job("kind: Job\n  bad: [", cmd("reset_gpu"), node(), CFG)
+
+
+HOOK = """\
+kind: Job
+apiVersion: batch/v1
+metadata:
+  name: ${name}
+  labels: {fleetmedic.io/node: ${node}}
+spec:
+  template:
+    spec:
+      nodeName: ${node}
+      restartPolicy: Never
+      containers:
+        - name: reset
+          image: example.invalid/reset:1
+          args: [--node, "${node}", --command, '${command_id}', --gpu, $gpu, --reason, ${reason}, --cost, $$5]
+          env:
+            - {name: REASON, value: "${reason}"}
+"""
+
+
+@pytest.mark.parametrize("evil", [
+    "n1\n      hostPID: true\n      serviceAccountName: cluster-admin",  # a new line: new keys
+    "n1}, hostNetwork: true, x: {",  # closing the flow mapping
+    "n1\", privileged: \"true", "'n1', x: 'y'", "!!python/object:os.system", "&a [*a, *a]", "true", "1e3",
+])
+def test_a_hook_value_cannot_inject_yaml_it_stays_the_string_it_was(evil: str) -> None:
+    c = cmd("reset_gpu", cid=f"inc-1/reset_gpu/{evil}/1", reason=evil, params={"gpu": evil})
+    doc = pl.hook_job(HOOK, c, p.NodeView(name=evil), CFG)
+    spec = doc["spec"]["template"]["spec"]
+    assert set(spec) == {"nodeName", "restartPolicy", "containers"} and spec["nodeName"] == evil
+    (container,) = spec["containers"]
+    assert container["args"] == ["--node", evil, "--command", c.id, "--gpu", evil, "--reason", evil, "--cost", "$5"]
+    assert container["env"] == [{"name": "REASON", "value": evil}]
+    assert doc["metadata"]["labels"] == {"fleetmedic.io/node": evil, "app.kubernetes.io/managed-by": "fleetmedic"}
+    assert set(doc) == {"kind", "apiVersion", "metadata", "spec"}
+
+
+def test_a_placeholder_in_a_key_is_refused() -> None:
+    with pytest.raises(ValueError, match="placeholders go in values only"):
+        pl.hook_job("kind: Job\nmetadata: {labels: {${node}: x}}", cmd("reset_gpu"), node(), CFG)

@@ -1,8 +1,8 @@
 """deploy/rbac/executor.yaml on the real API server (RBAC authorizer): the executor's ServiceAccount
 may do what the executor does (SubjectAccessReviews, then the executor itself running under an
 impersonating client: cordon, taint, drain, diagnostics, Lease, ledger, return to service) and
-may not read Secrets, delete or create Nodes, or create Jobs and Leases outside its namespace; the job
-track (restart_job of a batch Job) runs under it too."""
+may not read Secrets, delete or create Nodes, delete any Pod (it evicts), or create Jobs and Leases
+outside its namespace; the job track (restart_job of a batch Job) runs under it too."""
 
 from __future__ import annotations
 
@@ -73,7 +73,8 @@ def test_the_service_account_can_do_what_the_executor_does_and_nothing_it_must_n
            ("patch", "nodes", "", "status"), ("create", "events", "default", ""),
            ("list", "poddisruptionbudgets", "", ""), ("create", "leases", namespace, ""),
            ("update", "leases", namespace, ""), ("patch", "configmaps", namespace, ""),
-           ("create", "jobs", namespace, ""), ("patch", "jobs", "team-a", ""), ("patch", "pytorchjobs", "team-a", ""),
+           ("create", "jobs", namespace, ""), ("get", "jobs", namespace, ""), ("patch", "jobs", "team-a", ""),
+           ("delete", "jobs", "team-a", ""), ("patch", "pytorchjobs", "team-a", ""),
            ("patch", "jobsets", "team-a", ""), ("patch", "workloads", "team-a", "")]
     groups = {"leases": "coordination.k8s.io", "jobs": "batch", "poddisruptionbudgets": "policy",
               "pytorchjobs": "kubeflow.org", "jobsets": "jobset.x-k8s.io", "workloads": "kueue.x-k8s.io"}
@@ -83,7 +84,9 @@ def test_the_service_account_can_do_what_the_executor_does_and_nothing_it_must_n
     must_not = [("get", "secrets", ""), ("list", "secrets", ""), ("get", "secrets", namespace),
                 ("list", "secrets", namespace), ("delete", "nodes", ""), ("create", "nodes", ""),
                 ("update", "nodes", ""), ("create", "jobs", "default"), ("create", "leases", "default"),
-                ("delete", "leases", namespace), ("patch", "configmaps", "default"), ("create", "pods", namespace)]
+                ("delete", "leases", namespace), ("patch", "configmaps", "default"), ("create", "pods", namespace),
+                ("delete", "pods", ""), ("delete", "pods", namespace), ("delete", "pods", "team-a"),
+                ("deletecollection", "pods", ""), ("update", "pods", "team-a"), ("patch", "pods", "team-a")]
     for verb, res, ns in must_not:
         assert not _allowed(kube_api, user, verb, res, ns, groups.get(res, "")), (verb, res, ns)
 

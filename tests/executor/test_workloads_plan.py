@@ -140,7 +140,7 @@ def test_pytorchjob_and_jobset_templates_are_all_patched() -> None:
     p = plan(ptj, kind=wp.PYTORCHJOB)
     assert [op["path"] for op in p.template_ops] == ["/spec/pytorchReplicaSpecs/Master/template/spec/affinity",
                                                      "/spec/pytorchReplicaSpecs/Worker/template/spec/affinity"]
-    assert p.mechanism == "delete_pods" and "operator to recreate" in p.summary
+    assert p.mechanism == "evict_pods" and "operator to recreate" in p.summary
     js = {"metadata": {"name": "j", "namespace": "ml"}, "spec": {"replicatedJobs": [
         {"name": "w", "replicas": 2, "template": {"spec": {"template": {"spec": pod(tol)}}}}]}}
     q = plan(js, kind=wp.JOBSET)

@@ -1,9 +1,14 @@
 """Command signing: a signed command verifies after a trip over the wire; any tampering, a wrong
-key, a missing signature or an expired command is refused."""
+key, a missing signature or an expired command is refused. Keys by role: an empty, short or
+published demo key is refused (outside the demo); an operator key never verifies a command for the
+executor and the command key never verifies an operator command; operator keys are a set by id."""
 
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
 
 import msgspec
 import pytest
@@ -11,9 +16,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetmedic import records as r
-from fleetmedic.signing import CommandExpired, SignatureError, load_key, sign, verify
+from fleetmedic.config import Settings, parse_config
+from fleetmedic.signing import (
+    DEMO_COMMAND_KEY,
+    DEMO_KEYS,
+    DEMO_OPERATOR_KEY,
+    CommandExpired,
+    KeySet,
+    SignatureError,
+    UnusableKey,
+    load_key,
+    operator_keys,
+    sign,
+    signature_of,
+    verify,
+)
 
 KEY = load_key("0123456789abcdef0123456789abcdef")
+OPERATOR_KEY = load_key("operator-key-0123456789abcdef-0123456789")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def command(**over: object) -> r.RemediationCommand:
@@ -77,3 +98,146 @@ def test_short_keys_are_refused_and_whitespace_around_a_key_file_is_ignored() ->
     with pytest.raises(ValueError, match="at least 32 bytes"):
         load_key("short")
     assert load_key("  " + "k" * 32 + "\n") == b"k" * 32
+
+
+# --- unusable keys ----------------------------------------------------------------------------------
+
+
+def test_the_empty_key_is_refused_for_signing_and_verifying() -> None:
+    forged = msgspec.structs.replace(command(), signature=signature_of(command(), b""))
+    with pytest.raises(UnusableKey, match="empty"):
+        verify(forged, b"", now=1100.0)  # before: accepted
+    with pytest.raises(UnusableKey, match="empty"):
+        sign(command(), b"")
+    with pytest.raises(UnusableKey, match="empty"):
+        load_key("  \n")
+
+
+def test_a_short_key_is_refused_at_load_time_and_by_verify_with_the_reason() -> None:
+    with pytest.raises(UnusableKey, match=r"at least 32 bytes, got 16.*openssl rand"):
+        load_key("k" * 16)
+    short = b"k" * 16
+    with pytest.raises(UnusableKey, match="at least 32 bytes"):
+        verify(msgspec.structs.replace(command(), signature=signature_of(command(), short)), short, now=1100.0)
+
+
+@pytest.mark.parametrize("key", sorted(DEMO_KEYS))
+def test_demo_keys_are_refused_outside_the_demo_and_accepted_where_it_allows_them(key: bytes) -> None:
+    with pytest.raises(UnusableKey, match=r"published demo key.*signing.allow_demo_keys"):
+        load_key(key)
+    signed = sign(command(), key)
+    with pytest.raises(UnusableKey, match="demo key"):
+        verify(signed, key, now=1100.0)
+    assert load_key(key, allow_demo=True) == key
+    verify(signed, key, now=1100.0, allow_demo=True)
+
+
+def test_every_key_published_in_the_repository_is_a_known_demo_key() -> None:
+    """The demo's and the compose file's keys (and any added later) are in DEMO_KEYS."""
+    published = set()
+    for path in [ROOT / "fleetmedic" / "cli" / "demo.py", ROOT / "fleetmedic" / "signing.py",
+                 *sorted((ROOT / "deploy").rglob("*.yaml")), *sorted((ROOT / "fleetmedic" / "sim").rglob("*.py"))]:
+        published |= set(re.findall(r"[\w-]*not-for-production[\w!-]*", path.read_text()))
+    assert published and {k.encode() for k in published} <= DEMO_KEYS, published
+
+
+def test_the_command_key_loaded_from_the_config_refuses_a_demo_key_unless_allowed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleetmedic.cli.common import signing_key
+
+    monkeypatch.setenv("FLEETMEDIC_SIGNING_KEY", DEMO_COMMAND_KEY.decode())
+    with pytest.raises(ValueError, match="command key \\$FLEETMEDIC_SIGNING_KEY: this is a published demo key"):
+        signing_key(Settings())
+    assert signing_key(parse_config("signing: {allow_demo_keys: true}", env={})) == DEMO_COMMAND_KEY
+
+
+# --- keys by role -----------------------------------------------------------------------------------
+
+
+def operator_command(**over: object) -> r.OperatorCommand:
+    base: dict[str, object] = dict(id="op-1", action="clear_node", actor="carol", reason="replaced the riser",
+                                   issued_at=1000, expires_at=1600, node="gpu-node-7")
+    base.update(over)
+    return r.OperatorCommand(**base)  # type: ignore[arg-type]
+
+
+def test_a_command_signed_with_an_operator_key_is_refused_by_the_executors_verification() -> None:
+    drain = sign(command(), OPERATOR_KEY)  # what a `ctl` user could try: a drain straight for the executor
+    with pytest.raises(SignatureError, match="does not match"):
+        verify(r.decode(r.RemediationCommand, r.encode(drain)), KEY, now=1100.0)
+
+
+def test_an_operator_command_signed_with_the_command_key_is_refused_by_the_operator_keys() -> None:
+    keys = KeySet({"ops-1": OPERATOR_KEY})
+    assert keys.verify(sign(operator_command(), OPERATOR_KEY), now=1100.0) == "ops-1"
+    with pytest.raises(SignatureError, match="does not match any operator key"):
+        keys.verify(sign(operator_command(), KEY), now=1100.0)
+
+
+def test_operator_keys_equal_to_the_command_key_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    source = parse_config("signing: {operator_key_env: {ops-1: FLEETMEDIC_SIGNING_KEY}}", env={}).signing
+    env = {"FLEETMEDIC_SIGNING_KEY": KEY.decode()}
+    with pytest.raises(UnusableKey, match=r"'ops-1' .* is the command key"):
+        operator_keys(source, env, command_key=KEY)
+
+
+def test_operator_keys_come_by_id_from_files_a_folder_and_variables(tmp_path: Path) -> None:
+    (tmp_path / "a").write_text("a" * 40 + "\n")
+    folder = tmp_path / "mounted"
+    folder.mkdir()
+    (folder / "ops-2025").write_bytes(b"b" * 40)
+    (folder / "..data").mkdir()  # a mounted Secret's bookkeeping: skipped
+    (folder / "..2025_01_01").write_text("x")
+    source = parse_config(f"signing: {{operator_key_files: {{ops-a: {tmp_path / 'a'}}}, operator_key_dir: {folder}, "
+                          "operator_key_env: {ops-env: OPS_KEY, unset: NOT_SET}}", env={}).signing
+    keys = operator_keys(source, {"OPS_KEY": "c" * 40})
+    assert dict(keys.keys) == {"ops-a": b"a" * 40, "ops-2025": b"b" * 40, "ops-env": b"c" * 40}
+    with pytest.raises(UnusableKey, match=r"3 configured .*operator_key_id"):
+        keys.signer()
+    assert KeySet(keys.keys, "ops-2025").signer() == ("ops-2025", b"b" * 40)
+    with pytest.raises(UnusableKey, match=r"'nope' .*not configured"):
+        KeySet(keys.keys, "nope").signer()
+
+
+def test_operator_key_problems_name_the_key_and_the_reason(tmp_path: Path) -> None:
+    def src(**kw: object) -> SimpleNamespace:
+        base: dict[str, object] = dict(operator_key_files={}, operator_key_dir="", operator_key_env={},
+                                       operator_key_id="", allow_demo_keys=False)
+        return SimpleNamespace(**{**base, **kw})
+
+    with pytest.raises(UnusableKey, match=r"'ops-1': cannot read .*missing"):
+        operator_keys(src(operator_key_files={"ops-1": str(tmp_path / "missing")}), {})  # type: ignore[arg-type]
+    with pytest.raises(UnusableKey, match=r"operator key 'ops-1' .*at least 32 bytes"):
+        operator_keys(src(operator_key_env={"ops-1": "K"}), {"K": "short"})  # type: ignore[arg-type]
+    with pytest.raises(UnusableKey, match=r"operator key 'demo' .*published demo key"):
+        operator_keys(src(operator_key_env={"demo": "K"}), {"K": DEMO_OPERATOR_KEY.decode()})  # type: ignore[arg-type]
+    with pytest.raises(UnusableKey, match="id 'bad id'"):
+        operator_keys(src(operator_key_env={"bad id": "K"}), {"K": "k" * 40})  # type: ignore[arg-type]
+    with pytest.raises(UnusableKey, match="no operator key is configured"):
+        KeySet({}).verify(sign(operator_command(), OPERATOR_KEY), now=1100.0)
+
+
+def test_rotation_old_and_new_operator_keys_overlap_then_the_old_is_refused() -> None:
+    old, new = b"o" * 40, b"n" * 40
+    by_old = sign(operator_command(), old)
+    overlap = KeySet({"ops-2024": old, "ops-2025": new}, "ops-2025")
+    assert overlap.verify(by_old, now=1100.0) == "ops-2024"
+    assert overlap.verify(overlap.sign(operator_command(id="op-2")), now=1100.0) == "ops-2025"
+    with pytest.raises(SignatureError, match="does not match any operator key \\(ops-2025\\)"):
+        KeySet({"ops-2025": new}).verify(by_old, now=1100.0)
+
+
+def test_ctl_signs_with_an_operator_key_never_the_command_key(monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from fleetmedic.cli.main import main
+
+    monkeypatch.delenv("FLEETMEDIC_OPERATOR_KEY", raising=False)
+    monkeypatch.setenv("FLEETMEDIC_SIGNING_KEY", KEY.decode())  # holding the command key is not enough
+    assert main(["ctl", "clear-node", "gpu-node-7", "--reason", "r"]) == 2
+    assert "operator key: none configured" in capsys.readouterr().err
+    monkeypatch.setenv("FLEETMEDIC_OPERATOR_KEY", KEY.decode())  # the command key under the operator's name
+    assert main(["ctl", "clear-node", "gpu-node-7", "--reason", "r"]) == 2
+    assert "is the command key" in capsys.readouterr().err
+    monkeypatch.setenv("FLEETMEDIC_OPERATOR_KEY", OPERATOR_KEY.decode())
+    assert main(["ctl", "clear-node", "gpu-node-7", "--reason", "r", "--key-id", "ops-9"]) == 2
+    assert "'ops-9' (signing.operator_key_id, the one to sign with) is not configured" in capsys.readouterr().err

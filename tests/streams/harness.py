@@ -20,7 +20,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from fleetmedic.config import Settings, parse_config
 from fleetmedic.devenv.proc import tail
 
-KEY = "k" * 40
+KEY = "k" * 40  # the command key
+OPERATOR_KEY = "o" * 40  # fleetmedic ctl's: the decide stage verifies operator commands with it, never KEY
 
 
 @dataclass
@@ -49,6 +50,7 @@ def new_run(bootstrap: str, tmp: Path, extra: str = "", partitions: int = 2) -> 
 def start_worker(run: Run, role: str = "all", log: Path | None = None) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETMEDIC__")}
     env["FLEETMEDIC_SIGNING_KEY"] = KEY
+    env["FLEETMEDIC_OPERATOR_KEY"] = OPERATOR_KEY
     with (log or run.log).open("ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "fleetmedic.cli.main", "worker", "--config", str(run.config), "--role", role,

@@ -27,7 +27,7 @@ from fleetmedic.signing import sign
 from fleetmedic.streams.app import ensure_topics
 from tests.models.synth import gpu_message
 from tests.streams.harness import (
-    KEY,
+    OPERATOR_KEY,
     Collected,
     Run,
     collect_sync,
@@ -106,7 +106,7 @@ def test_node_observations_size_the_fleet_and_ctl_resumes_the_breaker_tripped_by
         asyncio.run(produce(kafka_bootstrap, [(operator, b"fleet", r.encode(forged))]))
 
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETMEDIC")}
-        env.update(FLEETMEDIC_SIGNING_KEY=KEY, FLEETMEDIC__KAFKA__BOOTSTRAP_SERVERS=kafka_bootstrap,
+        env.update(FLEETMEDIC_OPERATOR_KEY=OPERATOR_KEY, FLEETMEDIC__KAFKA__BOOTSTRAP_SERVERS=kafka_bootstrap,
                    FLEETMEDIC__TOPICS__PREFIX=run.settings.topics.prefix)
         ctl = subprocess.run([sys.executable, "-m", "fleetmedic.cli.main", "ctl", "resume-breaker", "--actor", "carol",
                               "--reason", "exporter rollout fixed"], env=env, capture_output=True, text=True,

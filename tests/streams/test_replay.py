@@ -27,7 +27,7 @@ from fleetmedic import records as r
 from fleetmedic.signing import sign
 from fleetmedic.streams.app import ensure_topics
 from tests.streams.harness import (
-    KEY,
+    OPERATOR_KEY,
     Collected,
     Run,
     collect_sync,
@@ -94,7 +94,7 @@ def _drive(run: Run, bootstrap: str, kill: bool) -> tuple[list[str], list[AuditK
         asyncio.run(produce(bootstrap, [_result(run, first, T0 + 401), _result(run, retry, T0 + 402)]))
         time.sleep(2)  # (a cordon confirmed is not audited: nothing to wait for; the replay would redo it anyway)
         op = sign(r.OperatorCommand(id="op-1", action="node_repaired", actor="dave", reason="checked the cables",
-                                    node="gpu-node-7", issued_at=T0 + 403, expires_at=T0 + 3600), KEY.encode())
+                                    node="gpu-node-7", issued_at=T0 + 403, expires_at=T0 + 3600), OPERATOR_KEY.encode())
         asyncio.run(produce(bootstrap, [(run.topic("remediation.operator"), b"gpu-node-7", r.encode(op))]))
         _wait(run, bootstrap, "operator audit", lambda c: any(a.actor == "operator:dave" for a in _audit(c, run)))
         if kill:

@@ -63,7 +63,7 @@ class CommandExecutor:
 
     def _handle(self, cmd: RemediationCommand) -> RemediationResult:
         now = self.clock()
-        rejected = p.reject_reason(cmd, self.key, now)
+        rejected = p.reject_reason(cmd, self.key, now, allow_demo=self.settings.signing.allow_demo_keys)
         if rejected and rejected.startswith("expired") and self._in_flight_here(cmd):
             rejected = None  # a long action this command started (before a crash or takeover) is finished
         if rejected:

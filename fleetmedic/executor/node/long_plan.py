@@ -5,9 +5,7 @@ No cluster access: :mod:`.long_apply` carries these out."""
 from __future__ import annotations
 
 import hashlib
-import json
 import re
-import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -90,6 +88,25 @@ def drain_started(annotations: Mapping[str, str], cmd: RemediationCommand, now: 
 # --- diagnostics and hooks ------------------------------------------------------------------------
 
 
+#: The diagnostics container's privileges: the least ``dcgmi diag`` is documented to need
+#: (docs/executor.md, "Diagnostics: privileges"). DCGM's user guide says its host engine (which
+#: ``dcgmi diag`` drives) should run as root, and the GPU performance counters that DCGM's profiling
+#: module reads are restricted by the driver to CAP_SYS_ADMIN (``NVreg_RestrictProfilingToAdminUsers=1``,
+#: the default since R418; NVIDIA runs its DCGM containers with ``--cap-add SYS_ADMIN`` for this).
+#: Every other capability is dropped; the runtime's default seccomp profile; not privileged (the GPUs
+#: come from the device plugin's ``nvidia.com/gpu`` requests), no host namespaces or paths, no
+#: service-account token (the pod spec). ``allowPrivilegeEscalation`` cannot be false next to
+#: SYS_ADMIN (the API server refuses the pair). The Job is short-lived, pinned to a node that is
+#: cordoned and drained, in fleetmedic's own namespace.
+DIAGNOSTICS_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsUser": 0,
+    "runAsNonRoot": False,
+    "privileged": False,
+    "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
 def job_name(prefix: str, cmd: RemediationCommand) -> str:
     return f"{prefix}-{hashlib.sha256(cmd.id.encode()).hexdigest()[:12]}"
 
@@ -129,12 +146,15 @@ def diagnostics_job(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSettin
                     "nodeName": node.name,
                     "restartPolicy": "Never",
                     "tolerations": tolerations,
+                    # it talks to no API server and needs no Service environment
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
                     "containers": [{
                         "name": "diag",
                         "image": cfg.diagnostics_image,
                         "command": command,
                         "resources": {"requests": gpus, "limits": gpus},
-                        "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}},
+                        "securityContext": DIAGNOSTICS_SECURITY_CONTEXT,
                     }],
                 },
             },
@@ -142,18 +162,63 @@ def diagnostics_job(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSettin
     }
 
 
+#: the placeholders of a hook template (``$name`` or ``${name}``; ``$$`` is a literal ``$``)
+HOOK_PLACEHOLDERS = ("node", "gpu", "command_id", "reason", "name", "namespace")
+_PLACEHOLDER = re.compile(r"\$(?:(\$)|\{(" + "|".join(HOOK_PLACEHOLDERS) + r")\}|(" + "|".join(HOOK_PLACEHOLDERS)
+                          + r")(?![A-Za-z0-9_]))")
+_TOKEN = re.compile(r"FleetmedicHook(Dollar|" + "|".join(p.replace("_", "") for p in HOOK_PLACEHOLDERS) + r")Z9q")
+
+
+def _token(name: str) -> str:
+    """A stand-in for a placeholder that is a plain YAML string wherever it stands."""
+    return f"FleetmedicHook{name.replace('_', '')}Z9q"
+
+
 def hook_job(template: str, cmd: RemediationCommand, node: NodeView, cfg: ExecutorSettings) -> dict[str, Any]:
     """A hook Job from a YAML template with ``${node}``, ``${gpu}``, ``${command_id}``, ``${reason}``,
-    ``${name}`` and ``${namespace}`` substituted (the caller parses the text)."""
+    ``${name}`` and ``${namespace}`` substituted.
+
+    The template is parsed first (each placeholder standing in as a plain word), and the values go
+    into the parsed *string values* afterwards, as text: a node name, command id or reason can
+    never add, change or remove YAML structure, nor turn into a number or a boolean. A placeholder
+    in a mapping key is refused. (A template that hands a value to a shell, ``sh -c "... ${reason}"``,
+    must quote it there itself; pass values as arguments or environment variables instead.)"""
     import yaml
 
     name = job_name(f"fleetmedic-{cmd.action.replace('_', '-')}", cmd)
-    text = string.Template(template).safe_substitute(
-        node=node.name, gpu=cmd.params.get("gpu", "all"), command_id=cmd.id, reason=json.dumps(cmd.reason),
-        name=name, namespace=cfg.diagnostics_namespace)
-    doc = yaml.safe_load(text)
+    values = {"node": node.name, "gpu": cmd.params.get("gpu", "all"), "commandid": cmd.id, "reason": cmd.reason,
+              "name": name, "namespace": cfg.diagnostics_namespace, "Dollar": "$"}
+    where = f"executor.action_hooks.{cmd.action}"
+
+    def protect(m: re.Match[str]) -> str:
+        return _token("Dollar") if m.group(1) else _token(m.group(2) or m.group(3))
+
+    try:
+        doc = yaml.safe_load(_PLACEHOLDER.sub(protect, template))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{where}: the template is not valid YAML: {exc}") from None
+
+    def fill(value: Any) -> Any:
+        if isinstance(value, str):
+            return _TOKEN.sub(lambda m: values[m.group(1)], value)
+        if isinstance(value, list):
+            return [fill(v) for v in value]
+        if isinstance(value, dict):
+            return {_key(k): fill(v) for k, v in value.items()}
+        return value
+
+    def _key(k: Any) -> Any:
+        if not isinstance(k, str):
+            return k
+        k = k.replace(_token("Dollar"), "$")
+        if _TOKEN.search(k):
+            raise ValueError(f"{where}: a placeholder in the key {_TOKEN.sub('$...', k)!r}: "
+                             f"placeholders go in values only")
+        return k
+
+    doc = fill(doc)
     if not isinstance(doc, dict) or doc.get("kind") != "Job":
-        raise ValueError(f"executor.action_hooks.{cmd.action}: the template must be one batch/v1 Job")
+        raise ValueError(f"{where}: the template must be one batch/v1 Job")
     meta = doc.setdefault("metadata", {})
     meta.setdefault("name", name)
     meta.setdefault("namespace", cfg.diagnostics_namespace)

@@ -149,10 +149,11 @@ def merge_patch(plan: NodePlan, node: NodeView) -> dict[str, Any]:
 # --- screening and idempotency -------------------------------------------------------------------
 
 
-def reject_reason(cmd: RemediationCommand, key: bytes, now: float) -> str | None:
-    """Why the command must not be acted on (bad signature, expired), or ``None``."""
+def reject_reason(cmd: RemediationCommand, key: bytes, now: float, *, allow_demo: bool = False) -> str | None:
+    """Why the command must not be acted on (bad signature, an unusable key, expired), or ``None``.
+    ``key`` is the command key: a command signed with an operator key never passes."""
     try:
-        verify(cmd, key, now)
+        verify(cmd, key, now, allow_demo=allow_demo)
     except SignatureError as exc:
         return f"signature rejected: {exc}"
     except CommandExpired as exc:

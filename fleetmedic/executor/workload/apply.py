@@ -8,11 +8,12 @@ restart with :mod:`fleetmedic.executor.workload.plan` (pure) and carries it out:
   ``ANNOTATION_RESTART_IN_PROGRESS``), wait until the Job
   controller has removed the pods, patch the pod template's node affinity if the plan says so,
   resume. An executor that died in between finds the marker and resumes the Job on the next call.
-- PyTorchJob: patch the replica templates, delete the job's pods; the training operator
-  recreates each replica from its (patched) template.
-- JobSet: patch the replicated-job templates, delete the child Jobs (foreground); the JobSet
-  controller recreates them. Where the JobSet webhook refuses the template change, the exclusion
-  goes onto the suspended child Jobs instead (:mod:`.jobset`).
+- PyTorchJob: patch the replica templates, evict the job's pods (the Eviction API: the executor
+  has no ``delete`` on pods); the training operator recreates each replica from its (patched)
+  template. An eviction a PodDisruptionBudget refuses fails the restart with the budget's message.
+- JobSet: patch the replicated-job templates, delete the child Jobs (foreground; only Jobs the
+  JobSet owns, by uid); the JobSet controller recreates them. Where the JobSet webhook refuses the
+  template change, the exclusion goes onto the suspended child Jobs instead (:mod:`.jobset`).
 
 Every applied restart records annotations on the workload and a core/v1 Event on it. It returns
 once the API server accepted the change, not when the pods run again. ``dry_run`` plans, reports
@@ -267,7 +268,7 @@ def _patch_then_delete(api: client.ApiClient, plan: RestartPlan, obj: Mapping[st
         for pod in core.list_namespaced_pod(plan.namespace, label_selector=selector).items:
             name = _owned_live_name(pod, uid)
             if name:
-                deleted += _gone(core.delete_namespaced_pod, name, plan.namespace)
+                deleted += _evicted(core, name, plan.namespace)
     else:
         batch = client.BatchV1Api(api)
         body = client.V1DeleteOptions(propagation_policy="Foreground")
@@ -284,6 +285,22 @@ def _owned_live_name(obj: Any, uid: str) -> str:
     if meta is None or meta.deletion_timestamp or not any(r.uid == uid for r in meta.owner_references or []):
         return ""
     return str(meta.name)
+
+
+def _evicted(core: client.CoreV1Api, name: str, namespace: str) -> int:
+    """Evict the pod (the API server deletes it, honouring PodDisruptionBudgets): 1 if this call
+    evicted it, 0 if it was already gone; a refusal (429) fails the restart with the reason."""
+    body = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace))
+    try:
+        core.create_namespaced_pod_eviction(name, namespace, body)
+        return 1
+    except ApiException as exc:
+        if exc.status == 404:
+            return 0
+        if exc.status == 429:
+            raise WorkloadError(f"pod {namespace}/{name}: eviction refused ({api_message(exc)[:300]}); the "
+                                f"restart stopped there (the replicas evicted before it are recreated)") from None
+        raise
 
 
 def _gone(delete: Callable[..., object], *args: Any, **kwargs: Any) -> int:

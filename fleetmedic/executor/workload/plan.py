@@ -9,7 +9,7 @@ Kinds and how each is restarted (docs/workloads.md):
   change the pod template's scheduling directives (allowed on a suspended Job), resume. The Job
   controller recreates every index at once; suspension does not count against ``backoffLimit``.
 - ``PyTorchJob`` (kubeflow.org/v1) and ``JobSet`` (jobset.x-k8s.io/v1alpha2): patch the replica
-  templates, then delete the pods (PyTorchJob) or the child Jobs (JobSet); the operator recreates
+  templates, then evict the pods (PyTorchJob) or delete the child Jobs (JobSet); the operator recreates
   them from the patched templates, as it does after a failure.
 
 Node exclusion: a required node affinity term ``kubernetes.io/hostname NotIn [...]`` ANDed into
@@ -46,7 +46,7 @@ HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 UNSCHEDULABLE_TAINT_KEY: Final = "node.kubernetes.io/unschedulable"
 PREFERRED_WEIGHT: Final = 100
 
-Mechanism = Literal["suspend_resume", "delete_pods", "delete_child_jobs"]
+Mechanism = Literal["suspend_resume", "evict_pods", "delete_child_jobs"]
 
 
 class WorkloadError(ValueError):
@@ -68,7 +68,7 @@ class WorkloadKind:
 
 
 JOB = WorkloadKind("Job", "batch", "v1", "jobs", "suspend_resume", "batch.kubernetes.io/job-name")
-PYTORCHJOB = WorkloadKind("PyTorchJob", "kubeflow.org", "v1", "pytorchjobs", "delete_pods",
+PYTORCHJOB = WorkloadKind("PyTorchJob", "kubeflow.org", "v1", "pytorchjobs", "evict_pods",
                           "training.kubeflow.org/job-name")
 JOBSET = WorkloadKind("JobSet", "jobset.x-k8s.io", "v1alpha2", "jobsets", "delete_child_jobs",
                       "jobset.sigs.k8s.io/jobset-name")
@@ -326,7 +326,7 @@ def plan_restart(kind: WorkloadKind, obj: Mapping[str, Any], *, action: str, exc
     remove = () if preferred else (ANNOTATION_IN_PLACE_NODES,)
     changed = bool(template_ops)
     verb = {"restart_job": "re-place", "requeue_job": "requeue", "retry_in_place": "restart in place"}[action]
-    how = {"suspend_resume": "suspend, {t}resume", "delete_pods": "{t}delete its pods for the operator to recreate",
+    how = {"suspend_resume": "suspend, {t}resume", "evict_pods": "{t}evict its pods for the operator to recreate",
            "delete_child_jobs": "{t}delete its child Jobs for the JobSet controller to recreate"}[kind.mechanism]
     what = ("set node affinity (" + _affinity_words(exclude if changed else [], preferred) + "), ") if changed else ""
     summary = f"{verb} {kind.kind} {namespace}/{name} (attempt {attempt}): " + how.format(t=what)

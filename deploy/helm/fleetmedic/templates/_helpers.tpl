@@ -28,17 +28,30 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- .Values.signing.existingSecret | default (printf "%s-signing" (include "fleetmedic.fullname" .)) -}}
 {{- end -}}
 
-{{/* The effective fleetmedic config: the release's namespace and the mounted key as defaults, the
+{{/* The operator keys' Secret, "" when none is configured. */}}
+{{- define "fleetmedic.operatorSecret" -}}
+{{- $op := .Values.signing.operator | default dict -}}
+{{- if $op.existingSecret -}}{{ $op.existingSecret }}
+{{- else if $op.keys -}}{{ printf "%s-operator-keys" (include "fleetmedic.fullname" .) }}
+{{- end -}}
+{{- end -}}
+
+{{/* The effective fleetmedic config: the release's namespace and the mounted keys as defaults, the
      user's `config` values over them. */}}
 {{- define "fleetmedic.config" -}}
+{{- $signing := dict "key_file" "/etc/fleetmedic/signing/signing-key" -}}
+{{- if include "fleetmedic.operatorSecret" . -}}
+{{- $_ := set $signing "operator_key_dir" "/etc/fleetmedic/operator-keys" -}}
+{{- end -}}
 {{- $defaults := dict
-      "signing" (dict "key_file" "/etc/fleetmedic/signing/signing-key")
+      "signing" $signing
       "executor" (dict "lease_namespace" .Release.Namespace "diagnostics_namespace" .Release.Namespace) -}}
 {{- toYaml (mustMergeOverwrite $defaults (deepCopy .Values.config)) -}}
 {{- end -}}
 
-{{/* Pod volumes: include "fleetmedic.volumes" (list . true) - the second item says whether the
-     component gets the signing key (workers sign, the executor verifies; nothing else needs it). */}}
+{{/* Pod volumes: include "fleetmedic.volumes" (list . true false) - the second item says whether
+     the component gets the command key (decide signs, the executor verifies; nothing else needs it),
+     the optional third whether it gets the operator keys (decide only: it verifies operator commands). */}}
 {{- define "fleetmedic.volumes" -}}
 {{- $top := index . 0 -}}
 - name: config
@@ -50,6 +63,12 @@ app.kubernetes.io/component: {{ index . 1 }}
     secretName: {{ include "fleetmedic.signingSecret" $top }}
     defaultMode: 0400
 {{- end }}
+{{- if and (gt (len .) 2) (index . 2) (include "fleetmedic.operatorSecret" $top) }}
+- name: operator-keys
+  secret:
+    secretName: {{ include "fleetmedic.operatorSecret" $top }}
+    defaultMode: 0400
+{{- end }}
 - name: tmp
   emptyDir: {}
 {{- end -}}
@@ -58,7 +77,8 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{ .Values.config.metrics.port | default 9108 }}
 {{- end -}}
 
-{{/* The container parts every component shares: include "fleetmedic.container" (list . true) */}}
+{{/* The container parts every component shares: include "fleetmedic.container" (list . true false),
+     the booleans as for "fleetmedic.volumes". */}}
 {{- define "fleetmedic.container" -}}
 {{- $top := index . 0 -}}
 image: {{ include "fleetmedic.image" $top }}
@@ -70,6 +90,10 @@ volumeMounts:
   - {name: config, mountPath: /etc/fleetmedic/fleetmedic.yaml, subPath: fleetmedic.yaml, readOnly: true}
 {{- if index . 1 }}
   - {name: signing, mountPath: /etc/fleetmedic/signing, readOnly: true}
+{{- end }}
+{{- if and (gt (len .) 2) (index . 2) (include "fleetmedic.operatorSecret" $top) }}
+  # a folder, not a subPath: the kubelet updates it when the Secret changes (key rotation)
+  - {name: operator-keys, mountPath: /etc/fleetmedic/operator-keys, readOnly: true}
 {{- end }}
   - {name: tmp, mountPath: /tmp}
 {{- end -}}
