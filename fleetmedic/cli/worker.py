@@ -7,18 +7,28 @@ without web server, group ``<kafka.consumer_group>``; run one) or ``all`` (both,
 decision stage starts from its last snapshot in ``<kafka.consumer_group>-engine-state``, replays
 its inputs since, and writes a final snapshot at a stop; ``streams`` config section: intervals;
 :mod:`fleetmedic.streams.worker` describes the topology and the restart guarantees. The
-decision stage (``decide``, ``all``) signs commands and verifies operator commands with the key
-from ``signing.key_file`` or the variable named by ``signing.key_env``; without a key those roles
-refuse to start (exit 2). ``detect`` needs no key. Prometheus metrics are served on
+decision stage (``decide``, ``all``) signs commands with the command key (``signing.key_file`` or
+the variable named by ``signing.key_env``) and verifies operator commands with the operator keys
+(``signing.operator_key_*``), never with the command key; without a command key those roles refuse
+to start (exit 2). ``detect`` needs no key. Prometheus metrics are served on
 ``metrics.bind_address:metrics.port`` (port 0: an ephemeral port, logged).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 
-from fleetmedic.cli.common import EXIT_INVALID, add_loglevel, settings_and_key, setup_logging
+from fleetmedic.cli.common import (
+    EXIT_INVALID,
+    EXIT_KAFKA,
+    add_loglevel,
+    kafka_check,
+    kafka_failure,
+    settings_and_key,
+    setup_logging,
+)
 from fleetmedic.config import Settings
 
 
@@ -41,10 +51,22 @@ def run_worker(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     settings, key = loaded
     setup_logging(args.loglevel)
-    if args.datadir:
-        return _run(settings, key, args.datadir, args.loglevel, args.role)
-    with tempfile.TemporaryDirectory(prefix="fleetmedic-worker-") as datadir:
-        return _run(settings, key, datadir, args.loglevel, args.role)
+    why = kafka_check(settings.kafka)  # a wrong password or certificate: one line, not a retry loop
+    if why is not None:
+        print(f"error: {why}", file=sys.stderr)
+        return EXIT_KAFKA
+    try:
+        if args.datadir:
+            return _run(settings, key, args.datadir, args.loglevel, args.role)
+        with tempfile.TemporaryDirectory(prefix="fleetmedic-worker-") as datadir:
+            return _run(settings, key, datadir, args.loglevel, args.role)
+    except Exception as exc:
+        from aiokafka.errors import KafkaError
+
+        if not isinstance(exc, KafkaError):
+            raise
+        print(f"error: {kafka_failure(exc, settings.kafka) or exc}", file=sys.stderr)  # e.g. an ACL missing
+        return EXIT_KAFKA
 
 
 def _run(settings: Settings, key: bytes, datadir: str, loglevel: str, role: str) -> int:

@@ -351,3 +351,11 @@ def test_every_command_loading_a_config_prints_its_warnings_and_still_runs(
     assert settings is not None and settings.safety.max_per_rack == 0
     err = capsys.readouterr().err
     assert "warning: " in err and "max_per_rack" in err
+
+
+def test_demo_keys_allowed_outside_the_demo_is_a_warning() -> None:
+    from fleetmedic.config import config_warnings, parse_config
+
+    warnings = config_warnings(parse_config("signing:\n  allow_demo_keys: true\n", env={}))
+    assert any(w.startswith("signing.allow_demo_keys") for w in warnings)
+    assert not any("allow_demo_keys" in w for w in config_warnings(parse_config("", env={})))
