@@ -229,7 +229,7 @@ class SiblingSettings(Section, frozen=True, kw_only=True):
     slow rise as normal). Rates are per minute, smoothed per GPU with ``halflife_samples``."""
 
     signals: list[str] = msgspec.field(default_factory=lambda: ["nvlink_error_rate"])  # rate signals compared
-    halflife_samples: PosFloat = 6.0
+    halflife_samples: PosFloat = 12.0
     min_excess: PosFloat = 3.0  # per minute above the median of the node's GPUs ...
     ratio: PosFloat = 4.0  # ... and at least this multiple of that median
     critical_excess: PosFloat = 60.0  # per minute (1/s: DCGM's limit for NVLink replay/recovery errors)
@@ -1213,6 +1213,9 @@ def config_warnings(settings: Settings) -> list[str]:
         out.append(f"signing.command_ttl_s: {settings.signing.command_ttl_s:g}s: a signed command stays valid "
                    f"(replayable, or applied late on stale evidence) that long; over {WARN_COMMAND_TTL_S:g}s is "
                    f"dangerous (default 300s)")
+    if settings.signing.allow_demo_keys:
+        out.append("signing.allow_demo_keys: true: the demo's published keys are accepted; anyone can sign "
+                   "commands and operator commands (only the demo may set this)")
     return out
 
 

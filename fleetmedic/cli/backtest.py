@@ -1,5 +1,10 @@
 """``fleetmedic backtest``: detection, triage and policy over recorded telemetry (see
-:mod:`fleetmedic.evaluation.backtest`)."""
+:mod:`fleetmedic.evaluation.backtest`): files (``--input``), the history of a Prometheus server
+(``--prometheus URL --start T --end T``), or both.
+
+Exit codes: 0 when records were read (whatever was found), 1 when the input yielded no record at
+all (the most frequent skip reasons are printed) or the Prometheus server could not give the
+history, 2 for a usage error (a missing input, a bad time, an invalid config)."""
 
 from __future__ import annotations
 
@@ -9,33 +14,83 @@ import sys
 from pathlib import Path
 
 from fleetmedic.cli.common import EXIT_INVALID, settings_or_none
-from fleetmedic.evaluation.backtest import Progress, load_topology, run
+from fleetmedic.evaluation.backtest import NoRecords, Progress, load_topology, run
+
+EXIT_NO_RECORDS = 1
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("backtest", help="run detection over recorded telemetry (JSONL records or Prometheus text)")
+    p = sub.add_parser(
+        "backtest", help="run detection over recorded telemetry (JSONL, Prometheus text, a Prometheus server)",
+        description="Run detection, triage and policy over recorded telemetry: JSONL records, Prometheus text or "
+                    "OpenMetrics files (exporter scrapes, promtool tsdb dump), and/or the history a Prometheus "
+                    "server holds. Times (T) are RFC 3339 (2024-05-01T12:00:00Z) or Unix seconds.")
     p.add_argument("--config", help="YAML config (default: built-in defaults + FLEETMEDIC__* env)")
-    p.add_argument("--input", action="append", required=True, help="file or directory; repeatable")
+    p.add_argument("--input", action="append", default=[], help="file or directory; repeatable")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report to this file")
     p.add_argument("--topology", help="node -> {rack, leaf, pool, rails} (YAML/JSON), or a simulator meta.json")
     p.add_argument("--truth", type=Path, help="truth.jsonl of a simulation: score the results (score.json)")
     p.add_argument("--progress", action="store_true", help="show progress even when stderr is not a terminal")
+    p.add_argument("--scrape-time", metavar="T",
+                   help="time of exposition samples without a timestamp (a raw /metrics scrape; default: the "
+                        "file's modification time)")
+    p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                   help="add a label to every exposition sample, as a scrape target's (e.g. instance=gpu-node-1:9400 "
+                        "for a file curl'ed from one exporter); repeatable")
+    p.add_argument("--prometheus", metavar="URL", help="read history from this Prometheus server (range queries)")
+    p.add_argument("--start", metavar="T", help="with --prometheus: the first time")
+    p.add_argument("--end", metavar="T", help="with --prometheus: the last time")
+    p.add_argument("--step", default="30s", metavar="S",
+                   help="with --prometheus: the resolution, in seconds or as 30s/1m (default: 30s)")
+    p.add_argument("--match", metavar="SELECTOR",
+                   help="with --prometheus: the series to read (default: exporters.prometheus.api_selector)")
     p.set_defaults(handler=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
+    from fleetmedic.connectors.prometheus_api import parse_duration, parse_time
+    from fleetmedic.connectors.prometheus_history import History, HistoryError
+
     settings = settings_or_none(args.config)
     if settings is None:
         return EXIT_INVALID
     try:
+        if not args.input and not args.prometheus:
+            raise ValueError("give --input FILE|DIR and/or --prometheus URL --start T --end T")
+        history = None
+        if args.prometheus:
+            if not (args.start and args.end):
+                raise ValueError("--prometheus needs --start and --end")
+            start, end = parse_time(args.start), parse_time(args.end)
+            if end < start:
+                raise ValueError("--end is before --start")
+            history = History(settings, args.prometheus, start, end, parse_duration(args.step), args.match or "")
+        elif args.start or args.end or args.match:
+            raise ValueError("--start, --end and --match go with --prometheus")
+        labels = dict(_label(x) for x in args.label)
+        scrape_time = parse_time(args.scrape_time) if args.scrape_time else None
         topology = load_topology(args.topology) if args.topology else None
         summary = run(settings, args.input, Path(args.out), Progress(sys.stderr, args.progress), args.report,
-                      topology, args.truth)
+                      topology, args.truth, scrape_time=scrape_time, extra_labels=labels, history=history)
+    except NoRecords as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        print(f"(summary: {Path(args.out) / 'summary.json'})", file=sys.stderr)
+        return EXIT_NO_RECORDS
+    except HistoryError as exc:
+        print(f"error: prometheus: {exc}", file=sys.stderr)
+        return EXIT_NO_RECORDS
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_INVALID
     keys = ("records", "findings", "findings_by_kind", "incidents", "incidents_by_class", "commands_by_action",
-            "skipped_total", "input_problems", "elapsed_s", "score")
-    print(json.dumps({k: summary[k] for k in keys if k in summary}, sort_keys=True))
+            "skipped_total", "skipped_by_file", "input_problems", "timestamps", "prometheus", "elapsed_s", "score")
+    print(json.dumps({k: summary[k] for k in keys if k in summary and summary[k] not in ({}, None)}, sort_keys=True))
     return 0
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip() or not key.strip().replace("_", "a").isalnum():
+        raise ValueError(f"--label {text[:100]!r}: expected KEY=VALUE (e.g. instance=gpu-node-1:9400)")
+    return key.strip(), value

@@ -1,5 +1,9 @@
-"""Pure part of the Prometheus connector's api mode: a ``/api/v1/query`` answer -> samples, and the
-per-target watermarks that publish each scrape once (see :mod:`fleetmedic.connectors.prometheus_ingest`).
+"""Pure part of the Prometheus connector's api mode: a ``/api/v1/query`` (or ``query_range``) answer
+-> samples, and the per-target watermarks that publish each scrape once (see
+:mod:`fleetmedic.connectors.prometheus_ingest`); and of ``backtest --prometheus``
+(:mod:`fleetmedic.connectors.prometheus_history`): times and steps as Prometheus takes them
+(:func:`parse_time`, :func:`parse_duration`) and the range cut into queries under the server's
+points limit (:func:`plan_chunks`).
 
 An answer that is not a query result raises :class:`ApiAnswerError`; a bad entry or point in it is
 skipped and counted (reasons name the series when fleetmedic reads it, never the bad value), with
@@ -8,6 +12,7 @@ lengths checked before any conversion as in :mod:`fleetmedic.connectors.promethe
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -59,11 +64,21 @@ def api_samples(doc: Any, skipped: Counter[str]) -> Iterator[Sample]:
             count(skipped, f"{series}: api values is not a list")
             continue
         for point in points:
-            got = _point(point)
-            if got is None:
-                count(skipped, f"{series}: api value is not [time, number]")
-                continue
-            ts, value = got
+            # the answer's own shape ([float, "str"]) read inline; anything else through _point
+            if type(point) is list and len(point) == 2 and type(point[0]) is float and type(point[1]) is str \
+                    and len(point[1]) <= MAX_VALUE_CHARS:
+                ts = point[0]
+                try:
+                    value = float(point[1])
+                except ValueError:
+                    count(skipped, f"{series}: api value is not [time, number]")
+                    continue
+            else:
+                got = _point(point)
+                if got is None:
+                    count(skipped, f"{series}: api value is not [time, number]")
+                    continue
+                ts, value = got
             if not math.isfinite(value):
                 count(skipped, f"{series}: value is {'NaN' if math.isnan(value) else 'infinite'}")
                 continue
@@ -131,3 +146,74 @@ def _target(labels: dict[str, str]) -> tuple[str, str]:
 
 def map_samples(reader: ExpositionReader, samples: Iterable[Sample]) -> list[GpuTelemetry | PortTelemetry]:
     return list(reader.read_samples(samples, flush_lag_s=math.inf))
+
+
+# --- history: range queries (``fleetmedic backtest --prometheus``) ------------------------------
+
+#: the most points per series Prometheus returns for one range query (its "exceeded maximum
+#: resolution of 11,000 points per timeseries")
+SERVER_MAX_POINTS = 11_000
+
+
+def parse_time(text: str) -> float:
+    """A time as Prometheus's API takes it: RFC 3339 (``2024-05-01T12:00:00Z``, offsets and
+    fractions allowed) or Unix seconds (``1714564800``, ``1714564800.5``). Raises ValueError."""
+    from datetime import UTC, datetime
+
+    t = text.strip()
+    if not t or len(t) > 64:
+        raise ValueError(f"time {text[:64]!r}: expected RFC 3339 or Unix seconds")
+    try:
+        value = float(t)
+    except ValueError:
+        pass
+    else:
+        if not (math.isfinite(value) and TS_MIN <= value <= TS_MAX):
+            raise ValueError(f"time {t!r}: out of range")
+        return value
+    try:
+        when = datetime.fromisoformat(t.replace("z", "Z").replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"time {t!r}: expected RFC 3339 (2024-05-01T12:00:00Z) or Unix seconds") from None
+    if when.tzinfo is None:
+        raise ValueError(f"time {t!r}: RFC 3339 needs a time zone (Z or +hh:mm)")
+    return when.astimezone(UTC).timestamp()
+
+
+def parse_duration(text: str) -> float:
+    """A step as Prometheus takes it: seconds (``30``, ``0.5``) or a duration (``30s``, ``1m``, ``1h30m``)."""
+    t = text.strip()
+    try:
+        value = float(t)
+    except ValueError:
+        units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+        parts = _DURATION.findall(t)
+        if not parts or "".join(n + u for n, u in parts) != t:
+            raise ValueError(f"duration {text[:64]!r}: expected seconds or e.g. 30s, 1m, 1h30m") from None
+        value = sum(float(n) * units[u] for n, u in parts)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"duration {text[:64]!r}: must be positive")
+    return value
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+
+
+def plan_chunks(start: float, end: float, step: float, max_points: int, max_chunk_s: float = 3600.0
+                ) -> list[tuple[float, float]]:
+    """``[start, end]`` cut into consecutive range queries of at most ``max_points`` points per
+    series (and ``max_chunk_s`` seconds, so one answer stays small), each starting one step after
+    the previous one ended (no point twice)."""
+    if not (end >= start and step > 0):
+        raise ValueError("range: need end >= start and a positive step")
+    if max_points < 1:
+        raise ValueError("range: max_points must be at least 1")
+    span = min((max_points - 1) * step, max(max_chunk_s, step))
+    span = max(step * math.floor(span / step), 0.0)
+    chunks = []
+    t = start
+    while t <= end:
+        last = min(t + span, end)
+        chunks.append((t, last))
+        t = last + step
+    return chunks

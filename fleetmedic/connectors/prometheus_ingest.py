@@ -4,13 +4,16 @@ Two modes (``exporters.prometheus.mode``):
 
 - ``scrape``: GET every target's text exposition each ``interval_s`` (dcgm-exporter on :9400,
   node-exporter on :9100) and map it with :class:`~fleetmedic.connectors.prometheus_text.ExpositionReader`;
-  samples without a timestamp (the exporters write none) get the scrape time.
+  samples without a timestamp (the exporters write none) get the scrape time, and every sample gets
+  the target's ``instance`` label (``host:port``) as Prometheus adds it, so node-exporter's samples
+  (which name no node) and dcgm-exporter's from an exporter whose ``Hostname`` is its pod have a node.
 - ``api``: ask a Prometheus server (``/api/v1/query``) for the raw samples of ``api_selector`` over
   the last two intervals (a range selector, so every sample keeps its scrape timestamp), and map
   them the same way. A per-target watermark (``job``/``instance``) keeps samples already published
   from being published again.
 
-Labels map to nodes, GPUs and ports as the ``ingest`` section says. Unknown series are ignored;
+Labels map to nodes as ``exporters.prometheus.node_labels`` says, to GPUs and ports as the
+``ingest`` section says. Unknown series are ignored;
 bad samples are counted per reason (``fleetmedic_connector_skipped_total``). An unreachable target
 or server is counted as an error and retried on the next interval. Whatever a target answers, the
 others go on: an answer over :data:`MAX_ANSWER_BYTES`, one that is not UTF-8 (read with
@@ -58,6 +61,18 @@ def target_label(url: str) -> str:
     return f"{u.scheme}://{host}{f':{port}' if port else ''}{u.path}"
 
 
+def instance_of(url: str) -> str:
+    """The ``instance`` label Prometheus gives a target: its ``host:port`` (the scheme's default
+    port when the URL has none)."""
+    try:
+        u = urlsplit(url)
+        host, port = u.hostname or "", u.port
+    except ValueError:
+        return ""
+    host = f"[{host}]" if ":" in host else host
+    return f"{host}:{port or (443 if u.scheme == 'https' else 80)}"
+
+
 def lines_of(text: str) -> Iterator[str]:
     """The lines of ``text`` one at a time (no list of them all: an answer of many tiny lines
     would cost ~50 bytes per line)."""
@@ -97,7 +112,7 @@ class PrometheusSource:
         self.clock = clock
         self.watermarks = Watermarks()
         self._failing: dict[str, str] = {}  # target -> the kind of its last failure (to log changes only)
-        self.reader = ExpositionReader(settings.ingest, source=f"prometheus-{self.p.mode}", ignore_unknown=True)
+        self.reader = ExpositionReader.for_settings(settings, source=f"prometheus-{self.p.mode}", ignore_unknown=True)
         if self.p.mode == "scrape" and not self.p.targets:
             raise ValueError("exporters.prometheus.targets: scrape mode needs at least one target URL")
         if self.p.mode == "api" and not self.p.api_url:
@@ -133,7 +148,7 @@ class PrometheusSource:
             texts = await asyncio.gather(*(self._get_text(session, url) for url in self.p.targets))
             for url, text in zip(self.p.targets, texts, strict=True):
                 if text is not None:
-                    records += self._guarded(url, self._from_text, text)
+                    records += self._guarded(url, self._from_text, (text, {"instance": instance_of(url)}))
         else:
             doc = await self._query(session)
             if doc is not None:
@@ -153,8 +168,9 @@ class PrometheusSource:
             self.outbox.offer(telemetry_outgoing(rec, self.settings))
         return len(records)
 
-    def _from_text(self, text: str) -> list[GpuTelemetry | PortTelemetry]:
-        return map_samples(self.reader, self.reader.parse(lines_of(text), default_ts=self.clock()))
+    def _from_text(self, answer: tuple[str, dict[str, str]]) -> list[GpuTelemetry | PortTelemetry]:
+        text, target = answer
+        return map_samples(self.reader, self.reader.parse(lines_of(text), default_ts=self.clock(), extra_labels=target))
 
     def _from_samples(self, samples: list[Sample]) -> list[GpuTelemetry | PortTelemetry]:
         return map_samples(self.reader, self.watermarks.fresh(s for s in samples if is_known_series(s[0])))

@@ -4,8 +4,15 @@ Inputs (files or directories, mixed freely):
 
 - JSONL of fleetmedic records (``*.jsonl``): ``gpu_telemetry``, ``port_telemetry`` and
   ``job_event`` lines, recognised by their ``type``; other types are ignored;
-- Prometheus text exposition (``*.prom``, ``*.txt``) with sample timestamps as dcgm-exporter and
-  node-exporter write them; ``ingest.node_labels`` in the config says which label names the node.
+- Prometheus text exposition and OpenMetrics (``*.prom``, ``*.txt``, ``*.om``): scrapes appended to
+  a file, one raw ``/metrics`` scrape (no sample timestamps: they get ``scrape_time``, else the
+  file's modification time, and the summary's ``timestamps`` says which; integer timestamps are
+  seconds in ``*.om`` files, milliseconds elsewhere unless the text shows it is OpenMetrics), or ``promtool tsdb dump``
+  / ``dump-openmetrics`` output (series by series: sorted by time on disk, in bounded memory);
+  ``exporters.prometheus.node_labels`` says which label names the node, ``extra_labels`` are added
+  to every sample as a scrape target's labels (``instance=gpu-node-1:9400``);
+- the history a Prometheus server holds (``prometheus=``: range queries, see
+  :mod:`fleetmedic.connectors.prometheus_history`).
 
 Records of all inputs are merged in timestamp order and fed through the same stage objects the
 pipeline runs: detection (:mod:`fleetmedic.models.stages`) and the decision engine (triage,
@@ -18,7 +25,10 @@ an HTML page. Malformed lines are skipped and counted per reason in the summary.
 Bad input never stops the run: lines that are not UTF-8, longer than the caps or unreadable are
 skipped and counted, a file that cannot be read further stops only itself, and the other files'
 results are kept. ``summary.json``'s ``input_problems`` names every file with a problem (its lines,
-records and problems per reason); each is also logged as a warning.
+records and problems per reason), ``skipped_by_file`` its number of skips, and ``series_not_read``
+the exporter series that were present but are not ones fleetmedic reads; each file with problems
+is also logged as a warning. A run whose input yields no record at all raises :class:`NoRecords`
+with the most frequent reasons (``fleetmedic backtest`` exits 1).
 """
 
 from __future__ import annotations
@@ -26,18 +36,22 @@ from __future__ import annotations
 import heapq
 import json
 import logging
+import math
+import re
+import struct
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, TextIO
+from typing import IO, TYPE_CHECKING, Any, Protocol, TextIO
 
 import msgspec
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings
-from fleetmedic.connectors.prometheus_text import MAX_LINE_CHARS, ExpositionReader, count
+from fleetmedic.connectors.prometheus_text import MAX_LINE_CHARS, ExpositionReader, Sample, count
 
 if TYPE_CHECKING:
     from fleetmedic.models.stages import FleetDetection, NodeDetection
@@ -48,7 +62,14 @@ _TYPE_ONLY = msgspec.json.Decoder(dict[str, Any])
 _WANTED = {"gpu_telemetry", "port_telemetry", "job_event"}
 #: the longest JSONL line read (a GPU record is ~2 KB, a Kafka message at most 1 MB by default)
 MAX_JSONL_LINE_BYTES = 4 << 20
+TEXT_SUFFIXES = (".prom", ".txt", ".om", ".openmetrics")
+#: series-by-series input (promtool dumps) is sorted through temp files of this much time each
+SORT_BUCKET_S = 600.0
 log = logging.getLogger("fleetmedic.backtest")
+
+
+class NoRecords(Exception):
+    """The input yielded no record; the message names the most frequent reasons."""
 
 
 @dataclass
@@ -69,29 +90,41 @@ class FileReport:
 
 @dataclass
 class InputReader:
+    """Reads input files into records in time order. ``scrape_time`` stamps exposition samples
+    without a timestamp (None: the file's modification time); ``extra_labels`` are added to every
+    exposition sample as a scrape target's labels."""
+
     settings: Settings
     skipped: Counter[str] = field(default_factory=Counter)
     lines: int = 0
     files_read: dict[str, FileReport] = field(default_factory=dict)  # path -> what reading it found
+    scrape_time: float | None = None
+    extra_labels: dict[str, str] = field(default_factory=dict)
+    timestamps: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> how samples were stamped
+    not_read: Counter[str] = field(default_factory=Counter)  # exporter series present but not read
 
     def problems(self) -> dict[str, dict[str, Any]]:
         """The files with problems: path -> lines, records and problems per reason."""
         return {path: rep.as_dict() for path, rep in self.files_read.items() if rep.problems}
 
+    def skipped_by_file(self) -> dict[str, int]:
+        return {path: sum(rep.problems.values()) for path, rep in self.files_read.items() if rep.problems}
+
     def files(self, paths: Iterable[str]) -> list[Path]:
         out: list[Path] = []
         for p in map(Path, paths):
             if p.is_dir():
-                out.extend(sorted(f for f in p.rglob("*") if f.suffix in (".jsonl", ".prom", ".txt")))
+                out.extend(sorted(f for f in p.rglob("*") if f.suffix in (".jsonl", *TEXT_SUFFIXES)))
             elif p.exists():
                 out.append(p)
             else:
                 raise FileNotFoundError(f"input {p}: no such file or directory")
         return out
 
-    def records(self, paths: Iterable[str]) -> Iterator[Telemetry]:
-        streams = [self._read(f) for f in self.files(paths)]
-        yield from heapq.merge(*streams, key=_ts)
+    def records(self, paths: Iterable[str], *more: Iterable[Telemetry]) -> Iterator[Telemetry]:
+        """The records of the files (and of ``more`` streams, each in time order), merged by time."""
+        streams: list[Iterable[Telemetry]] = [self._read(f) for f in self.files(paths)]
+        yield from heapq.merge(*streams, *more, key=_ts)
 
     def _read(self, path: Path) -> Iterator[Telemetry]:
         report = self.files_read[str(path)] = FileReport()
@@ -103,8 +136,15 @@ class InputReader:
                         report.records += 1
                         yield rec
                 else:
-                    exposition = ExpositionReader(self.settings.ingest)
-                    for rec in exposition.read(self._text(fh, report)):
+                    exposition = ExpositionReader.for_settings(self.settings, ignore_unknown=True)
+                    default_ts = self.scrape_time if self.scrape_time is not None else path.stat().st_mtime
+                    lines = self._text(fh, report)
+                    head = _head(lines, 64)
+                    samples = exposition.parse(_chain(head, lines), default_ts, self.extra_labels or None,
+                                               openmetrics=path.suffix in (".om", ".openmetrics"))
+                    if _series_by_series(head):
+                        samples = _time_sorted(samples)
+                    for rec in exposition.read_samples(samples):
                         report.records += 1
                         yield rec
         except Exception as exc:  # unreadable from here on (an I/O error, a bug): this file stops, not the run
@@ -113,6 +153,14 @@ class InputReader:
             if exposition is not None:
                 for reason, n in exposition.skipped.items():
                     report.problem(reason, n)
+                for name, n in exposition.ignored.items():
+                    count(self.not_read, name, n)
+                if exposition.samples_without_ts:
+                    self.timestamps[str(path)] = {
+                        "samples_without_timestamp": exposition.samples_without_ts,
+                        "stamped_with": "--scrape-time" if self.scrape_time is not None else "file modification time",
+                        "scrape_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(default_ts)),
+                    }
             for reason, n in report.problems.items():
                 self.skipped[f"{path.name}: {reason}"] += n
             if report.problems:
@@ -153,6 +201,68 @@ class InputReader:
                 report.problem(str(exc)[:200])
             except msgspec.DecodeError:  # also bytes that are not UTF-8
                 report.problem("not valid JSON")
+
+
+def _head(lines: Iterator[str], n: int) -> list[str]:
+    out: list[str] = []
+    for line in lines:
+        out.append(line)
+        if len(out) >= n:
+            break
+    return out
+
+
+def _chain(head: list[str], rest: Iterator[str]) -> Iterator[str]:
+    yield from head
+    yield from rest
+
+
+def _series_by_series(head: list[str]) -> bool:
+    """Whether a file lists each series' samples together (``promtool tsdb dump``), not scrape by
+    scrape: two consecutive sample lines of the same series."""
+    prev = None
+    for line in head:
+        line = line.strip()
+        if not line or line[0] == "#":
+            continue
+        key = line.rsplit("}", 1)[0] if "}" in line else line.split(" ", 1)[0]
+        if key == prev:
+            return True
+        prev = key
+    return False
+
+
+def _time_sorted(samples: Iterator[Sample], bucket_s: float = SORT_BUCKET_S) -> Iterator[Sample]:
+    """``samples`` in time order, through temp files of ``bucket_s`` each (memory holds one bucket)."""
+    enc, dec = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(tuple[str, dict[str, str], float, float])
+    with tempfile.TemporaryDirectory(prefix="fleetmedic-sort-") as tmp:
+        files: dict[int, IO[bytes]] = {}
+        try:
+            for s in samples:
+                if s[3] is None or not math.isfinite(s[3]):
+                    yield s  # the reader counts it
+                    continue
+                k = int(s[3] // bucket_s)
+                fh = files.get(k)
+                if fh is None:
+                    if len(files) > 100_000:
+                        raise ValueError("input spans too many sort buckets (timestamps out of range?)")
+                    fh = files[k] = open(Path(tmp) / f"{k}.bin", "wb")  # noqa: SIM115 (closed below)
+                data = enc.encode(s)
+                fh.write(struct.pack("<I", len(data)) + data)
+        finally:
+            for fh in files.values():
+                fh.close()
+        for k in sorted(files):
+            raw = (Path(tmp) / f"{k}.bin").read_bytes()
+            bucket: list[Sample] = []
+            pos = 0
+            while pos < len(raw):
+                (size,) = struct.unpack_from("<I", raw, pos)
+                bucket.append(dec.decode(raw[pos + 4 : pos + 4 + size]))
+                pos += 4 + size
+            bucket.sort(key=lambda s: s[3] or 0.0)
+            yield from bucket
 
 
 def _type_of(line: bytes) -> str | None:
@@ -263,21 +373,58 @@ class Progress:
             self.stream.write(f"\r{records:>12,} records  {rate:>10,.0f}/s  at {stamp} UTC")
             self.stream.flush()
 
+    def chunk(self, done: int, total: int, seconds_done: float) -> None:
+        """A Prometheus range query done: queries done of all, and the time left at this pace."""
+        if not self.enabled:
+            return
+        elapsed = time.monotonic() - self.start
+        eta = elapsed / done * (total - done) if done else 0.0
+        self.stream.write(f"\rprometheus: query {done:,}/{total:,} ({100 * done / max(total, 1):.0f} %), "
+                          f"{seconds_done / 3600:,.1f} h of history, ETA {int(eta // 60)}:{int(eta % 60):02d}  ")
+        self.stream.flush()
+        if done == total:
+            self.stream.write("\n")
+
     def done(self) -> None:
         if self.enabled:
             self.stream.write("\n")
 
 
+class RecordSource(Protocol):
+    """Records from elsewhere than files, in time order (the CLI's ``--prometheus`` history:
+    :class:`fleetmedic.connectors.prometheus_history.History`)."""
+
+    skipped: Counter[str]  # reason -> samples that could not be used
+    ignored: Counter[str]  # series present but not read
+
+    def records(self) -> Iterator[r.GpuTelemetry | r.PortTelemetry]: ...
+
+    def again(self) -> RecordSource:
+        """The same source, to be read once more (the HTML report reads the records twice)."""
+        ...
+
+    def summary(self) -> dict[str, Any]: ...
+
+    def bind_progress(self, progress: Progress | None) -> None: ...
+
+
 def run(settings: Settings, inputs: list[str], out: Path, progress: Progress | None = None,
         report: str | None = None, topology: dict[str, dict[str, Any]] | None = None,
-        truth: Path | None = None) -> dict[str, Any]:
+        truth: Path | None = None, scrape_time: float | None = None,
+        extra_labels: dict[str, str] | None = None, history: RecordSource | None = None) -> dict[str, Any]:
+    """Run the backtest; raises :class:`NoRecords` (after writing ``summary.json``) when the input
+    yields no record."""
     out.mkdir(parents=True, exist_ok=True)
-    reader = InputReader(settings)
+    reader = InputReader(settings, scrape_time=scrape_time, extra_labels=dict(extra_labels or {}))
     bt = Backtest(settings, topology or {})
     started = time.monotonic()
     first = last = None
     n = 0
-    for rec in reader.records(inputs):
+    more: list[Iterable[Telemetry]] = []
+    if history is not None:
+        history.bind_progress(progress)
+        more.append(history.records())
+    for rec in reader.records(inputs, *more):
         bt.feed(rec)
         n += 1
         last = float(rec.ts)
@@ -292,13 +439,23 @@ def run(settings: Settings, inputs: list[str], out: Path, progress: Progress | N
     _write_jsonl(out / "incidents.jsonl", bt.incidents)
     _write_jsonl(out / "commands.jsonl", bt.commands)
     _write_jsonl(out / "audit.jsonl", bt.audit)
+    skipped = Counter(reader.skipped)
+    if history is not None:
+        for reason, k in history.skipped.items():
+            skipped[f"prometheus: {reason}"] += k
+        for name, k in history.ignored.items():
+            count(reader.not_read, name, k)
     summary = {
         "inputs": inputs,
         "records": dict(bt.counts),
         "lines_read": reader.lines,
-        "skipped": dict(reader.skipped.most_common(50)),
-        "skipped_total": sum(reader.skipped.values()),
+        "skipped": dict(skipped.most_common(50)),
+        "skipped_total": sum(skipped.values()),
+        "skipped_by_reason": dict(_by_kind(skipped).most_common(20)),
+        "skipped_by_file": reader.skipped_by_file(),
         "input_problems": reader.problems(),
+        "timestamps": reader.timestamps,
+        "series_not_read": dict(reader.not_read.most_common(30)),
         "span_s": (last - first) if first is not None and last is not None else 0.0,
         "elapsed_s": round(elapsed, 3),
         "records_per_s": round(n / elapsed, 1) if elapsed > 0 else None,
@@ -310,16 +467,40 @@ def run(settings: Settings, inputs: list[str], out: Path, progress: Progress | N
         "incidents_by_class": dict(Counter({i.id: i.incident_class for i in bt.incidents}.values())),
         "commands_by_action": dict(Counter(c.action for c in bt.commands)),
     }
+    if history is not None:
+        summary["prometheus"] = history.summary()
+    if n == 0:
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        top = _by_kind(skipped).most_common(5)
+        raise NoRecords("the input yielded no records" + (
+            "; most frequent reasons: " + "; ".join(f"{reason} ({k:,})" for reason, k in top) if top else
+            " (no readable lines)"))
     if truth is not None:
         summary["score"] = _score(truth, bt, out)
     if report:
         from fleetmedic.evaluation.backtest_report import write_report
 
         meta = {"inputs": ", ".join(inputs), "records": n, "findings": len(bt.findings)}
-        summary["report_plots"] = write_report(report, settings, InputReader(settings).records(inputs),
+        again = InputReader(settings, scrape_time=scrape_time, extra_labels=dict(extra_labels or {}))
+        summary["report_plots"] = write_report(report, settings, again.records(
+            inputs, *([history.again().records()] if history is not None else [])),
                                                bt.findings, bt.incidents, bt.commands, meta)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return summary
+
+
+_SERIES_PREFIX = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]*: ")
+
+
+def _by_kind(skipped: Counter[str]) -> Counter[str]:
+    """Skips per reason, whatever the file and series (``gpu.prom: DCGM_FI_DEV_GPU_TEMP: no node
+    label (...)`` -> ``no node label (...)``)."""
+    out: Counter[str] = Counter()
+    for reason, n in skipped.items():
+        kind = reason.split(": ", 1)[1] if ": " in reason and reason.split(": ", 1)[0].endswith(
+            (*TEXT_SUFFIXES, ".jsonl", "prometheus")) else reason
+        out[_SERIES_PREFIX.sub("", kind, count=1)] += n
+    return out
 
 
 def _score(truth: Path, bt: Backtest, out: Path) -> dict[str, Any]:

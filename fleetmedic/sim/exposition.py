@@ -80,7 +80,7 @@ IB_SERIES: dict[str, tuple[str, float, str]] = {
         "port_rcv_errors", 1, "Number of packets containing an error that were received on this port."),
     "node_infiniband_port_receive_remote_physical_errors_total": (
         "port_rcv_remote_physical_errors", 1, "Number of packets marked with the EBP delimiter received on the port."),
-    "node_infiniband_port_transmit_discards_total": (
+    "node_infiniband_port_discards_transmitted_total": (
         "port_xmit_discards", 1, "Number of outbound packets discarded by the port because it is down or congested."),
     "node_infiniband_local_link_integrity_errors_total": (
         "local_link_integrity_errors", 1, "Number of times the count of local physical errors exceeded the threshold."),

@@ -202,3 +202,34 @@ def test_an_unreachable_target_is_counted_and_the_others_still_publish(
     errors = {s.labels["kind"]: s.value for m in registry.collect() if m.name == "fleetmedic_connector_errors"
               for s in m.samples if s.name.endswith("_total")}
     assert errors == {"ClientConnectorError": 1.0}
+
+
+def test_scrape_mode_adds_the_targets_instance_as_prometheus_does(
+    fixture_exporter: Callable[[Callable[[int], str]], str],
+) -> None:
+    """node-exporter names no node, and an old dcgm-exporter's Hostname is its pod: both get the
+    node from the target's ``instance`` (host without port), as they would through Prometheus."""
+    import aiohttp
+
+    from fleetmedic.config import parse_config
+
+    lab = 'device="mlx5_0",port="1"'
+    node_exporter = fixture_exporter(lambda n: f"node_infiniband_port_discards_transmitted_total{{{lab}}} 7\n"
+                                               f"node_infiniband_physical_state_id{{{lab}}} 5\n"
+                                               f"node_infiniband_state_id{{{lab}}} 4\n")
+    old_dcgm = fixture_exporter(lambda n: dcgm_text(n, node="nvidia-dcgm-exporter-x7k2p", bad_line=False))
+    settings = parse_config(f"exporters: {{prometheus: {{targets: ['{node_exporter}', '{old_dcgm}']}}}}")
+    registry = CollectorRegistry()
+    metrics = ConnectorMetrics(registry, "prometheus")
+    outbox = Outbox(10, metrics)
+    source = PrometheusSource(settings, outbox, metrics, clock=lambda: 1_700_000_000.0)
+
+    async def tick() -> int:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            return await source.tick(session)
+
+    assert asyncio.run(tick()) == 2
+    port, gpu = (o.record for o in outbox.peek(10))
+    assert isinstance(port, r.PortTelemetry) and isinstance(gpu, r.GpuTelemetry)
+    assert port.device == "127.0.0.1" and port.ports[0].port_xmit_discards == 7 and port.ports[0].link_state == "up"
+    assert gpu.node == "127.0.0.1" and gpu.gpus == [0, 1]  # the pod name is not taken for the node

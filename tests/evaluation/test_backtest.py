@@ -74,7 +74,7 @@ class TestExpositionReader:
         assert len([x for x in recs if isinstance(x, r.GpuTelemetry)]) == 1
         reasons = " | ".join(reader.skipped)
         assert "unparsable line" in reasons and "no node label" in reasons and "value is NaN" in reasons
-        assert "$.metrics.gpu_temp[0]" in reasons and "unknown series unknown_metric" in reasons
+        assert "DCGM_FI_DEV_GPU_TEMP: value out of range" in reasons and "unknown series unknown_metric" in reasons
 
     def test_the_node_label_is_configurable(self) -> None:
         ingest = parse_config("ingest: {node_labels: [node]}").ingest

@@ -1,0 +1,137 @@
+"""History from a Prometheus server (``fleetmedic backtest --prometheus URL --start T --end T``).
+
+``[start, end]`` is cut into range queries (``/api/v1/query_range``) of at most
+``exporters.prometheus.range_max_points`` points per series (the server refuses more than 11,000)
+and at most an hour each, so an answer stays small; each is retried up to 4 times on a connection error, a
+timeout, 429 or 5xx (1, 2, 4, 8 s apart), and a 4xx is an error that names the server's reason. The
+points of one query come series by series; they are sorted by time and mapped by the same reader
+as exposition files (:class:`~fleetmedic.connectors.prometheus_text.ExpositionReader`), so one
+step of one node is one record. A callback reports progress (queries done, of how many).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fleetmedic.config import Settings
+from fleetmedic.connectors.prometheus_api import ApiAnswerError, api_samples, plan_chunks
+from fleetmedic.connectors.prometheus_ingest import MAX_ANSWER_BYTES, target_label
+from fleetmedic.connectors.prometheus_text import ExpositionReader, Sample
+from fleetmedic.records import GpuTelemetry, PortTelemetry
+
+log = logging.getLogger("fleetmedic.connectors.prometheus")
+RETRIES = 4
+#: called after each query: (queries done, queries in all, seconds of the range done)
+ProgressFn = Callable[[int, int, float], None]
+
+
+class _Progress(Protocol):
+    def chunk(self, done: int, total: int, seconds_done: float) -> None: ...
+
+
+class HistoryError(Exception):
+    """The server cannot give this history (refused query, unreachable after the retries)."""
+
+
+@dataclass
+class History:
+    """Range queries over ``[start, end]`` at ``step`` for ``selector``; :meth:`records` yields
+    records in time order. ``reader.skipped`` counts what could not be used; :attr:`queries`,
+    :attr:`points` and :attr:`retries` say what was asked."""
+
+    settings: Settings
+    url: str
+    start: float
+    end: float
+    step: float
+    selector: str = ""
+    progress: ProgressFn | None = None
+    sleep: Callable[[float], None] = time.sleep
+    reader: ExpositionReader = field(init=False)
+    queries: int = 0
+    points: int = 0
+    retries: int = 0
+
+    def __post_init__(self) -> None:
+        p = self.settings.exporters.prometheus
+        self.selector = self.selector or p.api_selector
+        self.reader = ExpositionReader.for_settings(self.settings, source="prometheus-history", ignore_unknown=True)
+        self.chunks = plan_chunks(self.start, self.end, self.step, p.range_max_points)
+        self.skipped = self.reader.skipped
+        self.ignored = self.reader.ignored
+
+    def records(self) -> Iterator[GpuTelemetry | PortTelemetry]:
+        return self.reader.read_samples(self._samples(), flush_lag_s=max(120.0, 3 * self.step))
+
+    def again(self) -> History:
+        return History(self.settings, self.url, self.start, self.end, self.step, self.selector, sleep=self.sleep)
+
+    def bind_progress(self, progress: _Progress | None) -> None:
+        self.progress = progress.chunk if progress is not None else None
+
+    def summary(self) -> dict[str, Any]:
+        return {"url": target_label(self.url), "start": self.start, "end": self.end, "step_s": self.step,
+                "selector": self.selector, "queries": self.queries, "points": self.points, "retries": self.retries,
+                "skipped": dict(self.reader.skipped.most_common(20))}
+
+    def _samples(self) -> Iterator[Sample]:
+        for i, (a, b) in enumerate(self.chunks, 1):
+            doc = self._query(a, b)
+            try:
+                got = list(api_samples(doc, self.reader.skipped))
+            except ApiAnswerError as exc:
+                raise HistoryError(f"{target_label(self.url)}: {exc}") from None
+            self.points += len(got)
+            got.sort(key=lambda s: s[3] or 0.0)  # series by series -> time order (stable: series order kept)
+            yield from got
+            if self.progress is not None:
+                self.progress(i, len(self.chunks), b - self.start)
+
+    def _query(self, a: float, b: float) -> Any:
+        p = self.settings.exporters.prometheus
+        params = urllib.parse.urlencode({"query": self.selector, "start": f"{a:.3f}", "end": f"{b:.3f}",
+                                         "step": f"{self.step:g}"})
+        url = self.url.rstrip("/") + "/api/v1/query_range?" + params
+        headers = {"Accept": "application/json"}
+        if p.bearer_token_file:
+            with open(p.bearer_token_file, encoding="utf-8") as fh:
+                headers["Authorization"] = f"Bearer {fh.read().strip()}"
+        self.queries += 1
+        delay = 1.0
+        for attempt in range(RETRIES + 1):
+            try:
+                with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=p.timeout_s) as resp:
+                    body = resp.read(MAX_ANSWER_BYTES + 1)
+                if len(body) > MAX_ANSWER_BYTES:
+                    raise HistoryError(f"{target_label(self.url)}: an answer over {MAX_ANSWER_BYTES} bytes; "
+                                       "use a smaller --step range or a narrower --match")
+                return json.loads(body)
+            except urllib.error.HTTPError as exc:
+                if exc.code != 429 and exc.code < 500:  # the query is wrong: retrying will not help
+                    raise HistoryError(f"{target_label(self.url)}: HTTP {exc.code}: {_error_of(exc)}") from None
+                why = f"HTTP {exc.code}"
+            except (urllib.error.URLError, TimeoutError, ConnectionError, json.JSONDecodeError) as exc:
+                why = f"{type(exc).__name__}: {str(exc)[:200]}"
+            if attempt == RETRIES:
+                raise HistoryError(f"{target_label(self.url)}: {why} (after {RETRIES} retries)")
+            self.retries += 1
+            log.warning("prometheus history: %s; retrying in %.0f s", why, delay)
+            self.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable")
+
+
+def _error_of(exc: urllib.error.HTTPError) -> str:
+    try:
+        doc = json.loads(exc.read(65536))
+        return f"{doc.get('errorType', '')}: {doc.get('error', '')}"[:500]
+    except Exception:  # not the API's JSON error: the status line says enough
+        return str(exc.reason)[:200]
