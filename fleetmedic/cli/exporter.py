@@ -1,4 +1,4 @@
-"""``fleetmedic exporter nvml|prometheus|kafka|infiniband|logs``: run one connector until SIGTERM.
+"""``fleetmedic exporter nvml|prometheus|kafka|infiniband|logs|kmsg``: run one connector until SIGTERM.
 
 Every connector reads the ``exporters`` section of the config (docs/connectors.md), sends its
 records to the topics of the ``topics`` section on Kafka — or, with ``--output FILE``, writes them
@@ -30,6 +30,7 @@ CONNECTORS = {
     "kafka": "re-publish Telegraf / prometheus-kafka-adapter JSON topics as fleetmedic records",
     "infiniband": "read InfiniBand port counters with perfquery (topology from the config)",
     "logs": "classify job log lines from Kafka (e.g. Fluent Bit) into job failure events",
+    "kmsg": "read this node's kernel log (/dev/kmsg or the journal): XIDs, SXids, PCIe AER, mlx5, MCE/EDAC",
 }
 
 Source = Callable[[asyncio.Event], Awaitable[None]]
@@ -48,7 +49,33 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         k.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
         k.add_argument("--metrics-port", type=int, metavar="PORT", help="override metrics.port (-1: no endpoint)")
         add_loglevel(k)
+        if name == "kmsg":
+            _kmsg_arguments(k)
         k.set_defaults(handler=run_exporter)
+
+
+def _kmsg_arguments(k: argparse.ArgumentParser) -> None:
+    k.add_argument("--source", choices=["kmsg", "journal"], default="kmsg",
+                   help="/dev/kmsg (default) or the journal (journalctl -k -o json --follow)")
+    k.add_argument("--input", metavar="FILE", default="",
+                   help="a recorded kernel log instead (cat /dev/kmsg, journalctl -o json, or dmesg lines)")
+    k.add_argument("--device", metavar="PATH", default="/dev/kmsg", help="the kmsg device (default /dev/kmsg)")
+    k.add_argument("--state-file", metavar="FILE", default=None,
+                   help="where the position handled last is kept, to resume without re-reporting "
+                        "(default /var/lib/fleetmedic/kmsg-state.json; none with --input; '' = none)")
+    k.add_argument("--node", metavar="NAME", default="",
+                   help="the node's name (default $NODE_NAME, else the host name)")
+    k.add_argument("--pci-map", metavar="FILE", default="",
+                   help="PCI address -> GPU index (YAML mapping, or nvidia-smi --query-gpu=index,pci.bus_id "
+                        "--format=csv,noheader); default: from NVML")
+    k.add_argument("--no-nvml", action="store_true", help="do not ask NVML for the PCI map")
+    k.add_argument("--patterns", metavar="FILE", default="", help="log pattern library (default: the shipped one)")
+    k.add_argument("--backlog-max-age", type=float, metavar="S", default=3600.0,
+                   help="with no state (a first start), skip records older than S seconds (default 3600)")
+    k.add_argument("--xid-window", type=float, metavar="S", default=30.0,
+                   help="an XID reported in the driver's own words and its Xid line within S seconds are one")
+    k.add_argument("--boot-time", type=float, metavar="EPOCH", default=None,
+                   help="for kmsg records in --input: the Unix time their boot started (default: this host's)")
 
 
 def run_exporter(args: argparse.Namespace) -> int:
@@ -58,8 +85,10 @@ def run_exporter(args: argparse.Namespace) -> int:
     setup_logging(args.loglevel)
     from fleetmedic.connectors.runtime import SourceUnavailable
 
+    if getattr(args, "input", "") and args.metrics_port is None:
+        args.metrics_port = -1  # a recorded log: a one-shot run, no metrics endpoint unless asked for
     try:
-        return asyncio.run(_run(args.connector, settings, args.output, args.duration, args.metrics_port))
+        return asyncio.run(_run(args.connector, settings, args.output, args.duration, args.metrics_port, args))
     except SourceUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_SOURCE_UNAVAILABLE
@@ -69,7 +98,7 @@ def run_exporter(args: argparse.Namespace) -> int:
 
 
 async def _run(connector: str, settings: Settings, output: str | None, duration: float | None,
-               metrics_port: int | None) -> int:
+               metrics_port: int | None, options: argparse.Namespace | None = None) -> int:
     from prometheus_client import CollectorRegistry, start_http_server
 
     from fleetmedic.connectors.runtime import (
@@ -90,7 +119,7 @@ async def _run(connector: str, settings: Settings, output: str | None, duration:
         server, _ = start_http_server(port, settings.metrics.bind_address, registry)
         logging.getLogger("fleetmedic.connectors").info(
             "metrics on http://%s:%d/metrics", settings.metrics.bind_address, server.server_port)
-    source = build_source(connector, settings, outbox, metrics)
+    source = build_source(connector, settings, outbox, metrics, options)
     sink: Sink = JsonlSink(output) if output else KafkaSink(settings)
     stop = asyncio.Event()
     if duration is not None:
@@ -99,7 +128,8 @@ async def _run(connector: str, settings: Settings, output: str | None, duration:
     return 0
 
 
-def build_source(connector: str, settings: Settings, outbox: Outbox, metrics: ConnectorMetrics) -> Source:
+def build_source(connector: str, settings: Settings, outbox: Outbox, metrics: ConnectorMetrics,
+                 options: argparse.Namespace | None = None) -> Source:
     if connector == "prometheus":
         from fleetmedic.connectors.prometheus_ingest import PrometheusSource
 
@@ -120,6 +150,10 @@ def build_source(connector: str, settings: Settings, outbox: Outbox, metrics: Co
         from fleetmedic.connectors.log_events import LogSource
 
         return LogSource(settings, outbox, metrics).run
+    if connector == "kmsg":
+        from fleetmedic.connectors.kmsg import KmsgSource, kmsg_options
+
+        return KmsgSource(settings, outbox, metrics, kmsg_options(options)).run
     raise ValueError(f"unknown connector {connector!r}")
 
 

@@ -5,8 +5,15 @@ and the shipped defaults): named regular expressions, each with the incident cla
 priority, a ``signal`` name that policy rules can match, and ``symptom`` for lines that follow from
 a failure elsewhere (a collective timing out because a peer died). NVIDIA driver XID lines are
 classified through fleetmedic's XID catalog (:mod:`fleetmedic.models.xid_catalog`, the same action
-classes the detectors use). The library also extracts the rank and host a line
-names, so triage can map a line to a node through the job's placement.
+classes the detectors use), and so are lines in which the driver reports an XID in its own words
+(a pattern's ``xid``: a GSP timeout banner, a GPU fallen off the bus without its Xid line). The
+library also extracts the rank and host a line names, so triage can map a line to a node through
+the job's placement.
+
+Kernel and driver lines (the node-local kernel-log exporter, :mod:`fleetmedic.connectors.kmsg_map`)
+use three more keys of a pattern: ``device`` (what the line is about: gpu, nvswitch, pcie, nic,
+cpu, memory), ``severity`` (info, warning, critical) and the regular expression's named groups
+(``pci`` for the device's PCI address, ``code``, ``port``...), returned in :attr:`LineMatch.groups`.
 
 Pure: the library is built from text; :func:`default_library` reads package data once.
 """
@@ -27,6 +34,9 @@ from fleetmedic.records import IncidentClass
 
 CLASSES: Final = frozenset(get_args(IncidentClass))
 MAX_LINE: Final = 4096
+#: what a kernel or driver line is about (a pattern's ``device``)
+DEVICES: Final = frozenset({"gpu", "nvswitch", "pcie", "nic", "cpu", "memory"})
+SEVERITIES: Final = ("info", "warning", "critical")
 
 
 class PatternError(ValueError):
@@ -42,6 +52,9 @@ class Pattern:
     signal: str
     symptom: bool = False
     examples: tuple[str, ...] = ()
+    device: str = ""
+    severity: str = ""
+    xid: int | None = None  # the XID the line reports in the driver's own words
 
 
 @dataclass(frozen=True)
@@ -56,20 +69,29 @@ class LineMatch:
     priority: int = 0
     rank: int | None = None
     host: str = ""
-    xid: int | None = None
+    xid: int | None = None  # an XID line's code, or the XID a line reports in the driver's own words
     hint: str = ""  # remediation hint for hardware XIDs: reset_gpu | reboot_node
+    device: str = ""  # gpu | nvswitch | pcie | nic | cpu | memory, for kernel and driver lines
+    severity: str = ""  # info | warning | critical
+    groups: tuple[tuple[str, str], ...] = ()  # the pattern's named groups that matched (pci, code...)
 
     @property
     def distinctive(self) -> bool:
         """A matched line that is a cause, not a symptom of a failure elsewhere."""
         return self.pattern is not None and not self.symptom
 
+    def group(self, name: str) -> str:
+        """A named group of the pattern that matched (``""`` when absent)."""
+        return next((v for k, v in self.groups if k == name), "")
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"class": self.incident_class, "pattern": self.pattern, "line": self.line}
-        for key in ("signal", "symptom", "priority", "rank", "host", "xid", "hint"):
+        for key in ("signal", "symptom", "priority", "rank", "host", "xid", "hint", "device", "severity"):
             value = getattr(self, key)
             if value not in (None, "", False, 0) or key in ("symptom", "priority"):
                 out[key] = value
+        if self.groups:
+            out["groups"] = dict(self.groups)
         return out
 
 
@@ -90,6 +112,14 @@ class XidRule:
         if xid in self.overrides:
             klass, symptom, hint = self.overrides[xid], False, hint if self.overrides[xid] == "hardware" else ""
         return klass, symptom, hint, self.symptom_priority if symptom else self.priorities.get(klass, 100)
+
+    def severity(self, xid: int) -> str:
+        """As the GPU detector rates an XID: critical when its action isolates, warning when it is to
+        be investigated, info otherwise."""
+        info = self.catalog.lookup(xid)
+        if xid in self.overrides:
+            return "critical" if self.overrides[xid] == "hardware" else "info"
+        return "critical" if info.isolates else "warning" if info.action == "investigate" else "info"
 
 
 class PatternLibrary:
@@ -148,14 +178,26 @@ class PatternLibrary:
             if m:
                 code = int(m.group("xid"))
                 klass, symptom, hint, priority = self.xid.verdict(code)
-                best = LineMatch(line, f"xid_{code}", klass, f"xid:{code}", symptom, priority, rank, host, code, hint)
+                best = LineMatch(line, f"xid_{code}", klass, f"xid:{code}", symptom, priority, rank, host, code, hint,
+                                 "gpu", self.xid.severity(code), _groups(m, "xid"))
         for p in self.patterns:
             if best is not None and p.priority <= best.priority:
                 break
-            if p.regex.search(line):
-                best = LineMatch(line, p.name, p.incident_class, p.signal, p.symptom, p.priority, rank, host)
+            m = p.regex.search(line)
+            if m:
+                best = self._match(p, m, line, rank, host)
                 break
         return best or LineMatch(line, None, "unknown", rank=rank, host=host)
+
+    def _match(self, p: Pattern, m: re.Match[str], line: str, rank: int | None, host: str) -> LineMatch:
+        klass, hint, severity = p.incident_class, "", p.severity
+        if p.xid is not None and self.xid is not None:  # the driver's own words for an XID: as that XID
+            klass, _, hint, _ = self.xid.verdict(p.xid)
+            severity = severity or self.xid.severity(p.xid)
+        if not severity:
+            severity = "info" if p.symptom else _CLASS_SEVERITY.get(klass, "info")
+        return LineMatch(line, p.name, klass, p.signal, p.symptom, p.priority, rank, host, p.xid, hint, p.device,
+                         severity, _groups(m))
 
     def classify_all(self, lines: Iterable[str]) -> list[LineMatch]:
         return [self.classify(line) for line in lines]
@@ -222,7 +264,13 @@ def load_library(path: str) -> PatternLibrary:
 
 # --- parsing helpers ------------------------------------------------------------------------------
 
-_PATTERN_KEYS: Final = frozenset({"name", "class", "regex", "priority", "signal", "symptom", "examples"})
+_PATTERN_KEYS: Final = frozenset({"name", "class", "regex", "priority", "signal", "symptom", "examples", "device",
+                                   "severity", "xid"})
+_CLASS_SEVERITY: Final[dict[str, str]] = {"hardware": "critical", "network": "warning", "degradation": "warning"}
+
+
+def _groups(m: re.Match[str], *skip: str) -> tuple[tuple[str, str], ...]:
+    return tuple((k, v) for k, v in m.groupdict().items() if v is not None and k not in skip)
 
 
 def _pattern(entry: Any, where: str) -> Pattern:
@@ -244,6 +292,15 @@ def _pattern(entry: Any, where: str) -> Pattern:
     examples = entry.get("examples") or []
     if not isinstance(examples, list) or not all(isinstance(e, str) for e in examples):
         raise PatternError(f"{where}.examples: must be a list of strings")
+    device = entry.get("device", "")
+    if device and device not in DEVICES:
+        raise PatternError(f"{where}.device: must be one of {', '.join(sorted(DEVICES))}, got {device!r}")
+    severity = entry.get("severity", "")
+    if severity and severity not in SEVERITIES:
+        raise PatternError(f"{where}.severity: must be one of {', '.join(SEVERITIES)}, got {severity!r}")
+    xid = entry.get("xid")
+    if xid is not None and (not isinstance(xid, int) or isinstance(xid, bool) or not 0 <= xid <= 100_000):
+        raise PatternError(f"{where}.xid: must be an XID code (an integer in 0..100000)")
     return Pattern(
         name=name,
         incident_class=cast(IncidentClass, klass),
@@ -252,6 +309,9 @@ def _pattern(entry: Any, where: str) -> Pattern:
         signal=str(entry.get("signal") or name),
         symptom=bool(entry.get("symptom", False)),
         examples=tuple(examples),
+        device=str(device),
+        severity=str(severity),
+        xid=xid,
     )
 
 

@@ -1,0 +1,450 @@
+"""Pure part of the kernel-log exporter: kernel log records -> classified kernel events -> records.
+
+Three inputs, one :class:`KernelRecord` each:
+
+- ``/dev/kmsg`` records (:func:`parse_kmsg`): ``PRI,SEQ,TS_USEC,FLAGS;message`` then continuation
+  lines `` KEY=value`` (the device's dictionary: ``SUBSYSTEM``, ``DEVICE``). The kernel escapes
+  non-printable bytes as ``\\xNN`` (a multi-line message's newlines too); they are unescaped.
+  ``TS_USEC`` counts from boot, so a record's time is ``boot_time + TS_USEC``.
+- ``journalctl -k -o json`` entries (:func:`parse_journal`): ``MESSAGE`` (a string, or a byte list
+  when not UTF-8), ``__REALTIME_TIMESTAMP``, ``__CURSOR``, ``_BOOT_ID``, ``PRIORITY``.
+- plain lines of a recorded log (``dmesg``, syslog): :class:`RecordReader` tells the three apart per
+  line and joins continuation lines (a dict line after a kmsg record, an indented line after a
+  ``dmesg`` line).
+
+:class:`SequenceTracker` is what makes the exporter resume and survive overruns: records at or
+below the last sequence number already handled are skipped (a restart never re-reports), and a jump
+in sequence numbers is counted as records lost (overwritten in the ring buffer before they were
+read, or while the exporter was stopped).
+
+:class:`KmsgMapper` classifies a record's message with the log pattern library
+(:mod:`fleetmedic.remediation.log_patterns`) and turns what the pipeline has a record for into
+records: an XID line (or a line reporting an XID in the driver's own words, see ``xid`` in the
+library) on a GPU the PCI map knows becomes an :class:`~fleetmedic.records.XidEvent` of a
+:class:`~fleetmedic.records.GpuTelemetry` keyed by the node (``source: kmsg``, every GPU of the map
+in ``gpus``, no metrics); an mlx5 port going down or up becomes a
+:class:`~fleetmedic.records.PortTelemetry` of the node's NIC port with its ``link_state``. Every
+other classified line (SXid, PCIe AER, machine checks, EDAC, mlx5 health, GSP lines without a PCI
+address) is returned as a :class:`KernelEvent`, counted and logged, but not published: no record of
+the contract carries it yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, cast
+
+import yaml
+
+from fleetmedic import records as r
+from fleetmedic.remediation.log_patterns import LineMatch, PatternLibrary
+
+SOURCE: Final = "kmsg"
+MAX_MESSAGE: Final = 4096
+
+_KMSG = re.compile(r"^(?P<pri>\d+),(?P<seq>\d+),(?P<ts>\d+),(?P<flags>[^;]*);(?P<msg>.*)$", re.DOTALL)
+_DICT_LINE = re.compile(r"^ (?P<key>[A-Z_][A-Z0-9_]*)=(?P<value>.*)$")
+_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
+_PCI = re.compile(r"^(?:(?P<dom>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<dev>[0-9a-fA-F]{2})(?:\.[0-7])?$")
+#: mlx5 port state changes: the netdev's "Link up/down", the IB port's "Port: 1 Link ACTIVE/DOWN/INIT"
+_LINK = re.compile(r"mlx5_core (?P<pci>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])(?: (?P<ifname>[\w.-]+))?: "
+                   r"(?:Port: (?P<port>\d+) )?Link (?P<state>up|down|DOWN|ACTIVE|ACTIVE_DEFER|INIT|ARMED)\b")
+_LINK_STATES: Final = {"up": "up", "ACTIVE": "up", "ACTIVE_DEFER": "up", "down": "down", "DOWN": "down",
+                       "INIT": "init", "ARMED": "init"}
+
+
+class BadRecord(ValueError):
+    """A line or record that is not a kernel log record; the message is the skip reason."""
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    """One kernel log message. ``seq`` is the kernel's sequence number (kmsg), ``cursor`` the
+    journal's; ``ts`` Unix seconds (``None`` when the input had no time); ``message`` unescaped, a
+    multi-line message's lines joined by newlines."""
+
+    message: str
+    seq: int | None = None
+    ts: float | None = None
+    level: int | None = None
+    fields: tuple[tuple[str, str], ...] = ()
+    cursor: str = ""
+    boot_id: str = ""
+
+    @property
+    def text(self) -> str:
+        """The message on one line, as the patterns see it."""
+        return " ".join(part.strip() for part in self.message.splitlines() if part.strip())
+
+
+def unescape(text: str) -> str:
+    """Undo /dev/kmsg's ``\\xNN`` escaping."""
+    return _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), text) if "\\x" in text else text
+
+
+def parse_kmsg(raw: bytes | str, boot_time: float) -> KernelRecord:
+    """One /dev/kmsg record (what one read returns): the header line and its dictionary lines."""
+    text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
+    head, *rest = text.rstrip("\n").split("\n")
+    m = _KMSG.match(head)
+    if m is None:
+        raise BadRecord("kmsg: not a PRI,SEQ,TS_USEC,FLAGS;message record")
+    fields = []
+    for line in rest:
+        d = _DICT_LINE.match(line)
+        if d is None:
+            raise BadRecord("kmsg: continuation line is not ' KEY=value'")
+        fields.append((d.group("key"), unescape(d.group("value"))))
+    pri, seq, usec = int(m.group("pri")), int(m.group("seq")), int(m.group("ts"))
+    return KernelRecord(message=unescape(m.group("msg"))[:MAX_MESSAGE], seq=seq, ts=boot_time + usec / 1e6,
+                        level=pri & 7, fields=tuple(fields))
+
+
+def parse_journal(raw: bytes | str) -> KernelRecord:
+    """One ``journalctl -o json`` line."""
+    try:
+        doc = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise BadRecord("journal: not JSON") from None
+    if not isinstance(doc, dict):
+        raise BadRecord("journal: not a JSON object")
+    msg = doc.get("MESSAGE")
+    if isinstance(msg, list) and all(isinstance(b, int) and 0 <= b < 256 for b in msg):
+        msg = bytes(msg).decode("utf-8", errors="replace")
+    if not isinstance(msg, str):
+        raise BadRecord("journal: no MESSAGE")
+    ts = None
+    with contextlib.suppress(KeyError, TypeError, ValueError):
+        ts = int(doc["__REALTIME_TIMESTAMP"]) / 1e6
+    level = doc.get("PRIORITY")
+    fields = tuple((k, str(doc[k])) for k in ("_KERNEL_SUBSYSTEM", "_KERNEL_DEVICE") if isinstance(doc.get(k), str))
+    return KernelRecord(message=msg[:MAX_MESSAGE], ts=ts,
+                        level=int(level) if isinstance(level, str) and level.isdigit() else None, fields=fields,
+                        cursor=str(doc.get("__CURSOR") or ""), boot_id=journal_boot_id(str(doc.get("_BOOT_ID") or "")))
+
+
+def journal_boot_id(value: str) -> str:
+    """The journal's 32-hex boot id in /proc's dashed form (what the other exporters report)."""
+    v = value.replace("-", "").lower()
+    if len(v) != 32 or any(c not in "0123456789abcdef" for c in v):
+        return value
+    return f"{v[:8]}-{v[8:12]}-{v[12:16]}-{v[16:20]}-{v[20:]}"
+
+
+class RecordReader:
+    """Lines of a recorded kernel log -> records. Each line is a /dev/kmsg record (``cat
+    /dev/kmsg``), a ``journalctl -o json`` entry or a plain ``dmesg``/syslog line; a kmsg record's
+    `` KEY=value`` lines and a ``dmesg`` message's indented continuation lines are joined to it.
+    Lines that cannot be read come back as :class:`BadRecord`."""
+
+    def __init__(self, boot_time: float) -> None:
+        self.boot_time = boot_time
+        self._kmsg: list[str] = []  # a kmsg record and its dictionary lines
+        self._text: list[str] = []  # a dmesg message and its continuation lines
+
+    def feed(self, line: str) -> list[KernelRecord | BadRecord]:
+        line = line.rstrip("\r\n")
+        if self._kmsg and _DICT_LINE.match(line):
+            self._kmsg.append(line)
+            return []
+        if self._text and line[:1] in (" ", "\t") and line.strip() and not _KMSG.match(line.strip()):
+            self._text.append(line.strip())
+            return []
+        out = self.flush()
+        if not line.strip():
+            return out
+        if _KMSG.match(line):
+            self._kmsg = [line]
+        elif line.lstrip().startswith("{"):
+            out.append(_or_bad(parse_journal, line))
+        else:
+            self._text = [line]
+        return out
+
+    def flush(self) -> list[KernelRecord | BadRecord]:
+        out: list[KernelRecord | BadRecord] = []
+        if self._kmsg:
+            out.append(_or_bad(lambda t: parse_kmsg(t, self.boot_time), "\n".join(self._kmsg)))
+            self._kmsg = []
+        if self._text:
+            out.append(KernelRecord(message="\n".join(self._text)[:MAX_MESSAGE]))
+            self._text = []
+        return out
+
+    def read_all(self, lines: Iterable[str]) -> Iterator[KernelRecord | BadRecord]:
+        for line in lines:
+            yield from self.feed(line)
+        yield from self.flush()
+
+
+def _or_bad(parse: Any, raw: str) -> KernelRecord | BadRecord:
+    try:
+        return cast(KernelRecord, parse(raw))
+    except BadRecord as exc:
+        return exc
+
+
+class SequenceTracker:
+    """Which kmsg records are new, and how many were lost. ``last`` is the highest sequence number
+    handled (``None``: nothing yet, e.g. a new boot)."""
+
+    def __init__(self, last: int | None = None) -> None:
+        self.last = last
+        self.lost = 0
+
+    def accept(self, seq: int) -> tuple[bool, int]:
+        """(whether ``seq`` is new, records lost just before it)."""
+        if self.last is not None and seq <= self.last:
+            return False, 0
+        lost = seq - self.last - 1 if self.last is not None else 0
+        self.last = seq
+        self.lost += lost
+        return True, lost
+
+
+# --- the GPU and NIC maps ----------------------------------------------------------------------------
+
+
+def pci_key(address: str) -> str:
+    """A PCI address as the GPU map keys it: ``dddd:bb:dd`` (lower case, function dropped), from
+    NVML's ``00000000:3B:00.0``, an XID line's ``0000:3b:00`` or ``3b:00.0``; ``""`` if not one."""
+    m = _PCI.match(address.strip().removeprefix("PCI:"))
+    if m is None:
+        return ""
+    dom = int(m.group("dom") or "0", 16)
+    return f"{dom:04x}:{m.group('bus').lower()}:{m.group('dev').lower()}"
+
+
+def parse_pci_map(text: str) -> dict[str, int]:
+    """A ``--pci-map`` file: a YAML/JSON mapping of PCI address -> GPU index, or the output of
+    ``nvidia-smi --query-gpu=index,pci.bus_id --format=csv,noheader`` (``0, 00000000:3B:00.0``).
+    Raises ValueError naming the entry that cannot be read."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError:
+        doc = None
+    out: dict[str, int] = {}
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            pci, index = (str(key), value) if not isinstance(key, int) else (str(value), key)
+            _put(out, pci, index, f"{key}: {value}")
+        return out
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#") or line.lower().startswith("index"):
+            continue
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 2:
+            raise ValueError(f"line {n}: expected 'index, pci.bus_id', got {line!r}")
+        _put(out, parts[1], parts[0], f"line {n}")
+    return out
+
+
+def _put(out: dict[str, int], pci: str, index: Any, where: str) -> None:
+    key = pci_key(pci)
+    if not key:
+        raise ValueError(f"{where}: {pci!r} is not a PCI address")
+    try:
+        gpu = int(index)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: GPU index {index!r} is not an integer") from None
+    if not 0 <= gpu <= 255:
+        raise ValueError(f"{where}: GPU index {gpu} out of range 0..255")
+    out[key] = gpu
+
+
+# --- classifying and mapping ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KernelEvent:
+    """A classified kernel line: what a ``KernelEvent`` wire record would carry (see the module
+    docstring: only XIDs and port state have a record today)."""
+
+    ts: float
+    signal: str
+    incident_class: str
+    severity: str
+    device: str  # gpu | nvswitch | pcie | nic | cpu | memory | ""
+    pattern: str
+    message: str
+    seq: int | None = None
+    pci: str = ""
+    gpu: int | None = None
+    xid: int | None = None
+    xid_line: bool = False  # an "NVRM: Xid" line (not an XID in the driver's own words)
+    code: str = ""
+
+    @classmethod
+    def of(cls, rec: KernelRecord, m: LineMatch, ts: float, gpus: Mapping[str, int]) -> KernelEvent:
+        pci = m.group("pci")
+        gpu = gpus.get(pci_key(pci)) if pci and m.device == "gpu" else None
+        return cls(ts=ts, signal=m.signal, incident_class=m.incident_class, severity=m.severity, device=m.device,
+                   pattern=m.pattern or "", message=m.line, seq=rec.seq, pci=pci, gpu=gpu, xid=m.xid,
+                   xid_line=bool(m.pattern and m.pattern.startswith("xid_")), code=m.group("code"))
+
+
+@dataclass(frozen=True)
+class PortChange:
+    ts: float
+    port: str
+    link_state: str
+    pci: str
+    seq: int | None = None
+
+
+@dataclass
+class Mapped:
+    """What a batch of records became: records to publish, events classified, and counts per
+    reason of what was read but not published."""
+
+    records: list[r.Record] = field(default_factory=list)
+    events: list[KernelEvent] = field(default_factory=list)
+    unpublished: Counter[str] = field(default_factory=Counter)
+    first_seq: int | None = None  # the lowest sequence number the records came from
+
+
+class XidJoiner:
+    """An XID the driver reports in its own words (a GPU fallen off the bus without its Xid line)
+    and the Xid line itself are one event: a words-XID waits ``window_s`` (by the caller's clock)
+    and is dropped if an Xid line with the same GPU and code comes within ``window_s`` of it (by
+    the kernel's time); Xid lines always pass."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._real: dict[tuple[int, int], float] = {}
+        self._pending: list[tuple[float, KernelEvent]] = []
+
+    def add(self, ev: KernelEvent, now: float) -> list[KernelEvent]:
+        assert ev.gpu is not None and ev.xid is not None
+        key = (ev.gpu, ev.xid)
+        if ev.xid_line:
+            self._real[key] = ev.ts
+            self._pending = [(t, p) for t, p in self._pending
+                             if (p.gpu, p.xid) != key or abs(p.ts - ev.ts) > self.window_s]
+            return [ev]
+        seen = self._real.get(key)
+        if seen is not None and abs(seen - ev.ts) <= self.window_s:
+            return []
+        self._pending.append((now, ev))
+        return []
+
+    def due(self, now: float, flush: bool = False) -> list[KernelEvent]:
+        out = [ev for t, ev in self._pending if flush or now - t >= self.window_s]
+        self._pending = [(t, ev) for t, ev in self._pending if not (flush or now - t >= self.window_s)]
+        horizon = max(self._real.values(), default=0.0) - 10 * self.window_s
+        self._real = {k: v for k, v in self._real.items() if v >= horizon}
+        return out
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def recent(self) -> list[list[float]]:
+        """The Xid lines seen lately, ``[gpu, xid, ts]``: kept in the state file, so that a words-XID
+        read after a restart still joins the Xid line read before it."""
+        return [[gpu, xid, ts] for (gpu, xid), ts in sorted(self._real.items())]
+
+    def restore(self, recent: Iterable[Any]) -> None:
+        for item in recent:
+            with contextlib.suppress(TypeError, ValueError):
+                gpu, xid, ts = item
+                self._real[(int(gpu), int(xid))] = float(ts)
+
+    def earliest_seq(self) -> int | None:
+        """The lowest sequence number of the events held (what a checkpoint must not pass)."""
+        return min((ev.seq for _, ev in self._pending if ev.seq is not None), default=None)
+
+
+class KmsgMapper:
+    """Classifies kernel records and builds the node's records (see the module docstring).
+
+    ``gpus``: PCI address (:func:`pci_key`) -> GPU index, from NVML or ``--pci-map``; ``nics``: a
+    NIC's PCI address (``dddd:bb:dd.f``) -> its port as the port connectors name it (``mlx5_0/1``)."""
+
+    def __init__(self, node: str, library: PatternLibrary, gpus: Mapping[str, int] | None = None,
+                 nics: Mapping[str, str] | None = None, boot_id: str = "", xid_window_s: float = 30.0) -> None:
+        self.node = node
+        self.library = library
+        self.gpus = dict(gpus or {})
+        self.nics = dict(nics or {})
+        self.boot_id = boot_id
+        self.joiner = XidJoiner(xid_window_s)
+
+    def map(self, recs: Iterable[KernelRecord], now: float) -> Mapped:
+        """Classify ``recs`` (already accepted by the sequence tracker) into records and events."""
+        out = Mapped()
+        xids: list[KernelEvent] = []
+        ports: list[PortChange] = []
+        for rec in recs:
+            ts = rec.ts if rec.ts is not None else now
+            text = rec.text
+            link = _LINK.search(text)
+            if link is not None:
+                ports.append(self._port_change(link, ts, rec.seq))
+            m = self.library.classify(text)
+            if m.pattern is None:
+                continue
+            ev = KernelEvent.of(rec, m, ts, self.gpus)
+            out.events.append(ev)
+            if ev.xid is not None and ev.device == "gpu":
+                if ev.gpu is None:
+                    out.unpublished["xid: no GPU for its PCI address (no --pci-map or NVML entry)" if ev.pci
+                                    else "xid: the line names no PCI address"] += 1
+                    continue
+                xids += self.joiner.add(ev, now)
+            elif link is None:
+                what = ev.device or "these"
+                out.unpublished[f"{ev.signal} ({ev.incident_class}): no record for {what} lines yet"] += 1
+        xids += self.joiner.due(now)
+        out.records += self._gpu_records(xids, out.unpublished) + self._port_records(ports, out.unpublished)
+        out.first_seq = _first_seq([ev.seq for ev in xids] + [ch.seq for ch in ports])
+        return out
+
+    def due(self, now: float, flush: bool = False) -> Mapped:
+        """Records of the words-XIDs whose wait is over (all of them with ``flush``: at the end of a
+        recorded log, or on stopping)."""
+        out = Mapped()
+        xids = self.joiner.due(now, flush)
+        out.records += self._gpu_records(xids, out.unpublished)
+        out.first_seq = _first_seq([ev.seq for ev in xids])
+        return out
+
+    def _gpu_records(self, xids: list[KernelEvent], unpublished: Counter[str]) -> list[r.Record]:
+        if not xids:
+            return []
+        doc = {"node": self.node, "ts": max(ev.ts for ev in xids), "gpus": sorted(set(self.gpus.values())),
+               "metrics": {}, "source": SOURCE, "boot_id": self.boot_id,
+               "xids": [{"gpu": ev.gpu, "xid": ev.xid, "ts": ev.ts, "message": f"kmsg: {ev.message}"[:MAX_MESSAGE]}
+                        for ev in sorted(xids, key=lambda e: e.ts)]}
+        return _checked(r.GpuTelemetry, doc, len(xids), unpublished)
+
+    def _port_change(self, m: re.Match[str], ts: float, seq: int | None) -> PortChange:
+        pci, ifname, port = m.group("pci").lower(), m.group("ifname") or "", m.group("port")
+        # the IB device itself ("mlx5_5: Port: 1 Link DOWN"), else the netdev's NIC as sysfs names it
+        name = f"{ifname}/{port}" if ifname.startswith("mlx5_") and port else self.nics.get(pci) or ifname or pci
+        return PortChange(ts, name, _LINK_STATES[m.group("state")], pci, seq)
+
+    def _port_records(self, changes: list[PortChange], unpublished: Counter[str]) -> list[r.Record]:
+        out: list[r.Record] = []
+        for ch in changes:  # one record per change: a flap within a batch stays a flap
+            doc = {"device": self.node, "device_kind": "host", "ts": ch.ts, "boot_id": self.boot_id, "source": SOURCE,
+                   "ports": [{"port": ch.port, "node": self.node, "link_state": ch.link_state}]}
+            out += _checked(r.PortTelemetry, doc, 1, unpublished)
+        return out
+
+
+def _first_seq(seqs: Iterable[int | None]) -> int | None:
+    return min((s for s in seqs if s is not None), default=None)
+
+
+def _checked(record_type: type[r.Record], doc: dict[str, Any], n: int, unpublished: Counter[str]) -> list[r.Record]:
+    try:
+        return [r.convert(record_type, doc)]
+    except r.InvalidRecord as exc:
+        unpublished[f"{record_type.__name__} {exc.path}: {exc.reason}"] += n
+        return []
