@@ -7,11 +7,14 @@ module stays a thin index and ``fleetmedic --help`` lists only subcommands that 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
 from fleetmedic import __version__
 from fleetmedic.cli.common import plain_help
+
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a tool killed by the closed pipe exits with
 
 Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
@@ -55,7 +58,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] = args.handler
-    return handler(args)
+    try:
+        return handler(args)
+    except BrokenPipeError:  # the reader went away (`... | head`): stop quietly, as Unix tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not raise again
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -106,3 +106,17 @@ def test_every_command_reads_its_config_the_same_way(monkeypatch: pytest.MonkeyP
     for path_arg in (str(config), None):
         settings = settings_or_none(path_arg)
         assert settings is not None and settings.kafka.bootstrap_servers == "env:9092"
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path) -> None:
+    """``fleetmedic triage classify --json | head -1`` once ended in a BrokenPipeError traceback."""
+    lines = tmp_path / "lines.txt"
+    lines.write_text("NCCL WARN NET/IB : Got completion with error 12\n" * 20000)
+    with lines.open("rb") as stdin:
+        proc = subprocess.Popen([sys.executable, "-m", "fleetmedic.cli", "triage", "classify", "--json"],
+                                stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith(b"{")
+    proc.stdout.close()  # what `head -1` does
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and "Traceback" not in err, err
