@@ -120,3 +120,12 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path) -> N
     proc.stdout.close()  # what `head -1` does
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141 and "Traceback" not in err, err
+
+
+def test_every_option_of_every_subcommand_says_what_it_does() -> None:
+    from fleetmedic.cli.common import _parsers
+
+    for parser in _parsers(build_parser()):
+        for action in parser._actions:
+            if action.option_strings and action.dest != "help":
+                assert action.help, f"{parser.prog} {'/'.join(action.option_strings)} has no help"
