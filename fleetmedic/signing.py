@@ -24,6 +24,25 @@ instead of acting on it), at load time with the reason.
 Key material comes from files or environment variables. :func:`load_key` takes the already-read
 text and stays pure; :func:`operator_keys` is the one function here that reads files (the key
 files named in the config, re-read at each call so a rotated Secret is picked up).
+
+**Signatures over the bytes that travel (issue #25).** Each record on ``remediation.commands`` and
+``remediation.operator`` carries two Kafka headers: :data:`SIGNATURE_HEADER`
+(``sha256=<hex HMAC-SHA256 of the record's value bytes, exactly as produced>``, the convention of
+webhook signatures) and :data:`KEY_ID_HEADER` (the id of the key). A subscriber in any language
+verifies it with an HMAC over the bytes it received: nothing is decoded or re-encoded first
+(:func:`sign_bytes`, :func:`verify_bytes`, :func:`verify_record`). The record itself is unchanged
+(``schema_version`` stays 1).
+
+*Migration.* Producers set both the headers and the in-body ``signature`` (the canonical encoding
+above). Verifiers (:func:`verify_record`) check the header when it is present and then refuse a
+record whose header does not verify, whatever its body says; they fall back to the body signature
+only when a record has no signature header (one produced before the headers existed). A later
+release will stop writing and accepting the body signature; new subscribers should use the header.
+
+*Rotation.* Verifiers hold a :class:`KeySet` (keys by id) and signers use one id. To rotate: add the
+new key to every verifier's set, switch the signer to the new id, wait until no record signed with
+the old key can still arrive (its ``expires_at`` has passed), then remove the old key: records
+signed with it are refused from then on.
 """
 
 from __future__ import annotations
@@ -31,7 +50,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol, TypeVar
@@ -55,6 +74,15 @@ DEMO_KEYS: Final = frozenset({
 })
 
 KEY_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+#: Kafka headers of a signed record: ``sha256=<hex>`` over the value bytes, and the key's id.
+SIGNATURE_HEADER: Final = "fleetmedic-signature"
+KEY_ID_HEADER: Final = "fleetmedic-key-id"
+SIGNATURE_PREFIX: Final = "sha256="
+#: The topics whose records carry the signature headers (names without the prefix).
+SIGNED_TOPICS: Final = frozenset({"remediation.commands", "remediation.operator"})
+#: The command key's id in its :class:`KeySet` when the config names none.
+DEFAULT_COMMAND_KEY_ID: Final = "command"
 
 
 class SignatureError(ValueError):
@@ -172,6 +200,70 @@ class KeySet:
         if now > command.expires_at:
             raise CommandExpired(f"command {command.id}: expired at {command.expires_at:.3f}, now {now:.3f}")
         return matched
+
+
+# --- signatures over the bytes that travel (Kafka headers) ---------------------------------------
+
+Headers = list[tuple[str, bytes]]
+
+
+def sign_bytes(value: bytes, key_id: str, key: bytes) -> Headers:
+    """The Kafka headers that sign ``value`` (the record's value bytes, exactly as they will be
+    produced) with ``key`` under ``key_id``."""
+    if len(key) < MIN_KEY_BYTES:
+        check_key(key)  # raises: never produce a signature anyone could forge
+    if not KEY_ID.fullmatch(key_id):
+        raise UnusableKey(f"key id {key_id!r}: must be 1-63 of [A-Za-z0-9._-], starting alphanumeric")
+    digest = hmac.new(key, value, hashlib.sha256).hexdigest()
+    return [(SIGNATURE_HEADER, (SIGNATURE_PREFIX + digest).encode()), (KEY_ID_HEADER, key_id.encode())]
+
+
+def header(headers: Sequence[tuple[str, bytes]] | None, name: str) -> bytes | None:
+    """The value of header ``name`` (the last one if given twice: Kafka keeps them in order)."""
+    found = None
+    for k, v in headers or ():
+        if k == name:
+            found = v
+    return found
+
+
+def verify_bytes(value: bytes, headers: Sequence[tuple[str, bytes]] | None, keys: KeySet) -> str:
+    """The id of the key that signed ``value``, by the signature headers; :class:`SignatureError`
+    if they are missing or malformed, name a key not in ``keys`` (a retired one) or do not match.
+    Only the key the header names is tried (constant-time compare)."""
+    sig, kid_raw = header(headers, SIGNATURE_HEADER), header(headers, KEY_ID_HEADER)
+    if sig is None:
+        raise SignatureError(f"no {SIGNATURE_HEADER} header")
+    if kid_raw is None:
+        raise SignatureError(f"no {KEY_ID_HEADER} header")
+    kid = kid_raw.decode("utf-8", "replace")
+    text = sig.decode("ascii", "replace")
+    if not text.startswith(SIGNATURE_PREFIX):
+        raise SignatureError(f"{SIGNATURE_HEADER}: expected {SIGNATURE_PREFIX}<hex>, got {text[:20]!r}")
+    key = keys.keys.get(kid)
+    if key is None:
+        raise SignatureError(f"{KEY_ID_HEADER} {kid[:64]!r}: not an accepted {keys.what} "
+                             f"({', '.join(sorted(keys.keys)) or 'none'}): retired, or never configured")
+    want = SIGNATURE_PREFIX + hmac.new(key, value, hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(text.encode(), want.encode()):
+        raise SignatureError(f"{SIGNATURE_HEADER} does not match the value bytes (tampered or wrong key {kid!r})")
+    return kid
+
+
+def verify_record(command: C, value: bytes, headers: Sequence[tuple[str, bytes]] | None, keys: KeySet,
+                  now: float) -> str:
+    """Verify a received record (``command`` decoded from ``value``) during the migration: by the
+    header over ``value`` when a :data:`SIGNATURE_HEADER` is present (and then only by it), by the
+    in-body signature (:meth:`KeySet.verify`) when none is. Then the expiry. Returns the key id."""
+    if header(headers, SIGNATURE_HEADER) is None:
+        return keys.verify(command, now)
+    try:
+        kid = verify_bytes(value, headers, keys)
+    except SignatureError as exc:
+        raise SignatureError(f"command {command.id}: {exc}") from None
+    if now > command.expires_at:
+        raise CommandExpired(f"command {command.id}: expired at {command.expires_at:.3f}, now {now:.3f}")
+    return kid
 
 
 class OperatorKeySource(Protocol):

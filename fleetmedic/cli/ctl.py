@@ -38,7 +38,7 @@ from fleetmedic.cli.common import (
 )
 from fleetmedic.config import Settings
 from fleetmedic.records import AuditRecord, InvalidRecord, OperatorCommand, decode, encode
-from fleetmedic.signing import UnusableKey, operator_keys, sign
+from fleetmedic.signing import UnusableKey, operator_keys, sign, sign_bytes
 
 OPERATOR_TTL_S = 600.0
 
@@ -89,7 +89,7 @@ def run_operator_command(args: argparse.Namespace) -> int:
     ), key)
     try:
         with quiet_kafka_logs():
-            asyncio.run(_publish(settings, cmd))
+            asyncio.run(_publish(settings, cmd, key_id, key))
     except Exception as exc:  # the broker's errors are many; the operator needs the one that matters
         why = kafka_failure(exc, settings.kafka) or f"{type(exc).__name__}: {exc}"
         print(f"error: could not publish to Kafka: {why}", file=sys.stderr)
@@ -107,7 +107,7 @@ def _command_key_if_here(settings: Settings) -> bytes:
         return b""
 
 
-async def _publish(settings: Settings, cmd: OperatorCommand) -> None:
+async def _publish(settings: Settings, cmd: OperatorCommand, key_id: str, key: bytes) -> None:
     from aiokafka import AIOKafkaProducer
 
     from fleetmedic.bus import client_options
@@ -115,8 +115,9 @@ async def _publish(settings: Settings, cmd: OperatorCommand) -> None:
     producer = AIOKafkaProducer(**client_options(settings.kafka), acks="all", enable_idempotence=True)
     try:
         await producer.start()
-        await producer.send_and_wait(settings.topics.topic("remediation.operator"), encode(cmd),
-                                     key=(cmd.node or "fleet").encode())
+        value = encode(cmd)  # signed as these bytes (the header), and in the body during the migration
+        await producer.send_and_wait(settings.topics.topic("remediation.operator"), value,
+                                     key=(cmd.node or "fleet").encode(), headers=sign_bytes(value, key_id, key))
     finally:
         await producer.stop()
 

@@ -37,11 +37,19 @@ def is_replay(engine: DecisionEngine, command: OperatorCommand) -> bool:
     return command.id in engine.state.operator_ids
 
 
-def apply_operator_command(engine: DecisionEngine, command: OperatorCommand, keys: KeySet, now: float) -> Decisions:
+def apply_operator_command(engine: DecisionEngine, command: OperatorCommand, keys: KeySet, now: float, *,
+                           verified_key_id: str = "") -> Decisions:
     """Verify ``command`` against the operator ``keys`` (raises :class:`~fleetmedic.signing.SignatureError`
     or :class:`~fleetmedic.signing.CommandExpired`) and apply it to ``engine``, once: a replayed id
-    changes nothing and is audited."""
-    key_id = keys.verify(command, now)
+    changes nothing and is audited. ``verified_key_id``: the caller verified the record's signature
+    header over its bytes (:func:`~fleetmedic.signing.verify_record`) with that key; the expiry is
+    still checked here."""
+    if verified_key_id:
+        if now > command.expires_at:
+            raise CommandExpired(f"command {command.id}: expired at {command.expires_at:.3f}, now {now:.3f}")
+        key_id = verified_key_id
+    else:
+        key_id = keys.verify(command, now)
     if command.expires_at - command.issued_at > MAX_OPERATOR_TTL_S:
         raise CommandExpired(f"command {command.id}: valid for {command.expires_at - command.issued_at:.0f}s, more "
                              f"than the {MAX_OPERATOR_TTL_S:.0f}s an operator command may be")

@@ -21,6 +21,8 @@ from fleetmedic.signing import (
     DEMO_COMMAND_KEY,
     DEMO_KEYS,
     DEMO_OPERATOR_KEY,
+    KEY_ID_HEADER,
+    SIGNATURE_HEADER,
     CommandExpired,
     KeySet,
     SignatureError,
@@ -28,8 +30,11 @@ from fleetmedic.signing import (
     load_key,
     operator_keys,
     sign,
+    sign_bytes,
     signature_of,
     verify,
+    verify_bytes,
+    verify_record,
 )
 
 KEY = load_key("0123456789abcdef0123456789abcdef")
@@ -241,3 +246,137 @@ def test_ctl_signs_with_an_operator_key_never_the_command_key(monkeypatch: pytes
     monkeypatch.setenv("FLEETMEDIC_OPERATOR_KEY", OPERATOR_KEY.decode())
     assert main(["ctl", "clear-node", "gpu-node-7", "--reason", "r", "--key-id", "ops-9"]) == 2
     assert "'ops-9' (signing.operator_key_id, the one to sign with) is not configured" in capsys.readouterr().err
+
+
+# --- signatures over the bytes that travel (Kafka headers, issue #25) -------------------------------
+
+NEW_KEY = load_key("new-command-key-0123456789abcdef-0123456789")
+
+
+def test_the_header_is_an_hmac_of_the_exact_value_bytes_that_any_language_can_recompute() -> None:
+    import hashlib
+    import hmac
+
+    value = r.encode(sign(command(), KEY))
+    headers = sign_bytes(value, "2026-12", KEY)
+    assert dict(headers) == {SIGNATURE_HEADER: b"sha256=" + hmac.new(KEY, value, hashlib.sha256).hexdigest().encode(),
+                             KEY_ID_HEADER: b"2026-12"}
+    assert verify_bytes(value, headers, KeySet({"2026-12": KEY})) == "2026-12"
+
+
+def test_one_changed_byte_anywhere_in_the_value_is_refused() -> None:
+    value = r.encode(sign(command(), KEY))
+    headers = sign_bytes(value, "k1", KEY)
+    keys = KeySet({"k1": KEY})
+    for i in range(len(value)):
+        tampered = value[:i] + bytes([value[i] ^ 0x01]) + value[i + 1:]
+        with pytest.raises(SignatureError):
+            verify_bytes(tampered, headers, keys)
+
+
+def test_a_reencoding_that_means_the_same_is_refused_too() -> None:
+    """Bytes, not meaning: the same command with its keys reordered (or 1.0 printed as 1) is other
+    bytes; the header signs what was produced, nothing is re-encoded to compare."""
+    value = r.encode(sign(command(), KEY))
+    headers = sign_bytes(value, "k1", KEY)
+    doc = json.loads(value)
+    for other in (json.dumps(dict(reversed(list(doc.items())))).encode(), json.dumps(doc).encode()):
+        assert r.decode(r.RemediationCommand, other) == r.decode(r.RemediationCommand, value)
+        with pytest.raises(SignatureError):
+            verify_bytes(other, headers, KeySet({"k1": KEY}))
+
+
+@pytest.mark.parametrize("headers", [
+    [],
+    [(SIGNATURE_HEADER, b"sha256=" + b"0" * 64)],
+    [(KEY_ID_HEADER, b"k1")],
+    [(SIGNATURE_HEADER, b"sha1=abc"), (KEY_ID_HEADER, b"k1")],
+    [(SIGNATURE_HEADER, b"sha256=" + b"0" * 64), (KEY_ID_HEADER, b"k1")],
+    [(SIGNATURE_HEADER, b"sha256=zz"), (KEY_ID_HEADER, b"k1")],
+    [(SIGNATURE_HEADER, b"\xff\xfe"), (KEY_ID_HEADER, b"\xff")],
+])
+def test_missing_or_malformed_headers_are_refused(headers: list[tuple[str, bytes]]) -> None:
+    with pytest.raises(SignatureError):
+        verify_bytes(b"{}", headers, KeySet({"k1": KEY}))
+
+
+def test_a_header_naming_another_key_than_the_one_that_signed_is_refused() -> None:
+    value = r.encode(sign(command(), KEY))
+    [(sig_name, sig), _] = sign_bytes(value, "k1", KEY)
+    keys = KeySet({"k1": KEY, "k2": NEW_KEY})
+    with pytest.raises(SignatureError, match="does not match"):
+        verify_bytes(value, [(sig_name, sig), (KEY_ID_HEADER, b"k2")], keys)
+
+
+def test_signing_with_an_unusable_key_or_id_is_refused() -> None:
+    with pytest.raises(UnusableKey):
+        sign_bytes(b"{}", "k1", b"short")
+    with pytest.raises(UnusableKey):
+        sign_bytes(b"{}", "../etc", KEY)
+
+
+def test_migration_the_header_decides_when_present_and_the_body_only_when_not() -> None:
+    keys = KeySet({"k1": KEY})
+    signed = sign(command(), KEY)
+    value = r.encode(signed)
+    # both (what producers write during the migration)
+    assert verify_record(signed, value, sign_bytes(value, "k1", KEY), keys, now=1100.0) == "k1"
+    # no header: a record from before the headers, verified by its body signature
+    assert verify_record(signed, value, [], keys, now=1100.0) == "k1"
+    # header only (a producer past the migration): the body signature is not consulted
+    bare = command()
+    bare_value = r.encode(bare)
+    assert verify_record(bare, bare_value, sign_bytes(bare_value, "k1", KEY), keys, now=1100.0) == "k1"
+    # a header that does not verify is refused, even though the body signature is good
+    with pytest.raises(SignatureError):
+        verify_record(signed, value, sign_bytes(value, "k1", NEW_KEY), keys, now=1100.0)
+    # and the expiry is checked either way
+    with pytest.raises(CommandExpired):
+        verify_record(signed, value, sign_bytes(value, "k1", KEY), keys, now=1400.0)
+    with pytest.raises(CommandExpired):
+        verify_record(signed, value, [], keys, now=1400.0)
+
+
+def test_key_rotation_old_and_new_accepted_during_the_overlap_the_old_refused_after() -> None:
+    """The documented rotation: add the new key to the verifiers, switch the signer, remove the old."""
+    before = KeySet({"2026-11": KEY}, "2026-11")
+    overlap = KeySet({"2026-11": KEY, "2026-12": NEW_KEY}, "2026-12")
+    after = KeySet({"2026-12": NEW_KEY}, "2026-12")
+
+    def produced(keys: KeySet) -> tuple[r.RemediationCommand, bytes, list[tuple[str, bytes]]]:
+        kid, key = keys.signer()
+        cmd = sign(command(), key)
+        value = r.encode(cmd)
+        return cmd, value, sign_bytes(value, kid, key)
+
+    old, new = produced(before), produced(overlap)
+    assert dict(old[2])[KEY_ID_HEADER] == b"2026-11" and dict(new[2])[KEY_ID_HEADER] == b"2026-12"
+    # during the overlap both are accepted, by the header and by the body
+    assert verify_record(*old, overlap, now=1100.0) == "2026-11"
+    assert verify_record(*new, overlap, now=1100.0) == "2026-12"
+    assert verify_record(old[0], old[1], [], overlap, now=1100.0) == "2026-11"
+    # before the new key is rolled out to a verifier, what it signs is refused there
+    with pytest.raises(SignatureError):
+        verify_record(*new, before, now=1100.0)
+    # after: the old key is gone and what it signed is refused (header and body alike)
+    assert verify_record(*new, after, now=1100.0) == "2026-12"
+    with pytest.raises(SignatureError, match=r"2026-11.*not an accepted"):
+        verify_record(*old, after, now=1100.0)
+    with pytest.raises(SignatureError):
+        verify_record(old[0], old[1], [], after, now=1100.0)
+    # an old-key record relabelled with the new id does not pass either
+    relabelled = [(n, b"2026-12" if n == KEY_ID_HEADER else v) for n, v in old[2]]
+    with pytest.raises(SignatureError):
+        verify_record(old[0], old[1], relabelled, after, now=1100.0)
+
+
+def test_the_executor_screen_takes_a_header_verified_command_without_its_body_signature() -> None:
+    """executor/service.py verifies the header over the bytes received; then the in-body signature
+    is not consulted (a producer past the migration leaves it empty), the key and the expiry still are."""
+    from fleetmedic.executor.node import plan
+
+    bare = command()  # no in-body signature
+    assert plan.reject_reason(bare, KEY, 1100.0, verified_by_header=True) is None
+    assert "signature" in (plan.reject_reason(bare, KEY, 1100.0) or "")  # no header: the body decides
+    assert "expired" in (plan.reject_reason(bare, KEY, 1400.0, verified_by_header=True) or "")
+    assert "signature" in (plan.reject_reason(bare, DEMO_COMMAND_KEY, 1100.0, verified_by_header=True) or "")

@@ -50,20 +50,22 @@ class CommandExecutor:
 
     # --- entry ------------------------------------------------------------------------------------
 
-    def handle(self, cmd: RemediationCommand) -> RemediationResult:
+    def handle(self, cmd: RemediationCommand, *, verified_by_header: bool = False) -> RemediationResult:
         """Carry out ``cmd`` (blocking; long actions take as long as they take). Raises
-        :class:`~fleetmedic.executor.node.long_apply.Interrupted` when asked to stop."""
+        :class:`~fleetmedic.executor.node.long_apply.Interrupted` when asked to stop.
+        ``verified_by_header``: see :func:`~fleetmedic.executor.node.plan.reject_reason`."""
         t0 = time.monotonic()
-        result = self._handle(cmd)
+        result = self._handle(cmd, verified_by_header)
         if self.metrics:
             self.metrics.observe(cmd.action, result.outcome, time.monotonic() - t0)
         log.info("%s %s %s: %s%s", cmd.id, cmd.action, result.outcome, result.reason,
                  f" {dict(result.details)}" if result.details else "")
         return result
 
-    def _handle(self, cmd: RemediationCommand) -> RemediationResult:
+    def _handle(self, cmd: RemediationCommand, verified_by_header: bool = False) -> RemediationResult:
         now = self.clock()
-        rejected = p.reject_reason(cmd, self.key, now, allow_demo=self.settings.signing.allow_demo_keys)
+        rejected = p.reject_reason(cmd, self.key, now, allow_demo=self.settings.signing.allow_demo_keys,
+                                   verified_by_header=verified_by_header)
         if rejected and rejected.startswith("expired") and self._in_flight_here(cmd):
             rejected = None  # a long action this command started (before a crash or takeover) is finished
         if rejected:

@@ -44,7 +44,7 @@ from fleetmedic.k8s_keys import (
     CONDITION_QUARANTINE,
 )
 from fleetmedic.records import Outcome, RemediationCommand, RemediationResult
-from fleetmedic.signing import CommandExpired, SignatureError, verify
+from fleetmedic.signing import CommandExpired, SignatureError, check_key, verify
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 ACTOR = "fleetmedic"
@@ -149,11 +149,20 @@ def merge_patch(plan: NodePlan, node: NodeView) -> dict[str, Any]:
 # --- screening and idempotency -------------------------------------------------------------------
 
 
-def reject_reason(cmd: RemediationCommand, key: bytes, now: float, *, allow_demo: bool = False) -> str | None:
+def reject_reason(cmd: RemediationCommand, key: bytes, now: float, *, allow_demo: bool = False,
+                  verified_by_header: bool = False) -> str | None:
     """Why the command must not be acted on (bad signature, an unusable key, expired), or ``None``.
-    ``key`` is the command key: a command signed with an operator key never passes."""
+    ``key`` is the command key: a command signed with an operator key never passes.
+    ``verified_by_header``: the record's signature header was verified over the bytes received
+    (:func:`~fleetmedic.signing.verify_bytes`); then the in-body signature is not consulted
+    (the migration in :mod:`fleetmedic.signing`), the expiry still is."""
     try:
-        verify(cmd, key, now, allow_demo=allow_demo)
+        if verified_by_header:
+            check_key(key, allow_demo=allow_demo)
+            if now > cmd.expires_at:
+                raise CommandExpired(f"command {cmd.id}: expired at {cmd.expires_at:.3f}, now {now:.3f}")
+        else:
+            verify(cmd, key, now, allow_demo=allow_demo)
     except SignatureError as exc:
         return f"signature rejected: {exc}"
     except CommandExpired as exc:

@@ -1,0 +1,3 @@
+module fleetmedic.io/examples/subscriber
+
+go 1.21
