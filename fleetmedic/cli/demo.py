@@ -37,9 +37,9 @@ class Step:
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="simulated fleet + full pipeline + closed loop, with a timeline and summary")
-    p.add_argument("--nodes", type=int, default=64)
+    p.add_argument("--nodes", type=int, default=64, help="simulated GPU nodes, 8 GPUs each (default: 64)")
     p.add_argument("--duration", default="3h", help="simulated time (e.g. 90m, 3h)")
-    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--seed", type=int, default=7, help="random seed; the same seed replays the same run (default: 7)")
     p.add_argument("--faults", default="mix", help="fault plan, as `fleetmedic simulate --faults` (default: mix)")
     p.add_argument("--config", help="YAML config (default: built-in defaults + FLEETMEDIC__* env)")
     p.add_argument("--json", metavar="FILE", help="also write timeline and summary as JSON ('-' for stdout)")

@@ -4,7 +4,9 @@
   and job-hours (time jobs ran). **Node failures** are counted per incident that suspects a node,
   against node-days (fleet size integrated over time). The two never share a denominator.
 - **Node-time**: *dangerous but schedulable* is the time from the first evidence on a node that
-  turned out bad (diagnostics failed) until its cordon was confirmed; *healthy but unschedulable*
+  turned out bad (diagnostics failed) until its cordon was confirmed; *refused* is the time nodes
+  spent schedulable while safety refused their isolation, by kind (``definitive``: a node whose
+  device is gone, left schedulable: the clock to alert on); *healthy but unschedulable*
   is the time a node that turned out healthy (diagnostics passed on the first try, no repair) was
   held out of service, plus, for any node, the time from passing diagnostics to its return.
 - **MTTR** of each job recovery is split into *detect* (first evidence -> incident), *isolate*
@@ -64,6 +66,8 @@ class AccountingState(msgspec.Struct, kw_only=True):
     isolations_confirmed_bad: int = 0
     isolations_healthy: int = 0
     isolations_for_software: int = 0
+    refused_s: dict[str, float] = {}  # kind -> node-seconds schedulable while isolation was refused (ended)
+    refused_since: dict[str, tuple[str, float]] = {}  # node -> (kind, since) of a refusal going on
     repeat_failures: int = 0
     repeat_placements: int = 0
     timelines: dict[str, Timeline] = {}  # job -> recovery in progress
@@ -115,6 +119,28 @@ class Accounting:
         if klass in ("transient_software", "job_bug"):
             self.state.isolations_for_software += 1
         self.state.clocks[node] = NodeClock(evidence_at=evidence_at)
+
+    def refused(self, node: str, kind: str, now: float) -> None:
+        """Safety refused to isolate ``node`` (on ``kind`` evidence): its refusal clock runs."""
+        was = self.state.refused_since.get(node)
+        if was is None:
+            self.state.refused_since[node] = (kind, now)
+        elif was[0] != kind:  # the evidence changed kind: account what ran so far under the old one
+            self.refusal_ended(node, now)
+            self.state.refused_since[node] = (kind, now)
+
+    def refusal_ended(self, node: str, now: float) -> None:
+        """``node`` is isolated after all, cleared, or gone: its refusal clock stops."""
+        was = self.state.refused_since.pop(node, None)
+        if was is not None:
+            self.state.refused_s[was[0]] = self.state.refused_s.get(was[0], 0.0) + max(0.0, now - was[1])
+
+    def refused_now(self) -> dict[str, int]:
+        """Nodes whose isolation is refused right now, by kind."""
+        out = {"definitive": 0, "preventive": 0, "uncertain": 0}
+        for kind, _ in self.state.refused_since.values():
+            out[kind] = out.get(kind, 0) + 1
+        return out
 
     def isolated(self, node: str, now: float) -> None:
         clock = self.state.clocks.get(node)
@@ -198,6 +224,9 @@ class Accounting:
                                           and now > st.fleet_since else 0.0)
         job_seconds = st.job_seconds + sum(max(0.0, now - t) for t in st.running_since.values())
         job_total, node_total = sum(st.job_failures.values()), sum(st.node_failures.values())
+        refused = {"definitive": 0.0, "preventive": 0.0, "uncertain": 0.0} | dict(st.refused_s)
+        for kind, since in st.refused_since.values():
+            refused[kind] = refused.get(kind, 0.0) + max(0.0, now - since)
         return {
             "job_failures": {
                 "total": job_total, "by_class": dict(sorted(st.job_failures.items())),
@@ -213,7 +242,9 @@ class Accounting:
             "node_time": {
                 "dangerous_but_schedulable_s": st.dangerous_schedulable_s,
                 "healthy_but_unschedulable_s": st.healthy_unschedulable_s,
+                **{f"refused_{kind}_s": refused[kind] for kind in ("definitive", "preventive", "uncertain")},
             },
+            "refused_now": self.refused_now(),
             "isolations": {
                 "total": st.isolations, "confirmed_bad": st.isolations_confirmed_bad,
                 "healthy_first_try": st.isolations_healthy, "for_software_or_job_bugs": st.isolations_for_software,

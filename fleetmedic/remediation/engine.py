@@ -39,7 +39,7 @@ publication), :class:`~.issuer.Issuer` (audit records and commands) and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -84,15 +84,17 @@ class DecisionEngine:
         if topology is not None:
             self.state.topology = dict(topology.nodes)
         fleet = self._topology = Topology(self.state.topology)
+        self._fleet_size = 0
+        self._refresh_fleet()
         self.triage = Triage(s.triage, s.policy, library or default_library(), fleet, self.state.triage)
         self.policy = Policy(s.policy)
         self.gate = SafetyGate(s.safety, self.state.safety)
         self.lifecycle = Lifecycle(s.policy, self._may_disrupt, self.gate.record_disruptive)
         self.accounting = Accounting(self.state.accounting)
-        self.issuer = Issuer(s, self.state, self.gate, lambda: len(self.topology))
+        self.issuer = Issuer(s, self.state, self.gate, lambda: self.fleet_size)
         self.incidents = IncidentTracker(s, self.state, self.triage, self.issuer)
         self.nodes = NodeTrack(s, self.state, fleet, self.triage, self.gate, self.lifecycle, self.accounting,
-                               self.issuer, self.incidents)
+                               self.issuer, self.incidents, lambda: self.fleet_size)
         self.jobs = JobTrack(s, self.state, self.triage, self.gate, self.accounting, self.issuer, self.incidents,
                              self.nodes.state_of)
 
@@ -104,6 +106,28 @@ class DecisionEngine:
     @topology.setter
     def topology(self, topology: Topology) -> None:
         self._topology = self.triage.topology = self.nodes.topology = topology
+        self._refresh_fleet()
+
+    @property
+    def fleet_size(self) -> int:
+        """The nodes of the fleet: those the topology places (node watch, a given topology) and those
+        telemetry, findings or placements showed within ``safety.fleet_forget_after_s``, so that
+        budgets and breaker levels scale with the fleet even when no topology is given."""
+        return self._fleet_size
+
+    def _refresh_fleet(self) -> None:
+        self._fleet_size = len(self.topology) + sum(1 for n in self.state.seen if n not in self.topology)
+
+    def nodes_seen(self, nodes: Iterable[str], now: float) -> None:
+        """Telemetry (stage 1's node summaries, GPU records) showed ``nodes``: they count in the fleet
+        size. Cheap enough to call for every batch."""
+        seen, grew = self.state.seen, False
+        for node in nodes:
+            if node not in seen:
+                grew = True
+            seen[node] = now
+        if grew:
+            self._refresh_fleet()
 
     # --- serialisation ------------------------------------------------------------------------------
 
@@ -132,6 +156,8 @@ class DecisionEngine:
 
     def on_finding(self, finding: Finding, now: float) -> Decisions:
         now, out = self._begin(now)
+        if finding.kind != "network" and not self.topology.is_switch(finding.node):
+            self.nodes_seen((finding.node,), now)
         why = self.nodes.out_of_service(finding)
         if why:
             # the node is isolated and being worked on (by fleetmedic, or by a person who cordoned it
@@ -154,6 +180,8 @@ class DecisionEngine:
         old_nodes = list(rec_before.nodes) if rec_before else []
         if event.event in ("start", "placement", "restart"):
             self.triage.forget_decision(event.job, event.attempt)  # a new run of that attempt
+        if event.placement:
+            self.nodes_seen((p.node for p in event.placement if p.node), now)
         for note in self.triage.add_job_event(event, now):
             self.issuer.audit(out, now, "skipped", note, job=event.job)
         self.jobs.on_event(event, now, out)
@@ -187,22 +215,30 @@ class DecisionEngine:
         return self._finish(now, out)
 
     def node_removed(self, node: str, now: float) -> Decisions:
-        """The node was deleted from the cluster: it leaves the topology (so the fleet size); what the
-        engine holds about it (lifecycle, budget, history) is kept. A later observation adds it back."""
+        """The node was deleted from the cluster: it leaves the topology and the nodes seen (so the
+        fleet size), and releases what it held (its budget or definitive hold, its lifecycle record,
+        its refusal clock). A later observation adds it back, as a new node."""
         now, out = self._begin(now)
+        known = node in self.topology or node in self.state.seen or node in self.state.nodes
+        self.state.seen.pop(node, None)
         if node in self.topology:
             self.topology = Topology({n: p for n, p in self.topology.nodes.items() if n != node})
+        self._refresh_fleet()
+        released = self.nodes.removed(node, now)
+        if known:
             self.issuer.audit(out, now, "state_change", f"{node} was deleted from the cluster: no longer counted "
-                              f"in the fleet ({len(self.topology)} nodes)", node=node)
+                              f"in the fleet ({self.fleet_size} nodes)"
+                              + (f"; released {released}" if released else ""), node=node)
         return self._finish(now, out)
 
     def tick(self, now: float) -> Decisions:
         """Deadlines, backoffs, settle windows, probation, blocked isolations, breaker resume, pruning."""
         now, out = self._begin(now)
         self._advance(now, out)
-        fleet = len(self.topology)
+        self._forget_unseen(now)
+        fleet = self.fleet_size
         self.nodes.tick(now, out)
-        if self.gate.breaker.poll(now, fleet):
+        if self.gate.breaker.poll(now, fleet, self.topology):
             self.issuer.audit(out, now, "breaker_resumed", f"circuit breaker closed by rule (resume: auto) after "
                               f"{self.settings.safety.breaker.auto_resume_after_s:g}s with suspicion below the trip "
                               "level")
@@ -283,6 +319,22 @@ class DecisionEngine:
         self.nodes.forget_idle(now)
         self.incidents.forget_gone()
 
+    def _forget_unseen(self, now: float) -> None:
+        """Nodes only telemetry showed, silent for ``fleet_forget_after_s`` and not worked on, leave the
+        fleet size (a node that is down but held or waiting stays counted)."""
+        horizon = now - self.settings.safety.fleet_forget_after_s
+        seen = self.state.seen
+        if not any(t < horizon for t in seen.values()):
+            return
+        gone = [n for n, t in seen.items() if t < horizon and n not in self.topology
+                and self.nodes.state_of(n) == "healthy" and not self.gate.holds(n)]
+        for n in gone:
+            del seen[n]
+        for n, t in list(seen.items()):  # the rest stay counted: renew them so this is not rechecked each tick
+            if t < horizon:
+                seen[n] = now
+        self._refresh_fleet()
+
     def _may_disrupt(self, node: str, action: str, now: float) -> bool:
         return self.gate.check_disruptive(node, action, now).allowed
 
@@ -323,9 +375,12 @@ class DecisionEngine:
         states: dict[str, int] = {}
         for r in self.state.nodes.values():
             states[r.state] = states.get(r.state, 0) + 1
+        fleet = self.fleet_size
         return {
             **self.accounting.report(now),
             "nodes": dict(sorted(states.items())),
-            "budget": msgspec.to_builtins(self.gate.snapshot(now, len(self.topology))),
+            "budget": {**msgspec.to_builtins(self.gate.snapshot(now, fleet)),
+                       "definitive_held": self.gate.definitive_held(),
+                       "definitive_isolations": self.gate.state.definitive_isolations},
             "breaker_trips": self.gate.breaker.state.trips,
         }

@@ -39,6 +39,7 @@ import msgspec
 
 from fleetmedic.config import ActionStep, PolicySettings
 from fleetmedic.records import NodeState, RemediationResult
+from fleetmedic.remediation.kinds import Isolation, kind_of
 
 QUICK = frozenset({"cordon", "taint", "label", "escalate"})
 LONG = frozenset({"drain", "run_diagnostics", "reset_gpu", "reboot_node"})
@@ -91,8 +92,11 @@ class NodeRecord(msgspec.Struct, kw_only=True):
     opted_out: bool = False
     returns: list[float] = []  # return-to-service times (flap hysteresis)
     probation_until: float = 0.0
-    blocked_reason: str = ""
+    blocked_reason: str = ""  # why its isolation waits: settling, breaker_open, max_held, rate, rack, ...
     blocked_at: float = 0.0
+    isolation: str = ""  # this episode's kind of isolation: definitive | preventive | uncertain ("": older state)
+    signature: str = ""  # the evidence it rests on (xid:79, hard_rules:ecc_dbe_vol_total, ...)
+    device_gone: bool = False  # its GPU (or the whole node) is already gone
     evidence_at: float = 0.0  # first evidence of this episode
     escalations: list[str] = []  # keys of escalations already sent this episode
     repair_ids: list[str] = []  # repair escalations whose completion the executor may report
@@ -131,6 +135,7 @@ class Lifecycle:
     def begin(
         self, rec: NodeRecord, incident_id: str, rule: str, steps: list[PlanStep], critical: bool,
         evidence_at: float, now: float, busy: bool, issue: Issue, gpu: int | None = None,
+        iso: Isolation | None = None,
     ) -> list[LifecycleEvent]:
         """Act on a node-track plan for an incident (merging with a plan already running)."""
         events: list[LifecycleEvent] = []
@@ -142,11 +147,14 @@ class Lifecycle:
             merged = pending + [s for s in rec.plan if s.action not in {p.action for p in pending}]
             rec.plan = _boundary_relaxed(merged) if critical else merged
             rec.critical = rec.critical or critical
+            _note_isolation(rec, iso, merge=True)
         else:
             rec.episode += 1
             rec.incident_id, rec.rule, rec.critical, rec.gpu = incident_id, rule, critical, gpu
             rec.plan, rec.inflight, rec.done, rec.attempts, rec.escalations = list(steps), [], [], {}, []
             rec.evidence_at = evidence_at
+            # a blocked isolation that now proceeds keeps what it rested on
+            _note_isolation(rec, iso, merge=rec.state == "suspect" and bool(rec.blocked_reason))
             rec.blocked_reason = ""
             target: NodeState = "quarantined" if any(s.action in ISOLATING for s in steps) else "suspect"
             events += self._move(rec, target, now, f"incident {incident_id}, rule {rule}")
@@ -154,15 +162,21 @@ class Lifecycle:
         return events
 
     def block(self, rec: NodeRecord, reason: str, steps: list[PlanStep], incident_id: str, rule: str,
-              critical: bool, evidence_at: float, now: float) -> list[LifecycleEvent]:
-        """Isolation refused by safety: remember the plan (retried while fresh), mark the node suspect."""
+              critical: bool, evidence_at: float, now: float, iso: Isolation | None = None,
+              why: str = "") -> list[LifecycleEvent]:
+        """Isolation waits (settling) or was refused by safety: remember the plan (retried until it
+        proceeds or an operator clears the node; never dropped by a timeout), mark the node suspect.
+        Within one wait, the evidence only gets stronger."""
+        waiting = rec.state == "suspect" and rec.blocked_reason != ""
         rec.plan = list(steps)
-        rec.incident_id, rec.rule, rec.critical = incident_id, rule, critical
-        if rec.blocked_reason == "" or rec.state not in ("suspect",):
-            rec.blocked_at = now
-            rec.evidence_at = evidence_at
+        if not waiting:
+            rec.escalations = []
+            rec.blocked_at, rec.evidence_at = now, evidence_at
+            rec.critical, rec.isolation, rec.signature, rec.device_gone = critical, "", "", False
+        rec.incident_id, rec.rule, rec.critical = incident_id, rule, rec.critical or critical
+        _note_isolation(rec, iso, merge=True)
         rec.blocked_reason = reason
-        return self._move(rec, "suspect", now, f"isolation refused: {reason}")
+        return self._move(rec, "suspect", now, why or f"isolation refused: {reason}")
 
     # --- executing plans --------------------------------------------------------------------------
 
@@ -312,10 +326,6 @@ class Lifecycle:
         return [LifecycleEvent("cleared", rec.name, why, state_from=before, state_to="probation"),
                 *self._move(rec, "probation", now, why)]
 
-    def drop_blocked(self, rec: NodeRecord, now: float, why: str) -> list[LifecycleEvent]:
-        rec.plan, rec.blocked_reason = [], ""
-        return self._move(rec, "healthy", now, why)
-
     # --- helpers ----------------------------------------------------------------------------------------
 
     def _repair(self, rec: NodeRecord, now: float, issue: Issue, why: str) -> list[LifecycleEvent]:
@@ -376,6 +386,15 @@ class Lifecycle:
             return []
         before, rec.state, rec.since = rec.state, to, now
         return [LifecycleEvent("state_change", rec.name, why, before, to, cids)]
+
+
+def _note_isolation(rec: NodeRecord, iso: Isolation | None, merge: bool) -> None:
+    """Remember what the episode's isolation rests on (the stronger evidence when ``merge``)."""
+    if iso is None:
+        return
+    if merge and rec.isolation:
+        iso = Isolation(kind_of(rec.isolation), rec.signature, rec.device_gone).stronger(iso)
+    rec.isolation, rec.signature, rec.device_gone = iso.kind, iso.signature, iso.device_gone
 
 
 def _boundary_relaxed(steps: list[PlanStep]) -> list[PlanStep]:

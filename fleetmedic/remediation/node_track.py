@@ -1,12 +1,16 @@
 """The node track: what fleetmedic does to nodes. Each node's lifecycle record; isolation passes the
-safety gate (the breaker, the budgets) before the lifecycle plan starts, and a refusal escalates
-instead; refused isolations are retried while the evidence is fresh; switches, which cannot be
+safety gate (the breaker, the budgets, by the kind of evidence: definitive, preventive, uncertain)
+before the lifecycle plan starts, and a refusal escalates instead; preventive candidates settle
+first (``safety.settle_s``) so that a storm trips the breaker before they act;
+refused isolations are retried until they proceed or an operator clears the node (never dropped by
+a timeout: a refused node stays suspect, and its refusal clock runs); switches, which cannot be
 isolated, are escalated for repair; what the executor reports and observes of a node moves its
-lifecycle; and every lifecycle event becomes audit records, accounting and incident tracking."""
+lifecycle; a node deleted from the cluster releases what it held; and every lifecycle event becomes
+audit records, accounting and incident tracking."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from fleetmedic.config import Settings
 from fleetmedic.records import Finding, Incident, NodeState, RemediationResult
@@ -14,6 +18,7 @@ from fleetmedic.remediation.accounting import Accounting
 from fleetmedic.remediation.engine_state import CommandInfo, Decisions, EngineState
 from fleetmedic.remediation.incident_tracks import IncidentTracker
 from fleetmedic.remediation.issuer import Issuer
+from fleetmedic.remediation.kinds import Isolation, kind_of
 from fleetmedic.remediation.lifecycle import (
     ISOLATING,
     OUT_OF_SERVICE,
@@ -24,7 +29,7 @@ from fleetmedic.remediation.lifecycle import (
     PlanStep,
 )
 from fleetmedic.remediation.policy import Decision
-from fleetmedic.remediation.safety import SafetyGate
+from fleetmedic.remediation.safety import SafetyGate, Verdict
 from fleetmedic.remediation.topology import Topology
 from fleetmedic.remediation.triage import Assessment, Triage, is_hardware_finding
 
@@ -32,7 +37,7 @@ from fleetmedic.remediation.triage import Assessment, Triage, is_hardware_findin
 class NodeTrack:
     def __init__(self, settings: Settings, state: EngineState, topology: Topology, triage: Triage,
                  gate: SafetyGate, lifecycle: Lifecycle, accounting: Accounting, issuer: Issuer,
-                 incidents: IncidentTracker) -> None:
+                 incidents: IncidentTracker, fleet_size: Callable[[], int] | None = None) -> None:
         self.settings = settings
         self.state = state
         self.topology = topology  # the engine replaces it as it learns the fleet
@@ -42,6 +47,7 @@ class NodeTrack:
         self.accounting = accounting
         self.issuer = issuer
         self.incidents = incidents
+        self.fleet_size: Callable[[], int] = fleet_size or (lambda: len(self.topology))
 
     # --- the nodes ----------------------------------------------------------------------------------
 
@@ -90,55 +96,111 @@ class NodeTrack:
                        f"{decision.explanation}"), now, out, incident=inc)
             return
         critical = inc.severity == "critical" or inc.incident_class == "hardware"
+        iso = a.isolation_of(node)
         isolating = any(s.action in ISOLATING for s in steps)
-        if isolating and critical and self.gate.holds(node):
-            self.gate.record_isolation(node, now, critical)  # a preventive hold became a critical one
-        if isolating and not self.gate.holds(node) and rec.state not in OUT_OF_SERVICE \
-                and not self._isolate(rec, a, decision, steps, critical, issue, now, out):
-            return
+        if isolating and self.gate.holds(node):
+            self.gate.record_isolation(node, now, critical, kind=iso.kind)  # a hold's kind may get stronger
+        note = ""
+        if isolating and not self.gate.holds(node) and rec.state not in OUT_OF_SERVICE:
+            verdict = self._isolate(rec, a, decision, steps, critical, iso, issue, now, out)
+            if not verdict.allowed:
+                return
+            note = f"; {verdict.explanation}" if verdict.reason else ""
         before = len(out.commands)
         events = self.lifecycle.begin(rec, inc.id, decision.rule, steps, critical, a.fault_at, now,
-                                      self.busy(node), issue, gpu=a.gpu)
+                                      self.busy(node), issue, gpu=a.gpu, iso=iso)
         self.apply(events, now, out, incident=inc)
         ids = [c.id for c in out.commands[before:]]
         if ids:
             self.issuer.audit(out, now, "command", f"{node}: {', '.join(c.action for c in out.commands[before:])} "
-                              f"({decision.explanation})", incident=inc, node=node, rule=decision.rule, track="node",
-                              command_ids=ids)
+                              f"({decision.explanation}){note}", incident=inc, node=node, rule=decision.rule,
+                              track="node", command_ids=ids)
         self.incidents.track(inc.id, node=node)
 
     def _isolate(self, rec: NodeRecord, a: Assessment, decision: Decision, steps: list[PlanStep], critical: bool,
-                 issue: Issue, now: float, out: Decisions) -> bool:
-        """Ask the gate to take ``rec`` out of service (noting the suspicion with the breaker first).
-        False when refused: the node waits, blocked, and the refusal is escalated."""
-        inc, node, fleet = a.incident, rec.name, len(self.topology)
+                 iso: Isolation, issue: Issue, now: float, out: Decisions) -> Verdict:
+        """Ask the gate to take ``rec`` out of service, noting the suspicion with the breaker first.
+        Preventive candidates first wait ``settle_s`` (settling), so a storm of degradation trips the
+        breaker before any of them is isolated; the tick asks the gate then. Refused: the node waits,
+        suspect, and the refusal is escalated; it is retried until it proceeds or an operator clears it."""
+        inc, node = a.incident, rec.name
+        self._note_suspicion(node, iso, inc, now, out)
+        waiting = rec.state == "suspect" and bool(rec.blocked_reason)
+        settle = self.settings.safety.settle_s
+        if iso.kind == "preventive" and settle > 0 and (not waiting or rec.blocked_reason == "settling"):
+            if not waiting:
+                self.issuer.audit(out, now, "skipped", f"{node}: {iso.kind} evidence ({iso.signature}); isolation "
+                                  f"waits {settle:g}s (safety.settle_s) for the breaker to see whether the "
+                                  "suspicion is correlated", incident=inc, node=node, rule=decision.rule, track="node")
+            self.apply(self.lifecycle.block(rec, "settling", steps, inc.id, decision.rule, critical, a.fault_at, now,
+                                            iso, why=f"waiting {settle:g}s before isolating ({iso.kind} evidence)"),
+                       now, out, incident=inc)
+            self.incidents.track(inc.id, node=node)
+            return Verdict(allowed=False, reason="settling")
+        verdict = self._check(node, iso, critical, now)
+        if verdict.allowed:
+            self._admitted(node, iso, critical, inc.incident_class, a.fault_at, now)
+            return verdict
+        self._refused(rec, verdict, steps, inc.id, decision.rule, critical, a.fault_at, iso, issue, now, out, inc)
+        return verdict
+
+    def _note_suspicion(self, node: str, iso: Isolation, inc: Incident | None, now: float, out: Decisions) -> None:
         breaker = self.gate.breaker
-        if breaker.note_suspicion(node, now, fleet):
+        if breaker.note_suspicion(node, now, self.fleet_size(), iso.signature, self.topology):
+            incident_id = inc.id if inc else ""
             self.issuer.audit(out, now, "breaker_tripped", f"circuit breaker open: {breaker.state.opened_reason}; "
-                              "isolation stops until it resumes", incident=inc, node=node)
-            self.issuer.command(out, now, f"breaker/{breaker.state.trips}/escalate", "escalate", inc.id, "",
+                              "isolation stops until it resumes"
+                              + (", except of nodes whose devices are gone" if
+                                 self.settings.safety.breaker.pass_lost_devices else ""),
+                              incident=inc, incident_id=incident_id, node=node)
+            self.issuer.command(out, now, f"breaker/{breaker.state.trips}/escalate", "escalate", incident_id, "",
                                 f"circuit breaker open: {breaker.state.opened_reason}",
                                 {"scope": "fleet", "reason": "breaker_open", "escalation": "notify"}, node=node,
                                 track="node")
-        verdict = self.gate.check_isolation(node, now, fleet, self.topology.rack_of, self.topology.leaves_of, critical)
-        if verdict.allowed:
-            self.gate.record_isolation(node, now, critical)
-            self.accounting.isolation_started(node, inc.incident_class, a.fault_at)
-            return True
-        repeat = rec.state == "suspect" and rec.blocked_reason == verdict.reason and rec.incident_id == inc.id
-        self.apply(self.lifecycle.block(rec, verdict.reason, steps, inc.id, decision.rule, critical, a.fault_at, now),
+
+    def _check(self, node: str, iso: Isolation, critical: bool, now: float) -> Verdict:
+        return self.gate.check_isolation(node, now, self.fleet_size(), self.topology.rack_of, self.topology.leaves_of,
+                                         critical, kind=iso.kind, device_gone=iso.device_gone,
+                                         signature=iso.signature)
+
+    def _admitted(self, node: str, iso: Isolation, critical: bool, klass: str, evidence_at: float,
+                  now: float) -> None:
+        self.gate.record_isolation(node, now, critical, kind=iso.kind)
+        self.accounting.refusal_ended(node, now)
+        self.accounting.isolation_started(node, klass, evidence_at)
+
+    def _refused(self, rec: NodeRecord, verdict: Verdict, steps: list[PlanStep], incident_id: str, rule: str,
+                 critical: bool, evidence_at: float, iso: Isolation, issue: Issue, now: float, out: Decisions,
+                 inc: Incident | None = None) -> None:
+        """The gate refused: the node waits, suspect (its refusal clock runs); the first refusal for an
+        incident and reason is audited (``blocked``) and escalated."""
+        node = rec.name
+        # said already while this wait lasts (a dead node left schedulable keeps failing jobs: each failure is
+        # evidence again, not news); a new incident's escalation still goes out below, once per key
+        repeat = rec.state == "suspect" and rec.blocked_reason == verdict.reason
+        self.apply(self.lifecycle.block(rec, verdict.reason, steps, incident_id, rule, critical, evidence_at, now, iso),
                    now, out, incident=inc)
-        if repeat:  # said already, for this incident and reason
-            return False
-        self.issuer.audit(out, now, "blocked", f"isolation of {node} refused: {verdict.explanation}; escalated"
-                          + (" with the breaker trip" if verdict.reason == "breaker_open" else ""),
-                          incident=inc, node=node, rule=decision.rule, track="node")
+        kind = kind_of(rec.isolation, rec.critical)
+        self.accounting.refused(node, kind, now)
+        self.incidents.track(incident_id, node=node)
+        if repeat:
+            if verdict.reason != "breaker_open":
+                self.apply(self.lifecycle.escalate(rec, now, issue, f"blocked:{verdict.reason}:{incident_id}",
+                                                   f"isolation refused ({kind} evidence): {verdict.explanation}"),
+                           now, out, incident=inc)
+            return
+        danger = " Its device is gone: it stays schedulable (dangerous) until this is resolved." \
+            if rec.device_gone else (" Definitive evidence: it stays schedulable (dangerous) until this is resolved."
+                                     if kind == "definitive" else "")
+        self.issuer.audit(out, now, "blocked", f"isolation of {node} ({kind} evidence, {rec.signature}) refused: "
+                          f"{verdict.explanation}; escalated"
+                          + (" with the breaker trip" if verdict.reason == "breaker_open" else "")
+                          + f"; it stays suspect and is retried.{danger}",
+                          incident=inc, incident_id=incident_id, node=node, rule=rule, track="node")
         if verdict.reason != "breaker_open":  # the trip itself was escalated, once for the fleet
-            escalation = self.lifecycle.escalate(rec, now, issue, f"blocked:{verdict.reason}:{inc.id}",
-                                                 f"isolation refused: {verdict.explanation}")
+            escalation = self.lifecycle.escalate(rec, now, issue, f"blocked:{verdict.reason}:{incident_id}",
+                                                 f"isolation refused ({kind} evidence): {verdict.explanation}")
             self.apply(escalation, now, out, incident=inc)
-        self.incidents.track(inc.id, node=node)
-        return False
 
     def escalate_switches(self, a: Assessment, decision: Decision, now: float, out: Decisions) -> None:
         """A switch cannot be isolated: the node steps of a switch incident escalate its repair."""
@@ -161,26 +223,37 @@ class NodeTrack:
                            now, out)
 
     def _retry_blocked(self, rec: NodeRecord, now: float, out: Decisions) -> None:
-        if now - rec.blocked_at > self.settings.safety.retry_blocked_s:
-            why = (f"isolation refused ({rec.blocked_reason}) for {now - rec.blocked_at:.0f}s: evidence too old to act "
-                   "on; it was escalated")
-            incident_id = rec.incident_id
-            self.apply(self.lifecycle.drop_blocked(rec, now, why), now, out)
-            self.incidents.stop_waiting_for(incident_id, rec.name)
+        """A waiting isolation: past its settle time, or refused before. Never dropped by a timeout:
+        after ``retry_blocked_s`` a refusal is escalated once more (the node stays suspect)."""
+        s = self.settings.safety
+        settling = rec.blocked_reason == "settling"
+        if settling and now - rec.blocked_at < s.settle_s:
             return
-        verdict = self.gate.check_isolation(rec.name, now, len(self.topology), self.topology.rack_of,
-                                            self.topology.leaves_of, rec.critical)
+        iso = Isolation(kind_of(rec.isolation, rec.critical), rec.signature, rec.device_gone)
+        issue = self.issuer.node_commands(now, out)
+        verdict = self._check(rec.name, iso, rec.critical, now)
         if not verdict.allowed:
+            if settling:  # settled, and refused: the first refusal is said and escalated
+                self._refused(rec, verdict, list(rec.plan), rec.incident_id, rec.rule, rec.critical, rec.evidence_at,
+                              iso, issue, now, out)
+            elif now - rec.blocked_at > s.retry_blocked_s:
+                why = (f"isolation of {rec.name} refused ({rec.blocked_reason}) for {now - rec.blocked_at:.0f}s; "
+                       f"it stays suspect ({iso.kind} evidence, {iso.signature}) and schedulable until the isolation "
+                       "proceeds or an operator clears it")
+                self.apply(self.lifecycle.escalate(rec, now, issue, f"refused_long:{rec.incident_id}", why), now, out)
             return
-        self.gate.record_isolation(rec.name, now, rec.critical)
         inc = self.triage.state.incidents.get(rec.incident_id)
-        self.accounting.isolation_started(rec.name, inc.incident_class if inc else "unknown", rec.evidence_at)
-        plan, rec.blocked_reason = list(rec.plan), ""
+        self._admitted(rec.name, iso, rec.critical, inc.incident_class if inc else "unknown", rec.evidence_at, now)
+        plan, waited = list(rec.plan), rec.blocked_reason
         before = len(out.commands)
         events = self.lifecycle.begin(rec, rec.incident_id, rec.rule, plan, rec.critical, rec.evidence_at, now,
-                                      self.busy(rec.name), self.issuer.node_commands(now, out), gpu=rec.gpu)
+                                      self.busy(rec.name), issue, gpu=rec.gpu, iso=iso)
         self.apply(events, now, out)
-        self.issuer.audit(out, now, "command", f"{rec.name}: budget available again, isolation proceeds",
+        why = ("settled: no correlated suspicion, isolation proceeds" if waited == "settling" else
+               "the circuit breaker closed: isolation proceeds" if waited == "breaker_open" else
+               f"budget available again ({waited} no longer refuses it): isolation proceeds")
+        self.issuer.audit(out, now, "command", f"{rec.name}: {why}" + (f"; {verdict.explanation}" if verdict.reason
+                                                                     else ""),
                           node=rec.name, incident_id=rec.incident_id, rule=rec.rule, track="node",
                           command_ids=[c.id for c in out.commands[before:]])
 
@@ -261,6 +334,7 @@ class NodeTrack:
                       node=ev.node, incident_id=incident_id)
             elif ev.kind in ("returned", "cleared"):
                 self.gate.release(ev.node, now)
+                self.accounting.refusal_ended(ev.node, now)
                 self.accounting.returned(ev.node, now)
                 audit(out, now, "cleared" if ev.kind == "cleared" else "command", ev.explanation, node=ev.node,
                       incident_id=incident_id, command_ids=list(ev.command_ids), actor=actor, track="node",
@@ -270,6 +344,22 @@ class NodeTrack:
                 self.accounting.isolated(ev.node, now)
             elif ev.kind == "skipped":
                 audit(out, now, "skipped", ev.explanation, node=ev.node, incident_id=incident_id)
+
+    def removed(self, node: str, now: float) -> str:
+        """``node`` was deleted from the cluster: it holds nothing any more (its budget or definitive
+        hold, its refusal clock) and its lifecycle record is forgotten. Returns what was released."""
+        held = self.gate.kind_held(node)
+        self.gate.forget(node)
+        self.accounting.refusal_ended(node, now)
+        self.accounting.state.clocks.pop(node, None)
+        rec = self.state.nodes.pop(node, None)
+        self.state.muted.pop(node, None)
+        if rec is not None and rec.incident_id:
+            self.incidents.stop_waiting_for(rec.incident_id, node)
+        bits = [f"its {held} hold"] if held else []
+        if rec is not None and rec.state != "healthy":
+            bits.append(f"its lifecycle ({rec.state})")
+        return " and ".join(bits)
 
     # --- housekeeping -------------------------------------------------------------------------------
 

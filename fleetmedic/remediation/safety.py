@@ -1,27 +1,43 @@
 """Blast-radius control: isolation budgets, rate limits, per-rack/per-switch caps, cooldowns and a
-circuit breaker. Small pure objects; every method that needs time takes ``now``.
+circuit breaker on correlated suspicion. Small pure objects; every method that needs time takes ``now``.
 
-:class:`SafetyGate` answers one question, :meth:`SafetyGate.check_isolation`: may fleetmedic take
-one more node out of service now? It refuses (with a reason an operator can read) when
+The budgets bound the damage of *wrong* decisions (false positives, telemetry storms, a shared
+cause); they never abandon a node whose device is already gone. So each isolation has a kind
+(:mod:`.kinds`): **definitive** (hard evidence that the device or node is unusable: counted,
+audited and reported, never refused by a budget), **preventive** (degradation) and **uncertain**
+(the rest). :class:`SafetyGate` answers :meth:`SafetyGate.check_isolation`: may fleetmedic take one
+more node out of service now? It refuses (with a reason an operator can read) when
 
-- the :class:`CircuitBreaker` is open (mass suspicion: a telemetry storm or a shared cause);
-- fleetmedic already holds ``max_quarantined_count`` nodes, or ``max_quarantined_fraction`` of the
-  fleet (at least one node may always be held unless the count limit is 0);
-- ``max_new_isolations`` new isolations happened in the last ``isolation_window_s``;
-- the node's rack already has ``max_per_rack`` held nodes, or its leaf switch ``max_per_switch``;
-- the node was returned to service less than ``node_cooldown_s`` ago and the evidence is not
-  critical (critical evidence is never held back by a cooldown: that node is dangerous);
-- the evidence is not critical and preventive holds already fill ``preventive_share`` of the budget
-  (at least one when the budget is two or more; the rest is kept for hardware faults).
+- the :class:`CircuitBreaker` is open; only a definitive isolation of a node whose device is gone
+  passes it (``breaker.pass_lost_devices``), unless the breaker tripped on that very signature outside
+  the node's failure domain (a storm of one kind of evidence is likelier a telemetry fault than that
+  many dead GPUs);
+- and, for preventive and uncertain isolation only (the *budgeted* holds):
+  - fleetmedic already holds ``max_quarantined_count`` budgeted nodes, or ``max_quarantined_fraction``
+    of the fleet (at least one node unless the count limit is 0);
+  - ``max_new_isolations`` budgeted isolations happened in the last ``isolation_window_s``;
+  - the node's rack already has ``max_per_rack`` budgeted holds, or one of its leaf switches
+    ``max_per_switch``;
+  - preventive holds already fill ``preventive_share`` of the budget (at least one node);
+  - the node was returned to service less than ``node_cooldown_s`` ago and the evidence is neither
+    definitive nor critical.
 
 :meth:`SafetyGate.check_disruptive` allows each disruptive step (reset, reboot) once per node per
 ``node_cooldown_s``.
 
-The breaker (NVSentinel's sliding-window breaker, with the clock injected) counts distinct nodes
-that became isolation candidates in the last ``window_s``; when they reach
-``max(trip_min_nodes, trip_suspect_fraction * fleet)`` it opens, and stays open until a command
-resumes it or, with ``resume: auto``, until ``auto_resume_after_s`` passed and the suspicion rate
-fell below the trip level. Budgets count the nodes *fleetmedic* holds, from the moment it decides to
+The breaker counts distinct nodes that became isolation candidates within ``window_s`` three ways
+and opens when any count reaches its level (each ``max(min_nodes, ceil(fraction x size))``):
+
+- **fleet share** (``trip_min_nodes``, ``trip_suspect_fraction`` of the fleet): NVSentinel's
+  sliding-window breaker on the share of nodes cordoned, Medik8s NodeHealthCheck's ``minHealthy``;
+- **one signature** (``signature_min_nodes``, ``signature_fraction`` of the fleet): the same XID,
+  metric or log signal on many nodes at once is one cause (an exporter, a driver, a rollout);
+- **one failure domain** (``domain_min_nodes``, ``domain_fraction`` of the domain's nodes): many
+  nodes of one rack or behind one leaf switch at once share a cause there.
+
+Distinct faults on different nodes and domains trip none of them at small shares. It stays open
+until a command resumes it or, with ``resume: auto``, until ``auto_resume_after_s`` passed and every
+count fell below its level. Budgets count the nodes fleetmedic holds from the moment it decides to
 isolate them (not when the executor confirms), so no event order can overshoot them.
 """
 
@@ -29,20 +45,56 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
 
 import msgspec
 
 from fleetmedic.config import BreakerSettings, SafetySettings
 from fleetmedic.records import BudgetSnapshot
+from fleetmedic.remediation.kinds import KIND_RANK, IsolationKind, kind_of
 
 
 class Verdict(msgspec.Struct, frozen=True, kw_only=True):
     allowed: bool
-    reason: str  # "" when allowed; a short code otherwise (breaker_open, max_held, rate, rack, switch, cooldown)
+    # "" when allowed within the budget; "definitive" when allowed outside it; "lost_device" when a
+    # lost device passed the open breaker; otherwise why not: breaker_open, max_held, rate, rack,
+    # switch, preventive_share, cooldown
+    reason: str
     explanation: str = ""
 
 
 ALLOWED = Verdict(allowed=True, reason="")
+
+
+class Domains(Protocol):
+    """Failure domains of a node (``rack:<r>``, ``leaf:<l>``) and how many nodes each holds."""
+
+    def domains_of(self, node: str) -> Iterable[str]: ...
+
+    def domain_size(self, domain: str) -> int: ...
+
+
+class NoDomains:
+    def domains_of(self, node: str) -> Iterable[str]:
+        return ()
+
+    def domain_size(self, domain: str) -> int:
+        return 0
+
+
+NO_DOMAINS = NoDomains()
+
+
+def domain_keys(node: str, rack_of: Callable[[str], str], leaves_of: Callable[[str], Iterable[str]]) -> set[str]:
+    """A node's failure domains as the breaker names them."""
+    rack = rack_of(node)
+    return ({f"rack:{rack}"} if rack else set()) | {f"leaf:{leaf}" for leaf in leaves_of(node) if leaf}
+
+
+def level(min_nodes: int, fraction: float, size: int) -> int:
+    """A trip level: ``max(min_nodes, ceil(fraction x size))``."""
+    return max(min_nodes, math.ceil(fraction * size - 1e-9))
 
 
 class BreakerState(msgspec.Struct, kw_only=True):
@@ -51,63 +103,144 @@ class BreakerState(msgspec.Struct, kw_only=True):
     opened_reason: str = ""
     trips: int = 0
     suspicions: dict[str, float] = {}  # node -> last time it became a candidate (pruned to the window)
+    signatures: dict[str, dict[str, float]] = {}  # signature -> node -> last time (pruned to the window)
+    domains: dict[str, dict[str, float]] = {}  # failure domain -> node -> last time (pruned to the window)
+    tripped_signatures: list[str] = []  # signatures whose count reached its level while open
+    tripped_domains: list[str] = []  # failure domains whose count reached its level while open
 
 
 class CircuitBreaker:
-    """Mass suspicion => stop isolating. Resume by rule (``resume: auto``) or by command."""
+    """Correlated suspicion => stop isolating. Resume by rule (``resume: auto``) or by command."""
 
     def __init__(self, settings: BreakerSettings, state: BreakerState | None = None) -> None:
         self.settings = settings
         self.state = state if state is not None else BreakerState()
+        self._earliest: float | None = None  # the oldest time noted, unknown (None) until a prune
+
+    # --- levels -----------------------------------------------------------------------------------
 
     def trip_level(self, fleet_size: int) -> int:
         s = self.settings
-        return max(s.trip_min_nodes, math.ceil(s.trip_suspect_fraction * fleet_size))
+        return level(s.trip_min_nodes, s.trip_suspect_fraction, fleet_size)
+
+    def signature_level(self, fleet_size: int) -> int:
+        s = self.settings
+        return level(s.signature_min_nodes, s.signature_fraction, fleet_size)
+
+    def domain_level(self, domain_size: int) -> int:
+        s = self.settings
+        return level(s.domain_min_nodes, s.domain_fraction, domain_size)
 
     def suspicion_count(self, now: float) -> int:
         self._prune(now)
         return len(self.state.suspicions)
 
-    def note_suspicion(self, node: str, now: float, fleet_size: int) -> bool:
-        """Record that ``node`` became an isolation candidate; True if this opened the breaker."""
-        self._prune(now)
-        self.state.suspicions[node] = now
-        if not self.state.open and len(self.state.suspicions) >= self.trip_level(fleet_size):
-            self.state.open = True
-            self.state.opened_at = now
-            self.state.trips += 1
-            self.state.opened_reason = (
-                f"{len(self.state.suspicions)} nodes became suspect within {self.settings.window_s:g}s "
-                f"(trip level {self.trip_level(fleet_size)} of {fleet_size} nodes)"
-            )
-            return True
-        return False
+    # --- suspicion ----------------------------------------------------------------------------------
 
-    def poll(self, now: float, fleet_size: int) -> bool:
+    def note_suspicion(self, node: str, now: float, fleet_size: int, signature: str = "",
+                       domains: Domains = NO_DOMAINS) -> bool:
+        """Record that ``node`` became an isolation candidate on evidence ``signature``; True if this
+        opened the breaker. While open, it keeps noting which signatures and domains are stormy."""
+        st = self.state
+        self._prune(now)
+        st.suspicions[node] = now
+        if signature:
+            st.signatures.setdefault(signature, {})[node] = now
+        for d in domains.domains_of(node):
+            st.domains.setdefault(d, {})[node] = now
+        reasons = self._reached(fleet_size, signature, node, domains)
+        if not reasons:
+            return False
+        for kind, key, _ in reasons:
+            listed = st.tripped_signatures if kind == "signature" else st.tripped_domains
+            if kind != "fleet" and key not in listed:
+                listed.append(key)
+        if st.open:
+            return False
+        st.open, st.opened_at = True, now
+        st.trips += 1
+        st.opened_reason = "; ".join(why for _, _, why in reasons)
+        return True
+
+    def blames(self, signature: str, node_domains: Iterable[str]) -> bool:
+        """The breaker tripped on ``signature`` and not on a failure domain of this node: a lost
+        device with that evidence waits for an operator even with ``pass_lost_devices``."""
+        st = self.state
+        return bool(signature) and signature in st.tripped_signatures and not (set(node_domains)
+                                                                               & set(st.tripped_domains))
+
+    def poll(self, now: float, fleet_size: int, domains: Domains = NO_DOMAINS) -> bool:
         """Apply the resume rule; True if the breaker closed now."""
         s, st = self.settings, self.state
         if not st.open or s.resume != "auto" or now - st.opened_at < s.auto_resume_after_s:
             return False
-        if self.suspicion_count(now) >= self.trip_level(fleet_size):
+        self._prune(now)
+        if len(st.suspicions) >= self.trip_level(fleet_size):
+            return False
+        if any(len(nodes) >= self.signature_level(fleet_size) for nodes in st.signatures.values()):
+            return False
+        if any(len(nodes) >= self.domain_level(size) for d, nodes in st.domains.items()
+               if (size := domains.domain_size(d)) > 0):
             return False
         self.close()
         return True
 
     def close(self) -> None:
-        self.state.open = False
-        self.state.opened_reason = ""
-        self.state.suspicions = {}
+        st = self.state
+        st.open = False
+        st.opened_reason = ""
+        st.suspicions, st.signatures, st.domains = {}, {}, {}
+        self._earliest = None
+        st.tripped_signatures, st.tripped_domains = [], []
+
+    def _reached(self, fleet_size: int, signature: str, node: str, domains: Domains
+                 ) -> list[tuple[str, str, str]]:
+        """The rules whose count reached its level: (rule, key, explanation)."""
+        st, w = self.state, self.settings.window_s
+        out: list[tuple[str, str, str]] = []
+        n, lvl = len(st.suspicions), self.trip_level(fleet_size)
+        if n >= lvl:
+            out.append(("fleet", "", f"{n} nodes became suspect within {w:g}s (trip level {lvl} of {fleet_size} "
+                                     "nodes)"))
+        if signature:
+            k, lvl = len(st.signatures.get(signature, {})), self.signature_level(fleet_size)
+            if k >= lvl:
+                out.append(("signature", signature, f"{k} nodes became suspect on the same evidence ({signature}) "
+                                                    f"within {w:g}s (trip level {lvl} of {fleet_size} nodes)"))
+        for d in sorted(set(domains.domains_of(node))):
+            size = domains.domain_size(d)
+            if size <= 0:
+                continue
+            members = len(st.domains.get(d, {}))
+            lvl = self.domain_level(size)
+            if members >= lvl:
+                out.append(("domain", d, f"{members} of the {size} nodes of {d.replace(':', ' ', 1)} became suspect "
+                                         f"within {w:g}s (trip level {lvl})"))
+        return out
 
     def _prune(self, now: float) -> None:
         horizon = now - self.settings.window_s
-        if any(ts <= horizon for ts in self.state.suspicions.values()):
-            self.state.suspicions = {n: ts for n, ts in self.state.suspicions.items() if ts > horizon}
+        if self._earliest is not None and self._earliest > horizon:
+            return  # nothing can have aged out yet
+        st = self.state
+        st.suspicions = {n: ts for n, ts in st.suspicions.items() if ts > horizon}
+        st.signatures = _pruned(st.signatures, horizon)
+        st.domains = _pruned(st.domains, horizon)
+        stamps = [*st.suspicions.values(), *(ts for t in (st.signatures, st.domains) for v in t.values()
+                                             for ts in v.values())]
+        self._earliest = min(stamps) if stamps else None
+
+
+def _pruned(table: dict[str, dict[str, float]], horizon: float) -> dict[str, dict[str, float]]:
+    return {key: kept for key, nodes in table.items() if (kept := {n: ts for n, ts in nodes.items() if ts > horizon})}
 
 
 class SafetyState(msgspec.Struct, kw_only=True):
-    held: dict[str, float] = {}  # node -> since when fleetmedic holds it out of service
-    preventive: list[str] = []  # held nodes isolated on non-critical evidence
-    isolations: list[tuple[str, float]] = []  # new isolations, pruned to the window
+    held: dict[str, float] = {}  # node -> since when fleetmedic holds it out of service (every kind)
+    preventive: list[str] = []  # held nodes isolated on preventive evidence
+    definitive: list[str] = []  # held nodes isolated on definitive evidence (outside the budget)
+    isolations: list[tuple[str, float]] = []  # new budgeted isolations, pruned to the window
+    definitive_isolations: int = 0  # definitive isolations ever (they use no budget; reported)
     released: dict[str, float] = {}  # node -> when fleetmedic last returned it to service
     disruptive: dict[str, float] = {}  # "node|action" -> last reset/reboot
     breaker: BreakerState = msgspec.field(default_factory=BreakerState)
@@ -115,6 +248,42 @@ class SafetyState(msgspec.Struct, kw_only=True):
 
 Locator = Callable[[str], str]
 Leaves = Callable[[str], Iterable[str]]
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """What the defaults (or any settings) allow at one fleet size (the table in docs/safety.md)."""
+
+    fleet: int
+    max_held: int  # preventive + uncertain nodes held at once
+    preventive: int  # of which preventive at most
+    new_per_window: int  # new budgeted isolations per isolation_window_s (at most max_held at once)
+    trip_fleet: int  # breaker: suspect nodes in window_s
+    trip_signature: int  # breaker: nodes with one signature in window_s
+    trip_rack: int  # breaker: suspect nodes of one rack (of rack_size nodes)
+    trip_leaf: int  # breaker: suspect nodes behind one leaf (of leaf_size nodes)
+
+
+TABLE_SIZES: tuple[int, ...] = (16, 64, 512, 4096)
+
+
+def allowance_table(settings: SafetySettings, sizes: Iterable[int] = TABLE_SIZES, rack_size: int = 4,
+                    leaf_size: int = 32) -> str:
+    """The markdown table of what ``settings`` allow at each fleet size (docs/safety.md holds the
+    one for the shipped defaults; a test keeps it equal to this)."""
+    gate = SafetyGate(settings)
+    w, b = settings.isolation_window_s, settings.breaker.window_s
+    lines = [
+        f"| fleet | held at once: preventive + uncertain (of which preventive) | new per {w:g} s | "
+        f"breaker, suspect nodes in {b:g} s | breaker, one signature | breaker, one rack of {rack_size} | "
+        f"breaker, one leaf of {leaf_size} | definitive |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for n in sizes:
+        a = gate.allowance(n, rack_size, leaf_size)
+        lines.append(f"| {n:,} | {a.max_held} ({a.preventive}) | {a.new_per_window} | {a.trip_fleet} "
+                     f"({a.trip_fleet / n:.0%}) | {a.trip_signature} | {a.trip_rack} | {a.trip_leaf} | every one |")
+    return "\n".join(lines) + "\n"
 
 
 class SafetyGate:
@@ -129,11 +298,28 @@ class SafetyGate:
     # --- limits -------------------------------------------------------------------------------
 
     def max_held(self, fleet_size: int) -> int:
+        """Most preventive + uncertain nodes held at once (definitive holds are outside it)."""
         s = self.settings
-        by_fraction = math.floor(s.max_quarantined_fraction * fleet_size)
+        by_fraction = math.floor(s.max_quarantined_fraction * fleet_size + 1e-9)
         if s.max_quarantined_fraction > 0:
             by_fraction = max(1, by_fraction)
         return min(s.max_quarantined_count, by_fraction)
+
+    def preventive_limit(self, fleet_size: int) -> int:
+        """Most preventive holds at once: ``preventive_share`` of :meth:`max_held`, at least one."""
+        s, limit = self.settings, self.max_held(fleet_size)
+        if s.preventive_share <= 0 or limit <= 0:
+            return 0
+        return max(1, math.floor(s.preventive_share * limit + 1e-9))
+
+    def allowance(self, fleet_size: int, rack_size: int = 4, leaf_size: int = 32) -> Allowance:
+        b = self.breaker
+        return Allowance(fleet=fleet_size, max_held=self.max_held(fleet_size),
+                         preventive=self.preventive_limit(fleet_size),
+                         new_per_window=min(self.settings.max_new_isolations, self.max_held(fleet_size)),
+                         trip_fleet=b.trip_level(fleet_size), trip_signature=b.signature_level(fleet_size),
+                         trip_rack=b.domain_level(min(rack_size, fleet_size)),
+                         trip_leaf=b.domain_level(min(leaf_size, fleet_size)))
 
     def new_in_window(self, now: float) -> int:
         self._prune(now)
@@ -141,6 +327,21 @@ class SafetyGate:
 
     def holds(self, node: str) -> bool:
         return node in self.state.held
+
+    def kind_held(self, node: str) -> IsolationKind | None:
+        if node not in self.state.held:
+            return None
+        if node in self.state.definitive:
+            return "definitive"
+        return "preventive" if node in self.state.preventive else "uncertain"
+
+    def budgeted(self) -> list[str]:
+        """Held nodes that use the budget (preventive and uncertain)."""
+        definitive = set(self.state.definitive)
+        return [n for n in self.state.held if n not in definitive]
+
+    def definitive_held(self) -> int:
+        return sum(1 for n in self.state.definitive if n in self.state.held)
 
     def check_isolation(
         self,
@@ -150,20 +351,38 @@ class SafetyGate:
         rack_of: Locator,
         leaves_of: Leaves,
         critical: bool = False,
+        *,
+        kind: IsolationKind | None = None,
+        device_gone: bool = False,
+        signature: str = "",
     ) -> Verdict:
-        """May ``node`` be taken out of service now? (Holding it already is always allowed.)"""
+        """May ``node`` be taken out of service now? (Holding it already is always allowed.) ``kind``
+        defaults to uncertain for critical evidence and preventive otherwise."""
         s = self.settings
+        kind = kind or kind_of("", critical)
         if node in self.state.held:
             return ALLOWED
         if self.breaker.state.open:
-            return Verdict(allowed=False, reason="breaker_open",
-                           explanation=f"circuit breaker open: {self.breaker.state.opened_reason}")
-        held = len(self.state.held)
+            if kind == "definitive" and device_gone and s.breaker.pass_lost_devices and not self.breaker.blames(
+                    signature, domain_keys(node, rack_of, leaves_of)):
+                return Verdict(allowed=True, reason="lost_device",
+                               explanation=f"its device is gone ({signature or 'definitive evidence'}): isolated "
+                               f"although the circuit breaker is open ({self.breaker.state.opened_reason})")
+            why = f"circuit breaker open: {self.breaker.state.opened_reason}"
+            if kind == "definitive" and device_gone and s.breaker.pass_lost_devices:
+                why += f"; it tripped on this very evidence ({signature}) across failure domains"
+            return Verdict(allowed=False, reason="breaker_open", explanation=why)
+        if kind == "definitive":
+            return Verdict(allowed=True, reason="definitive",
+                           explanation=f"definitive evidence ({signature or 'hard fault'}): the capacity is already "
+                           "gone, isolated outside the budget")
+        budgeted = self.budgeted()
+        held = len(budgeted)
         limit = self.max_held(fleet_size)
         if held + 1 > limit:
             return Verdict(allowed=False, reason="max_held",
-                           explanation=f"fleetmedic already holds {held} of {fleet_size} nodes (limit {limit}: "
-                           f"max_quarantined_count {s.max_quarantined_count}, "
+                           explanation=f"fleetmedic already holds {held} of {fleet_size} nodes on preventive or "
+                           f"uncertain evidence (limit {limit}: max_quarantined_count {s.max_quarantined_count}, "
                            f"max_quarantined_fraction {s.max_quarantined_fraction:g})")
         recent = self.new_in_window(now)
         if recent + 1 > s.max_new_isolations:
@@ -172,26 +391,24 @@ class SafetyGate:
                            f"(max_new_isolations {s.max_new_isolations})")
         rack = rack_of(node)
         if rack:
-            in_rack = sum(1 for n in self.state.held if rack_of(n) == rack)
+            in_rack = sum(1 for n in budgeted if rack_of(n) == rack)
             if in_rack + 1 > s.max_per_rack:
                 return Verdict(allowed=False, reason="rack",
                                explanation=f"rack {rack} already has {in_rack} isolated nodes (max_per_rack "
                                f"{s.max_per_rack})")
         for leaf in sorted(set(leaves_of(node)) - {""}):
-            behind = sum(1 for n in self.state.held if leaf in set(leaves_of(n)))
+            behind = sum(1 for n in budgeted if leaf in set(leaves_of(n)))
             if behind + 1 > s.max_per_switch:
                 return Verdict(allowed=False, reason="switch",
                                explanation=f"leaf switch {leaf} already has {behind} isolated nodes behind it "
                                f"(max_per_switch {s.max_per_switch})")
-        if not critical:
-            share = math.floor(s.preventive_share * limit)
-            if s.preventive_share > 0 and limit >= 2:
-                share = max(1, share)
+        if kind == "preventive":
+            share = self.preventive_limit(fleet_size)
             preventive = sum(1 for n in self.state.preventive if n in self.state.held)
             if preventive + 1 > share:
                 return Verdict(allowed=False, reason="preventive_share",
                                explanation=f"{preventive} preventive isolations already use the share of the budget "
-                               f"for non-critical evidence (preventive_share {s.preventive_share:g} of {limit})")
+                               f"for degradation (preventive_share {s.preventive_share:g} of {limit})")
         released = self.state.released.get(node)
         if not critical and released is not None and now - released < s.node_cooldown_s:
             return Verdict(allowed=False, reason="cooldown",
@@ -210,16 +427,27 @@ class SafetyGate:
 
     # --- bookkeeping ----------------------------------------------------------------------------
 
-    def record_isolation(self, node: str, now: float, critical: bool = True) -> None:
-        if node in self.state.held:
-            if critical and node in self.state.preventive:
-                self.state.preventive.remove(node)  # the evidence became critical
+    def record_isolation(self, node: str, now: float, critical: bool = True, *,
+                         kind: IsolationKind | None = None) -> None:
+        """``node`` is held from now (a hold's kind only ever gets stronger)."""
+        st = self.state
+        kind = kind or kind_of("", critical)
+        if node in st.held:
+            if KIND_RANK[kind] > KIND_RANK[self.kind_held(node) or "preventive"]:
+                if node in st.preventive:
+                    st.preventive.remove(node)  # the evidence became stronger
+                if kind == "definitive":
+                    st.definitive.append(node)
+            return
+        st.held[node] = now
+        if kind == "definitive":
+            st.definitive.append(node)
+            st.definitive_isolations += 1
             return
         self._prune(now)
-        self.state.held[node] = now
-        self.state.isolations.append((node, now))
-        if not critical:
-            self.state.preventive.append(node)
+        st.isolations.append((node, now))
+        if kind == "preventive":
+            st.preventive.append(node)
 
     def record_disruptive(self, node: str, action: str, now: float) -> None:
         self.state.disruptive[f"{node}|{action}"] = now
@@ -227,22 +455,36 @@ class SafetyGate:
     def release(self, node: str, now: float) -> None:
         if self.state.held.pop(node, None) is not None:
             self.state.released[node] = now
-        if node in self.state.preventive:
-            self.state.preventive.remove(node)
+        self._unlist(node)
+
+    def forget(self, node: str) -> bool:
+        """The node left the cluster: it holds nothing any more (no cooldown: it may come back new).
+        True if it was held."""
+        held = self.state.held.pop(node, None) is not None
+        self._unlist(node)
+        self.state.released.pop(node, None)
+        return held
 
     def forget_released_before(self, horizon: float) -> None:
         self.state.released = {n: ts for n, ts in self.state.released.items() if ts >= horizon}
         self.state.disruptive = {n: ts for n, ts in self.state.disruptive.items() if ts >= horizon}
 
     def snapshot(self, now: float, fleet_size: int) -> BudgetSnapshot:
+        """The budget (``held``: the preventive and uncertain holds it counts)."""
         return BudgetSnapshot(
-            held=len(self.state.held),
+            held=len(self.budgeted()),
             max_held=self.max_held(fleet_size),
             new_in_window=self.new_in_window(now),
             max_new_in_window=self.settings.max_new_isolations,
             fleet_size=fleet_size,
             breaker_open=self.breaker.state.open,
         )
+
+    def _unlist(self, node: str) -> None:
+        if node in self.state.preventive:
+            self.state.preventive.remove(node)
+        if node in self.state.definitive:
+            self.state.definitive.remove(node)
 
     def _prune(self, now: float) -> None:
         horizon = now - self.settings.isolation_window_s

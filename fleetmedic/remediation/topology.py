@@ -6,7 +6,8 @@ Rail-optimised fabrics cable each NIC of a node to a different leaf: ``rails`` m
 its leaf (``{"mlx5_0": "leaf-su0-r0", ...}``; labels ``rails.fleetmedic.io/<nic>: <leaf>``), and a
 node is *behind* every leaf one of its NICs is cabled to.
 Triage uses it to see that errors on every node behind one leaf are one switch problem; safety uses
-it to cap isolations per rack and per switch. Treat it as immutable: :meth:`with_node` returns a
+it to cap isolations per rack and per switch, and its breaker to see suspicion gather in one failure
+domain (:meth:`Topology.domains_of`). Treat it as immutable: :meth:`with_node` returns a
 new topology.
 """
 
@@ -147,6 +148,20 @@ class Topology:
     def is_switch(self, name: str) -> bool:
         """True if ``name`` is a leaf switch (a finding may name the switch instead of a host)."""
         return name not in self.nodes and name in self._by_leaf
+
+    def domains_of(self, node: str) -> frozenset[str]:
+        """The failure domains ``node`` shares with others, as the safety breaker counts them:
+        ``rack:<rack>`` and ``leaf:<leaf>`` for each leaf it is cabled to."""
+        p = self.nodes.get(node)
+        if p is None:
+            return frozenset()
+        return frozenset({f"leaf:{leaf}" for leaf in p.leaves()} | ({f"rack:{p.rack}"} if p.rack else set()))
+
+    def domain_size(self, domain: str) -> int:
+        """How many nodes a failure domain (``rack:<rack>``, ``leaf:<leaf>``) holds."""
+        kind, _, name = domain.partition(":")
+        table = self._by_rack if kind == "rack" else self._by_leaf if kind == "leaf" else {}
+        return len(table.get(name, ()))
 
     def nodes_named(self, names: Iterable[str]) -> frozenset[str]:
         return frozenset(n for n in names if n in self.nodes)

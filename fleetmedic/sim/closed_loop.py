@@ -41,7 +41,8 @@ requested (it moved away) — clamped to [detected, restart]; for faults that ne
 ``detected``. Each mark is clamped to be no earlier than the previous one. Also: repeat failures
 (a fault that kills jobs more than once), effective training time ratio (retained steps at nominal
 step time / job wall time since first placement), node-hours "dangerous but schedulable" (a node
-with an active fault whose truth says isolate it, schedulable and up) and "healthy but
+with an active fault whose truth says isolate it, schedulable and up; also per fault,
+``dangerous_by_fault``: how long each such fault left a node of it schedulable) and "healthy but
 unschedulable" (no such fault, but cordoned, tainted, diagnosing, rebooting, in repair, or holding a
 GPU the device plugin marked Unhealthy after an XID). Re-placements (``placement``, by who restarted
 the job: ``all``, ``fleetmedic``, ``job_controller``, ``user``): leaf locality where the leaf had
@@ -157,6 +158,7 @@ class Accounting(Struct, frozen=True, kw_only=True):
     results: dict[str, int]
     isolations: list[tuple[str, float, str]]  # (node, time, action) of applied isolating commands
     placement: dict[str, PlacementCounts] = {}  # re-placements: "all" and by restarter
+    dangerous_by_fault: dict[str, float] = {}  # fault id -> seconds a node it should isolate stayed schedulable
 
 
 def _stats(xs: list[float]) -> PhaseStats:
@@ -180,6 +182,7 @@ class ClosedLoop:
         self.results: list[RemediationResult] = []
         self._seq = 0
         self.dangerous_s = 0.0
+        self.dangerous_by_fault: dict[str, float] = {}
         self.healthy_unsched_s = 0.0
         self.isolations: list[tuple[int, float, str]] = []
         self._masks: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -463,14 +466,20 @@ class ClosedLoop:
 
     # --- accounting ----------------------------------------------------------------------------
 
-    def account(self, dt: float, faulty: np.ndarray, schedulable: np.ndarray | None = None) -> None:
+    def account(self, dt: float, faulty: np.ndarray, schedulable: np.ndarray | None = None,
+                active: list[Fault] | None = None) -> None:
         """Integrate node-time: ``faulty`` nodes should be isolated; ``schedulable`` (default: this
-        loop's view) is the scheduler's effective view, which may also exclude unhealthy GPUs."""
+        loop's view) is the scheduler's effective view, which may also exclude unhealthy GPUs;
+        ``active``: the faults behind ``faulty``, each charged while a node of it stays schedulable."""
         sched, up, down_fault = self._get_masks()
         if schedulable is not None:
             sched = schedulable
         ok = sched & up
         self.dangerous_s += dt * float(np.count_nonzero(faulty & ok))
+        for f in active or ():
+            nodes = f.isolate_nodes(self.sim.fleet)
+            if len(nodes) and bool(ok[nodes].any()):
+                self.dangerous_by_fault[f.id] = self.dangerous_by_fault.get(f.id, 0.0) + dt
         self.healthy_unsched_s += dt * float(np.count_nonzero(~faulty & ~ok & ~down_fault))
 
     def report(self, end: float) -> Accounting:
@@ -528,6 +537,7 @@ class ClosedLoop:
             results=dict(sorted(by_outcome.items())),
             isolations=[(names[n], round(t, 3), a) for n, t, a in self.isolations],
             placement=placement_counts(wl.interruptions, fault_by_id, sim.fleet.node_su),
+            dangerous_by_fault={k: round(v, 3) for k, v in sorted(self.dangerous_by_fault.items())},
         )
 
     def _outage(self, intr: Interruption, fault_by_id: dict[str, Fault], end: float) -> OutageRecord:

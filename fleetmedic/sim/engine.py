@@ -226,7 +226,7 @@ class Simulator:
         faulty = np.zeros(self.fleet.n, dtype=bool)
         for f in active:
             faulty[f.isolate_nodes(self.fleet)] = True
-        self.loop.account(t1 - t0, faulty, sched)
+        self.loop.account(t1 - t0, faulty, sched, [f for f in active if f.info.expected.startswith("isolate_")])
         self.now = t1
         results, self.loop.results = self.loop.results, []
         observed, self._observed = self._observed, []

@@ -7,6 +7,11 @@ rules in ``deploy/prometheus/alerts.yml`` and the dashboard in ``deploy/grafana/
 
 Per-node series exist only for nodes that are not healthy, which the quarantine budget bounds
 (``safety.max_quarantined_count`` plus suspects), so their cardinality stays small.
+
+``fleetmedic_isolation_refused_nodes{kind="definitive"}`` above 0 means a node whose device is gone
+is still schedulable because safety refused its isolation (the breaker is open and blames its
+evidence): every job placed there crashes. ``fleetmedic_node_time_seconds{kind="refused_definitive"}``
+is that clock, integrated.
 """
 
 from __future__ import annotations
@@ -32,8 +37,9 @@ class EngineMetrics:
                                   registry=registry)
         self.breaker_trips = Gauge("fleetmedic_breaker_trips", "Times the circuit breaker has tripped",
                                    registry=registry)
-        self.quarantine_held = Gauge("fleetmedic_quarantine_held", "Nodes fleetmedic holds isolated now",
-                                     registry=registry)
+        self.quarantine_held = Gauge("fleetmedic_quarantine_held",
+                                     "Nodes fleetmedic holds isolated now on preventive or uncertain evidence "
+                                     "(the budgeted ones)", registry=registry)
         self.quarantine_max = Gauge("fleetmedic_quarantine_max_held",
                                     "Most nodes fleetmedic may hold isolated (fraction and count limits)",
                                     registry=registry)
@@ -44,8 +50,17 @@ class EngineMetrics:
         self.fleet_nodes = Gauge("fleetmedic_fleet_nodes", "Nodes in the fleet as the engine sees it",
                                  registry=registry)
         self.node_time = Gauge("fleetmedic_node_time_seconds",
-                               "Node-time spent dangerous but schedulable, or healthy but unschedulable",
+                               "Node-time spent dangerous but schedulable, healthy but unschedulable, or "
+                               "schedulable while safety refused the isolation (refused_<definitive|preventive|"
+                               "uncertain>; the clock keeps running while the refusal lasts)",
                                ["kind"], registry=registry)
+        self.refused = Gauge("fleetmedic_isolation_refused_nodes",
+                             "Nodes whose isolation safety refuses now, by kind of evidence; they stay suspect and "
+                             "schedulable (definitive: a node whose device is gone - alert on it)",
+                             ["kind"], registry=registry)
+        self.held_definitive = Gauge("fleetmedic_quarantine_held_definitive",
+                                     "Nodes fleetmedic holds isolated on definitive evidence (outside the budget)",
+                                     registry=registry)
         self.isolations = Gauge("fleetmedic_isolations", "Isolations by what diagnostics later showed",
                                 ["outcome"], registry=registry)
         self.repeats = Gauge("fleetmedic_repeats", "Failures or placements on nodes fleetmedic had isolated",
@@ -70,6 +85,9 @@ class EngineMetrics:
         self.breaker_open.set(1.0 if budget.get("breaker_open") else 0.0)
         self.breaker_trips.set(float(report.get("breaker_trips", 0)))
         self.quarantine_held.set(float(budget.get("held", 0)))
+        self.held_definitive.set(float(budget.get("definitive_held", 0)))
+        for kind, n in (report.get("refused_now") or {}).items():
+            self.refused.labels(kind).set(float(n))
         self.quarantine_max.set(float(budget.get("max_held", 0)))
         self.isolations_window.set(float(budget.get("new_in_window", 0)))
         self.isolations_window_max.set(float(budget.get("max_new_in_window", 0)))

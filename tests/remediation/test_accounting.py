@@ -34,7 +34,8 @@ def test_node_time_splits_dangerous_schedulable_from_healthy_unschedulable() -> 
     a.verdict("fine", passed=True, first_try=True, now=400.0)
     a.returned("fine", 410.0)
     r = a.report(1000.0)
-    assert r["node_time"] == {"dangerous_but_schedulable_s": 30.0, "healthy_but_unschedulable_s": 400.0}
+    assert r["node_time"] == {"dangerous_but_schedulable_s": 30.0, "healthy_but_unschedulable_s": 400.0,
+                              "refused_definitive_s": 0.0, "refused_preventive_s": 0.0, "refused_uncertain_s": 0.0}
     assert r["isolations"] == {"total": 2, "confirmed_bad": 1, "healthy_first_try": 1, "for_software_or_job_bugs": 0}
 
 

@@ -195,3 +195,105 @@ def test_the_breaker_is_open_exactly_when_the_window_held_the_trip_level(times: 
             assert not was_open and len(distinct) >= 5
         if not was_open and len(distinct) >= 5:
             assert tripped
+
+
+# --- kinds of isolation and the correlated-suspicion breaker (issue #21) -------------------------------
+
+class Racks:
+    """Racks of 4, leaves of 8 (the domains the breaker counts)."""
+
+    def domains_of(self, node: str) -> set[str]:
+        return {f"rack:{rack_of(node)}", f"leaf:{leaf_of(node)}"}
+
+    def domain_size(self, domain: str) -> int:
+        return 4 if domain.startswith("rack:") else 8
+
+
+def test_definitive_isolation_never_waits_on_a_budget_but_is_counted() -> None:
+    g = gate(max_quarantined_count=1, max_new_isolations=1, max_per_rack=1, max_per_switch=1)
+    g.record_isolation("node-0", 0.0, kind="uncertain")
+    assert g.check_isolation("node-1", 1.0, FLEET, rack_of, leaves_of, kind="uncertain").reason == "max_held"
+    for n in ("node-1", "node-2", "node-3"):  # same rack, same leaf, past every limit
+        v = g.check_isolation(n, 1.0, FLEET, rack_of, leaves_of, kind="definitive", signature="xid:48")
+        assert v.allowed and v.reason == "definitive"
+        g.record_isolation(n, 1.0, kind="definitive")
+    assert g.snapshot(1.0, FLEET).held == 1 and g.definitive_held() == 3 and g.state.definitive_isolations == 3
+    g.record_isolation("node-0", 2.0, kind="definitive")  # its evidence became definitive: the budget frees
+    assert g.snapshot(2.0, FLEET).held == 0
+    assert g.check_isolation("node-9", 700.0, FLEET, rack_of, leaves_of, kind="uncertain").allowed
+
+
+def test_the_breaker_trips_on_one_signature_and_on_one_rack_not_on_distinct_faults() -> None:
+    s = BreakerSettings(trip_suspect_fraction=0.02, trip_min_nodes=6, signature_min_nodes=3, signature_fraction=0.0,
+                        domain_min_nodes=3, domain_fraction=0.5, window_s=300.0)
+    distinct = CircuitBreaker(s)
+    for i, sig in enumerate(("xid:79", "xid:48", "hard_rules:row_remap_failure", "xid:95", "xid:74")):
+        assert not distinct.note_suspicion(f"node-{i * 9}", float(i), FLEET, sig, Racks())
+    same = CircuitBreaker(s)
+    assert [same.note_suspicion(f"node-{i * 9}", float(i), FLEET, "xid:48", Racks()) for i in range(3)] == \
+        [False, False, True]
+    assert "same evidence (xid:48)" in same.state.opened_reason and same.state.tripped_signatures == ["xid:48"]
+    rack = CircuitBreaker(s)
+    assert [rack.note_suspicion(f"node-{i}", 0.0, FLEET, f"sig{i}", Racks()) for i in (4, 5, 6)] == \
+        [False, False, True]
+    assert "3 of the 4 nodes of rack r1" in rack.state.opened_reason
+    assert rack.blames("", {"rack:r1"}) is False
+
+
+def test_lost_devices_pass_the_open_breaker_unless_it_blames_their_evidence() -> None:
+    g = gate(breaker=BreakerSettings(trip_min_nodes=100, signature_min_nodes=3, signature_fraction=0.0,
+                                     domain_min_nodes=3, domain_fraction=0.5))
+    for n in ("node-0", "node-9", "node-18"):
+        g.breaker.note_suspicion(n, 0.0, FLEET, "hard_rules:gpu_count", Racks())
+    assert g.breaker.state.open
+    lost = {"kind": "definitive", "device_gone": True}
+    elsewhere = g.check_isolation("node-27", 1.0, FLEET, rack_of, leaves_of, signature="xid:79", **lost)  # type: ignore[arg-type]
+    assert elsewhere.allowed and elsewhere.reason == "lost_device"
+    blamed = g.check_isolation("node-27", 1.0, FLEET, rack_of, leaves_of, signature="hard_rules:gpu_count", **lost)  # type: ignore[arg-type]
+    assert blamed.reason == "breaker_open" and "this very evidence" in blamed.explanation
+    dbe = g.check_isolation("node-27", 1.0, FLEET, rack_of, leaves_of, kind="definitive", signature="xid:48")
+    assert dbe.reason == "breaker_open"
+
+
+def test_auto_resume_waits_until_every_rule_is_below_its_level() -> None:
+    s = BreakerSettings(trip_min_nodes=100, signature_min_nodes=3, signature_fraction=0.0, window_s=60.0,
+                        resume="auto", auto_resume_after_s=600.0)
+    b = CircuitBreaker(s)
+    for i in range(3):
+        b.note_suspicion(f"node-{i * 9}", 0.0, FLEET, "xid:79")
+    assert b.state.open
+    for i in range(3):
+        b.note_suspicion(f"node-{i * 9 + 1}", 590.0, FLEET, "xid:79")
+    assert not b.poll(600.0, FLEET)  # the same signature still storms
+    assert b.poll(700.0, FLEET) and not b.state.tripped_signatures
+
+
+kinds = st.sampled_from(["definitive", "preventive", "uncertain"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["isolate", "release", "wait"]), st.integers(0, FLEET - 1), kinds),
+                    max_size=120),
+       max_count=st.integers(0, 8), fraction=st.floats(0.0, 0.5), share=st.floats(0.0, 1.0))
+def test_preventive_holds_never_exceed_their_budget_and_definitive_ones_never_wait_on_it(
+        ops: list[tuple[str, int, str]], max_count: int, fraction: float, share: float) -> None:
+    g = gate(max_quarantined_count=max_count, max_quarantined_fraction=fraction, preventive_share=share,
+             max_new_isolations=4)
+    now = 0.0
+    for op, arg, kind in ops:
+        node = f"node-{arg}"
+        if op == "wait":
+            now += arg * 10
+        elif op == "release":
+            g.release(node, now)
+        else:
+            v = g.check_isolation(node, now, FLEET, rack_of, leaves_of, kind=kind)  # type: ignore[arg-type]
+            if kind == "definitive":
+                assert v.allowed, v.explanation  # the breaker is closed: no budget refuses it
+            if v.allowed:
+                g.record_isolation(node, now, kind=kind)  # type: ignore[arg-type]
+        held_preventive = [n for n in g.state.preventive if n in g.state.held]
+        assert len(held_preventive) <= g.preventive_limit(FLEET)
+        assert len(g.budgeted()) <= g.max_held(FLEET)
+        for rack in {rack_of(n) for n in g.budgeted()}:
+            assert sum(1 for n in g.budgeted() if rack_of(n) == rack) <= 2

@@ -124,16 +124,43 @@ class World:
 
     def finding(self, node: str, kind: str = "hard_fault", severity: str = "critical", hint: str = "",
                 detector: str = "hard_rules", gpu: int | None = 0, port: str = "", summary: str = "",
-                metric: str = "x") -> Decisions:
+                metric: str = "x", value: float = 1.0) -> Decisions:
         self._fid += 1
         f = Finding(id=f"f{self._fid}", ts=self.now, node=node, detector=detector, kind=kind,  # type: ignore[arg-type]
                     severity=severity, summary=summary or f"{detector} {kind} on {node}",  # type: ignore[arg-type]
-                    evidence=[Evidence(detector=detector, metric=metric, value=1.0, ts=self.now)], gpu=gpu, port=port,
-                    action_hint=hint)
+                    evidence=[Evidence(detector=detector, metric=metric, value=value, ts=self.now)], gpu=gpu,
+                    port=port, action_hint=hint)
         out = self._take(self.engine.on_finding(f, self.now))
         if self.auto_execute:
             out.extend(self.execute())
         return out
+
+    # --- the hard faults as the GPU detector reports them ---------------------------------------------
+
+    def xid(self, node: str, code: int, gpu: int = 0) -> Decisions:
+        """An XID as ``xid_rules`` reports it (its catalog action as the hint)."""
+        from fleetmedic.models.xid_catalog import default_catalog
+
+        info = default_catalog().lookup(code)
+        severity = "critical" if info.isolates else "warning"
+        return self.finding(node, kind="hard_fault", severity=severity, hint=info.action, detector="xid_rules",
+                            gpu=gpu, metric="xid", value=float(code), summary=f"XID {code} ({info.mnemonic})")
+
+    def gpu_lost(self, node: str, gpu: int = 0) -> Decisions:
+        return self.finding(node, hint="reboot_node", gpu=gpu, metric="gpu_count", value=7.0,
+                            summary=f"GPU {gpu} stopped reporting (fell off the bus?)")
+
+    def dbe(self, node: str, gpu: int = 0) -> Decisions:
+        return self.finding(node, hint="reset_gpu", gpu=gpu, metric="ecc_dbe_vol_total",
+                            summary=f"GPU {gpu}: uncorrectable ECC (DBE) errors")
+
+    def row_remap_failure(self, node: str, gpu: int = 0) -> Decisions:
+        return self.finding(node, hint="isolate", gpu=gpu, metric="row_remap_failure",
+                            summary=f"GPU {gpu}: row remapping failed")
+
+    def degradation(self, node: str, metric: str = "sm_clock", severity: str = "warning", gpu: int = 0) -> Decisions:
+        return self.finding(node, kind="degradation", severity=severity, detector="gpu_baseline", gpu=gpu,
+                            metric=metric, summary=f"GPU {gpu} {metric} persistently off its baseline")
 
     def observe(self, node: str, cordoned: bool, by_fleetmedic: bool, labels: dict[str, str] | None = None
                 ) -> Decisions:

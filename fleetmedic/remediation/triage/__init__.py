@@ -32,8 +32,9 @@ from fleetmedic.remediation.triage.records import (
     JobStatus,
     PendingGroup,
     TriageState,
+    finding_isolation,
     is_hardware_finding,
 )
 
 __all__ = ["ISOLATING_HINTS", "QUIET_HINTS", "SEVERITY_RANK", "Assessment", "FailureReport", "JobRecord",
-           "JobStatus", "PendingGroup", "Triage", "TriageState", "is_hardware_finding"]
+           "JobStatus", "PendingGroup", "Triage", "TriageState", "finding_isolation", "is_hardware_finding"]

@@ -24,6 +24,7 @@ Pure: time comes in as ``now``."""
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from typing import Final
 
 from fleetmedic.config import PolicySettings, TriageSettings
 from fleetmedic.records import Evidence, Finding, IncidentClass, Suspect
+from fleetmedic.remediation.kinds import Isolation
 from fleetmedic.remediation.log_patterns import LineMatch, PatternLibrary
 from fleetmedic.remediation.topology import Topology
 from fleetmedic.remediation.triage.book import IncidentBook
@@ -40,8 +42,10 @@ from fleetmedic.remediation.triage.records import (
     PendingGroup,
     TriageState,
     evidence_of,
+    finding_isolation,
     is_congestion,
     is_hardware_finding,
+    log_isolation,
     most_common,
 )
 
@@ -166,8 +170,17 @@ class JobFailureTriage:
                + (" (findings and log lines agree)" if both else ""))
         ev = [*evidence_of([f for n in ranked for f in found.get(n, ())]), *x.log_evidence]
         ids = [f.id for n in ranked for f in found.get(n, ())]
+        isolation: dict[str, Isolation] = {}
+        for n in ranked:
+            basis = [finding_isolation(f) for f in found.get(n, ())]
+            if n in logs:
+                m = logs[n]
+                basis.append(log_isolation(m.signal, m.pattern, m.xid, m.hint))
+            isolation[n] = functools.reduce(Isolation.stronger, basis) if basis else Isolation("uncertain",
+                                                                                               "class:hardware")
         return self._failure("hardware", f"node:{ranked[0]}", suspects, conf, ev, why, x, now,
-                             x.signals | hints | {"hardware_evidence"}, ids, gpu=gpus[0] if gpus else None)
+                             x.signals | hints | {"hardware_evidence"}, ids, gpu=gpus[0] if gpus else None,
+                             isolation=isolation)
 
     # --- 2. network ---------------------------------------------------------------------------------
 
@@ -323,7 +336,8 @@ class JobFailureTriage:
 
     def _failure(self, klass: IncidentClass, subject: str, suspects: list[Suspect], confidence: float,
                  evidence: list[Evidence], why: str, x: _Failure, now: float, signals: set[str],
-                 finding_ids: list[str], exclude: list[str] | None = None, gpu: int | None = None) -> Assessment:
+                 finding_ids: list[str], exclude: list[str] | None = None, gpu: int | None = None,
+                 isolation: dict[str, Isolation] | None = None) -> Assessment:
         nodes = [s.name for s in suspects if s.kind == "node"]
         excluded = tuple(sorted(set(nodes if exclude is None else exclude)))
         ev = [Evidence(detector="triage", note=why, ts=now), *evidence]
@@ -333,7 +347,7 @@ class JobFailureTriage:
         counts = {n: len({j for t, j in self.state.node_failures.get(n, ()) if t >= horizon}) for n in nodes}
         return Assessment(inc, new, frozenset(signals | {f"class:{klass}", "job_failed"}), why, x.first,
                           job=x.job, attempt=x.group.attempt, retries_in_place=x.rec.retries_in_place,
-                          exclude_nodes=excluded, node_failures=counts, gpu=gpu)
+                          exclude_nodes=excluded, node_failures=counts, gpu=gpu, isolation=isolation or {})
 
 
 def _log_evidence(by_node: dict[str, list[LineMatch]], loose: list[LineMatch]) -> list[Evidence]:

@@ -1,6 +1,8 @@
 """Findings about one node on their own: a hard fault that isolates (XID/hint ``reset_gpu``/
 ``reboot_node``/``isolate``) opens a hardware incident at once; ``investigate`` hints, degradations
-and stragglers open degradation incidents, acted on once the detector has reasserted them. Network
+and stragglers open degradation incidents, acted on once the detector has reasserted them. Each
+assessment says what isolating the node would rest on (definitive, preventive or uncertain:
+:func:`~.records.finding_isolation`). Network
 findings are not decided here but gathered per leaf (:mod:`.network`)."""
 
 from __future__ import annotations
@@ -9,7 +11,14 @@ from fleetmedic.config import TriageSettings
 from fleetmedic.records import Finding, Suspect
 from fleetmedic.remediation.triage.book import IncidentBook
 from fleetmedic.remediation.triage.jobs import JobBoard
-from fleetmedic.remediation.triage.records import Assessment, TriageState, confirmed, finding_class, times_seen
+from fleetmedic.remediation.triage.records import (
+    Assessment,
+    TriageState,
+    confirmed,
+    finding_class,
+    finding_isolation,
+    times_seen,
+)
 
 
 class NodeFindings:
@@ -41,7 +50,7 @@ class NodeFindings:
                                   why, list(jobs), [f.id], f.ts, now)
         seen = times_seen(self.state, self.settings, f.node, lambda g: finding_class(g) == klass, now)
         return [Assessment(inc, new, frozenset(signals), why, f.ts, affected_jobs=jobs, exclude_nodes=(f.node,),
-                           gpu=f.gpu,
+                           gpu=f.gpu, isolation={f.node: finding_isolation(f)},
                            confirmed=klass == "hardware" or confirmed(self.settings, inc.severity, seen, klass))]
 
     def _xids_across_job(self, f: Finding, now: float) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from fleetmedic.config import TriageSettings
 from fleetmedic.records import Evidence, Finding, Suspect
+from fleetmedic.remediation.kinds import Isolation
 from fleetmedic.remediation.topology import Topology
 from fleetmedic.remediation.triage.book import IncidentBook
 from fleetmedic.remediation.triage.jobs import JobBoard
@@ -116,9 +117,11 @@ class NetworkTriage:
                                       min(f.ts for f in mine), now)
             seen = times_seen(self.state, self.settings, host,
                               lambda g: g.kind == "network" and not is_congestion(g, congestion), now)
+            metric = next((e.metric for f in mine for e in f.evidence if e.metric), "link")
             out.append(Assessment(inc, new, frozenset({"link", "kind:network"}), why, inc.first_seen,
                                   affected_jobs=on_host, exclude_nodes=(host,),
-                                  confirmed=confirmed(self.settings, inc.severity, seen)))
+                                  confirmed=confirmed(self.settings, inc.severity, seen),
+                                  isolation={host: Isolation("uncertain", f"network:{metric}")}))
         return out
 
     def _went_dark(self, host: str, since: float) -> bool:
@@ -136,7 +139,8 @@ class NetworkTriage:
                                   evidence_of(mine), "critical", why, list(on_host), [f.id for f in mine],
                                   min(f.ts for f in mine), now)
         return Assessment(inc, new, frozenset({"node_down", "kind:network"}), why, inc.first_seen,
-                          affected_jobs=on_host, exclude_nodes=(host,))
+                          affected_jobs=on_host, exclude_nodes=(host,),
+                          isolation={host: Isolation("definitive", "node_down", device_gone=True)})
 
     def _is_device(self, name: str) -> bool:
         """A switch (or other fabric device) rather than a node of the fleet."""

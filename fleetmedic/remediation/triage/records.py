@@ -13,6 +13,7 @@ import msgspec
 
 from fleetmedic.config import TriageSettings
 from fleetmedic.records import Evidence, Finding, Incident, IncidentClass, Severity
+from fleetmedic.remediation.kinds import Isolation
 
 ISOLATING_HINTS: Final = frozenset({"reset_gpu", "reboot_node", "isolate"})
 QUIET_HINTS: Final = frozenset({"ignore", "restart_app"})
@@ -83,10 +84,20 @@ class Assessment:
     node_failures: dict[str, int] = field(default_factory=dict)  # suspect node -> distinct jobs it failed
     gpu: int | None = None
     confirmed: bool = True  # False: a warning seen too few times yet; the incident is kept, nothing is done
+    isolation: dict[str, Isolation] = field(default_factory=dict)  # suspect node -> what isolating it rests on
 
     @property
     def suspect_nodes(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.incident.suspects if s.kind == "node")
+
+    def isolation_of(self, node: str) -> Isolation:
+        """The kind of isolation ``node`` would get (:mod:`fleetmedic.remediation.kinds`): what triage
+        found for it, else by the incident's class (degradation: preventive; the rest: uncertain)."""
+        found = self.isolation.get(node)
+        if found is not None:
+            return found
+        klass = self.incident.incident_class
+        return Isolation("preventive" if klass == "degradation" else "uncertain", f"class:{klass}")
 
     @property
     def jobs(self) -> tuple[str, ...]:
@@ -107,6 +118,53 @@ def finding_class(f: Finding) -> IncidentClass | None:
     if f.kind in ("degradation", "job"):
         return "degradation"
     return None
+
+
+#: hard_rules metrics whose finding proves the device unusable: a GPU lost (it stopped reporting), an
+#: uncorrectable (double-bit) ECC error, a failed row remap
+DEFINITIVE_METRICS: Final = frozenset({"gpu_count", "ecc_dbe_vol_total", "row_remap_failure"})
+#: hard faults that leave the GPU working, slower: HW thermal slowdown and power brake (the
+#: clock-event bits), a board's power delivery
+PREVENTIVE_HARD_METRICS: Final = frozenset({"clocks_event_reasons"})
+#: XIDs that mean the GPU is gone: fallen off the bus
+LOST_GPU_XIDS: Final = frozenset({79})
+#: log signals (log_patterns.yaml) of a device-level error: the GPU is lost, or memory is corrupt
+DEFINITIVE_LOG_SIGNALS: Final = frozenset({"gpu_lost", "cuda_ecc"})
+
+
+def finding_isolation(f: Finding) -> Isolation:
+    """What isolating ``f.node`` on ``f`` alone rests on (:mod:`fleetmedic.remediation.kinds`).
+    Definitive: a critical XID whose catalog action isolates (reset, reboot, the NVLink and mechanical
+    workflows), or a hard rule on :data:`DEFINITIVE_METRICS`; its device is gone for XID 79 and a lost
+    GPU. Preventive: what opens a degradation incident, and hard faults that leave the GPU working
+    (thermal slowdown, power brake: :data:`PREVENTIVE_HARD_METRICS`). Uncertain: the rest (NVLink
+    links down, other critical findings)."""
+    metric = next((e.metric for e in f.evidence if e.metric), "")
+    signature = f"{f.detector}:{metric or f.kind}"
+    if f.kind == "hard_fault" and f.severity == "critical" and f.action_hint not in QUIET_HINTS:
+        if f.detector == "xid_rules" and f.action_hint in ISOLATING_HINTS:
+            value = next((e.value for e in f.evidence if e.metric == "xid" and e.value is not None), None)
+            code = int(value) if value is not None else -1
+            return Isolation("definitive", f"xid:{code}" if code >= 0 else signature, code in LOST_GPU_XIDS)
+        if f.detector == "hard_rules" and metric in DEFINITIVE_METRICS:
+            return Isolation("definitive", signature, metric == "gpu_count")
+    klass = finding_class(f)
+    if klass == "degradation" or (klass == "hardware" and metric in PREVENTIVE_HARD_METRICS):
+        return Isolation("preventive", signature)
+    return Isolation("uncertain", signature)
+
+
+def log_isolation(signal: str, pattern: str | None, xid: int | None, hint: str) -> Isolation:
+    """What a hardware log line of a failed job (:class:`~fleetmedic.remediation.log_patterns.LineMatch`)
+    rests on: a driver XID line like the XID itself; CUDA's own lost-GPU and uncorrectable-ECC errors
+    are definitive; other hardware lines (a fatal PCIe error, an NVLink error) uncertain."""
+    if xid is not None:
+        if hint in ISOLATING_HINTS:
+            return Isolation("definitive", f"xid:{xid}", xid in LOST_GPU_XIDS)
+        return Isolation("uncertain", f"xid:{xid}")
+    if signal in DEFINITIVE_LOG_SIGNALS:
+        return Isolation("definitive", f"log:{signal}", signal == "gpu_lost")
+    return Isolation("uncertain", f"log:{signal or pattern or 'hardware'}")
 
 
 def is_hardware_finding(f: Finding) -> bool:
