@@ -500,7 +500,8 @@ def latency(work: Path, bootstrap: str, u: str, template: list[r.GpuTelemetry], 
     # a fault a second on fresh nodes trips the breaker (3 suspects in 5 min) within seconds, and
     # a tripped breaker holds commands back: measure latency with the budgets out of the way
     relaxed = ("safety: {max_new_isolations: 100000, max_quarantined_count: 100000, max_quarantined_fraction: 1.0,"
-               " max_per_rack: 100000, max_per_switch: 100000, breaker: {trip_min_nodes: 100000}}\n")
+               " max_per_rack: 100000, max_per_switch: 100000,"
+               " breaker: {trip_min_nodes: 100000, signature_min_nodes: 100000, domain_min_nodes: 100000}}\n")
     cfg, settings = config(work, bootstrap, f"bench{u}l.", f"bench{u}-lat", relaxed)
     asyncio.run(ensure_topics(settings))
     worker = Worker(cfg, "all", work, "latency")

@@ -1192,8 +1192,9 @@ def config_warnings(settings: Settings) -> list[str]:
                        f"opens only once more than {WARN_BREAKER_FRACTION:.0%} of the fleet is suspect at once "
                        f"(effectively off)")
         if b.trip_min_nodes >= WARN_BREAKER_MIN_NODES:
-            out.append(f"safety.breaker.trip_min_nodes: {b.trip_min_nodes}: the circuit breaker never opens for "
-                       f"fewer suspect nodes at once (effectively off)")
+            out.append(f"safety.breaker.trip_min_nodes: {b.trip_min_nodes}: the fleet-share rule of the circuit "
+                       f"breaker never opens for fewer suspect nodes at once (only one signature or one rack or "
+                       f"leaf can still open it)")
         if b.window_s < WARN_BREAKER_WINDOW_S:
             out.append(f"safety.breaker.window_s: {b.window_s:g}s: suspicions are forgotten before a storm that "
                        f"unfolds over minutes reaches the trip level (effectively off; under "
