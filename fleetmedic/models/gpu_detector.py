@@ -24,8 +24,15 @@ gpu_throttle      degradation  share of samples in thermal/power slowdown above
 pcie_width        degradation  PCIe link width below the widest seen on that GPU
 hbm_rows          degradation  uncorrectable remapped rows went up (a pending remap is ``info``
                                evidence: one remap is normal wear; repeated ones trend)
+gpu_siblings      degradation  a GPU's error rate (``siblings.signals``: NVLink errors) above
+                               the median of its node's GPUs by ``min_excess`` per minute and
+                               ``ratio`` times (smoothed per GPU): one GPU's errors rising while
+                               its siblings stay flat, however slowly (critical beyond
+                               ``critical_excess``)
 hard_rules        hard_fault   DBE increase >= ``dbe_threshold``; row-remap failure; NVLink
-                               link down; a GPU that stopped reporting (fell off the bus); HW
+                               link down; a GPU lost (fell off the bus: absent from
+                               ``gpu_missing_after_samples`` records in a row spanning
+                               ``gpu_missing_after_s``, or at once with XID 79 for it); HW
                                thermal slowdown on a GPU (cooling failed; ``hw_thermal_is_hard``)
 power_brake       hard_fault   HW power brake on >= ``power_brake_min_gpu_fraction`` of the
                                node's GPUs in one sample (power delivery / PSU; one per node)
@@ -35,10 +42,19 @@ xid_repeat        hard_fault   an application-class XID repeated on one GPU with
                                (occurrences on more than ``repeat_max_gpus`` GPUs of the node
                                at once are the application's every rank faulting: not counted)
 xid_trend         degradation  row-remap/contained-error XIDs trending on one GPU
+telemetry_gap     telemetry    (``info``) the node sent nothing for longer than
+                               ``max_sample_gap_s``: missing data, never a hardware finding
 ================  ===========  =============================================================
 
 A condition is reported when it starts and again every ``reassert_s`` while it lasts.
 Pure: time comes from the messages (``ts``).
+
+Missing data is not a fault. A node keeps the columns of every GPU it has reported; a record that
+lacks some (a partial scrape, or a scrape whose series were stamped apart and so split into two
+records) leaves them NaN: their baselines, counters and smoothed rates wait as they were, and a GPU
+that comes back continues with them (its first counter rate after the absence is not computed: the
+counters moved over more than the node's last interval). Residual signals are not computed from a
+record holding less than half of the node's GPUs (the median of a few GPUs is not the node's).
 """
 
 from __future__ import annotations
@@ -70,6 +86,7 @@ from fleetmedic.models.gpu_signals import (
     SignalPlan,
     StepResult,
     W,
+    nanmedian_last_axis,
     signals_at,
     step_baselines_at,
 )
@@ -106,6 +123,8 @@ class NodeGpuState(msgspec.Struct, kw_only=True):
     samples: int = 0
     active: dict[str, list[float]] = {}  # condition -> [last reported, last seen]
     xid_log: list[tuple[float, int, int]] = []
+    absent: dict[int, list[float]] = {}  # GPU -> [first record without it, records in a row without it]
+    siblings: bytes = b""  # float64 [siblings.signals, G]: smoothed rates (empty: zeros)
 
 
 _encode_node = msgspec.msgpack.Encoder().encode
@@ -123,9 +142,10 @@ class _Slab:
     prev_ts: F64  # [cap]
     samples: NDArray[np.int64]  # [cap]
     last: F64  # [cap, S, G] the latest signals (not persisted)
+    sib: F64  # [cap, R, G] smoothed rates of the sibling-compared signals
 
-    def __init__(self, gpus: int, signals: int) -> None:
-        self.g, self.s = gpus, signals
+    def __init__(self, gpus: int, signals: int, siblings: int = 0) -> None:
+        self.g, self.s, self.r = gpus, signals, siblings
         self.used = 0
         self.free: list[int] = []
         self._allocate(16, first=True)
@@ -135,13 +155,15 @@ class _Slab:
         planes, prev = np.zeros((cap, k, s, g)), np.full((cap, len(WATCHED), g), np.nan)
         throttle, max_width = np.zeros((cap, g)), np.full((cap, g), np.nan)
         prev_ts, samples, last = np.full(cap, np.nan), np.zeros(cap, dtype=np.int64), np.full((cap, s, g), np.nan)
+        sib = np.zeros((cap, self.r, g))
         if not first:
             n = self.used
             planes[:n], prev[:n], throttle[:n] = self.planes[:n], self.prev[:n], self.throttle[:n]
             max_width[:n], prev_ts[:n], samples[:n], last[:n] = (
                 self.max_width[:n], self.prev_ts[:n], self.samples[:n], self.last[:n])
+            sib[:n] = self.sib[:n]
         self.planes, self.prev, self.throttle, self.max_width = planes, prev, throttle, max_width
-        self.prev_ts, self.samples, self.last = prev_ts, samples, last
+        self.prev_ts, self.samples, self.last, self.sib = prev_ts, samples, last, sib
 
     def alloc(self) -> int:
         if self.free:
@@ -153,12 +175,13 @@ class _Slab:
 
     def release(self, slot: int) -> None:
         self.planes[slot], self.prev[slot], self.throttle[slot], self.max_width[slot] = 0.0, np.nan, 0.0, np.nan
-        self.prev_ts[slot], self.samples[slot], self.last[slot] = np.nan, 0, np.nan
+        self.prev_ts[slot], self.samples[slot], self.last[slot], self.sib[slot] = np.nan, 0, np.nan, 0.0
         self.free.append(slot)
 
 
 _NODE, _GPUS, _BOOT_ID, _XIDS, _TS = (attrgetter(a) for a in ("node", "gpus", "boot_id", "xids", "ts"))
-_GPU_LIST, _XID_LOG, _ACTIVE, _SLOT = (attrgetter(a) for a in ("gpu_list", "xid_log", "active", "slot"))
+_GPU_LIST, _XID_LOG, _ACTIVE, _SLOT, _ABSENT = (
+    attrgetter(a) for a in ("gpu_list", "xid_log", "active", "slot", "absent"))
 
 
 @dataclass
@@ -171,6 +194,8 @@ class _Live:
     boot_id: str = ""
     active: dict[str, list[float]] = field(default_factory=dict)
     xid_log: list[tuple[float, int, int]] = field(default_factory=list)
+    # GPUs missing from the latest records: GPU -> [first record without it, records in a row without it]
+    absent: dict[int, list[float]] = field(default_factory=dict)
     gpu_list: list[int] = field(init=False)  # ``gpus`` as messages carry them, for a cheap comparison
 
     def __post_init__(self) -> None:
@@ -229,6 +254,20 @@ class GpuDetector:
             std_floor=np.array([max(settings.baseline.min_std, t.min_delta / t.z_warning) for t in th])[:, None],
         )
         self._residual_names = tuple(RESIDUAL_SIGNALS[n] for n in residual)  # the metrics, as in a MetricBatch
+        sib = settings.siblings
+        #: the rate signals compared with the node's other GPUs: those of ``siblings.signals`` that
+        #: ``metrics`` monitors (a signal not monitored has no rate to compare)
+        self.sibling_names = tuple(n for n in dict.fromkeys(sib.signals) if n in rates)
+        #: rows of the signals (``[B, S, G]``) compared with their siblings, and their counters (watched rows)
+        self._sib_rows = np.array([self.names.index(n) for n in self.sibling_names], dtype=np.intp)
+        counters = [c for n in self.sibling_names for c in RATE_SIGNALS[n]]
+        self._sib_metric_rows = np.array([M[c] for c in counters], dtype=np.intp)
+        self._sib_watched_rows = np.array([W[c] for c in counters], dtype=np.intp)
+        self._sib_spans: list[tuple[int, int]] = []  # each signal's counters in those rows
+        for n in self.sibling_names:
+            lo = self._sib_spans[-1][1] if self._sib_spans else 0
+            self._sib_spans.append((lo, lo + len(RATE_SIGNALS[n])))
+        self._sib_alpha = alpha_for_halflife(sib.halflife_samples)
         self.alpha = alpha_for_halflife(settings.baseline.halflife_samples)
         self.baseline_params = BaselineParams(
             alpha=self.alpha, warmup=settings.baseline.warmup_samples, min_std=settings.baseline.min_std,
@@ -259,6 +298,8 @@ class GpuDetector:
             samples=live.samples,
             active={k: list(v) for k, v in live.active.items()},
             xid_log=list(live.xid_log),
+            absent={k: list(v) for k, v in live.absent.items()},
+            siblings=live.slab.sib[live.slot].tobytes(),
         ))
 
     def load_node(self, node: str, data: bytes) -> None:
@@ -274,9 +315,12 @@ class GpuDetector:
         slab.throttle[i] = np.frombuffer(st.throttle, dtype=np.float64)
         slab.max_width[i] = np.frombuffer(st.max_width, dtype=np.float64)
         slab.prev_ts[i], slab.samples[i] = st.prev_ts, st.samples
+        if len(st.siblings) == slab.sib[i].nbytes:  # else the compared signals changed (config): start again
+            slab.sib[i] = np.frombuffer(st.siblings, dtype=np.float64).reshape(slab.r, g)
         live.boot_id = st.boot_id
         live.active = {k: list(v) for k, v in st.active.items()}
         live.xid_log = list(st.xid_log)
+        live.absent = {k: list(v) for k, v in st.absent.items()}
 
     def signals(self, node: str) -> tuple[tuple[str, ...], F64, F64, F64] | None:
         """The node's latest signals and their baselines: ``(names, value, mean, std)``, each ``[S, G]``
@@ -296,7 +340,7 @@ class GpuDetector:
     def _new_live(self, gpus: tuple[int, ...]) -> _Live:
         slab = self._slabs.get(len(gpus))
         if slab is None:
-            slab = self._slabs[len(gpus)] = _Slab(len(gpus), len(self.names))
+            slab = self._slabs[len(gpus)] = _Slab(len(gpus), len(self.names), len(self.sibling_names))
         return _Live(gpus=gpus, slab=slab, slot=slab.alloc())
 
     # --- observing -----------------------------------------------------------------------------
@@ -308,8 +352,9 @@ class GpuDetector:
         """Findings for a batch of messages, in message order per node. ``batch``: the messages'
         columns already converted (:class:`~fleetmedic.models.sample_columns.MetricBatch`)."""
         pending = list(msgs)
-        if pending and len({m.node for m in pending}) == len(pending) and len({len(m.gpus) for m in pending}) == 1:
-            # the usual micro-batch: one message per node, one GPU count
+        if (pending and len({m.node for m in pending}) == len(pending) and len({len(m.gpus) for m in pending}) == 1
+                and self._aligned(pending)):
+            # the usual micro-batch: one message per node, one GPU count, every node's GPUs as before
             if batch is not None and len(batch.groups) == 1 and pending[0].gpus:  # its columns, and medians
                 return self._observe_distinct(pending, batch.take(0, USED_METRICS),
                                               batch.medians(0, self._residual_names))
@@ -319,20 +364,36 @@ class GpuDetector:
             wave, pending = _split_waves(pending)
             by_width: dict[int, list[DetectionTelemetry]] = {}
             for msg in wave:
-                by_width.setdefault(len(msg.gpus), []).append(msg)
+                by_width.setdefault(self._width(msg), []).append(msg)
             for group in by_width.values():
                 findings.extend(self._observe_distinct(group))
         return findings
 
+    def _aligned(self, msgs: Sequence[DetectionTelemetry]) -> bool:
+        """Whether every message's node is new or reports the GPUs it has reported before, in order."""
+        lives = list(map(self._nodes.get, map(_NODE, msgs)))
+        if None not in lives and list(map(_GPU_LIST, lives)) == list(map(_GPUS, msgs)):
+            return True
+        return all(lv is None or lv.gpu_list == m.gpus for lv, m in zip(lives, msgs, strict=True))
+
+    def _width(self, msg: DetectionTelemetry) -> int:
+        """The GPU count of the slab the message's node is observed in: the GPUs it reports and those
+        it reported before (a record lacking some leaves their columns empty)."""
+        live = self._nodes.get(msg.node)
+        if live is None or live.gpu_list == msg.gpus:
+            return len(msg.gpus)
+        return len(set(live.gpus).union(msg.gpus))
+
     def _observe_distinct(self, msgs: list[DetectionTelemetry], x: F64 | None = None,
                           medians: F64 | None = None) -> list[Finding]:
-        """One message per node, all with the same GPU count (so all in one slab); ``x``: their
+        """One message per node, all for the same slab (:meth:`_width`); ``x``: their
         :func:`metrics_batch`, when already converted; ``medians``: the medians of the residual
-        signals' gauges (``[messages, gauges]``), when already computed."""
+        signals' gauges (``[messages, gauges]``), when already computed (both only when every
+        message holds exactly its node's GPUs)."""
         s = self.settings
         findings: list[Finding] = []
         # per-message Python work is a few comprehensions; the rare cases (a new node, a changed GPU
-        # set, a reboot) are handled for those messages only
+        # set, a reboot, a GPU missing) are handled for those messages only
         n = len(msgs)
         nodes = self._nodes
         lives = list(map(nodes.get, map(_NODE, msgs)))
@@ -340,13 +401,17 @@ class GpuDetector:
         # over the messages runs only when it fails
         odd = [] if None not in lives and list(map(_GPU_LIST, lives)) == list(map(_GPUS, msgs)) else [
             i for i, (lv, m) in enumerate(zip(lives, msgs, strict=True)) if lv is None or lv.gpu_list != m.gpus]
+        spread: dict[int, list[int]] = {}  # message -> the node's columns of its GPUs (it lacks some)
         for i in odd:
             msg, live, gpus = msgs[i], lives[i], tuple(msgs[i].gpus)
             if live is None:
                 live = nodes[msg.node] = self._new_live(gpus)
             else:
-                findings.extend(self._gpu_set_changed(msg, live))
-                live = nodes[msg.node] = self._realigned(msg.node, live, gpus)
+                if not set(gpus) <= set(live.gpus):  # a GPU not seen before: the node's columns grow
+                    live = nodes[msg.node] = self._realigned(live, tuple(sorted({*live.gpus, *gpus})))
+                if live.gpu_list != msg.gpus:
+                    where = {g: j for j, g in enumerate(live.gpus)}
+                    spread[i] = [where[g] for g in gpus]
             lives[i] = live
         known: list[_Live] = lives  # type: ignore[assignment]  # every entry is set above
         boot_changed = np.zeros(n, dtype=bool)
@@ -364,15 +429,39 @@ class GpuDetector:
         seen = slab.samples[idx] > 0
         reset = boot_changed & seen
         dt = np.where(seen, ts - slab.prev_ts[idx], np.nan)
-        if x is None:
+        if spread:
+            x, medians = _spread(msgs, spread, slab.g), None
+        elif x is None:
             x = metrics_batch(msgs)
+        # which GPUs reported anything detection reads; one missing while others of its node report is
+        # missing data until it stays away (or XID 79 says it is lost)
+        present: NDArray[np.bool_] = np.asarray(np.isfinite(x).any(axis=1))
+        everyone = bool(present.all())  # the usual case: every GPU of every node reported
+        reporting = np.full(n, slab.g) if everyone else present.sum(axis=1)
+        lost: dict[int, list[_Condition]] = {}
+        back: list[tuple[int, int]] = []  # (message, column): a GPU back after an absence
+        if not everyone or any(map(_ABSENT, known)):
+            gone = ~present & (reporting > 0)[:, None]
+            for i in [i for i in range(n) if known[i].absent or gone[i].any()]:
+                conditions, returned = self._absence(msgs[i], known[i], gone[i], int(reporting[i]))
+                back.extend((i, j) for j in returned)
+                if conditions:
+                    lost[i] = conditions
+                    attention[i] = True
         prev = slab.prev[idx]  # as it was: the hard conditions below compare with it
         y = signals_at(x, prev, slab.prev, idx, dt, reset, self.plan, s.max_sample_gap_s, medians)
+        if back:
+            # its counters moved over more than the node's last interval: no rate from this sample
+            rows, cols = zip(*back, strict=True)
+            y[list(rows), self.plan.n_residual:, list(cols)] = np.nan
+        if not everyone and self.plan.n_residual:  # the median of a few GPUs is not the node's
+            y[reporting * 2 < slab.g, : self.plan.n_residual, :] = np.nan
         res = step_baselines_at(y, slab.planes, idx, self.plan, self.baseline_params)  # the slab's rows, in place
         hard = _hard_conditions(x, prev, reset, s.dbe_threshold)
         # the share of time throttled restarts after a reboot or a long silence (repair, maintenance):
         # what the GPU did before says nothing about it now
         stale = reset | ~(dt <= s.max_sample_gap_s)
+        gap = seen & (dt > s.max_sample_gap_s)  # the node was silent: reported as missing data
         throttle = np.where(stale[:, None], 0.0, slab.throttle[idx])
         reasons = x[:, M["clocks_event_reasons"], :]
         bits = np.nan_to_num(reasons).astype(np.int64)
@@ -390,6 +479,7 @@ class GpuDetector:
         narrow = np.isfinite(widths) & (widths < max_width)
         gauge, gauge_before = x[:, M["xid_errors"], :], prev[:, W["xid_errors"], :]
         xid_changed = np.isfinite(gauge) & (gauge > 0) & ~(gauge == gauge_before)
+        sib = self._siblings(y, x, prev, reset, slab, idx, present, reporting)  # None: none flagged
         # which nodes have anything to say: only those pay for per-node Python work
         busy = (
             attention
@@ -398,7 +488,10 @@ class GpuDetector:
             | narrow.any(axis=1)
             | xid_changed.any(axis=1)
             | power_brake
+            | gap
         )
+        if sib is not None:
+            busy |= sib[0].any(axis=(1, 2))
         for mask in hard.values():
             busy |= mask.any(axis=1)
         slab.last[idx], slab.throttle[idx], slab.max_width[idx] = y, throttle, max_width
@@ -406,12 +499,104 @@ class GpuDetector:
         slab.samples[idx] += 1
         for i in map(int, np.flatnonzero(busy)):
             msg, live = msgs[i], known[i]
-            conditions = self._conditions(i, msg, res, hard, throttle[i], throttled[i], narrow[i], x[i], prev[i])
+            conditions = self._conditions(i, msg, live.gpus, res, hard, throttle[i], throttled[i], narrow[i], x[i],
+                                          prev[i])
             if power_brake[i]:
-                conditions.append(self._power_brake_condition(msg, braking[i]))
+                conditions.append(self._power_brake_condition(msg, live.gpus, braking[i]))
+            if sib is not None and sib[0][i].any():
+                conditions.extend(self._sibling_conditions(msg, live, sib[0][i], sib[1][i], sib[2][i]))
+            conditions.extend(lost.get(i, ()))
+            if gap[i]:
+                conditions.append(self._gap_condition(msg, float(dt[i])))
             conditions.extend(self._xid_conditions(msg, live, xid_changed[i], x[i]))
             findings.extend(self._report(msg, live, conditions))
         return findings
+
+    # --- missing GPUs and siblings -------------------------------------------------------------
+
+    def _absence(self, msg: DetectionTelemetry, live: _Live, gone: NDArray[np.bool_],
+                 reporting: int) -> tuple[list[_Condition], list[int]]:
+        """Account for the node's GPUs missing from ``msg`` (``gone``, by column): the conditions of
+        those now lost, and the columns of GPUs back after an absence."""
+        s = self.settings
+        ts = float(msg.ts)
+        missing = {live.gpus[j] for j in np.flatnonzero(gone)}
+        back = [j for j, gpu in enumerate(live.gpus) if gpu in live.absent and gpu not in missing]
+        for j in back:
+            del live.absent[live.gpus[j]]
+        out: list[_Condition] = []
+        for gpu in sorted(missing):
+            since = live.absent.setdefault(gpu, [ts, 0.0])
+            since[1] += 1
+            records, span = int(since[1]), ts - since[0]
+            xid = _lost_gpu_xid(msg, live, gpu, since[0] - s.max_sample_gap_s)
+            if xid is None and (records < s.gpu_missing_after_samples or span < s.gpu_missing_after_s):
+                continue  # missing data so far: a partial or misaligned scrape, an exporter hiccup
+            why = (f"XID {xid} (fallen off the bus)" if xid is not None
+                   else f"absent from {records} records in a row over {span:.0f} s")
+            ev = Evidence(detector="hard_rules", metric="gpu_count", value=float(reporting),
+                          baseline=float(len(live.gpus)), gpu=gpu, ts=msg.ts, note=f"GPU stopped reporting: {why}")
+            out.append(_Condition(key=f"gpu_missing:{gpu}", detector="hard_rules", kind="hard_fault",
+                                  severity="critical", summary=f"GPU {gpu} stopped reporting (fell off the bus?)",
+                                  evidence=ev, gpu=gpu, hint="reboot_node"))
+        return out, back
+
+    def _siblings(self, y: F64, x: F64, prev: F64, reset: NDArray[np.bool_], slab: _Slab, idx: NDArray[np.intp],
+                  present: NDArray[np.bool_], reporting: NDArray[np.int64]) -> tuple[
+                      NDArray[np.bool_], F64, F64] | None:
+        """Smooth the sibling-compared rates of each GPU (in the slab's rows) and compare each with
+        the median of its node's GPUs: ``(flagged, smoothed, median)``, ``[B, R, G]``; None when no
+        GPU is flagged (or no signal compared)."""
+        if not self.sibling_names:
+            return None
+        sb = self.settings.siblings
+        smooth = slab.sib[idx]
+        rate = y[:, self._sib_rows, :]
+        # a counter that went down (a GPU reset, a driver reload) or a reboot: that GPU starts again
+        with np.errstate(invalid="ignore"):
+            down = x[:, self._sib_metric_rows, :] < prev[:, self._sib_watched_rows, :]
+        if down.any() or reset.any():
+            for k, (lo, hi) in enumerate(self._sib_spans):
+                smooth[:, k, :][down[:, lo:hi, :].any(axis=1) | reset[:, None]] = 0.0
+        np.copyto(smooth, smooth + self._sib_alpha * (rate - smooth), where=np.isfinite(rate))
+        slab.sib[idx] = smooth
+        # rates are never negative, so neither is the median: only a GPU above min_excess can stand out
+        candidate = smooth >= sb.min_excess
+        if not candidate.any():
+            return None
+        median = nanmedian_last_axis(smooth)
+        with np.errstate(invalid="ignore"):
+            flagged = (candidate & (smooth - median >= sb.min_excess) & (smooth >= sb.ratio * median)
+                       & present[:, None, :] & (reporting >= sb.min_gpus)[:, None, None])
+        if not flagged.any():
+            return None
+        return flagged, smooth, np.broadcast_to(median, smooth.shape)
+
+    def _sibling_conditions(self, msg: DetectionTelemetry, live: _Live, flagged: NDArray[np.bool_], smooth: F64,
+                            median: F64) -> list[_Condition]:
+        sb, out = self.settings.siblings, []
+        for k, j in zip(*np.nonzero(flagged), strict=True):
+            name, gpu = self.sibling_names[k], live.gpus[j]
+            value, centre = float(smooth[k, j]), float(median[k, j])
+            severity: Severity = "critical" if value - centre >= sb.critical_excess else "warning"
+            ev = Evidence(detector="gpu_siblings", metric=name, value=value, baseline=centre, score=value - centre,
+                          threshold=sb.min_excess, window_s=sb.halflife_samples * self.settings.sample_interval_s,
+                          gpu=gpu, ts=msg.ts, note="per minute, smoothed; baseline: the median of the node's GPUs")
+            summary = f"GPU {gpu} {name} {value:.1f}/min while its node's GPUs have {centre:.1f}/min (median)"
+            out.append(_Condition(key=f"siblings:{name}:{gpu}:{severity}", detector="gpu_siblings",
+                                  kind="degradation", severity=severity, summary=summary, evidence=ev, gpu=gpu,
+                                  hint=""))
+        return out
+
+    def _gap_condition(self, msg: DetectionTelemetry, gap_s: float) -> _Condition:
+        """The node sent nothing for ``gap_s``: missing data (an exporter, the network, a reboot), not a
+        finding about its hardware: what the node reports now tells."""
+        ev = Evidence(detector="telemetry_gap", metric="sample_gap_s", value=gap_s,
+                      threshold=self.settings.max_sample_gap_s, ts=msg.ts,
+                      note="no GPU telemetry from the node in this time")
+        return _Condition(key=f"telemetry_gap:{float(msg.ts):.3f}", detector="telemetry_gap", kind="telemetry",
+                          severity="info", summary=f"no GPU telemetry from {msg.node} for {gap_s:.0f} s (missing data)",
+                          evidence=ev, gpu=None, hint="")
 
     # --- conditions ----------------------------------------------------------------------------
 
@@ -419,6 +604,7 @@ class GpuDetector:
         self,
         i: int,
         msg: DetectionTelemetry,
+        gpus: tuple[int, ...],
         res: StepResult,
         hard: dict[str, NDArray[np.bool_]],
         throttle: F64,
@@ -444,38 +630,39 @@ class GpuDetector:
                     score=_f(res.z[i][sig, g]),
                     threshold=float(self.plan.z_warning[sig, 0]),
                     window_s=window,
-                    gpu=msg.gpus[g],
+                    gpu=gpus[g],
                     ts=msg.ts,
                 )
                 verb = "persistently off" if persistent else "drifting from"
                 out.append(
-                    _Condition(key=f"signal:{name}:{msg.gpus[g]}", detector=detector, kind="degradation",
+                    _Condition(key=f"signal:{name}:{gpus[g]}", detector=detector, kind="degradation",
                                severity="critical" if critical else "warning",
-                               summary=f"GPU {msg.gpus[g]} {name} {verb} its baseline (z={_f(res.z[i][sig, g]):.1f})",
-                               evidence=ev, gpu=msg.gpus[g], hint="")
+                               summary=f"GPU {gpus[g]} {name} {verb} its baseline (z={_f(res.z[i][sig, g]):.1f})",
+                               evidence=ev, gpu=gpus[g], hint="")
                 )
         for g in np.nonzero(throttled)[0]:
             ev = Evidence(detector="gpu_throttle", metric="clocks_event_reasons", value=float(throttle[g]),
-                          threshold=s.thermal_throttle_fraction, gpu=msg.gpus[g], ts=msg.ts,
+                          threshold=s.thermal_throttle_fraction, gpu=gpus[g], ts=msg.ts,
                           note="share of samples in HW slowdown / thermal / power brake")
-            out.append(_Condition(key=f"gpu_throttle:{msg.gpus[g]}", detector="gpu_throttle", kind="degradation",
+            out.append(_Condition(key=f"gpu_throttle:{gpus[g]}", detector="gpu_throttle", kind="degradation",
                                   severity="warning",
-                                  summary=f"GPU {msg.gpus[g]} throttled {throttle[g]:.0%} of the time", evidence=ev,
-                                  gpu=msg.gpus[g], hint=""))
+                                  summary=f"GPU {gpus[g]} throttled {throttle[g]:.0%} of the time", evidence=ev,
+                                  gpu=gpus[g], hint=""))
         for g in np.nonzero(narrow)[0]:
             ev = Evidence(detector="pcie_width", metric="pcie_link_width", value=float(x[M["pcie_link_width"], g]),
-                          baseline=float(np.nanmax(x[M["pcie_link_width"]])), gpu=msg.gpus[g], ts=msg.ts)
-            out.append(_Condition(key=f"pcie_width:{msg.gpus[g]}", detector="pcie_width", kind="degradation",
+                          baseline=float(np.nanmax(x[M["pcie_link_width"]])), gpu=gpus[g], ts=msg.ts)
+            out.append(_Condition(key=f"pcie_width:{gpus[g]}", detector="pcie_width", kind="degradation",
                                   severity="warning",
-                                  summary=f"GPU {msg.gpus[g]} PCIe link width dropped to x{int(ev.value or 0)}",
-                                  evidence=ev, gpu=msg.gpus[g], hint=""))
+                                  summary=f"GPU {gpus[g]} PCIe link width dropped to x{int(ev.value or 0)}",
+                                  evidence=ev, gpu=gpus[g], hint=""))
         for key, mask in hard.items():
             for g in np.nonzero(mask[i])[0]:
-                out.append(self._hard_condition(key, msg, int(g), x, prev))
+                out.append(self._hard_condition(key, msg, gpus, int(g), x, prev))
         return out
 
-    def _hard_condition(self, key: str, msg: DetectionTelemetry, g: int, x: F64, prev: F64) -> _Condition:
-        gpu = msg.gpus[g]
+    def _hard_condition(self, key: str, msg: DetectionTelemetry, gpus: tuple[int, ...], g: int, x: F64,
+                        prev: F64) -> _Condition:
+        gpu = gpus[g]
         metric, detector, kind, summary, hint = _HARD[key]
         value = float(x[M[metric], g])
         before = float(prev[W[metric], g]) if metric in W else float("nan")
@@ -488,31 +675,21 @@ class GpuDetector:
                           severity=severity, summary=summary.format(gpu=gpu, value=value), evidence=ev, gpu=gpu,
                           hint=hint)
 
-    def _power_brake_condition(self, msg: DetectionTelemetry, braking: NDArray[np.bool_]) -> _Condition:
+    def _power_brake_condition(self, msg: DetectionTelemetry, gpus: tuple[int, ...],
+                               braking: NDArray[np.bool_]) -> _Condition:
         """One node-level condition: the board braked most of its GPUs at once (power delivery)."""
-        gpus = [msg.gpus[g] for g in np.flatnonzero(braking)]
+        braked = [gpus[g] for g in np.flatnonzero(braking)]
         frac = self.settings.power_brake_min_gpu_fraction
-        ev = Evidence(detector="power_brake", metric="clocks_event_reasons", value=float(len(gpus)),
-                      threshold=frac * len(msg.gpus), ts=msg.ts,
-                      note="HW power brake (0x80) on GPUs " + ",".join(map(str, gpus)))
+        ev = Evidence(detector="power_brake", metric="clocks_event_reasons", value=float(len(braked)),
+                      threshold=frac * len(gpus), ts=msg.ts,
+                      note="HW power brake (0x80) on GPUs " + ",".join(map(str, braked)))
         return _Condition(key="power_brake", detector="power_brake", kind="hard_fault", severity="critical",
-                          summary=f"HW power brake on {len(gpus)} of {len(msg.gpus)} GPUs: power delivery (PSU) fault",
+                          summary=f"HW power brake on {len(braked)} of {len(gpus)} GPUs: power delivery (PSU) fault",
                           evidence=ev, gpu=None, hint="isolate")
 
-    def _gpu_set_changed(self, msg: DetectionTelemetry, live: _Live) -> list[Finding]:
-        missing = sorted(set(live.gpus) - set(msg.gpus))
-        out = []
-        for gpu in missing:
-            ev = Evidence(detector="hard_rules", metric="gpu_count", value=float(len(msg.gpus)),
-                          baseline=float(len(live.gpus)), gpu=gpu, ts=msg.ts, note="GPU stopped reporting")
-            out.append(_finding(msg, _Condition(key=f"gpu_missing:{gpu}", detector="hard_rules", kind="hard_fault",
-                                                severity="critical",
-                                                summary=f"GPU {gpu} stopped reporting (fell off the bus?)",
-                                                evidence=ev, gpu=gpu, hint="reboot_node")))
-        return out
-
-    def _realigned(self, node: str, live: _Live, gpus: tuple[int, ...]) -> _Live:
-        """The node's GPU set changed: a fresh slot, keeping what is known of the GPUs still there."""
+    def _realigned(self, live: _Live, gpus: tuple[int, ...]) -> _Live:
+        """The node reported a GPU it had not before: a fresh slot for ``gpus``, keeping what is known of
+        the GPUs in both."""
         fresh = self._new_live(gpus)
         src, dst = live.slab, fresh.slab
         for j, gpu in enumerate(gpus):
@@ -522,8 +699,10 @@ class GpuDetector:
                 dst.prev[fresh.slot, :, j] = src.prev[live.slot, :, k]
                 dst.throttle[fresh.slot, j] = src.throttle[live.slot, k]
                 dst.max_width[fresh.slot, j] = src.max_width[live.slot, k]
+                dst.sib[fresh.slot, :, j] = src.sib[live.slot, :, k]
         dst.prev_ts[fresh.slot], dst.samples[fresh.slot] = live.prev_ts, live.samples
         fresh.boot_id, fresh.active, fresh.xid_log = live.boot_id, live.active, live.xid_log
+        fresh.absent = {g: v for g, v in live.absent.items() if g in gpus}
         src.release(live.slot)
         return fresh
 
@@ -534,8 +713,8 @@ class GpuDetector:
         # dcgm-exporter's XID gauge holds the last XID: a new one is a change of value
         for g in np.nonzero(gauge_changed)[0]:
             code = int(x[M["xid_errors"], g])
-            if not any(e[1] == msg.gpus[g] and e[2] == code for e in events):
-                events.append((float(msg.ts), msg.gpus[g], code, "from the XID gauge"))
+            if not any(e[1] == live.gpus[g] and e[2] == code for e in events):
+                events.append((float(msg.ts), live.gpus[g], code, "from the XID gauge"))
         if not events and not live.xid_log:
             return []
         xs = self.settings.xid
@@ -646,6 +825,33 @@ def _hard_conditions(x: F64, prev: F64, reset: NDArray[np.bool_], dbe_threshold:
             "remapped_rows": cur("uncorrectable_remapped_rows") > before("uncorrectable_remapped_rows"),
             "remap_pending": (cur("row_remap_pending") > 0) & ~(before("row_remap_pending") > 0),
         }
+
+
+#: XIDs that say a GPU is gone: fallen off the bus (the NVML exporter reports NVML_ERROR_GPU_IS_LOST as 79)
+_LOST_GPU_XIDS = frozenset({79})
+
+
+def _lost_gpu_xid(msg: DetectionTelemetry, live: _Live, gpu: int, since: float) -> int | None:
+    """An XID saying ``gpu`` fell off the bus, in ``msg`` or logged since ``since``; None if none."""
+    for e in msg.xids:
+        if e.gpu == gpu and e.xid in _LOST_GPU_XIDS:
+            return e.xid
+    for t, g, code in live.xid_log:
+        if g == gpu and code in _LOST_GPU_XIDS and t >= since:
+            return code
+    return None
+
+
+def _spread(msgs: Sequence[DetectionTelemetry], spread: dict[int, list[int]], width: int) -> F64:
+    """:func:`metrics_batch` of messages of which some (``spread``: message -> columns) hold only some
+    of their node's ``width`` GPUs: theirs in those columns, NaN in the others."""
+    x = np.full((len(msgs), len(USED_METRICS), width), np.nan)
+    whole = [i for i in range(len(msgs)) if i not in spread]
+    if whole:
+        x[whole] = metrics_batch([msgs[i] for i in whole])
+    for i, cols in spread.items():
+        x[i][:, cols] = metrics_array(msgs[i])
+    return x
 
 
 def _split_waves(msgs: list[DetectionTelemetry]) -> tuple[list[DetectionTelemetry], list[DetectionTelemetry]]:

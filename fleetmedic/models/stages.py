@@ -67,7 +67,8 @@ class NodeDetection:
         batch = batch or stage1_batch(msgs)
         findings = self.gpu.observe_batch(msgs, batch)
         for f in findings:
-            self._flagged_since[f.node] = max(self._flagged_since.get(f.node, f.ts), f.ts)
+            if f.kind != "telemetry":  # a gap in the node's data says nothing about its windows
+                self._flagged_since[f.node] = max(self._flagged_since.get(f.node, f.ts), f.ts)
         if self.settings.multivariate.enabled:
             findings.extend(self._windows(msgs, batch))
         return findings

@@ -525,6 +525,65 @@ class NvlinkErrors(Fault):
         net_slow[self.node] *= 1.0 + float(self.params.setdefault("slowdown", 0.04))
 
 
+def _nvlink_errors(host: FaultHost, rng: np.random.Generator, node: int, gpu: int, flit: float) -> None:
+    """Add NVLink errors to one GPU's counters: ``flit`` CRC flit errors expected, data, replay and
+    recovery errors in proportion (as :class:`NvlinkErrors`)."""
+    m = host.gpu
+    m.nvl_flit[node, gpu] += rng.poisson(flit)
+    m.nvl_data[node, gpu] += rng.poisson(flit / 10.0)
+    m.nvl_replay[node, gpu] += rng.poisson(flit / 4.0)
+    m.nvl_recovery[node, gpu] += rng.poisson(flit / 200.0)
+
+
+class NvlinkDegradingSlow(Fault):
+    """NVLink errors on one GPU rising slowly: from none to ``peak_per_s`` CRC flit errors a second
+    (data, replay and recovery errors in proportion) linearly over ``ramp_s``, then steady, while
+    its siblings stay flat. A link wearing out (a marginal connector, cable or retimer): a per-GPU
+    baseline that learns as it goes would take the rise for normal; collectives slow a little as it
+    grows."""
+
+    def on_start(self, host: FaultHost, t: float) -> None:
+        self.params.setdefault("ramp_s", 7200.0)
+        self.params.setdefault("peak_per_s", 0.2)
+
+    def _frac(self, t: float) -> float:
+        return min(1.0, max(0.0, (t - self.onset) / float(self.params["ramp_s"])))
+
+    def on_tick(self, host: FaultHost, t0: float, t1: float) -> None:
+        self.note_jobs(host)
+        rate = float(self.params["peak_per_s"]) * self._frac(0.5 * (t0 + t1))
+        _nvlink_errors(host, self.rng, self.node, self.gpu, rate * (t1 - t0))
+
+    def slow(self, t: float, rank_slow: np.ndarray, net_slow: np.ndarray) -> None:
+        net_slow[self.node] *= 1.0 + 0.02 * self._frac(t)
+
+
+class NvlinkBurst(Fault):
+    """Bursts of NVLink errors on one GPU: ``burst_s`` (30-120 s) of ``burst_per_s`` CRC flit errors
+    a second (data, replay and recovery errors in proportion), then quiet for 5-20 min, again and
+    again, while its siblings stay flat. An intermittent link (a loose connector, a link retraining
+    under load): collectives slow while a burst lasts."""
+
+    def on_start(self, host: FaultHost, t: float) -> None:
+        self.params.setdefault("burst_per_s", 200.0)
+        self.params.setdefault("burst_s", round(float(self.rng.uniform(30.0, 120.0)), 1))
+        self._burst = (self.onset, self.onset + float(self.params["burst_s"]))
+
+    def on_tick(self, host: FaultHost, t0: float, t1: float) -> None:
+        self.note_jobs(host)
+        start, end = self._burst
+        overlap = max(0.0, min(t1, end) - max(t0, start))
+        if overlap > 0:
+            _nvlink_errors(host, self.rng, self.node, self.gpu, float(self.params["burst_per_s"]) * overlap)
+        if t1 >= end:
+            quiet = float(self.rng.uniform(300.0, 1200.0))
+            self._burst = (end + quiet, end + quiet + float(self.params["burst_s"]))
+
+    def slow(self, t: float, rank_slow: np.ndarray, net_slow: np.ndarray) -> None:
+        if self._burst[0] <= t <= self._burst[1]:
+            net_slow[self.node] *= 1.1
+
+
 class PcieDegradation(Fault):
     """The GPU's PCIe link trained down (x16 -> x8) and replays climb; host transfers slow its rank."""
 
@@ -977,6 +1036,34 @@ class AppXid(Fault):
         self.end = self.onset + 1.0
 
 
+class PartialScrape(Fault):
+    """Partial scrapes: now and then one round of the node's telemetry lacks one GPU (an exporter
+    timing out on one device, a scrape cut short), one round at a time, 2-10 min apart. The GPU is
+    fine: missing data, not a GPU fallen off the bus. No action."""
+
+    def on_start(self, host: FaultHost, t: float) -> None:
+        self._next = t
+
+    def gpu_post(self, tick: GpuTick) -> None:
+        if tick.t >= self._next:
+            tick.blank[self.node, self.gpu] = True
+            self._next = tick.t + float(self.rng.uniform(120.0, 600.0))
+
+
+class MisalignedScrape(Fault):
+    """Misaligned scrapes: now and then one GPU's series are stamped a millisecond apart from the
+    rest of the node's scrape, so one round arrives as two records (the node's other GPUs, then that
+    GPU alone), 2-10 min apart. Nothing is wrong with the GPU. No action."""
+
+    def on_start(self, host: FaultHost, t: float) -> None:
+        self._next = t
+
+    def gpu_post(self, tick: GpuTick) -> None:
+        if tick.t >= self._next:
+            tick.split[self.node, self.gpu] = True
+            self._next = tick.t + float(self.rng.uniform(120.0, 600.0))
+
+
 class Xid63Single(Fault):
     """One row remap (XID 63): a correctable-rows count goes up and a remap is pending until the next
     GPU reset. Normal wear; no action."""
@@ -1091,6 +1178,13 @@ KINDS: dict[str, KindInfo] = {
            ("down:sm_clock", "reason:throttle", "rank_slowdown", "step_slowdown"), Straggler),
         _k("nvlink_errors", "degradation", "gpu", "isolate_node", "repair", (2 * H, 8 * H), "gpu", 4, 0.9,
            ("up:nvlink_crc_flit_error_count_total", "up:nvlink_replay_error_count_total"), NvlinkErrors),
+        # weight 0: not drawn by `mix` (its plan stays as it was); in `all`, or asked for by name
+        _k("nvlink_degrading_slow", "degradation", "gpu", "isolate_node", "repair", (3 * H, 8 * H), "gpu", 0, 0.9,
+           ("up:nvlink_crc_flit_error_count_total", "up:nvlink_replay_error_count_total", "nvlink_siblings_flat"),
+           NvlinkDegradingSlow),
+        _k("nvlink_burst", "degradation", "gpu", "isolate_node", "repair", (1 * H, 4 * H), "gpu", 0, 0.9,
+           ("up:nvlink_crc_flit_error_count_total", "up:nvlink_replay_error_count_total", "nvlink_siblings_flat"),
+           NvlinkBurst),
         _k("pcie_degradation", "degradation", "gpu", "isolate_node", "repair", (2 * H, 8 * H), "gpu", 3, 0.9,
            ("down:pcie_link_width", "up:pcie_replay_counter", "rank_slowdown"), PcieDegradation),
         _k("nic_flap", "network", "nic", "isolate_node", "repair", (40 * M, 3 * H), "nic", 6, 0.6,
@@ -1125,6 +1219,10 @@ KINDS: dict[str, KindInfo] = {
            ("xid:43",), AppXid, "XID 43 as an application is killed"),
         _k("xid63", "negative_control", "gpu", "no_action", "none", (1.0, 1.0), "gpu", 3, 0.0,
            ("xid:63", "up:correctable_remapped_rows"), Xid63Single),
+        _k("partial_scrape", "negative_control", "gpu", "no_action", "none", (30 * M, 2 * H), "gpu", 0, 0.0,
+           ("gpu_absent_briefly",), PartialScrape),
+        _k("misaligned_scrape", "negative_control", "gpu", "no_action", "none", (30 * M, 2 * H), "gpu", 0, 0.0,
+           ("scrape_split",), MisalignedScrape),
         _k("checkpoint_slowdown", "negative_control", "job", "no_action", "none", (30 * M, 30 * M), "job", 2, 0.0,
            ("job_idle",), CheckpointSlowdown),
         _k("dataloader_stall", "negative_control", "job", "no_action", "none", (10 * M, 30 * M), "job", 2, 0.0,
@@ -1152,6 +1250,16 @@ def kind_info(name: str) -> KindInfo:
         return _k(name, "negative_control", "gpu", "no_action", "none", (1.0, 1.0), "busy_gpu", 0, 0.0,
                   (f"xid:{code}",), AppXid, f"XID {code} {xi.mnemonic} ({xi.bucket or 'no bucket'})")
     raise ValueError(f"unknown fault kind {name!r} (known: {', '.join(KINDS)}, or xid<N>)")
+
+
+def leaves_node_dead(name: str) -> bool:
+    """Faults that leave a GPU or the node unusable at once (a fatal XID, the node crashed): what
+    fleetmedic must isolate without waiting for any budget."""
+    try:
+        info = kind_info(name)
+    except ValueError:
+        return False
+    return info.fault_class == "hardware" and info.factory in (GpuHardFault, NodeCrash)
 
 
 def make_fault(name: str, fid: str, onset: float, duration: float, rng: np.random.Generator, *, node: int = -1,

@@ -17,7 +17,8 @@ GPU model (per round, arrays ``(nodes, gpus)``):
   ``xid_errors`` is dcgm-exporter's last-XID gauge (0 after an exporter restart);
 - **faults** modify the arrays of their slice through two hooks: ``gpu_pre`` (load, power limit,
   extra heat, clock multiplier, throttle reasons — before the physics) and ``gpu_post`` (counters,
-  link state, blanked GPUs, the XID gauge — after it).
+  link state, blanked GPUs, GPUs whose series are stamped apart and so split off into a record of
+  their own, the XID gauge — after it).
 
 Port model (per round, arrays over all ports): traffic counters (4-byte words, as IB counts them)
 follow each node's communication load, ``port_xmit_wait`` grows with congestion, a few marginal ports
@@ -74,6 +75,9 @@ _MODE_PHASE = np.array([PH_IDLE, PH_START, -1, PH_CKPT, PH_WAIT])
 
 # clocks_event_reasons bits (nvml clocksEventReasons)
 GPU_IDLE, SW_POWER_CAP, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, HW_POWER_BRAKE = 0x1, 0x4, 0x8, 0x20, 0x40, 0x80
+
+#: how far apart a misaligned scrape stamps the series split from the rest of the node's (GpuTick.split)
+SPLIT_OFFSET_S = 0.001
 
 #: XIDs the NVIDIA k8s-device-plugin's health check treats as application errors (all others mark
 #: the GPU Unhealthy, so a pod asking for all of a node's GPUs no longer fits there)
@@ -159,6 +163,9 @@ class GpuTick:
     reasons: np.ndarray  # int64 bits OR-ed into clocks_event_reasons (pre/post)
     blank: np.ndarray  # bool: GPU not reported (post)
     model: GpuModel
+    # bool: the GPU's series stamped apart from the rest of its node's scrape (a misaligned scrape):
+    # delivered as a record of its own, SPLIT_OFFSET_S later (post)
+    split: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=bool))
 
 
 class GpuEffect(Protocol):
@@ -317,6 +324,7 @@ class GpuModel:
             reasons=np.zeros((n, g), dtype=np.int64),
             blank=np.zeros((n, g), dtype=bool),
             model=self,
+            split=np.zeros((n, g), dtype=bool),
         )
         for e in effects:
             e.gpu_pre(tick)
@@ -386,9 +394,9 @@ class GpuModel:
         buf[_F["prof_dram_active"]] = np.round(tick.dram, 4)
         if tick.blank.any():
             buf[:, tick.blank] = np.nan
-        return self._deliver(t, buf)
+        return self._deliver(t, buf, tick.split if tick.split.any() else None)
 
-    def _deliver(self, t: float, buf: np.ndarray) -> GpuBatch:
+    def _deliver(self, t: float, buf: np.ndarray, split: np.ndarray | None = None) -> GpuBatch:
         rng, noise, dv = self.rng, self.noise, self.delivery
         n = self.fleet.n
         up = self.node_up
@@ -412,6 +420,17 @@ class GpuModel:
         parts_ts = [ts[rows]]
         parts_boot = [self.boot[rows]]
         parts_data = [np.take(buf, rows, axis=1)]
+        if split is not None:  # a misaligned scrape: those GPUs' series make a record of their own
+            for pos, k in enumerate(rows.tolist()):
+                alone = split[k]
+                if alone.any():
+                    col = np.full((buf.shape[0], 1, buf.shape[2]), np.nan)
+                    col[:, 0, alone] = buf[:, k, alone]
+                    parts_data[0][:, pos, alone] = np.nan
+                    parts_node.append(np.array([k]))
+                    parts_ts.append(np.array([round(float(ts[k]) + SPLIT_OFFSET_S, 3)]))
+                    parts_boot.append(np.array([self.boot[k]], dtype=np.int32))
+                    parts_data.append(col)
         if late.any():
             lrows = np.flatnonzero(late)
             delay = rng.integers(1, noise.late_max_rounds + 1, lrows.size)

@@ -60,3 +60,24 @@ def gpu_message(
     metrics.update(gauges or {})
     return r.GpuTelemetry(node=node, ts=ts, gpus=list(range(gpus)), metrics=r.GpuMetrics(**metrics), xids=xids or [],
                           boot_id=boot_id)
+
+
+def only_gpus(msg: r.GpuTelemetry, keep: list[int], *, ts: float | None = None,
+              xids: list[r.XidEvent] | None = None) -> r.GpuTelemetry:
+    """``msg`` holding only the GPUs ``keep`` (a partial scrape, or one half of a misaligned one)."""
+    pos = [msg.gpus.index(g) for g in keep]
+    cols = {name: [col[p] for p in pos] for name in r.GPU_METRICS
+            if (col := getattr(msg.metrics, name)) is not None}
+    return r.GpuTelemetry(node=msg.node, ts=msg.ts if ts is None else ts, gpus=list(keep),
+                          metrics=r.GpuMetrics(**cols), xids=msg.xids if xids is None else xids, boot_id=msg.boot_id)
+
+
+def blank_gpu(msg: r.GpuTelemetry, gpu: int, *, xid: bool = False) -> r.GpuTelemetry:
+    """``msg`` with ``gpu`` listed but reporting nothing, as the NVML exporter reports a lost GPU
+    (NVML_ERROR_GPU_IS_LOST), with the XID 79 it synthesises when the loss is first seen."""
+    p = msg.gpus.index(gpu)
+    cols = {name: [None if i == p else v for i, v in enumerate(col)] for name in r.GPU_METRICS
+            if (col := getattr(msg.metrics, name)) is not None}
+    extra = [r.XidEvent(gpu=gpu, xid=79, ts=msg.ts, message="NVML: GPU is lost (fallen off the bus)")] if xid else []
+    return r.GpuTelemetry(node=msg.node, ts=msg.ts, gpus=list(msg.gpus), metrics=r.GpuMetrics(**cols),
+                          xids=[*msg.xids, *extra], boot_id=msg.boot_id)

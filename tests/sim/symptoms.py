@@ -153,6 +153,27 @@ def check(run: Run, truth: TruthRecord, tag: str) -> str | None:
         if after.size and np.isnan(after).all() and not np.isnan(before).all():
             return None
         return "GPU still reported"
+    if name == "gpu_absent_briefly":  # a partial scrape: rows without the GPU (others there), never two in a row
+        t, v = run.gpu_series(node, "gpu_temp")
+        sel = v[(t > truth.onset - 1) & (t < truth.end)]
+        miss = np.isnan(sel[:, gpu]) & ~np.isnan(np.delete(sel, gpu, axis=1)).all(axis=1)
+        if not miss.any():
+            return "the GPU was never absent"
+        return "absent from two rows in a row" if (miss[1:] & miss[:-1]).any() else None
+    if name == "scrape_split":  # a misaligned scrape: the node's GPUs, then that GPU alone, 1 ms later
+        t, v = run.gpu_series(node, "gpu_temp")
+        sel = (t > truth.onset - 1) & (t < truth.end)
+        t, v = t[sel], v[sel]
+        splits = [i for i in np.flatnonzero(np.diff(t) < 0.01)
+                  if np.isnan(v[i, gpu]) and not np.isnan(np.delete(v[i], gpu)).any()
+                  and not np.isnan(v[i + 1, gpu]) and np.isnan(np.delete(v[i + 1], gpu)).all()]
+        return None if splits else "no round split in two records"
+    if name == "nvlink_siblings_flat":  # the GPU's NVLink errors rise, its siblings' hardly
+        t, v = run.gpu_series(node, "nvlink_crc_flit_error_count_total")
+        sel = v[(t > truth.onset) & (t < w1 + 600)]
+        rise = np.nanmax(sel, axis=0) - np.nanmin(sel, axis=0)
+        others = float(np.delete(rise, gpu).max())
+        return None if rise[gpu] > 10 * max(1.0, others) else f"GPU {gpu} rose {rise[gpu]}, a sibling {others}"
     if name == "node_missing":
         rows = run.node_rows(node)
         gap = rows[(rows > truth.onset + 30) & (rows < min(truth.end, truth.onset + 240))]
