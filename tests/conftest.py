@@ -2,6 +2,11 @@
 
 - ``kafka_bootstrap`` (session): ``host:port`` of a broker. Uses ``$FLEETMEDIC_KAFKA_BOOTSTRAP``
   when set, otherwise starts one on free loopback ports and stops it at the end of the session.
+- ``kafka_secure_cluster`` (session): a :class:`~fleetmedic.devenv.kafka_cluster.KafkaCluster` of
+  three brokers with SASL_SSL (SCRAM-SHA-512 over TLS), replication factor 3, ``min.insync.replicas``
+  2. Uses the ``dev up --only kafka --brokers 3 --security sasl_ssl`` cluster in
+  ``$FLEETMEDIC_KAFKA_CLUSTER`` when set, otherwise starts one (once) under the session's directory.
+  Tests may kill, stall and restart its brokers; they leave it whole (every broker up, in sync).
 - ``kube_config`` (session): path of a kubeconfig. Uses ``$FLEETMEDIC_KUBECONFIG`` when set,
   otherwise starts etcd, kube-apiserver, scheduler, controller-manager and kwok likewise.
 - ``kube_api`` (session): a ``kubernetes.client.ApiClient`` for that cluster.
@@ -29,7 +34,7 @@ import pytest
 
 from fleetmedic.devenv import proc, settings
 
-KAFKA_FIXTURES = {"kafka_bootstrap"}
+KAFKA_FIXTURES = {"kafka_bootstrap", "kafka_secure_cluster"}
 KUBE_FIXTURES = {"kube_config", "kube_api", "namespace", "make_fleet", "crds"}
 CRD_DIR = Path(__file__).parent / "data" / "crds"
 
@@ -79,6 +84,37 @@ def kafka_bootstrap(services_dir: Path) -> Iterator[str]:
         yield broker.bootstrap
     finally:
         broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_secure_cluster(services_dir: Path) -> Iterator[Any]:
+    from fleetmedic.devenv.kafka_cluster import KafkaCluster
+
+    what = "a three-broker SASL_SSL Kafka cluster"
+    given = os.environ.get(settings.ENV_KAFKA_CLUSTER)
+    if given:
+        found = KafkaCluster.load(Path(given))
+        if found is None or (found.brokers, found.security) != (3, "sasl_ssl") or len(found.running()) != 3:
+            _unavailable(what, f"{settings.ENV_KAFKA_CLUSTER}={given} holds no running 3-broker sasl_ssl cluster "
+                               "(`fleetmedic dev up --only kafka --brokers 3 --security sasl_ssl`)")
+        yield found
+        return
+    failures: list[str] = []
+    for attempt in range(2):  # free ports are picked, then bound: another process may take one in between
+        cluster = KafkaCluster.free(services_dir / ("kafka-secure" if attempt == 0 else f"kafka-secure-{attempt}"),
+                                    3, "sasl_ssl")
+        try:
+            cluster.start(timeout=240)
+            break
+        except (proc.ServiceError, OSError) as exc:
+            cluster.stop()
+            failures.append(f"try {attempt + 1}: {exc}")
+    else:
+        _unavailable(what, "\n".join(failures))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")

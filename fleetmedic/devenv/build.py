@@ -174,6 +174,9 @@ def build(kafka: bool = True, kube: bool = True) -> int:
     """Fetch/build what is missing; print what was done and how long it took."""
     lay = settings.layout()
     logs = lay.cache / "logs"
+    if kafka and not kube and kafka_ready(lay):  # `dev up --only kafka` need not wait for a long kube build's lock
+        print(f"Kafka {lay.kafka_version} jars: present in {lay.kafka_libs}")
+        return 0
     with _lock(lay.cache):
         if kafka:
             if kafka_ready(lay):

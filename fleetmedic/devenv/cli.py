@@ -2,12 +2,16 @@
 
 ``up`` starts a broker and a control plane under ``$FLEETMEDIC_RUN_DIR`` (default
 ``/tmp/fleetmedic-dev``) and a fleet of kwok GPU nodes; ``down`` stops every service started from
-that directory (including ones a killed pytest session left behind).
+that directory (including ones a killed pytest session left behind). ``up --only kafka --brokers 3
+--security sasl_ssl`` starts a production-shaped cluster instead of the single plaintext broker
+(:mod:`fleetmedic.devenv.kafka_cluster`); either way ``$FLEETMEDIC_RUN_DIR/kafka/client.yaml`` is
+the client side as a fleetmedic config.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import concurrent.futures
 import os
 import sys
@@ -17,6 +21,7 @@ from pathlib import Path
 
 from fleetmedic.devenv import build, proc, settings
 from fleetmedic.devenv.kafka import DEFAULT_PORT, Kafka
+from fleetmedic.devenv.kafka_cluster import SECURITY, KafkaCluster, replication, write_client_yaml
 from fleetmedic.devenv.kube import Kube, Ports
 from fleetmedic.k8s_keys import LABEL_FLEET
 
@@ -48,7 +53,13 @@ def _fill(parser: argparse.ArgumentParser) -> None:
     p = dev.add_parser("up", help="start Kafka, the control plane and a kwok GPU fleet")
     only(p)
     p.add_argument("--nodes", type=int, default=64, help="kwok GPU nodes in fleet 'dev' (default 64)")
-    p.add_argument("--kafka-port", type=int, default=DEFAULT_PORT, help="broker port (controller: +1)")
+    p.add_argument("--kafka-port", type=int, default=DEFAULT_PORT,
+                   help="broker port (controller: +1; with --brokers N, broker i on PORT+2i, its controller +1)")
+    p.add_argument("--brokers", type=int, default=1, choices=range(1, 6), metavar="N",
+                   help="Kafka nodes (KRaft, broker and controller in each; default 1; 3 for a replicated cluster)")
+    p.add_argument("--security", default="plaintext", choices=SECURITY,
+                   help="Kafka listeners: plaintext (default), ssl (mutual TLS) or sasl_ssl (SCRAM-SHA-512 or "
+                        "PLAIN over TLS); certificates and users are made at the first start")
     p.add_argument("--apiserver-port", type=int, default=Ports().apiserver, help="kube-apiserver port")
     p.add_argument("--crds", type=Path, default=Path("tests/data/crds"), help="install the CRDs in DIR")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds each service may take to start")
@@ -85,7 +96,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     if cmd_build(args) != 0:
         return 1
     root = settings.run_dir()
-    kafka = Kafka(root / "kafka", port=args.kafka_port, controller_port=args.kafka_port + 1)
+    kafka: Kafka | KafkaCluster = Kafka(root / "kafka", port=args.kafka_port, controller_port=args.kafka_port + 1)
+    if args.brokers > 1 or args.security != "plaintext":
+        kafka = KafkaCluster.on_ports(root / "kafka", args.brokers, args.kafka_port, args.security)
     kube = Kube(root / "kube", Ports(apiserver=args.apiserver_port))
     jobs = {}
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
@@ -110,7 +123,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         print("some services failed; `fleetmedic dev down` stops the rest", file=sys.stderr)
         return 1
     exports = []
-    if want_kafka:
+    if want_kafka and isinstance(kafka, KafkaCluster):
+        if kafka.security == "plaintext":
+            exports.append(f"{settings.ENV_KAFKA_BOOTSTRAP}={kafka.bootstrap}")
+        exports.append(f"{settings.ENV_KAFKA_CLUSTER}={kafka.dir}")
+    elif want_kafka:
         exports.append(f"{settings.ENV_KAFKA_BOOTSTRAP}={kafka.bootstrap}")
     if want_kube:
         exports.append(f"{settings.ENV_KUBECONFIG}={kube.kubeconfig}")
@@ -118,11 +135,45 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _up_kafka(kafka: Kafka, timeout: float) -> str:
-    if kafka.running():
-        return f"kafka: already running, bootstrap {Kafka.load(kafka.dir).bootstrap}"
+def _up_kafka(kafka: Kafka | KafkaCluster, timeout: float) -> str:
+    running = _kafka_running(kafka.dir)
+    if running:
+        return f"kafka: already running: {running}"
+    if isinstance(kafka, KafkaCluster):
+        took = kafka.start(timeout=timeout)
+        rf, isr = replication(kafka.brokers)
+        return "\n".join([
+            f"kafka: {kafka.brokers} broker(s), {kafka.security}, bootstrap {kafka.bootstrap} (ready in {took:.1f}s; "
+            f"logs {kafka.dir}/broker-*/kafka.log)",
+            f"  replication factor {rf}, min.insync.replicas {isr}; controllers on "
+            + ", ".join(f"127.0.0.1:{p}" for p in kafka.controller_ports),
+            f"  client config: {kafka.client_yaml}",
+        ])
+    if KafkaCluster.load(kafka.dir) is not None:
+        raise proc.ServiceError(f"{kafka.dir} holds a Kafka cluster's data (see its cluster.json): "
+                                "`fleetmedic dev down --only kafka --wipe` first, or the same --brokers/--security")
     took = kafka.start(timeout=timeout)
-    return f"kafka: bootstrap {kafka.bootstrap} (ready in {took:.1f}s; log {kafka.log})"
+    client = write_client_yaml(kafka.dir / "client.yaml", {"kafka": {"bootstrap_servers": kafka.bootstrap}},
+                               f"the dev Kafka broker in {kafka.dir} (1 broker, plaintext)")
+    return f"kafka: bootstrap {kafka.bootstrap} (ready in {took:.1f}s; log {kafka.log})\n  client config: {client}"
+
+
+def _kafka_dirs(root: Path) -> list[Path]:
+    """``kafka`` (``dev up``) and ``kafka-*`` (the fixtures' other clusters) under ``root``."""
+    return [root / "kafka", *sorted(root.glob("kafka-*"))]
+
+
+def _kafka_running(dir: Path) -> str:
+    """What runs in ``dir``: "" when nothing."""
+    cluster = KafkaCluster.load(dir)
+    if cluster is not None:
+        nodes = cluster.running()
+        if nodes:
+            return (f"{cluster.brokers}-broker {cluster.security} cluster (nodes {', '.join(map(str, nodes))} up), "
+                    f"bootstrap {cluster.bootstrap}; client config {cluster.client_yaml}")
+        return ""
+    single = Kafka.load(dir)
+    return f"bootstrap {single.bootstrap}" if single.running() else ""
 
 
 def _up_kube(kube: Kube, timeout: float) -> str:
@@ -182,10 +233,16 @@ def cmd_down(args: argparse.Namespace) -> int:
             stopped += [f"{n} ({d})" for n in kube.stop()]
             if args.wipe:
                 kube.wipe()
-        if want_kafka:
-            kafka = Kafka.load(d / "kafka")
+        for kdir in _kafka_dirs(d) if want_kafka else []:
+            cluster = KafkaCluster.load(kdir)
+            if cluster is not None:
+                stopped += [f"kafka node {n} ({kdir})" for n in cluster.stop()]
+                if args.wipe:
+                    cluster.wipe()
+                continue
+            kafka = Kafka.load(kdir)
             if kafka.stop():
-                stopped.append(f"kafka ({d})")
+                stopped.append(f"kafka ({kdir})")
             if args.wipe:
                 kafka.wipe()
     print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
@@ -195,13 +252,24 @@ def cmd_down(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     any_running = False
     for d in instance_dirs():
-        kafka = Kafka.load(d / "kafka")
-        if kafka.running():
-            any_running = True
-            from fleetmedic.devenv.kafka import reachable
+        for kdir in _kafka_dirs(d):
+            cluster = KafkaCluster.load(kdir)
+            if cluster is not None and cluster.running():
+                any_running = True
+                try:
+                    brokers = len(asyncio.run(asyncio.wait_for(cluster.describe(), 10))["brokers"])
+                    ok = f"{brokers} of {cluster.brokers} brokers answer"
+                except Exception as exc:
+                    ok = f"NOT answering ({type(exc).__name__})"
+                print(f"kafka ({kdir}): {_kafka_running(kdir)}; {ok}")
+                continue
+            kafka = Kafka.load(kdir)
+            if cluster is None and kafka.running():
+                any_running = True
+                from fleetmedic.devenv.kafka import reachable
 
-            ok = "answers" if reachable(kafka.bootstrap, timeout=5) else "NOT answering"
-            print(f"kafka ({d}): bootstrap {kafka.bootstrap} {ok}; log {kafka.log}")
+                ok = "answers" if reachable(kafka.bootstrap, timeout=5) else "NOT answering"
+                print(f"kafka ({kdir}): bootstrap {kafka.bootstrap} {ok}; log {kafka.log}")
         kube = Kube.load(d / "kube")
         names = kube.running()
         if names:
@@ -212,7 +280,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"kube ({d}): {kube.server} {ok}; running {', '.join(names)}; kubeconfig {kube.kubeconfig}")
     if not any_running:
         print(f"no services running under {settings.run_dir()}")
-    for var in (settings.ENV_KAFKA_BOOTSTRAP, settings.ENV_KUBECONFIG):
+    for var in (settings.ENV_KAFKA_BOOTSTRAP, settings.ENV_KAFKA_CLUSTER, settings.ENV_KUBECONFIG):
         if os.environ.get(var):
             print(f"{var}={os.environ[var]} (tests use this instead of starting their own)")
     return 0

@@ -25,7 +25,7 @@ from fleetmedic.devenv import proc, settings
 DEFAULT_PORT = 19092
 DEFAULT_CONTROLLER_PORT = 19093
 
-_LOG4J = """\
+LOG4J = """\
 log4j.rootLogger=WARN, out
 log4j.logger.kafka.server.KafkaServer=INFO
 log4j.logger.kafka.server.BrokerServer=INFO
@@ -97,23 +97,7 @@ class Kafka:
         return proc.Proc("kafka", argv, self.log, self.dir / "kafka.pid")
 
     def _java(self) -> list[str]:
-        java = shutil.which("java")
-        if java is None:
-            raise proc.ServiceError("java not found on PATH (Kafka needs a JDK 17+)")
-        libs = settings.layout().kafka_libs
-        if not (libs / ".complete").exists():
-            raise proc.ServiceError(f"Kafka jars missing in {libs}: run `fleetmedic dev build` first")
-        return [
-            java,
-            "-Xms128m",
-            f"-Xmx{self.heap}",
-            "-XX:+UseSerialGC",
-            "-XX:TieredStopAtLevel=1",
-            "-Djava.awt.headless=true",
-            f"-Dlog4j.configuration=file:{self.dir / 'log4j.properties'}",
-            "-cp",
-            f"{libs}/*",
-        ]
+        return java_argv(self.heap, self.dir / "log4j.properties")
 
     def running(self) -> bool:
         return self._proc(["java"]).pid() is not None
@@ -124,7 +108,7 @@ class Kafka:
         java = self._java()
         config = self.dir / "server.properties"
         config.write_text(server_properties(self.dir / "data", self.port, self.controller_port, self.extra))
-        (self.dir / "log4j.properties").write_text(_LOG4J)
+        (self.dir / "log4j.properties").write_text(LOG4J)
         for port in (self.port, self.controller_port):
             if proc.port_open(port):
                 raise proc.ServiceError(f"port 127.0.0.1:{port} is taken; is another broker running?")
@@ -143,7 +127,7 @@ class Kafka:
             )
         )
         try:
-            with _quiet_aiokafka():
+            with quiet_aiokafka():
                 return proc.wait_until(
                     lambda: asyncio.run(_list_topics(self.bootstrap)) is not None,
                     timeout=timeout,
@@ -165,8 +149,29 @@ class Kafka:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def java_argv(heap: str, log4j: Path) -> list[str]:
+    """``java`` with the flags every broker of ours runs with and the cached jars on the class path."""
+    java = shutil.which("java")
+    if java is None:
+        raise proc.ServiceError("java not found on PATH (Kafka needs a JDK 17+)")
+    libs = settings.layout().kafka_libs
+    if not (libs / ".complete").exists():
+        raise proc.ServiceError(f"Kafka jars missing in {libs}: run `fleetmedic dev build` first")
+    return [
+        java,
+        "-Xms128m",
+        f"-Xmx{heap}",
+        "-XX:+UseSerialGC",
+        "-XX:TieredStopAtLevel=1",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j.configuration=file:{log4j}",
+        "-cp",
+        f"{libs}/*",
+    ]
+
+
 @contextlib.contextmanager
-def _quiet_aiokafka() -> Iterator[None]:
+def quiet_aiokafka() -> Iterator[None]:
     """aiokafka logs every refused connection at ERROR; not news while a broker starts."""
     logger = logging.getLogger("aiokafka")
     level = logger.level
@@ -192,7 +197,7 @@ async def _list_topics(bootstrap: str) -> list[str]:
 def reachable(bootstrap: str, timeout: float = 10.0) -> bool:
     """True if a broker at ``bootstrap`` answers an admin list_topics within ``timeout``."""
     try:
-        with _quiet_aiokafka():
+        with quiet_aiokafka():
             asyncio.run(asyncio.wait_for(_list_topics(bootstrap), timeout))
     except Exception:
         return False

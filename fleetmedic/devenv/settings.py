@@ -12,6 +12,7 @@ HERE = Path(__file__).resolve().parent
 ENV_CACHE = "FLEETMEDIC_CACHE"  # build outputs and jars; default ~/.cache/fleetmedic
 ENV_RUN_DIR = "FLEETMEDIC_RUN_DIR"  # data, logs, pidfiles of running services; default /tmp/fleetmedic-dev
 ENV_KAFKA_BOOTSTRAP = "FLEETMEDIC_KAFKA_BOOTSTRAP"  # use this broker instead of starting one
+ENV_KAFKA_CLUSTER = "FLEETMEDIC_KAFKA_CLUSTER"  # dir of a running 3-broker sasl_ssl `dev up` cluster the tests use
 ENV_KUBECONFIG = "FLEETMEDIC_KUBECONFIG"  # use this cluster instead of starting one
 ENV_REQUIRE = "FLEETMEDIC_REQUIRE_SERVICES"  # "1": a service that cannot start fails the run
 
