@@ -17,7 +17,9 @@ This module is part of the pure core: no I/O, no adapters.
 
 from __future__ import annotations
 
+import hashlib
 import re
+import traceback
 from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
@@ -468,17 +470,61 @@ class NodeObservation(Record, frozen=True, kw_only=True, tag="node_observation",
     deleted: bool = False
 
 
+#: the bytes of the original message a dead letter keeps (base64 in JSON: 4/3 of it): a dead letter
+#: stays far below the broker's 1 MiB limit whatever it carries (an undecodable 770 KB command made
+#: a 1.03 MB dead letter that the broker refused; issue #22)
+MAX_DEAD_LETTER_ORIGINAL: Final = 64 * 1024
+MAX_DEAD_LETTER_KEY: Final = 1024  # characters of the original key kept
+
+
 class DeadLetter(Record, frozen=True, kw_only=True, tag="dead_letter", tag_field="type"):
-    """A message a stage could not process, with the reason and the original bytes (base64)."""
+    """A message a stage could not process, with the reason and the original bytes (base64).
+
+    ``original`` keeps the first 64 KiB of the message at most (:data:`MAX_DEAD_LETTER_ORIGINAL`);
+    ``original_sha256`` and ``original_length`` describe the whole of it (filled in from
+    ``original`` when a dead letter is made without them). A message the stage decoded but could
+    not handle also names the exception's type and the frame that raised it (``file:line in
+    function``); ``error`` then holds ``Type: message``."""
 
     ts: Timestamp
     topic: str
     stage: str
     error: ShortText
-    original: bytes  # base64 in JSON
+    original: bytes  # base64 in JSON; truncated, see original_length
     partition: int | None = None
     offset: int | None = None
     key: str | None = None
+    original_sha256: str = ""  # hex SHA-256 of the whole original message
+    original_length: Annotated[int, Meta(ge=0)] = 0  # bytes of the whole original message
+    exception: str = ""  # the exception's type, when handling (not decoding) the message raised
+    frame: str = ""  # where it was raised: the traceback's last frame
+
+    def __post_init__(self) -> None:
+        # made here, not by each of its builders (the stages, the executor, the connectors)
+        set_ = msgspec.structs.force_setattr
+        if not self.original_sha256:
+            set_(self, "original_sha256", hashlib.sha256(self.original).hexdigest())
+            set_(self, "original_length", len(self.original))
+        if len(self.original) > MAX_DEAD_LETTER_ORIGINAL:
+            set_(self, "original", bytes(self.original[:MAX_DEAD_LETTER_ORIGINAL]))
+        if len(self.error) > 4096:
+            set_(self, "error", self.error[:4096])
+        if self.key is not None and len(self.key) > MAX_DEAD_LETTER_KEY:
+            set_(self, "key", self.key[:MAX_DEAD_LETTER_KEY])
+
+    @staticmethod
+    def describe(exc: BaseException) -> tuple[str, str, str]:
+        """An exception as a dead letter names it: ``(exception, message, frame)``: its type, its
+        message and its traceback's last frame (``path:line in function``, the path from the
+        package on)."""
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = ""
+        if frames:
+            last = frames[-1]
+            path = last.filename.replace("\\", "/")
+            cut = path.rfind("/fleetmedic/")
+            where = f"{path[cut + 1:] if cut >= 0 else path.rsplit('/', 1)[-1]}:{last.lineno} in {last.name}"
+        return type(exc).__name__, str(exc), where
 
 
 RECORD_TYPES: Final[tuple[type[Record], ...]] = (

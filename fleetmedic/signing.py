@@ -98,6 +98,33 @@ class CommandExpired(ValueError):
     """The command is past its ``expires_at``: it describes a world that may have changed."""
 
 
+class CommandFromTheFuture(CommandExpired):
+    """The command says it was issued further ahead of the verifier's clock than
+    :data:`MAX_FUTURE_SKEW_S`: a skewed or forged clock, whose ``expires_at`` cannot be trusted."""
+
+
+# as ``streams.max_future_skew_s``'s default: records stamped further ahead are dead-lettered
+MAX_FUTURE_SKEW_S = 300.0
+
+
+def check_times(command: RemediationCommand | OperatorCommand, now: float,
+                max_future_skew_s: float = MAX_FUTURE_SKEW_S) -> None:
+    """:class:`CommandExpired` past ``expires_at``; :class:`CommandFromTheFuture` when issued more
+    than ``max_future_skew_s`` after ``now``."""
+    if now > command.expires_at:
+        raise CommandExpired(f"command {command.id}: expired at {command.expires_at:.3f}, now {now:.3f}")
+    if command.issued_at > now + max_future_skew_s:
+        raise CommandFromTheFuture(f"command {command.id}: issued at {command.issued_at:.3f}, "
+                                   f"{command.issued_at - now:.0f}s ahead of this clock (more than "
+                                   f"{max_future_skew_s:g}s of skew)")
+
+
+def _same(given: str, expected: str) -> bool:
+    """Constant-time comparison of two hex signatures; any text (a schema-valid but non-ASCII
+    signature included) compares as bytes, so it is a mismatch, never a ``TypeError``."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode("ascii"))
+
+
 def check_key(key: bytes, *, allow_demo: bool = False, what: str = "signing key") -> bytes:
     """``key`` if it may sign or verify; :class:`UnusableKey` with the reason otherwise."""
     if not key:
@@ -144,10 +171,9 @@ def verify(command: RemediationCommand | OperatorCommand, key: bytes, now: float
     check_key(key, allow_demo=allow_demo)
     if not command.signature:
         raise SignatureError(f"command {command.id}: unsigned")
-    if not hmac.compare_digest(command.signature, signature_of(command, key)):
+    if not _same(command.signature, signature_of(command, key)):
         raise SignatureError(f"command {command.id}: signature does not match (tampered or wrong key)")
-    if now > command.expires_at:
-        raise CommandExpired(f"command {command.id}: expired at {command.expires_at:.3f}, now {now:.3f}")
+    check_times(command, now)
 
 
 # --- a set of keys by id (operator keys) ---------------------------------------------------------
@@ -192,13 +218,12 @@ class KeySet:
             raise SignatureError(f"command {command.id}: unsigned")
         matched = ""
         for kid, key in self.keys.items():
-            if hmac.compare_digest(command.signature, signature_of(command, key)) and not matched:
+            if _same(command.signature, signature_of(command, key)) and not matched:
                 matched = kid
         if not matched:
             raise SignatureError(f"command {command.id}: signature does not match any {self.what} "
                                  f"({', '.join(sorted(self.keys))}): tampered or signed with another key")
-        if now > command.expires_at:
-            raise CommandExpired(f"command {command.id}: expired at {command.expires_at:.3f}, now {now:.3f}")
+        check_times(command, now)
         return matched
 
 
@@ -261,8 +286,7 @@ def verify_record(command: C, value: bytes, headers: Sequence[tuple[str, bytes]]
         kid = verify_bytes(value, headers, keys)
     except SignatureError as exc:
         raise SignatureError(f"command {command.id}: {exc}") from None
-    if now > command.expires_at:
-        raise CommandExpired(f"command {command.id}: expired at {command.expires_at:.3f}, now {now:.3f}")
+    check_times(command, now)
     return kid
 
 

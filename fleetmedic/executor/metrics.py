@@ -25,6 +25,13 @@ class ExecutorMetrics:
                                 "Commands not acted on: bad signature, expired, undecodable",
                                 ["reason"], registry=registry)
         self.placement = PlacementMetrics(registry)  # topology-aware restarts (workload/placement_apply.py)
+        # hardening (issue #22): the consume loop survives any record
+        self.record_errors = Counter("fleetmedic_record_errors_total", "Records whose handling raised: "
+                                     "dead-lettered with the exception, the loop went on; per stage and exception type",
+                                     ["stage", "exception"], registry=registry)
+        self.dead_letters_failed = Counter("fleetmedic_executor_dead_letters_failed_total",
+                                           "Dead letters the broker refused (logged with the record's place and hash)",
+                                           registry=registry)
 
     def observe(self, action: str, outcome: str, seconds: float) -> None:
         self.commands.labels(action=action, outcome=outcome).inc()

@@ -14,18 +14,25 @@
 - Losing the Lease stops everything at once: long actions are interrupted without a result (the next
   leader resumes them), nothing more is committed.
 - A message that does not decode is dead-lettered with the reason and counted; it never stops the loop.
+  Nor does one whose handling in the loop raises: it is dead-lettered with the exception's type,
+  message and last frame (``fleetmedic_record_errors_total{stage="executor"}``) and its offset
+  moves on. A dead letter keeps at most 64 KiB of the original (with its hash and length), and a
+  dead letter the broker refuses is logged and counted, never raised: an undecodable ~770 KB
+  command once made a >1 MiB dead letter, whose refused send crash-looped the executor (#22).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -38,6 +45,7 @@ from fleetmedic.executor.metrics import ExecutorMetrics
 from fleetmedic.executor.node.apply import CommandExecutor
 from fleetmedic.executor.node.long_apply import Interrupted
 from fleetmedic.executor.vocabulary import JOB_ACTIONS, NODE_QUICK
+from fleetmedic.signing import DEFAULT_COMMAND_KEY_ID, SIGNATURE_HEADER, KeySet, SignatureError, header, verify_bytes
 
 log = logging.getLogger("fleetmedic.executor")
 MAX_THREADS = 64
@@ -148,15 +156,15 @@ class ExecutorService:
         executor = CommandExecutor(self.cluster, self.settings, self.key, identity=self.identity,
                                    metrics=self.metrics, stop=halt)
         topic = self.settings.topics.topic("remediation.commands")
-        opts = client_options(self.settings.kafka)
+        opts = client_options(self.settings.kafka) | {"client_id": f"{self.settings.kafka.client_id}-executor"}
         consumer = AIOKafkaConsumer(topic, group_id=consumer_group(self.settings), enable_auto_commit=False,
-                                    auto_offset_reset="earliest", metadata_max_age_ms=5000,
-                                    client_id=f"{self.settings.kafka.client_id}-executor", **opts)
-        producer = AIOKafkaProducer(acks="all", client_id=f"{self.settings.kafka.client_id}-executor", **opts)
+                                    auto_offset_reset="earliest", metadata_max_age_ms=5000, **opts)
+        producer = AIOKafkaProducer(acks="all", **opts)
         await consumer.start()
         await producer.start()
         offsets: dict[TopicPartition, _Offsets] = {}
         queues: dict[str, asyncio.Queue[_Item | None]] = {}
+        by_header: set[tuple[TopicPartition, int]] = set()  # records whose signature header verified
         workers: list[asyncio.Task[None]] = []
         order = IsolationOrder()
         results = self.settings.topics.topic("remediation.results")
@@ -167,7 +175,8 @@ class ExecutorService:
                 try:
                     if after:  # see IsolationOrder
                         await asyncio.wait(after, timeout=ORDER_WAIT_S)
-                    result = await loop.run_in_executor(self.pool, executor.handle, cmd)
+                    result = await loop.run_in_executor(self.pool, functools.partial(
+                        executor.handle, cmd, verified_by_header=(tp, offset) in by_header))
                 except Interrupted:
                     return  # leadership lost: no result, no commit; the next leader resumes it
                 except Exception as exc:  # a bug or an unexpected API failure: report, keep going
@@ -177,6 +186,7 @@ class ExecutorService:
                                                  node=cmd.node, job=cmd.job, executor=self.identity,
                                                  dry_run=cmd.dry_run)
                 finally:
+                    by_header.discard((tp, offset))
                     if done is not None and not done.done():
                         done.set_result(None)
                 try:
@@ -206,18 +216,29 @@ class ExecutorService:
                 for tp, recs in batches.items():
                     for rec in recs:
                         offsets.setdefault(tp, _Offsets()).start(rec.offset)
-                        cmd = await self._decode(producer, tp, rec.offset, rec.key, rec.value)
-                        if cmd is None:
-                            offsets[tp].finish(rec.offset)
-                        else:
-                            fetched.append((tp, rec.offset, cmd, order.register(cmd)))
+                        try:  # one record's failure is that record's: dead-lettered, the loop goes on
+                            cmd = await self._decode(producer, tp, rec.offset, rec.key, rec.value)
+                            if cmd is not None and (signed := await self._header(producer, tp, rec)) is not None:
+                                if signed:
+                                    by_header.add((tp, rec.offset))
+                                fetched.append((tp, rec.offset, cmd, order.register(cmd)))
+                                continue
+                        except Exception as exc:
+                            await self._record_failed(producer, tp, rec.offset, rec.key, rec.value, exc)
+                        offsets[tp].finish(rec.offset)
                 for tp, offset, cmd, done in fetched:
-                    on_node = cmd.node and cmd.action not in JOB_ACTIONS
-                    target = f"node:{cmd.node}" if on_node else f"job:{cmd.job}"
-                    if target not in queues:
-                        queues[target] = asyncio.Queue()
-                        workers.append(asyncio.create_task(target_worker(queues[target])))
-                    queues[target].put_nowait((tp, offset, cmd, order.waits_for(cmd), done))
+                    try:
+                        on_node = cmd.node and cmd.action not in JOB_ACTIONS
+                        target = f"node:{cmd.node}" if on_node else f"job:{cmd.job}"
+                        if target not in queues:
+                            queues[target] = asyncio.Queue()
+                            workers.append(asyncio.create_task(target_worker(queues[target])))
+                        queues[target].put_nowait((tp, offset, cmd, order.waits_for(cmd), done))
+                    except Exception as exc:
+                        if done is not None and not done.done():
+                            done.set_result(None)
+                        await self._record_failed(producer, tp, offset, cmd.id.encode(), r.encode(cmd), exc)
+                        offsets[tp].finish(offset)
                 await commit()
         finally:
             halt.set()
@@ -235,6 +256,22 @@ class ExecutorService:
             if self.metrics:
                 self.metrics.leader.set(1 if self.elector.leading else 0)
 
+    async def _header(self, producer: AIOKafkaProducer, tp: TopicPartition, rec: Any) -> bool | None:
+        """True if ``rec`` carries a signature header that verifies over its value bytes, False if it
+        has none (the in-body signature is checked then: the migration in :mod:`fleetmedic.signing`),
+        None if its header does not verify (then it is counted and dead-lettered)."""
+        if header(rec.headers, SIGNATURE_HEADER) is None:
+            return False
+        try:
+            verify_bytes(rec.value or b"", rec.headers, KeySet({DEFAULT_COMMAND_KEY_ID: self.key}, what="command key"))
+        except SignatureError as exc:
+            log.warning("command at %s:%d rejected: %s", tp.topic, rec.offset, exc)
+            if self.metrics:
+                self.metrics.rejected.labels(reason="signature").inc()
+            await self._dead_letter(producer, tp, rec.offset, rec.key, rec.value, f"signature rejected: {exc}")
+            return None
+        return True
+
     async def _decode(self, producer: AIOKafkaProducer, tp: TopicPartition, offset: int, key: bytes | None,
                       value: bytes | None) -> r.RemediationCommand | None:
         try:
@@ -243,12 +280,36 @@ class ExecutorService:
             log.warning("undecodable command at %s:%d: %s", tp.topic, offset, exc)
             if self.metrics:
                 self.metrics.rejected.labels(reason="invalid").inc()
-            dead = r.DeadLetter(ts=time.time(), topic=tp.topic, stage="executor", error=str(exc)[:4096],
-                                original=value or b"", partition=tp.partition, offset=offset,
-                                key=key.decode(errors="replace") if key else None)
+            await self._dead_letter(producer, tp, offset, key, value, str(exc))
+            return None
+
+    async def _record_failed(self, producer: AIOKafkaProducer, tp: TopicPartition, offset: int, key: bytes | None,
+                             value: bytes | None, exc: Exception) -> None:
+        """Handling the record at ``offset`` raised ``exc``: log, count, dead-letter it."""
+        kind, message, frame = r.DeadLetter.describe(exc)
+        log.error("record at %s:%d raised %s: %s (at %s); dead-lettered, going on", tp.topic, offset, kind, message,
+                  frame, exc_info=exc)
+        if self.metrics:
+            self.metrics.record_errors.labels(stage="executor", exception=kind).inc()
+        await self._dead_letter(producer, tp, offset, key, value, f"{kind}: {message}", kind, frame)
+
+    async def _dead_letter(self, producer: AIOKafkaProducer, tp: TopicPartition, offset: int, key: bytes | None,
+                           value: bytes | None, error: str, exception: str = "", frame: str = "") -> None:
+        """Send the record to ``deadletter`` (its original truncated, hash and length kept); never
+        raises: a refused dead letter is logged, with the record's place and hash, and counted."""
+        dead = r.DeadLetter(ts=time.time(), topic=tp.topic, stage="executor", error=error[:4096],
+                            original=value or b"", partition=tp.partition, offset=offset,
+                            key=key.decode(errors="replace") if key else None, exception=exception, frame=frame)
+        try:
             await producer.send_and_wait(self.settings.topics.topic("deadletter"), key=tp.topic.encode(),
                                          value=r.encode(dead))
-            return None
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.error("dead letter for %s:%d (%d bytes, sha256 %s) not sent: %r; its error: %s", tp.topic, offset,
+                      dead.original_length, dead.original_sha256, exc, error)
+            if self.metrics:
+                self.metrics.dead_letters_failed.inc()
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:

@@ -9,6 +9,11 @@ emits goes straight to the next one, in order. Commands are signed when a key is
 :func:`run_simulation` closes the loop with the fleet simulator as the cluster: its telemetry goes
 in, the commands go back to it, and its executor results come back to the engine. ``backtest``,
 the demo, the quality benchmark and tests use it.
+
+Event time has the Kafka stages' bound (:mod:`fleetmedic.models.event_time`): a record stamped
+more than ``streams.max_future_skew_s`` ahead of the clock is dead-lettered (``out.dead_letters``,
+topic ``deadletter``) and changes nothing. The clock here is the simulation's: the ``now`` each
+input comes with.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ from dataclasses import dataclass, field
 from fleetmedic import records as r
 from fleetmedic.config import Settings
 from fleetmedic.evaluation.truth import TruthRecord
+from fleetmedic.models.event_time import refuse_future
 from fleetmedic.models.stages import FleetDetection, NodeDetection, stage1_batch, summarise_batch
 from fleetmedic.remediation.engine import DecisionEngine, Decisions
+from fleetmedic.remediation.operator import apply_operator_command
 from fleetmedic.remediation.topology import Placement, Topology
-from fleetmedic.signing import sign
+from fleetmedic.signing import CommandExpired, KeySet, SignatureError, sign
 from fleetmedic.sim.closed_loop import Accounting
 from fleetmedic.sim.engine import Simulator
 from fleetmedic.sim.fleet import Fleet
@@ -37,6 +44,7 @@ class Collected:
     commands: list[r.RemediationCommand] = field(default_factory=list)
     audit: list[r.AuditRecord] = field(default_factory=list)
     results: list[r.RemediationResult] = field(default_factory=list)
+    dead_letters: list[r.DeadLetter] = field(default_factory=list)
 
 
 class EmbeddedPipeline:
@@ -56,23 +64,61 @@ class EmbeddedPipeline:
     # --- inputs ---------------------------------------------------------------------------------
 
     def gpu(self, msgs: list[r.GpuTelemetry], now: float) -> list[r.RemediationCommand]:
+        msgs = [m for m in msgs if not self._ahead("telemetry.gpu", m, now)]
+        if not msgs:
+            return []
+        self.engine.nodes_seen((m.node for m in msgs), now)  # the fleet size, when no topology is given
         batch = stage1_batch(msgs)  # the columns converted once for both
         for summary in summarise_batch(msgs, batch):
             self.fleet_stage.on_summary(summary)
         return self._findings(self.node_stage.on_gpu(msgs, batch), now)
 
     def port(self, msg: r.PortTelemetry, now: float) -> list[r.RemediationCommand]:
+        if self._ahead("telemetry.port", msg, now):
+            return []
         stage = self.node_stage.on_port if msg.device_kind == "host" else self.fleet_stage.on_port
         return self._findings(stage(msg), now)
 
     def job(self, event: r.JobEvent, now: float) -> list[r.RemediationCommand]:
+        if self._ahead("jobs.events", event, now):
+            return []
         commands = self._findings(self.fleet_stage.on_job(event), now)
         return commands + self._decisions(self.engine.on_job_event(event, now))
 
     def result(self, result: r.RemediationResult, now: float) -> list[r.RemediationCommand]:
+        if self._ahead("remediation.results", result, now):
+            return []
         self.out.results.append(result)
         self._emit("remediation.results", result)
         return self._decisions(self.engine.on_result(result, now))
+
+    def finding(self, finding: r.Finding, now: float) -> list[r.RemediationCommand]:
+        """A finding from outside the pipeline's detectors (another producer on ``findings``)."""
+        if self._ahead("findings", finding, now):
+            return []
+        return self._decisions(self.engine.on_finding(finding, now))
+
+    def observation(self, obs: r.NodeObservation, now: float) -> list[r.RemediationCommand]:
+        """A node as the cluster's Node watch reports it (``cluster.nodes``), as the decision stage takes it."""
+        if self._ahead("cluster.nodes", obs, now):
+            return []
+        if obs.deleted:
+            return self._decisions(self.engine.node_removed(obs.node, now))
+        return self._decisions(self.engine.node_observed(obs.node, cordoned=obs.cordoned,
+                                                         cordoned_by_fleetmedic=obs.cordoned_by_fleetmedic,
+                                                         labels=obs.labels, now=now))
+
+    def operator(self, cmd: r.OperatorCommand, keys: KeySet, now: float) -> list[r.RemediationCommand]:
+        """An operator command (``remediation.operator``): verified against ``keys`` and applied, or
+        dead-lettered with the reason, as the decision stage does."""
+        if self._ahead("remediation.operator", cmd, now):
+            return []
+        try:
+            decisions = apply_operator_command(self.engine, cmd, keys, now)
+        except (SignatureError, CommandExpired) as exc:
+            self._dead_letter("remediation.operator", cmd, f"operator command {cmd.id} rejected: {exc}", now)
+            return []
+        return self._decisions(decisions)
 
     def node_observed(self, node: str, *, cordoned: bool, cordoned_by_fleetmedic: bool,
                       now: float) -> list[r.RemediationCommand]:
@@ -107,6 +153,19 @@ class EmbeddedPipeline:
             self._emit("remediation.audit", a)
         return commands
 
+    def _ahead(self, topic: str, record: r.Record, now: float) -> bool:
+        """Whether ``record`` is stamped too far ahead of the simulation's ``now`` (then dead-lettered)."""
+        why = refuse_future(record, now, self.settings.streams.max_future_skew_s)
+        if why is None:
+            return False
+        self._dead_letter(topic, record, why, now)
+        return True
+
+    def _dead_letter(self, topic: str, record: r.Record, error: str, now: float) -> None:
+        dl = r.DeadLetter(ts=max(0.0, now), topic=topic, stage="embedded", error=error, original=r.encode(record))
+        self.out.dead_letters.append(dl)
+        self._emit("deadletter", dl)
+
     def _emit(self, topic: str, record: r.Record) -> None:
         for listener in self._listeners:
             listener(topic, record)
@@ -132,9 +191,12 @@ class SimulationRun:
 
 
 def run_simulation(sim: Simulator, settings: Settings, key: bytes | None = None,
-                   on_tick: Callable[[float, EmbeddedPipeline], None] | None = None) -> SimulationRun:
-    """Drive the simulator through the pipeline with the closed loop: commands go back to it."""
-    pipeline = EmbeddedPipeline(settings, fleet_topology(sim.fleet), key)
+                   on_tick: Callable[[float, EmbeddedPipeline], None] | None = None,
+                   topology: bool = True) -> SimulationRun:
+    """Drive the simulator through the pipeline with the closed loop: commands go back to it.
+    ``topology=False``: the engine is given no topology (racks, leaves) and sizes the fleet from
+    the telemetry it sees, as a deployment without a node watch does."""
+    pipeline = EmbeddedPipeline(settings, fleet_topology(sim.fleet) if topology else None, key)
     ticks = 0
     for out in sim.run():
         now = float(out.t)

@@ -75,7 +75,14 @@ from fleetmedic.models.event_time import ahead_of_clock, reference_clock
 from fleetmedic.models.stages import FleetDetection, SummaryColumns
 from fleetmedic.remediation.engine import DecisionEngine, Decisions
 from fleetmedic.remediation.operator import apply_operator_command, is_replay
-from fleetmedic.signing import CommandExpired, SignatureError, operator_keys, sign
+from fleetmedic.signing import (
+    DEFAULT_COMMAND_KEY_ID,
+    CommandExpired,
+    SignatureError,
+    operator_keys,
+    sign,
+    verify_record,
+)
 from fleetmedic.streams.detect import PORT_KEY_PREFIX, SUMMARY_KEY
 from fleetmedic.streams.engine_metrics import EngineMetrics
 from fleetmedic.streams.metrics import PipelineMetrics
@@ -304,9 +311,12 @@ class DecideStage:
             return
         try:  # operator keys only, never the command key; re-read each time (a rotated Secret is picked up)
             keys = operator_keys(self.settings.signing, os.environ, command_key=self.key)
-            keys.verify(cmd, max(self.clock.now(), cmd.issued_at))  # first: a forged command must not move time
+            # first: a forged command must not move time. Over the bytes received (the header), or
+            # the in-body signature for a record without one (fleetmedic.signing: the migration)
+            kid = verify_record(cmd, src.value, src.headers, keys, max(self.clock.now(), cmd.issued_at))
             outcome = "replayed" if is_replay(self.engine, cmd) else "applied"  # a replay is refused and audited
-            decisions = apply_operator_command(self.engine, cmd, keys, self.clock.observe(cmd.issued_at))
+            decisions = apply_operator_command(self.engine, cmd, keys, self.clock.observe(cmd.issued_at),
+                                               verified_key_id=kid)
         except (SignatureError, CommandExpired) as exc:
             self.operator_commands.labels("rejected").inc()
             log.warning("decide: operator command %s rejected: %s", cmd.id, exc)
@@ -337,12 +347,16 @@ class DecideStage:
                 return
             clock, ahead = reference_clock(time.time(), src.timestamp_ms), 0
             skew = self.settings.streams.max_future_skew_s
+            seen: list[str] = []
             for s in batch.summaries():
                 if ahead_of_clock(s.ts, clock, skew) is not None:  # stage 1 refuses these already
                     ahead += 1
                     continue
                 self.fleet_stage.on_summary(s)
                 self.clock.observe(s.ts)
+                seen.append(s.node)
+            if seen:  # the fleet size when no topology is given (as the embedded engine counts it)
+                self.engine.nodes_seen(seen, self.clock.now())
             if ahead:
                 self.metrics.ahead_of_clock.labels(src.topic, "decide").inc(ahead)
                 log.warning("decide: %d node summaries of %s[%d]@%d ahead of the clock; left out", ahead, src.topic,
@@ -411,8 +425,9 @@ class DecideStage:
                 log.info("decide: %s is already on the commands topic; not sent again", cmd.id)
                 continue
             self.metrics.commands.labels(cmd.action).inc()
-            self._command_acks.append(await self.outputs.send("remediation.commands", cmd.node or cmd.job,
-                                                              sign(cmd, self.key)))
+            self._command_acks.append(await self.outputs.send_signed("remediation.commands", cmd.node or cmd.job,
+                                                                     sign(cmd, self.key), DEFAULT_COMMAND_KEY_ID,
+                                                                     self.key))
         for a in d.audit:
             if a.id in self.already_audited or (a.command_ids and set(a.command_ids) <= self.already_sent):
                 self.metrics.audit_suppressed.inc()
@@ -438,7 +453,7 @@ class DecideStage:
             return
         for u in found:
             self.metrics.state_unreadable.labels("decide", u.part).inc()
-            log.error("decision state: %s could not be read; it starts fresh", u)
+            log.error("decision state cannot be read: %s", u)
         if restored is not None and restored.snapshot is not None and restored.unreadable:
             outcome = f"restored the earlier snapshot at offset {restored.offset} and replayed the inputs since it"
         elif restored is not None and restored.unreadable:
@@ -448,9 +463,10 @@ class DecideStage:
         newest = restored.newest if restored is not None and restored.newest is not None else "none"
         audit = r.AuditRecord(id=f"state-reset/{state_topic(self.settings)}/{newest}", ts=time.time(),
                               decision="escalated", rule="state_reset",
-                              explanation=(f"decision state reset: {'; '.join(map(str, found))}; {outcome}. "
-                                           "Decisions may differ from an uninterrupted run: check the state "
-                                           "topic and the broker")[:4096])
+                              explanation=(f"decision state reset: {'; '.join(map(str, found))}; {outcome} "
+                                           "(inputs past their retention, and a part started fresh, are lost: "
+                                           "check the state topic and the broker)")[:4096])
+        log.error("decision state reset: %s", outcome)
         if audit.id in self.already_audited:
             return
         self.already_audited.add(audit.id)

@@ -30,6 +30,16 @@ is assigned a partition loads its nodes' states and the model parts (merged, see
 offset: the state is exactly that of the committed offset, and the telemetry after it is
 processed again (a crash replays at most one snapshot interval; findings of that interval can
 appear twice).
+
+Hardening (issue #22): a GPU sample or port record stamped more than ``streams.max_future_skew_s``
+ahead of the clock (the wall clock, or the record's broker timestamp when earlier, so that a replay
+judges it alike) is dead-lettered before the detectors see it: one sample stamped 2096 would
+otherwise make every later sample of its node look late. A micro-batch whose handling raises is
+judged again record by record, so that only the record that raises is dead-lettered (with the
+exception's type, message and last frame; ``fleetmedic_record_errors_total``) and the stage goes
+on. A node state that cannot be read at assignment starts fresh (logged, counted in
+``fleetmedic_state_unreadable_total``); any other failure of the assignment listener (which
+aiokafka would only log, leaving the loop waiting for good) stops the worker with the error.
 """
 
 from __future__ import annotations
@@ -43,14 +53,17 @@ from concurrent.futures import ThreadPoolExecutor
 import msgspec
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
 from fleetmedic import records as r
 from fleetmedic.bus import client_options, detect_group, detect_state_topic, summaries_topic
 from fleetmedic.config import Settings
+from fleetmedic.models.event_time import event_time, reference_clock
+from fleetmedic.models.multivariate_state import decode_part
 from fleetmedic.models.stages import NodeDetection, stage1_batch, summary_columns
 from fleetmedic.streams.metrics import PipelineMetrics
-from fleetmedic.streams.outputs import Outputs, Source
+from fleetmedic.streams.outputs import Outputs, Source, describe
 from fleetmedic.streams.state import MODEL_KEY, NodeStageState, load_detect_partition
 
 log = logging.getLogger(__name__)
@@ -90,6 +103,7 @@ class DetectStage:
         self._restored = asyncio.Event()
         self._model_written: dict[int, int] = {}  # partition -> model revision last written there
         self._model_sizes: dict[int, int] = {}  # partition -> bytes of the model part last written there
+        self._failure: BaseException | None = None  # of the rebalance listener: the loop raises it
 
     # --- the loop ----------------------------------------------------------------------------------
 
@@ -108,12 +122,14 @@ class DetectStage:
         last_write = last_lag = time.monotonic()
         try:
             while not stop.is_set():
+                self._raise_failure()
                 polled = await consumer.getmany(timeout_ms=int(self.batch_within_s * 1000),
                                                 max_records=self.batch_size)
                 # the fetcher can hand out records of a new assignment while the listener is still
                 # loading its node states: process them only once the states are in
                 if any(polled.values()):
                     await self._restored.wait()
+                    self._raise_failure()
                 owned = consumer.assignment()
                 await self._process({tp: records for tp, records in polled.items() if records and tp in owned})
                 if time.monotonic() - last_lag >= 1.0:
@@ -122,11 +138,17 @@ class DetectStage:
                 if time.monotonic() - last_write >= self.snapshot_every_s:
                     await self.checkpoint()
                     last_write = time.monotonic()
+            self._raise_failure()
             await self.checkpoint()
         finally:
             await consumer.stop()
             self.consumer = None
             self._refits.shutdown(wait=False, cancel_futures=True)
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise RuntimeError(f"stage 1: the rebalance listener failed ({type(self._failure).__name__}: "
+                               f"{self._failure}); stopping rather than stalling") from self._failure
 
     def _report_lag(self, consumer: AIOKafkaConsumer, owned: set[TopicPartition]) -> None:
         for tp in owned:
@@ -152,13 +174,22 @@ class DetectStage:
         for tp, records in polled.items():
             if tp.topic != self.gpu_topic:
                 for rec in records:
-                    await self._port(rec)
+                    try:
+                        await self._port(rec)
+                    except KafkaError:
+                        raise
+                    except Exception as exc:
+                        await self.outputs.record_failed(Source.of_record(rec), "detect", exc)
             self.next_offsets[tp] = records[-1].offset + 1
         self.metrics.latency.labels("detect").observe(time.perf_counter() - started)
 
     async def _gpu(self, records: list[tuple[int, ConsumerRecord[bytes, bytes]]]) -> None:
         msgs: list[r.DetectionTelemetry] = []
+        taken: list[ConsumerRecord[bytes, bytes]] = []
         decode, partition_of = self.decode_gpu.decode, self.partition_of
+        # the bound on event time: a record is judged against the wall clock, or its broker timestamp
+        # when earlier (a replay judges it as the live run did)
+        wall, bound = time.time(), self.settings.streams.max_future_skew_s
         for partition, rec in records:
             try:
                 msg = decode(rec.value or b"")
@@ -166,14 +197,38 @@ class DetectStage:
                 # the reason, dead-lettered
                 await self.outputs.decode(r.DetectionTelemetry, Source.of_record(rec), "detect")
                 continue
+            if (event_time(msg) > reference_clock(wall, rec.timestamp) + bound
+                    and await self.outputs.ahead_of_clock(msg, Source.of_record(rec), "detect")):
+                continue
             msgs.append(msg)
+            taken.append(rec)
             partition_of[msg.node] = partition
         if not msgs:
             return
         self.dirty.update(m.node for m in msgs)
-        batch = stage1_batch(msgs)  # the columns converted once for both
-        await self.outputs.findings(self.node_stage.on_gpu(msgs, batch))
-        await self.outputs.send_raw(self.summaries, SUMMARY_KEY, _encode(summary_columns(msgs, batch)))
+        await self._judge(msgs, taken)
+
+    async def _judge(self, msgs: list[r.DetectionTelemetry], records: list[ConsumerRecord[bytes, bytes]]) -> None:
+        """One micro-batch through the detectors, then its findings and summaries out. If judging
+        it raises, each message is judged alone: only the one that raises is dead-lettered. (The
+        failed batch may have stepped some nodes' baselines before it raised; those take their
+        sample twice. Replays do the same, so the state stays that of the input.)"""
+        try:
+            batch = stage1_batch(msgs)  # the columns converted once for both
+            findings = self.node_stage.on_gpu(msgs, batch)
+            summary = _encode(summary_columns(msgs, batch))
+        except Exception as exc:
+            if len(msgs) == 1:
+                await self.outputs.record_failed(Source.of_record(records[0]), "detect", exc)
+                return
+            kind, message, frame = describe(exc)
+            log.warning("detect: a micro-batch of %d messages raised %s: %s (at %s); judging them one by one",
+                        len(msgs), kind, message, frame)
+            for msg, rec in zip(msgs, records, strict=True):
+                await self._judge([msg], [rec])
+            return
+        await self.outputs.findings(findings)
+        await self.outputs.send_raw(self.summaries, SUMMARY_KEY, summary)
 
     async def _finish_refit(self) -> None:
         """Wait for a running refit and install it (before a checkpoint: the state written is then
@@ -184,8 +239,9 @@ class DetectStage:
             self.node_stage.install_refit()
 
     async def _port(self, rec: ConsumerRecord[bytes, bytes]) -> None:
-        msg = await self.outputs.decode(r.PortTelemetry, Source.of_record(rec), "detect")
-        if msg is None:
+        src = Source.of_record(rec)
+        msg = await self.outputs.decode(r.PortTelemetry, src, "detect")
+        if msg is None or await self.outputs.ahead_of_clock(msg, src, "detect"):
             return
         if msg.device_kind == "host":
             self.partition_of.setdefault(msg.device, rec.partition)
@@ -242,12 +298,35 @@ class DetectStage:
         return written
 
     async def on_revoked(self, revoked: set[TopicPartition]) -> None:
+        """Checkpoint the partitions leaving. A failure stops the worker (aiokafka only logs what a
+        listener raises; the partitions' next owner would resume from an older commit with newer
+        node states)."""
         self._restored.clear()
         gone = {tp.partition for tp in revoked}
-        if gone:
-            await self.checkpoint(gone)
+        try:
+            if gone:
+                await self.checkpoint(gone)
+        except Exception as exc:
+            self._failed("checkpointing the revoked partitions", exc)
 
     async def on_assigned(self, assigned: set[TopicPartition]) -> None:
+        """Load the new partitions' node states, then let the loop go on. A node state that cannot
+        be read starts fresh (logged, counted); anything else stops the worker with the error
+        (aiokafka only logs what a listener raises, and the loop would wait for good)."""
+        try:
+            await self._assign(assigned)
+        except Exception as exc:
+            self._failed("restoring the assigned partitions", exc)
+        finally:
+            self._restored.set()
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        log.error("detect: %s failed: %s: %s; stopping the worker", what, type(exc).__name__, exc, exc_info=exc)
+        if self._failure is None:
+            self._failure = exc
+        self._restored.set()  # the loop wakes up and raises it
+
+    async def _assign(self, assigned: set[TopicPartition]) -> None:
         now_owned = {tp.partition for tp in assigned if tp.topic == self.gpu_topic}
         gone = [n for n, p in self.partition_of.items() if p not in now_owned]
         for node in gone:
@@ -261,31 +340,59 @@ class DetectStage:
             self._model_sizes.pop(partition, None)
         started, restored, parts = time.monotonic(), 0, []
         for partition in sorted(now_owned - self.owned):
-            states, part = await load_detect_partition(self.settings, self.state_topic, partition)
-            parts += [part] if part is not None else []
-            for node, st in states.items():
+            read = await load_detect_partition(self.settings, self.state_topic, partition)
+            if read.unreadable:
+                self.metrics.state_unreadable.labels("detect", "node").inc(len(read.unreadable))
+            if read.model is not None:
+                parts.append((partition, read.model))
+            for node, st in read.states.items():
                 if node in self.partition_of:
                     continue  # already live here: newer than what was written
-                if st.gpu is not None:
-                    self.node_stage.gpu.load_node(node, st.gpu)
-                self.node_stage.ports.load_node(node, st.ports)
-                if st.multivariate is not None:
-                    self.node_stage.load_multivariate(node, st.multivariate)
-                self.partition_of[node] = partition
-                restored += 1
+                if self._load_node(node, st, partition):
+                    restored += 1
         loaded = time.monotonic()
         rows = self._restore_model(parts)
         self.owned = now_owned
-        self._restored.set()
         self.metrics.nodes_restored.inc(restored)
         log.info("detect: partitions %s of %s; restored %d node states in %.2fs, %d model rows (refitted: "
                  "version %d) in %.2fs", sorted(now_owned), self.gpu_topic, restored, loaded - started, rows,
                  self.node_stage.model.version, time.monotonic() - loaded)
 
-    def _restore_model(self, parts: list[bytes]) -> int:
+    def _load_node(self, node: str, st: NodeStageState, partition: int) -> bool:
+        """Load one node's saved state; one that cannot be read starts fresh (logged, counted)."""
         try:
-            return self.node_stage.model.load_parts(parts)
+            if st.gpu is not None:
+                self.node_stage.gpu.load_node(node, st.gpu)
+            self.node_stage.ports.load_node(node, st.ports)
+            if st.multivariate is not None:
+                self.node_stage.load_multivariate(node, st.multivariate)
+        except Exception as exc:  # undecodable or inconsistent bytes: the node's baselines relearn
+            self.node_stage.gpu.forget(node)
+            self.node_stage.windows.forget(node)
+            self.metrics.state_unreadable.labels("detect", "node").inc()
+            log.error("detect: the saved state of node %s (partition %d) cannot be read (%s: %s); it starts fresh",
+                      node, partition, type(exc).__name__, exc)
+            return False
+        self.partition_of[node] = partition
+        return True
+
+    def _restore_model(self, parts: list[tuple[int, bytes]]) -> int:
+        """The multivariate model from its parts; a part that cannot be read is left out (logged,
+        counted) and the model relearns its nodes' rows (``min_training_windows``)."""
+        readable = []
+        for partition, data in parts:
+            try:
+                decode_part(data)
+            except Exception as exc:
+                self.metrics.state_unreadable.labels("detect", "model").inc()
+                log.error("detect: the multivariate model's part of partition %d cannot be read (%s: %s); its "
+                          "rows relearn", partition, type(exc).__name__, exc)
+                continue
+            readable.append(data)
+        try:
+            return self.node_stage.model.load_parts(readable)
         except ValueError as exc:  # another version's model: it relearns (min_training_windows)
+            self.metrics.state_unreadable.labels("detect", "model").inc()
             log.warning("detect: multivariate model not restored: %s", exc)
             return 0
 

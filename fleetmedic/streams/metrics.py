@@ -46,3 +46,24 @@ class PipelineMetrics:
         self.audit_suppressed = Counter("fleetmedic_audit_suppressed",
                                         "Audit records rebuilt after a restart that were already on the audit topic",
                                         registry=registry)
+        # hardening (issue #22): what a stage survived instead of crashing or stalling
+        self.record_errors = Counter("fleetmedic_record_errors", "Records whose handling raised: dead-lettered with "
+                                     "the exception, the stage went on; per stage and exception type",
+                                     ["stage", "exception"], registry=registry)
+        self.dead_letters_failed = Counter("fleetmedic_dead_letters_failed", "Dead letters the producer refused or "
+                                           "could not queue (logged with the record's place and hash)",
+                                           ["topic", "stage"], registry=registry)
+        self.ahead_of_clock = Counter("fleetmedic_records_ahead_of_clock", "Records stamped more than "
+                                      "streams.max_future_skew_s ahead of the clock: dead-lettered, no clock moved",
+                                      ["topic", "stage"], registry=registry)
+        self.state_unreadable = Counter("fleetmedic_state_unreadable", "Saved state that could not be read and "
+                                        "started fresh (alert on any): per stage and part (snapshot, engine, fleet, "
+                                        "node, model)", ["stage", "part"], registry=registry)
+        self.snapshot_size = Gauge("fleetmedic_engine_snapshot_bytes", "Size of the decision stage's last snapshot "
+                                   "(encoded, whether written or not); the topic takes at most "
+                                   "fleetmedic_engine_snapshot_limit_bytes", registry=registry)
+        self.snapshot_limit = Gauge("fleetmedic_engine_snapshot_limit_bytes", "The largest decision snapshot the "
+                                    "state topic takes", registry=registry)
+        self.snapshots_skipped = Counter("fleetmedic_engine_snapshots_skipped", "Decision snapshots not written "
+                                         "(the previous one stays; the replay covers the gap), per reason: "
+                                         "oversize, broker", ["reason"], registry=registry)

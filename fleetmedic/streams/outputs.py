@@ -2,14 +2,25 @@
 
 Both stages produce with this aiokafka producer: Faust 0.15 makes its producer idempotent only
 inside transactions, and both stages need a flush they can wait for before they write a snapshot
-(:meth:`Outputs.flush`). Decoding with dead-lettering lives here
-too: a message that does not decode goes to ``deadletter`` (key: source topic) with the field path
-and reason, the original bytes, partition, offset and key.
+(:meth:`Outputs.flush`). Dead-lettering lives here too; a message goes to ``deadletter`` (key:
+source topic, with the original bytes, at most 64 KiB of them with the whole one's SHA-256 and
+length, partition, offset and key) when
+
+- it does not decode: the field path and reason (:meth:`Outputs.decode`);
+- it is stamped more than ``streams.max_future_skew_s`` ahead of the clock
+  (:meth:`Outputs.ahead_of_clock`, the rule in :mod:`fleetmedic.models.event_time`);
+- handling it raised (:meth:`Outputs.record_failed`): the exception's type, message and last
+  frame, counted in ``fleetmedic_record_errors_total{stage,exception}``. The stage goes on: replay is
+  deterministic, so a record that crashed a stage would crash it again after every restart.
+
+Sending a dead letter never raises: a refused one is logged with the record's place and hash and
+counted (``fleetmedic_dead_letters_failed_total``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +31,11 @@ from aiokafka.structs import ConsumerRecord, RecordMetadata
 from fleetmedic import records as r
 from fleetmedic.bus import MAX_STATE_BYTES, client_options
 from fleetmedic.config import Settings
+from fleetmedic.models.event_time import reference_clock, refuse_future
+from fleetmedic.signing import Headers, sign_bytes
 from fleetmedic.streams.metrics import PipelineMetrics
+
+log = logging.getLogger(__name__)
 
 MAX_ERROR = 4096
 TOPICS = ("telemetry.gpu", "telemetry.port", "jobs.events", "findings", "incidents", "remediation.commands",
@@ -29,6 +44,11 @@ TOPICS = ("telemetry.gpu", "telemetry.port", "jobs.events", "findings", "inciden
 
 def _text(key: bytes | None) -> str | None:
     return key.decode("utf-8", "replace") if key is not None else None
+
+
+def describe(exc: BaseException) -> tuple[str, str, str]:
+    """An exception as a dead letter names it: its type, its message, and its traceback's last frame."""
+    return r.DeadLetter.describe(exc)
 
 
 @dataclass(frozen=True)
@@ -40,18 +60,31 @@ class Source:
     offset: int
     key: bytes | None
     value: bytes
+    timestamp_ms: int | None = None  # the record's Kafka timestamp
+    headers: tuple[tuple[str, bytes], ...] = ()  # the record's Kafka headers (signatures: fleetmedic.signing)
 
     @classmethod
     def of_event(cls, event: Any) -> Source:
         """From a Faust event."""
         m = event.message
         value = event.value if isinstance(event.value, bytes) else bytes(event.value or b"")
-        return cls(m.topic, m.partition, m.offset, m.key, value)
+        ts = getattr(m, "timestamp", None)  # Faust: seconds
+        return cls(m.topic, m.partition, m.offset, m.key, value,
+                   int(ts * 1000) if isinstance(ts, int | float) and ts > 0 else None,
+                   _headers(getattr(m, "headers", None)))
 
     @classmethod
     def of_record(cls, rec: ConsumerRecord[bytes, bytes]) -> Source:
         """From an aiokafka record."""
-        return cls(rec.topic, rec.partition, rec.offset, rec.key, rec.value or b"")
+        ts = rec.timestamp if isinstance(rec.timestamp, int) and rec.timestamp > 0 else None
+        return cls(rec.topic, rec.partition, rec.offset, rec.key, rec.value or b"", ts,
+                   _headers(getattr(rec, "headers", None)))
+
+
+def _headers(raw: Any) -> tuple[tuple[str, bytes], ...]:
+    """Kafka headers as ``(name, value)`` pairs, from aiokafka's sequence or Faust's (a mapping or pairs)."""
+    pairs = raw.items() if isinstance(raw, dict) else (raw or ())
+    return tuple((str(k), bytes(v or b"")) for k, v in pairs)
 
 
 class Outputs:
@@ -78,10 +111,19 @@ class Outputs:
         the future of its acknowledgement."""
         return await self.send_raw(self.names[name], key.encode(), r.encode(record))
 
-    async def send_raw(self, topic: str, key: bytes, value: bytes,
-                       partition: int | None = None) -> asyncio.Future[RecordMetadata]:
+    async def send_signed(self, name: str, key: str, record: r.Record, key_id: str,
+                          signing_key: bytes) -> asyncio.Future[RecordMetadata]:
+        """As :meth:`send`, with the signature headers over the value bytes exactly as produced
+        (:func:`~fleetmedic.signing.sign_bytes`)."""
+        value = r.encode(record)
+        headers = sign_bytes(value, key_id, signing_key)
+        return await self.send_raw(self.names[name], key.encode(), value, headers=headers)
+
+    async def send_raw(self, topic: str, key: bytes, value: bytes, partition: int | None = None,
+                       headers: Headers | None = None) -> asyncio.Future[RecordMetadata]:
         producer = await self.producer()
-        future: asyncio.Future[RecordMetadata] = await producer.send(topic, value=value, key=key, partition=partition)
+        future: asyncio.Future[RecordMetadata] = await producer.send(topic, value=value, key=key, partition=partition,
+                                                                     headers=headers)
         self.metrics.messages_out.labels(topic).inc()
         return future
 
@@ -102,11 +144,42 @@ class Outputs:
             await self.dead_letter(src, stage, f"{exc.path}: {exc.reason}")
             return None
 
-    async def dead_letter(self, src: Source, stage: str, error: str) -> None:
+    async def dead_letter(self, src: Source, stage: str, error: str, exception: str = "", frame: str = "") -> None:
+        """Send ``src`` to ``deadletter`` with the reason; never raises (a dead letter the producer
+        refuses is logged, with the record's place and hash, and counted)."""
         dl = r.DeadLetter(ts=time.time(), topic=src.topic, stage=stage, error=error[:MAX_ERROR], original=src.value,
-                          partition=src.partition, offset=src.offset, key=_text(src.key))
+                          partition=src.partition, offset=src.offset, key=_text(src.key), exception=exception,
+                          frame=frame)
         self.metrics.dead_letters.labels(src.topic, stage).inc()
-        await self.send_raw(self.names["deadletter"], src.topic.encode(), r.encode(dl))
+        try:
+            await self.send_raw(self.names["deadletter"], src.topic.encode(), r.encode(dl))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the stage goes on: the record stays on its topic, its place logged
+            self.metrics.dead_letters_failed.labels(src.topic, stage).inc()
+            log.error("%s: dead letter for %s[%d]@%d (%d bytes, sha256 %s) not sent: %r; its error: %s", stage,
+                      src.topic, src.partition, src.offset, dl.original_length, dl.original_sha256, exc, error)
+
+    async def record_failed(self, src: Source, stage: str, exc: Exception) -> None:
+        """Handling ``src`` raised ``exc``: log, count, dead-letter it with the exception."""
+        kind, message, frame = describe(exc)
+        self.metrics.record_errors.labels(stage, kind).inc()
+        log.error("%s: %s[%d]@%d raised %s: %s (at %s); dead-lettered, going on", stage, src.topic, src.partition,
+                  src.offset, kind, message, frame, exc_info=exc)
+        await self.dead_letter(src, stage, f"{kind}: {message}", exception=kind, frame=frame)
+
+    async def ahead_of_clock(self, record: object, src: Source, stage: str) -> bool:
+        """True (and ``src`` dead-lettered, counted) if ``record`` is stamped more than
+        ``streams.max_future_skew_s`` ahead of the clock: the wall clock, or the record's broker
+        timestamp when earlier (:func:`~fleetmedic.models.event_time.reference_clock`)."""
+        why = refuse_future(record, reference_clock(time.time(), src.timestamp_ms),
+                            self.settings.streams.max_future_skew_s)
+        if why is None:
+            return False
+        self.metrics.ahead_of_clock.labels(src.topic, stage).inc()
+        log.warning("%s: %s[%d]@%d refused: %s", stage, src.topic, src.partition, src.offset, why)
+        await self.dead_letter(src, stage, why)
+        return True
 
     async def findings(self, findings: list[r.Finding]) -> None:
         for f in findings:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
 import threading
 import time
@@ -16,10 +17,10 @@ from fleetmedic import records as r
 from fleetmedic.bus import ticks_topic
 from fleetmedic.config import Settings
 from fleetmedic.streams.app import build_app, ensure_topics
-from fleetmedic.streams.decide import DecideStage, decide_inputs
+from fleetmedic.streams.decide import DecideStage, decide_inputs, restore
 from fleetmedic.streams.metrics import PipelineMetrics
 from fleetmedic.streams.outputs import Outputs
-from fleetmedic.streams.state import decode_snapshot, end_offsets, ids_since, load_snapshot, reset_group_offsets
+from fleetmedic.streams.state import end_offsets, ids_since, load_snapshots, reset_group_offsets
 from fleetmedic.streams.worker import Pipeline, Role, WorkerOptions
 
 log = logging.getLogger("fleetmedic.worker")
@@ -30,25 +31,32 @@ GC_GEN0_THRESHOLD = 50_000
 async def prepare_decide(settings: Settings, key: bytes, metrics: PipelineMetrics,
                          options: WorkerOptions) -> DecideStage:
     """The decision stage, restored and caught up: its snapshot, the command ids on the topic since,
-    the inputs replayed from the snapshot's offsets to their ends; its group's offsets set there."""
+    the inputs replayed from the snapshot's offsets to their ends; its group's offsets set there.
+    A snapshot that cannot be read is passed over for the one before it, or the stage starts fresh
+    (and replays from the beginning): logged, counted and audited, never a failed start."""
     group, inputs = settings.kafka.consumer_group, decide_inputs(settings)
-    raw = await load_snapshot(settings)
-    snapshot = decode_snapshot(raw) if raw else None
+    candidates = await load_snapshots(settings)
+    restored = restore(settings, candidates)
+    snapshot = restored.snapshot
+    size = next((len(raw) for offset, raw in candidates if offset == restored.offset), 0)
+    del candidates
     wait_s = 3 * options.session_timeout_s + 10
     # first: the group must have no live member (a crashed predecessor's session must end)
     await reset_group_offsets(settings, group, inputs, snapshot.offsets if snapshot else {}, wait_s)
     already = await ids_since(settings, "remediation.commands", r.RemediationCommand,
                               snapshot.commands_from if snapshot else 0)
     audited = await ids_since(settings, "remediation.audit", r.AuditRecord, snapshot.audit_from if snapshot else 0)
-    stage = DecideStage(settings, key, Outputs(settings, metrics), metrics, snapshot, already, audited)
+    stage = DecideStage(settings, key, Outputs(settings, metrics), metrics, snapshot, already, audited,
+                        engine=restored.engine)
     started = time.monotonic()
     try:
+        await stage.report_unreadable(restored)
         replayed = await stage.replay(await end_offsets(settings, {**inputs, ticks_topic(settings): 1}))
         await stage.outputs.flush()
     finally:
         await stage.outputs.stop()
     reset = await reset_group_offsets(settings, group, inputs, stage.offsets, wait_s)
-    state = f"restored ({len(raw or b'')} bytes, written at {snapshot.written_at:.3f})" if snapshot else "fresh state"
+    state = f"restored ({size} bytes, written at {snapshot.written_at:.3f})" if snapshot else "fresh state"
     log.info("decision engine: %s; %d command ids already on the topic, %d audit ids on theirs; replayed %d "
              "messages and ticks in %.2fs; inputs from %s", state, len(already), len(audited), replayed,
              time.monotonic() - started,
@@ -121,13 +129,16 @@ def _run_faust(settings: Settings, datadir: str, loglevel: str, role: Role, metr
 
 
 class _DetectThread:
-    """Stage 1 in a thread with its own event loop, beside the Faust worker (``--role all``)."""
+    """Stage 1 in a thread with its own event loop, beside the Faust worker (``--role all``). If
+    stage 1 fails, the whole worker stops (SIGTERM to itself) and exits non-zero: a process whose
+    stage 1 died while its decision stage runs on would look healthy and detect nothing."""
 
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
         self.loop = asyncio.new_event_loop()
         self.stop_event = asyncio.Event()  # bound to the thread's loop at its first use there
         self.error: BaseException | None = None
+        self.stopping = False
         self.thread = threading.Thread(target=self._main, name="fleetmedic-detect", daemon=True)
 
     def start(self) -> None:
@@ -138,11 +149,14 @@ class _DetectThread:
             self.loop.run_until_complete(self.pipeline.run_detect(self.stop_event))
         except BaseException as exc:  # reported by stop(); the worker exits non-zero
             self.error = exc
-            log.exception("stage 1 failed")
+            log.exception("stage 1 failed; stopping the worker")
+            if not self.stopping:
+                os.kill(os.getpid(), signal.SIGTERM)  # Faust stops (its last snapshot included)
         finally:
             self.loop.close()
 
     def stop(self, timeout: float = 30.0) -> None:
+        self.stopping = True
         if not self.loop.is_closed():
             self.loop.call_soon_threadsafe(self.stop_event.set)
         self.thread.join(timeout)

@@ -14,6 +14,12 @@
   :data:`MODEL_KEY` the multivariate model's training rows of that partition's nodes (a
   :class:`~fleetmedic.models.multivariate.ModelPart`: plain arrays, refitted on load, no pickle);
   a worker that is assigned that partition loads them (:func:`load_detect_partition`).
+
+Corrupt state (issue #22) starts fresh for what cannot be read, never silently and never as a
+crash: :func:`load_snapshots` hands the decision stage its latest few snapshots, newest first, so
+that one that does not decode is passed over (``decide.restore``); a stage-1 node state that does
+not decode is left out and named (:class:`DetectPartition`), and stage 1 counts it and starts that
+node fresh.
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -33,6 +42,10 @@ from fleetmedic.config import Settings
 log = logging.getLogger(__name__)
 
 SNAPSHOT_KEY = b"engine"
+#: the largest decision snapshot written: the state topic's max.message.bytes, less the record
+#: batch's own headers; a larger one is not written (the previous one stays; issue #24 shards it)
+SNAPSHOT_LIMIT = MAX_STATE_BYTES - 4096
+SNAPSHOTS_KEPT = 3  # snapshots :func:`load_snapshots` hands back (one that does not decode is passed over)
 MODEL_KEY = b"__multivariate_model__"  # not a node name (Kubernetes names have no "_")
 
 
@@ -59,19 +72,19 @@ def decode_snapshot(data: bytes) -> DecideSnapshot:
     return msgspec.msgpack.decode(data, type=DecideSnapshot)
 
 
-async def _read_partition(settings: Settings, tp: TopicPartition, timeout: float) -> list[tuple[bytes, bytes]]:
-    """Every (key, value) of one partition, from its beginning to its end now."""
+async def _read_partition(settings: Settings, tp: TopicPartition, timeout: float,
+                          take: Callable[[int, bytes, bytes], None]) -> None:
+    """``take(offset, key, value)`` for every record of one partition, from its beginning to its end now."""
     consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False,
                                 auto_offset_reset="earliest", request_timeout_ms=int(timeout * 1000),
                                 fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=MAX_STATE_BYTES)
     await consumer.start()
-    out: list[tuple[bytes, bytes]] = []
     try:
         consumer.assign([tp])
         begin = (await consumer.beginning_offsets([tp]))[tp]
         end = (await consumer.end_offsets([tp]))[tp]
         if end <= begin:
-            return out
+            return
         # an explicit offset: seek_to_beginning() is lazy and can lose a race with the initial reset
         consumer.seek(tp, begin)
         position = begin
@@ -80,41 +93,75 @@ async def _read_partition(settings: Settings, tp: TopicPartition, timeout: float
             if not batch:
                 raise TimeoutError(f"{tp.topic}[{tp.partition}]: no records within {timeout}s "
                                    f"(offset {position} of {end})")
-            out += [(rec.key, rec.value) for rec in batch.get(tp, []) if rec.key is not None and rec.value is not None]
+            for rec in batch.get(tp, []):
+                if rec.key is not None and rec.value is not None:
+                    take(rec.offset, rec.key, rec.value)
             position = await consumer.position(tp)
-        return out
     finally:
         await consumer.stop()
 
 
+async def load_snapshots(settings: Settings, timeout: float = 30.0,
+                         keep: int = SNAPSHOTS_KEPT) -> list[tuple[int, bytes]]:
+    """The latest ``keep`` decision-stage snapshots still on the state topic (compaction leaves the
+    older ones until it cleans their segment), as ``(offset, raw bytes)``, newest first."""
+    latest: deque[tuple[int, bytes]] = deque(maxlen=keep)
+
+    def take(offset: int, key: bytes, value: bytes) -> None:
+        if key == SNAPSHOT_KEY:
+            latest.append((offset, value))
+    await _read_partition(settings, TopicPartition(state_topic(settings), 0), timeout, take)
+    return list(reversed(latest))
+
+
 async def load_snapshot(settings: Settings, timeout: float = 30.0) -> bytes | None:
     """The latest decision-stage snapshot (raw :class:`DecideSnapshot` bytes), or None."""
-    records = await _read_partition(settings, TopicPartition(state_topic(settings), 0), timeout)
-    latest = [v for k, v in records if k == SNAPSHOT_KEY]
-    return latest[-1] if latest else None
+    latest = await load_snapshots(settings, timeout, keep=1)
+    return latest[0][1] if latest else None
 
 
 async def load_node_states(settings: Settings, topic: str, partition: int,
                            timeout: float = 30.0) -> dict[str, NodeStageState]:
     """The latest state of every node in one partition of the stage-1 state topic."""
-    return (await load_detect_partition(settings, topic, partition, timeout))[0]
+    return (await load_detect_partition(settings, topic, partition, timeout)).states
+
+
+@dataclass
+class DetectPartition:
+    """One partition of the stage-1 state topic, read: the latest state of every node, the latest
+    multivariate model part (None if there is none), and the records that could not be read."""
+
+    states: dict[str, NodeStageState] = field(default_factory=dict)
+    model: bytes | None = None
+    unreadable: dict[str, str] = field(default_factory=dict)  # node (or the key, as text) -> why
+
+
+def decode_node_state(value: bytes) -> NodeStageState:
+    return msgspec.msgpack.decode(value, type=NodeStageState)
 
 
 async def load_detect_partition(settings: Settings, topic: str, partition: int,
-                                timeout: float = 30.0) -> tuple[dict[str, NodeStageState], bytes | None]:
+                                timeout: float = 30.0) -> DetectPartition:
     """The latest state of every node in one partition of the stage-1 state topic, and the latest
-    multivariate model part (None if there is none)."""
-    states: dict[str, NodeStageState] = {}
-    model: bytes | None = None
-    for key, value in await _read_partition(settings, TopicPartition(topic, partition), timeout):
+    multivariate model part. A node whose latest state does not decode is left out of ``states``
+    and named in ``unreadable`` (it starts fresh); a later readable one replaces it."""
+    out = DetectPartition()
+
+    def take(offset: int, key: bytes, value: bytes) -> None:
         if key == MODEL_KEY:
-            model = value
-            continue
+            out.model = value
+            return
+        node = key.decode("utf-8", "replace")
         try:
-            states[key.decode()] = msgspec.msgpack.decode(value, type=NodeStageState)
-        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-            log.warning("%s[%d]: skipping an unreadable node state (%s)", topic, partition, exc)
-    return states, model
+            out.states[key.decode()] = decode_node_state(value)
+            out.unreadable.pop(node, None)
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # ValidationError is a DecodeError
+            out.states.pop(node, None)
+            out.unreadable[node] = f"offset {offset}: {type(exc).__name__}: {exc}"
+    await _read_partition(settings, TopicPartition(topic, partition), timeout, take)
+    for node, why in out.unreadable.items():
+        log.error("%s[%d]: the state of node %s cannot be read (%s); it starts fresh", topic, partition, node, why)
+    return out
 
 
 async def save_snapshot(settings: Settings, state: bytes) -> None:

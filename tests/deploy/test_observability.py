@@ -29,17 +29,20 @@ def exported_metric_names() -> set[str]:
     from fleetmedic.streams.engine_metrics import EngineMetrics
     from fleetmedic.streams.metrics import PipelineMetrics
 
-    registry = CollectorRegistry()
-    PipelineMetrics(registry)
-    EngineMetrics(registry)
-    ExecutorMetrics(registry)
-    ConnectorMetrics(registry, "test")
-    JobWatchMetrics(registry)
+    # one registry per process kind: a worker and the executor both export
+    # fleetmedic_record_errors_total{stage}, as each process exports its own process_* series
+    registries = [CollectorRegistry() for _ in range(4)]
+    PipelineMetrics(registries[0])
+    EngineMetrics(registries[0])
+    ExecutorMetrics(registries[1])
+    ConnectorMetrics(registries[2], "test")
+    JobWatchMetrics(registries[3])
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "summary": ("_count", "_sum")}
     names: set[str] = set()
-    for family in registry.collect():
-        names.add(family.name)
-        names.update(family.name + s for s in suffixes.get(family.type, ()))
+    for registry in registries:
+        for family in registry.collect():
+            names.add(family.name)
+            names.update(family.name + s for s in suffixes.get(family.type, ()))
     return names
 
 

@@ -380,3 +380,23 @@ def test_the_executor_screen_takes_a_header_verified_command_without_its_body_si
     assert "signature" in (plan.reject_reason(bare, KEY, 1100.0) or "")  # no header: the body decides
     assert "expired" in (plan.reject_reason(bare, KEY, 1400.0, verified_by_header=True) or "")
     assert "signature" in (plan.reject_reason(bare, DEMO_COMMAND_KEY, 1100.0, verified_by_header=True) or "")
+
+
+@pytest.mark.parametrize("signature", ["é" * 64, "\udcff", "\uff46" * 64])
+def test_a_signature_that_is_not_ascii_is_a_mismatch_not_a_crash(signature: str) -> None:
+    """Schema-valid operator commands with such signatures made verify raise TypeError (found by the
+    stages' fuzz); they are refused like any other mismatch."""
+    forged = msgspec.structs.replace(sign(command(), KEY), signature=signature)
+    with pytest.raises(SignatureError):
+        verify(forged, KEY, now=1100.0)
+    with pytest.raises(SignatureError):
+        KeySet({"operator": KEY}).verify(forged, now=1100.0)
+
+
+def test_a_command_issued_beyond_the_clock_skew_is_refused() -> None:
+    from fleetmedic.signing import MAX_FUTURE_SKEW_S, CommandFromTheFuture
+
+    far = sign(command(issued_at=1000 + MAX_FUTURE_SKEW_S + 60, expires_at=4_000_000_000), KEY)
+    with pytest.raises(CommandFromTheFuture, match="ahead of this clock"):
+        verify(far, KEY, now=1000.0)
+    verify(sign(command(issued_at=1100, expires_at=1400), KEY), KEY, now=1000.0)  # within the skew

@@ -43,8 +43,8 @@ def _telemetry(run: Run, first: int, last: int) -> list[tuple[str, bytes, bytes]
 
 
 def _state(run: Run) -> tuple[bytes | None, dict[str, tuple[bytes | None, bytes | None]]]:
-    states, model = asyncio.run(load_detect_partition(run.settings, detect_state_topic(run.settings), 0))
-    return model, {n: (st.gpu, st.multivariate) for n, st in states.items()}
+    part = asyncio.run(load_detect_partition(run.settings, detect_state_topic(run.settings), 0))
+    return part.model, {n: (st.gpu, st.multivariate) for n, st in part.states.items()}
 
 
 def _commit_all(run: Run, bootstrap: str, proc: subprocess.Popen[bytes], end: int, timeout: float = 90) -> None:
