@@ -7,9 +7,9 @@
 - The pipeline's internal topics (:func:`state_topic`, :func:`detect_state_topic`,
   :func:`summaries_topic`, :func:`ticks_topic`), named after the consumer group, and how many
   partitions each topic gets (:func:`partitions_of`).
-- :func:`client_options`: the one place a Kafka client's connection options (bootstrap, TLS, SASL)
-  are built from the ``kafka`` section; every producer, consumer and admin client of fleetmedic
-  takes them.
+- :func:`client_options`: the one place a Kafka client's connection options (bootstrap, TLS, SASL,
+  metadata refresh) are built from the ``kafka`` section; every producer, consumer and admin client
+  of fleetmedic takes them, producers through :func:`producer_options` (idempotent, ``acks=all``).
 
 Pure: no Kafka library is imported here (the TLS context comes from the standard library), and
 nothing of fleetmedic but the records: the settings are read through their shape (``Protocol``).
@@ -30,6 +30,7 @@ from fleetmedic.records import (
     GpuTelemetry,
     Incident,
     JobEvent,
+    KernelEvent,
     NodeObservation,
     OperatorCommand,
     PortTelemetry,
@@ -66,6 +67,10 @@ class KafkaSettings(Protocol):
     def ssl_keyfile(self) -> str: ...
     @property
     def ssl_check_hostname(self) -> bool: ...
+    @property
+    def acks(self) -> str: ...
+    @property
+    def metadata_max_age_ms(self) -> int: ...
 
 
 class TopicSettings(Protocol):
@@ -114,6 +119,8 @@ TOPICS: Final[tuple[TopicSpec, ...]] = (
         "switch/NIC counter connector, node-exporter ingest, simulator",
         "detection stage",
     ),
+    TopicSpec("kernel.events", KernelEvent, "node name", "by key (node), as many partitions as telemetry.gpu",
+              "kernel-log exporter (`exporter kmsg`)", "detection stage (XIDs, SXids, PCIe AER, machine checks)"),
     TopicSpec(
         "jobs.events",
         JobEvent,
@@ -217,6 +224,8 @@ SINGLE_PARTITION: Final = frozenset({"incidents", "remediation.commands", "remed
 def partitions_of(settings: Settings, name: str) -> int:
     if name in SINGLE_PARTITION:
         return 1
+    if name == "kernel.events" and name not in settings.topics.partitions:  # stage 1 reads both by node
+        name = "telemetry.gpu"
     return settings.topics.partitions.get(name, settings.topics.default_partitions)
 
 
@@ -249,18 +258,33 @@ def ticks_topic(settings: Settings) -> str:
 # --- connecting ---------------------------------------------------------------------------------
 
 
-def client_options(k: KafkaSettings) -> dict[str, Any]:
-    """aiokafka client options from the ``kafka`` section: bootstrap servers, client id, and the
-    security protocol with its SASL credentials and TLS context (``ssl_cafile``, the client's
-    certificate and key, ``ssl_check_hostname``). Reads the SASL password file or variable now."""
+def client_options(k: KafkaSettings, **overrides: Any) -> dict[str, Any]:
+    """aiokafka client options from the ``kafka`` section: bootstrap servers, client id, how often
+    the cluster metadata is refreshed (``metadata_max_age_ms``), and the security protocol with its
+    SASL credentials and TLS context (``ssl_cafile``, the client's certificate and key,
+    ``ssl_check_hostname``). Reads the SASL password file or variable now. ``overrides`` replace
+    options of the same name (a client that needs a faster metadata refresh passes its own)."""
     opts: dict[str, Any] = {"bootstrap_servers": k.bootstrap_servers, "client_id": k.client_id,
-                            "security_protocol": k.security_protocol}
+                            "security_protocol": k.security_protocol,
+                            "metadata_max_age_ms": k.metadata_max_age_ms}
     if k.security_protocol.startswith("SASL"):
         opts.update(sasl_mechanism=k.sasl_mechanism, sasl_plain_username=k.sasl_username,
                     sasl_plain_password=sasl_password(k))
     if k.security_protocol.endswith("SSL"):
         opts["ssl_context"] = tls_context(k)
+    opts.update(overrides)
     return opts
+
+
+def producer_options(k: KafkaSettings, *, decisions: bool = False, **overrides: Any) -> dict[str, Any]:
+    """:func:`client_options` for an ``AIOKafkaProducer``: idempotent with ``acks=all`` (a retried
+    send is written once, an acknowledged one is on ``min.insync.replicas`` brokers) while
+    ``kafka.acks`` is ``all``, the default. ``kafka.acks`` 1 or 0 trades that for latency, and
+    idempotence needs ``all``; ``decisions`` (commands, results, operator commands, the engine's
+    state) keeps ``all`` and idempotence whatever ``kafka.acks`` says. Every producer of fleetmedic
+    is built from this (tests/foundation/test_producers.py checks)."""
+    durable = decisions or k.acks == "all"
+    return client_options(k, acks="all" if durable else int(k.acks), enable_idempotence=durable, **overrides)
 
 
 def sasl_password(k: KafkaSettings) -> str:

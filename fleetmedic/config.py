@@ -28,7 +28,7 @@ import msgspec
 import yaml
 from msgspec import Meta, Struct
 
-from fleetmedic.bus import BY_NAME
+from fleetmedic.bus import BY_NAME, MAX_STATE_BYTES
 from fleetmedic.k8s_keys import (
     LABEL_LEAF,
     LABEL_NVLINK_DOMAIN,
@@ -73,6 +73,9 @@ class KafkaSettings(Section, frozen=True, kw_only=True):
     ssl_check_hostname: bool = True
     acks: Literal["all", "1", "0"] = "all"
     request_timeout_s: PosFloat = 30.0
+    # every client refreshes its cluster metadata this often (aiokafka's default is 5 min): a client
+    # that keeps asking a partition's old leader learns the new one within this
+    metadata_max_age_ms: Annotated[int, Meta(ge=1000, le=3_600_000)] = 30_000
 
     def __post_init__(self) -> None:
         if self.security_protocol.startswith("SASL") and self.sasl_mechanism is None:
@@ -111,13 +114,30 @@ class TopicSettings(Section, frozen=True, kw_only=True):
         return self.names.get(name, self.prefix + name)
 
 
+class CommandKeySettings(Section, frozen=True, kw_only=True):
+    """One more command key the executor accepts (``signing.command_keys``): its id (what the
+    ``fleetmedic-key-id`` header names) and where the key is, a file or an environment variable."""
+
+    id: str
+    key_file: str = ""
+    key_env: str = ""
+
+    def __post_init__(self) -> None:
+        if bool(self.key_file) == bool(self.key_env):
+            raise ValueError(f"command key {self.id!r}: give exactly one of `key_file` and `key_env`")
+
+
 class SigningSettings(Section, frozen=True, kw_only=True):
-    """Keys by role (:mod:`fleetmedic.signing`): the command key (the decision stage signs, the
-    executor verifies) and the operator keys, by id (``fleetmedic ctl`` signs with one, the decision
-    stage accepts any, the executor none)."""
+    """Keys by role (:mod:`fleetmedic.signing`): the command keys (the decision stage signs with the
+    active one, ``key_file``/``key_env`` under the id ``key_id``; the executor accepts it and every one
+    of ``command_keys``, by the id the record's header names) and the operator keys, by id
+    (``fleetmedic ctl`` signs with one, the decision stage accepts any, the executor none). A command
+    key id is never an operator key id."""
 
     key_file: str = ""
     key_env: str = "FLEETMEDIC_SIGNING_KEY"
+    key_id: str = "command"  # the active command key's id (fleetmedic.signing.DEFAULT_COMMAND_KEY_ID)
+    command_keys: list[CommandKeySettings] = []  # more keys the executor accepts: a key rotation's overlap
     command_ttl_s: PosFloat = 300.0
     operator_key_files: dict[str, str] = {}  # key id -> file holding that operator key
     operator_key_dir: str = ""  # or a folder (a mounted Secret): each file one key, its name the id
@@ -125,6 +145,21 @@ class SigningSettings(Section, frozen=True, kw_only=True):
         default_factory=lambda: {"operator": "FLEETMEDIC_OPERATOR_KEY"})  # key id -> env var (used when set)
     operator_key_id: str = ""  # the key `fleetmedic ctl` signs with ("": the only one configured)
     allow_demo_keys: bool = False  # the published demo keys: only `fleetmedic demo` sets this
+
+    def __post_init__(self) -> None:
+        seen = {self.key_id: "`key_id`"}
+        for i, k in enumerate(self.command_keys):
+            if k.id in seen:
+                why = ("the active key (key_file/key_env) has it: list only the other keys here"
+                       if k.id == self.key_id else f"given twice (also {seen[k.id]})")
+                raise ValueError(f"`command_keys[{i}].id` {k.id!r}: {why}")
+            seen[k.id] = f"`command_keys[{i}].id`"
+        for field, ids in (("operator_key_files", self.operator_key_files),
+                           ("operator_key_env", self.operator_key_env)):
+            for kid in ids:
+                if kid in seen:
+                    raise ValueError(f"`{field}` id {kid!r} is a command key id ({seen[kid]}): a header naming "
+                                     f"it must say which role signed, so the ids of the roles never overlap")
 
 
 # --- detection ----------------------------------------------------------------------------------
@@ -260,7 +295,16 @@ class DetectionSettings(Section, frozen=True, kw_only=True):
     # GPU fallen off the bus. XID 79 for that GPU (NVML's lost-GPU error) confirms it at once
     gpu_missing_after_samples: PosInt = 3
     gpu_missing_after_s: NonNegFloat = 20.0
+    # the same XID (node, GPU, code) from the kernel log and from NVML or dcgm within this many
+    # seconds of event time is one event (models/event_dedup.py); 0: every report counts
+    xid_dedup_window_s: Annotated[float, Meta(ge=0.0, le=3600.0)] = 60.0
     siblings: SiblingSettings = SiblingSettings()
+    # stage 1's memory is bounded whatever node names arrive: a node silent this long (event time:
+    # the latest record stamp stage 1 has seen) is forgotten, and beyond this many nodes a worker
+    # forgets the least recently seen one. A forgotten node that returns starts fresh (baselines warm
+    # up again: baseline.warmup_samples); its saved state is deleted from the state topic
+    evict_node_after_s: PosFloat = 7 * 86400.0
+    max_nodes_per_worker: PosInt = 50_000
 
 
 # --- triage, policy, safety ---------------------------------------------------------------------
@@ -495,6 +539,9 @@ class ExecutorSettings(Section, frozen=True, kw_only=True):
     diagnostics_tolerations: list[dict[str, str]] = []
     diagnostics_pod_annotations: dict[str, str] = {}
     action_hooks: dict[Literal["reset_gpu", "reboot_node", "escalate"], str] = {}
+    # keep nodes and pods in memory by list + watch (executor/cache.py) for the topology-aware restart;
+    # false: list every node (placement.node_cache_s) and every live pod per restart instead
+    cluster_cache: bool = True
 
 
 class IngestSettings(Section, frozen=True, kw_only=True):
@@ -511,6 +558,48 @@ class NvmlExporterSettings(Section, frozen=True, kw_only=True):
     interval_s: PosFloat = 10.0
     node_name: str = ""  # "" = $NODE_NAME, else the host name
     xid_wait_ms: Annotated[int, Meta(ge=10, le=60_000)] = 500
+
+
+class PodDiscoverySettings(Section, frozen=True, kw_only=True):
+    """Scrape mode: exporter pods found through the Kubernetes API (connectors/prometheus_discovery.py)."""
+
+    enabled: bool = False
+    in_cluster: bool = True  # the pod's service account; false: kubeconfig ("" = $KUBECONFIG or ~/.kube/config)
+    kubeconfig: str = ""
+    namespace: str = ""  # "" = every namespace
+    label_selector: str = "app=nvidia-dcgm-exporter"
+    port_name: str = "metrics"  # the container port of that name, unless `port` is set
+    port: Annotated[int, Meta(ge=0, le=65535)] = 0
+    scheme: Literal["http", "https"] = "http"
+    path: str = "/metrics"
+    node_label: str = "node"  # the target label that carries the pod's spec.nodeName
+    refresh_s: PosFloat = 60.0
+
+    def __post_init__(self) -> None:
+        if self.enabled and not (self.port or self.port_name):
+            raise ValueError("discovery: needs port_name or port")
+        if not self.path.startswith("/"):
+            raise ValueError(f"discovery.path: must start with / (got {self.path[:64]!r})")
+        if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.node_label):
+            raise ValueError(f"discovery.node_label: not a Prometheus label name ({self.node_label[:64]!r})")
+
+
+class RemoteWriteSettings(Section, frozen=True, kw_only=True):
+    """``fleetmedic exporter remote-write``: Prometheus remote write 1.0 (connectors/remote_write*.py)."""
+
+    listen: str = "0.0.0.0:9201"  # HOST:PORT (--listen overrides)
+    path: str = "/api/v1/write"
+    max_body_bytes: Annotated[int, Meta(ge=1024, le=1 << 30)] = 8 << 20  # compressed; larger: 400
+    max_decompressed_bytes: Annotated[int, Meta(ge=1024, le=1 << 31)] = 64 << 20  # the snappy header's; larger: 400
+    # samples of one scrape reach us in several requests (Prometheus shards series across queues):
+    # a scrape is published as one record this long after its first sample arrived
+    assemble_s: Annotated[float, Meta(gt=0, le=300)] = 10.0
+    max_pending_samples: PosInt = 2_000_000  # samples held for assembly; beyond them requests get 503
+    max_nodes_tracked: PosInt = 100_000  # per-node "already published" marks kept (oldest forgotten)
+
+    def __post_init__(self) -> None:
+        if not self.path.startswith("/"):
+            raise ValueError(f"path: must start with / (got {self.path[:64]!r})")
 
 
 class PrometheusExporterSettings(Section, frozen=True, kw_only=True):
@@ -534,6 +623,7 @@ class PrometheusExporterSettings(Section, frozen=True, kw_only=True):
     group_tolerance_ms: Annotated[int, Meta(ge=0, le=60_000)] = 500
     # range queries (backtest --prometheus): points per series per query, under the server's 11,000
     range_max_points: Annotated[int, Meta(ge=10, le=11_000)] = 10_000
+    discovery: PodDiscoverySettings = PodDiscoverySettings()
 
     def __post_init__(self) -> None:
         try:
@@ -597,6 +687,7 @@ class ExporterSettings(Section, frozen=True, kw_only=True):
     drain_timeout_s: NonNegFloat = 10.0
     nvml: NvmlExporterSettings = NvmlExporterSettings()
     prometheus: PrometheusExporterSettings = PrometheusExporterSettings()
+    remote_write: RemoteWriteSettings = RemoteWriteSettings()
     kafka: KafkaTelemetrySettings = KafkaTelemetrySettings()
     infiniband: InfinibandExporterSettings = InfinibandExporterSettings()
     logs: LogExporterSettings = LogExporterSettings()
@@ -625,6 +716,8 @@ class JobWatchSettings(Section, frozen=True, kw_only=True):
 class MetricsSettings(Section, frozen=True, kw_only=True):
     bind_address: str = "127.0.0.1"
     port: Annotated[int, Meta(ge=0, le=65535)] = 9108
+    # /healthz fails (the kubelet restarts the process) when an event loop has not run for this long
+    stall_after_s: Annotated[float, Meta(ge=10.0, le=3600.0)] = 120.0
 
 
 class StreamsSettings(Section, frozen=True, kw_only=True):
@@ -638,6 +731,14 @@ class StreamsSettings(Section, frozen=True, kw_only=True):
     # a record stamped further ahead of the clock than this is dead-lettered: it never moves event
     # time (the decision clock, command expiry, stage 1's windows); issue #21, docs/streams.md
     max_future_skew_s: Annotated[float, Meta(ge=0.0, le=86_400.0)] = 300.0
+    # the decision stage drops a finding id it handled before (stage 1 replays the telemetry after
+    # its last checkpoint when it restarts): it remembers the ids of this much event time, at most
+    # duplicate_findings_max of them (issue #24: bounded, not a fixed 20,000 carried in every snapshot)
+    duplicate_findings_window_s: PosFloat = 900.0
+    duplicate_findings_max: PosInt = 50_000
+    # the decision snapshot is written in parts of at most this many bytes when it is larger (the
+    # state topic's max.message.bytes, less headroom, must take one part; issue #24)
+    snapshot_part_bytes: Annotated[int, Meta(ge=4096, le=MAX_STATE_BYTES - 4096)] = MAX_STATE_BYTES - 4096
 
 
 class PlacementSettings(Section, frozen=True, kw_only=True):
@@ -666,6 +767,68 @@ class PlacementSettings(Section, frozen=True, kw_only=True):
     kueue: Literal["auto", "off"] = "auto"
 
 
+# --- node conditions as inputs (the Node watch of `watch-jobs`) ----------------------------------
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+IsolationKindName = Literal["definitive", "preventive", "uncertain"]
+
+
+class ConditionRule(Section, frozen=True, kw_only=True):
+    """A node condition (its ``type`` in that ``status``, the reason matching ``reason_regex`` when
+    given) that makes a finding: of this ``severity`` (``info``: recorded only, opens no incident),
+    an isolation of this ``kind`` (``definitive`` is never refused by the safety budgets; keep it
+    for conditions that prove the node or a device gone), about this ``component``."""
+
+    type: Annotated[str, Meta(min_length=1, max_length=316)]
+    status: ConditionStatus = "True"
+    reason_regex: Annotated[str, Meta(max_length=1024)] = ""
+    severity: Severity = "warning"
+    kind: IsolationKindName = "uncertain"
+    component: Annotated[str, Meta(pattern=r"^[a-z][a-z0-9_-]{0,31}$")] = "node"
+
+    def __post_init__(self) -> None:
+        if self.reason_regex:
+            try:
+                re.compile(self.reason_regex)
+            except re.error as exc:
+                raise ValueError(f"`reason_regex` of {self.type}: not a regular expression: {exc}") from None
+
+
+def _condition_rules() -> list[ConditionRule]:
+    """The kubelet's own conditions, node-problem-detector's (config/kernel-monitor.json,
+    docker-monitor.json, the systemd monitors) and NVSentinel's (its health monitors' check names,
+    which NVSentinel writes as condition types, ``True`` on a fatal event). docs/operations.md."""
+    c = ConditionRule
+    gpu_fatal = ("GpuMemWatch", "GpuNvlinkWatch", "GpuPcieWatch", "GpuInforomWatch", "GpuSmWatch", "GpuMcuWatch",
+                 "GpuPmuWatch", "GpuDriverWatch", "SysLogsXIDError")
+    return [
+        c(type="Ready", status="False", severity="critical", kind="uncertain", component="node"),
+        c(type="Ready", status="Unknown", severity="critical", kind="uncertain", component="node"),
+        c(type="MemoryPressure", severity="info", kind="preventive", component="node"),
+        c(type="DiskPressure", severity="info", kind="preventive", component="node"),
+        c(type="PIDPressure", severity="info", kind="preventive", component="node"),
+        c(type="KernelDeadlock", severity="critical", kind="uncertain", component="kernel"),
+        c(type="ReadonlyFilesystem", severity="critical", kind="uncertain", component="storage"),
+        c(type="FrequentUnregisterNetDevice", severity="warning", kind="preventive", component="network"),
+        c(type="FrequentKubeletRestart", severity="warning", kind="preventive", component="node"),
+        c(type="FrequentContainerdRestart", severity="warning", kind="preventive", component="node"),
+        c(type="SysLogsGPUFallenOff", severity="critical", kind="definitive", component="gpu"),
+        c(type="SysLogsSXIDError", severity="critical", kind="uncertain", component="nvswitch"),
+        *(c(type=t, severity="critical", kind="uncertain", component="gpu") for t in gpu_fatal),
+        c(type="GpuThermalWatch", severity="warning", kind="preventive", component="gpu"),
+        c(type="GpuPowerWatch", severity="warning", kind="preventive", component="gpu"),
+    ]
+
+
+class ConditionSettings(Section, frozen=True, kw_only=True):
+    """Kubernetes node conditions (the kubelet's, node-problem-detector's, NVSentinel's) as inputs:
+    ``watch-jobs``' Node watch turns a change of a condition into a finding when a rule matches it
+    (first match wins); a condition that does not change makes nothing."""
+
+    enabled: bool = True
+    rules: list[ConditionRule] = msgspec.field(default_factory=_condition_rules)
+
+
 class Settings(Section, frozen=True, kw_only=True):
     kafka: KafkaSettings = KafkaSettings()
     topics: TopicSettings = TopicSettings()
@@ -681,6 +844,7 @@ class Settings(Section, frozen=True, kw_only=True):
     streams: StreamsSettings = StreamsSettings()
     jobwatch: JobWatchSettings = JobWatchSettings()
     placement: PlacementSettings = PlacementSettings()
+    conditions: ConditionSettings = ConditionSettings()
 
 
 # --- names that keys under maps (and items of some lists) must be --------------------------------

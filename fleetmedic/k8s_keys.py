@@ -90,6 +90,16 @@ TAINT_QUARANTINE: Final = "fleetmedic.io/quarantine"
 TAINT_STANDBY: Final = "fleetmedic.io/standby"
 #: the node condition that explains a quarantine in ``kubectl describe node``.
 CONDITION_QUARANTINE: Final = "FleetmedicQuarantine"
+#: per-class node conditions the executor sets (``True``) when it isolates a node, from the incident's
+#: class, and clears (``False``) when the node returns to service (docs/executor.md): a hardware fault
+#: (a GPU's XID, ECC, a lost GPU; also the node's NVSwitches and PCIe devices), a degradation, a
+#: network fault, and a node isolated for another class (repeated failures of unknown cause).
+CONDITION_GPU_HARDWARE: Final = "fleetmedic.io/GPUHardware"
+CONDITION_GPU_DEGRADED: Final = "fleetmedic.io/GPUDegraded"
+CONDITION_NETWORK: Final = "fleetmedic.io/Network"
+CONDITION_SUSPECT: Final = "fleetmedic.io/Suspect"
+#: set when fleetmedic's diagnostics fail on the node, cleared when they pass or it returns to service.
+CONDITION_DIAGNOSTICS_FAILED: Final = "fleetmedic.io/DiagnosticsFailed"
 
 # --- Event components -----------------------------------------------------------------------------
 

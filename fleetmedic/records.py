@@ -470,6 +470,43 @@ class NodeObservation(Record, frozen=True, kw_only=True, tag="node_observation",
     deleted: bool = False
 
 
+KernelDevice = Literal["gpu", "nvswitch", "pcie", "nic", "cpu", "memory", ""]
+
+
+class KernelEvent(Record, frozen=True, kw_only=True, tag="kernel_event", tag_field="type"):
+    """One classified line of a node's kernel log (``fleetmedic exporter kmsg``): an XID, an SXid,
+    a PCIe AER error, a machine check, an EDAC or mlx5 driver error, as the log pattern library
+    (``fleetmedic/data/log_patterns.yaml``) named it. Keyed by node.
+
+    ``signal``, ``class``, ``severity``, ``device`` and ``pattern`` are the pattern's; ``pci`` is the
+    PCI address the line names (the device an AER error was received from, the NVSwitch of an
+    SXid, the GPU of an XID); ``gpu`` and ``port`` are the GPU index and the NIC port that address
+    maps to on this node (from NVML or ``--pci-map``, and /sys), when it does; ``xid`` the XID a
+    line reports (an Xid line, or one in the driver's own words), ``code`` another error code (an
+    SXid's number), ``switch`` the NVSwitch device (``nvidia-nvswitch3``). ``gpus`` lists the GPU
+    indices of the node's map (what the node's GPU telemetry reports). ``seq`` is the kernel's
+    sequence number of the record, ``source`` where it was read (``kmsg``, ``journal``, ``file``)."""
+
+    node: NodeName
+    ts: Timestamp
+    signal: Annotated[str, Meta(min_length=1, max_length=128)]
+    incident_class: IncidentClass = field(name="class")
+    severity: Severity
+    message: ShortText
+    device: KernelDevice = ""
+    pattern: Annotated[str, Meta(max_length=128)] = ""
+    pci: Annotated[str, Meta(max_length=64)] = ""
+    gpu: GpuIndex | None = None
+    port: Annotated[str, Meta(max_length=128)] = ""
+    xid: Xid | None = None
+    code: Annotated[str, Meta(max_length=64)] = ""
+    switch: Annotated[str, Meta(max_length=128)] = ""
+    gpus: Annotated[list[GpuIndex], Meta(max_length=256)] = []
+    seq: Annotated[int, Meta(ge=0)] | None = None
+    boot_id: str = ""
+    source: str = ""
+
+
 #: the bytes of the original message a dead letter keeps (base64 in JSON: 4/3 of it): a dead letter
 #: stays far below the broker's 1 MiB limit whatever it carries (an undecodable 770 KB command made
 #: a 1.03 MB dead letter that the broker refused; issue #22)
@@ -538,6 +575,7 @@ RECORD_TYPES: Final[tuple[type[Record], ...]] = (
     OperatorCommand,
     NodeObservation,
     DeadLetter,
+    KernelEvent,
 )
 
 # --- encoding and decoding ----------------------------------------------------------------------

@@ -6,15 +6,20 @@ The canonical encoding is the command's JSON with ``signature`` set to ``""``, v
 their schema types and every object's keys sorted, so any implementation that can sort keys and
 print JSON numbers like msgspec can verify it. Executors call :func:`verify` before acting: it
 checks the signature in constant time,
-then the expiry against the injected ``now``.
+then the times against the injected ``now`` (:func:`check_times`: the expiry, and an ``issued_at``
+no more than ``streams.max_future_skew_s`` ahead; every caller passes the configured value).
 
-**Keys by role.** The *command key* (``signing.key_file`` / ``signing.key_env``): the decision stage
-signs remediation commands with it and the executor verifies them with it. The *operator keys*
+**Keys by role.** The *command keys*, by id: the decision stage signs remediation commands with the
+active one (``signing.key_file`` / ``signing.key_env``, under the id ``signing.key_id``, default
+:data:`DEFAULT_COMMAND_KEY_ID`; :func:`command_key`) and the executor verifies them with the key the
+record's header names, from a :class:`KeySet` of the active key and ``signing.command_keys``
+(:func:`command_keys`). The *operator keys*
 (``signing.operator_key_files`` / ``operator_key_dir`` / ``operator_key_env``, each with an id):
 ``fleetmedic ctl`` signs an operator command with one of them, the decision stage accepts any of
-them (a :class:`KeySet`), and never the command key; the executor never holds them. So whoever may
-run ``ctl`` cannot sign a command for the executor, past the policy and the safety budgets.
-Verifiers hold a set of keys by id and signers use one: the step towards rotation (issue #25).
+them (a :class:`KeySet`), and never a command key; the executor never holds them. So whoever may
+run ``ctl`` cannot sign a command for the executor, past the policy and the safety budgets. An id
+names one role's key only: a command key id that is also an operator key id is refused (by the
+config, and by :func:`operator_keys` for the ids of ``operator_key_dir``).
 
 **Unusable keys are refused, loudly.** An empty key, one shorter than :data:`MIN_KEY_BYTES`, and the
 published demo keys (:data:`DEMO_KEYS`, accepted only where ``allow_demo`` is set: the demo) raise
@@ -42,7 +47,11 @@ release will stop writing and accepting the body signature; new subscribers shou
 *Rotation.* Verifiers hold a :class:`KeySet` (keys by id) and signers use one id. To rotate: add the
 new key to every verifier's set, switch the signer to the new id, wait until no record signed with
 the old key can still arrive (its ``expires_at`` has passed), then remove the old key: records
-signed with it are refused from then on.
+signed with it are refused from then on. For the command key, each step changes one process's
+keys at a time (the executor's ``signing.command_keys``, then decide's ``signing.key_id``), so
+nothing needs restarting together. A record without the header (from before the headers) was
+signed with the one command key there was: it is verified with the key of id
+:data:`DEFAULT_COMMAND_KEY_ID` (:func:`verify_unheaded`).
 """
 
 from __future__ import annotations
@@ -99,18 +108,14 @@ class CommandExpired(ValueError):
 
 
 class CommandFromTheFuture(CommandExpired):
-    """The command says it was issued further ahead of the verifier's clock than
-    :data:`MAX_FUTURE_SKEW_S`: a skewed or forged clock, whose ``expires_at`` cannot be trusted."""
+    """The command says it was issued further ahead of the verifier's clock than the configured
+    ``streams.max_future_skew_s``: a skewed or forged clock, whose ``expires_at`` cannot be trusted."""
 
 
-# as ``streams.max_future_skew_s``'s default: records stamped further ahead are dead-lettered
-MAX_FUTURE_SKEW_S = 300.0
-
-
-def check_times(command: RemediationCommand | OperatorCommand, now: float,
-                max_future_skew_s: float = MAX_FUTURE_SKEW_S) -> None:
+def check_times(command: RemediationCommand | OperatorCommand, now: float, max_future_skew_s: float) -> None:
     """:class:`CommandExpired` past ``expires_at``; :class:`CommandFromTheFuture` when issued more
-    than ``max_future_skew_s`` after ``now``."""
+    than ``max_future_skew_s`` (the configured ``streams.max_future_skew_s``: there is no default
+    here, so the config is its only source) after ``now``."""
     if now > command.expires_at:
         raise CommandExpired(f"command {command.id}: expired at {command.expires_at:.3f}, now {now:.3f}")
     if command.issued_at > now + max_future_skew_s:
@@ -164,19 +169,19 @@ def sign(command: C, key: bytes) -> C:
     return msgspec.structs.replace(command, signature=signature_of(command, key))
 
 
-def verify(command: RemediationCommand | OperatorCommand, key: bytes, now: float, *,
+def verify(command: RemediationCommand | OperatorCommand, key: bytes, now: float, *, max_future_skew_s: float,
            allow_demo: bool = False) -> None:
     """Raise :class:`SignatureError` (:class:`UnusableKey` for an empty, short or demo key) or
-    :class:`CommandExpired`; return ``None`` if it may be acted on."""
+    :class:`CommandExpired` (:func:`check_times`); return ``None`` if it may be acted on."""
     check_key(key, allow_demo=allow_demo)
     if not command.signature:
         raise SignatureError(f"command {command.id}: unsigned")
     if not _same(command.signature, signature_of(command, key)):
         raise SignatureError(f"command {command.id}: signature does not match (tampered or wrong key)")
-    check_times(command, now)
+    check_times(command, now, max_future_skew_s)
 
 
-# --- a set of keys by id (operator keys) ---------------------------------------------------------
+# --- a set of keys by id (command keys, operator keys) -------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -209,7 +214,7 @@ class KeySet:
     def sign(self, command: C) -> C:
         return sign(command, self.signer()[1])
 
-    def verify(self, command: RemediationCommand | OperatorCommand, now: float) -> str:
+    def verify(self, command: RemediationCommand | OperatorCommand, now: float, *, max_future_skew_s: float) -> str:
         """The id of the key that signed ``command``; :class:`SignatureError` (none did, or no key is
         configured) or :class:`CommandExpired` otherwise. Every key is tried (constant time each)."""
         if not self.keys:
@@ -223,8 +228,31 @@ class KeySet:
         if not matched:
             raise SignatureError(f"command {command.id}: signature does not match any {self.what} "
                                  f"({', '.join(sorted(self.keys))}): tampered or signed with another key")
-        check_times(command, now)
+        check_times(command, now, max_future_skew_s)
         return matched
+
+
+def as_command_keys(keys: KeySet | bytes) -> KeySet:
+    """``keys`` as a :class:`KeySet` of command keys: one bare key is the key of id
+    :data:`DEFAULT_COMMAND_KEY_ID` (the one command key there was before key ids)."""
+    if isinstance(keys, KeySet):
+        return keys
+    return KeySet({DEFAULT_COMMAND_KEY_ID: keys}, DEFAULT_COMMAND_KEY_ID, what="command key")
+
+
+def verify_unheaded(command: RemediationCommand, keys: KeySet, now: float, *, max_future_skew_s: float,
+                    allow_demo: bool = False) -> str:
+    """Verify a command that came without a :data:`SIGNATURE_HEADER` (a record produced before the
+    headers existed) by its in-body signature. Such a record was signed with the one command key
+    there was, which a key set holds under :data:`DEFAULT_COMMAND_KEY_ID`: only that key is tried,
+    and a set without it refuses the record, saying so. Returns that id."""
+    key = keys.keys.get(DEFAULT_COMMAND_KEY_ID)
+    if key is None:
+        raise SignatureError(f"command {command.id}: no {SIGNATURE_HEADER} header, and no {keys.what} has the id "
+                             f"{DEFAULT_COMMAND_KEY_ID!r} (a record without the header was signed before key ids, "
+                             f"with the key of that id); held: {', '.join(sorted(keys.keys)) or 'none'}")
+    verify(command, key, now, max_future_skew_s=max_future_skew_s, allow_demo=allow_demo)
+    return DEFAULT_COMMAND_KEY_ID
 
 
 # --- signatures over the bytes that travel (Kafka headers) ---------------------------------------
@@ -276,23 +304,108 @@ def verify_bytes(value: bytes, headers: Sequence[tuple[str, bytes]] | None, keys
 
 
 def verify_record(command: C, value: bytes, headers: Sequence[tuple[str, bytes]] | None, keys: KeySet,
-                  now: float) -> str:
+                  now: float, *, max_future_skew_s: float) -> str:
     """Verify a received record (``command`` decoded from ``value``) during the migration: by the
     header over ``value`` when a :data:`SIGNATURE_HEADER` is present (and then only by it), by the
-    in-body signature (:meth:`KeySet.verify`) when none is. Then the expiry. Returns the key id."""
+    in-body signature (:meth:`KeySet.verify`) when none is. Then the times (:func:`check_times`).
+    Returns the key id."""
     if header(headers, SIGNATURE_HEADER) is None:
-        return keys.verify(command, now)
+        return keys.verify(command, now, max_future_skew_s=max_future_skew_s)
     try:
         kid = verify_bytes(value, headers, keys)
     except SignatureError as exc:
         raise SignatureError(f"command {command.id}: {exc}") from None
-    check_times(command, now)
+    check_times(command, now, max_future_skew_s)
     return kid
 
 
-class OperatorKeySource(Protocol):
-    """Where the operator keys are (the ``signing`` section of the config has these fields)."""
+class CommandKeyEntry(Protocol):
+    """One entry of ``signing.command_keys``: an id and a file or an environment variable."""
 
+    @property
+    def id(self) -> str: ...
+    @property
+    def key_file(self) -> str: ...
+    @property
+    def key_env(self) -> str: ...
+
+
+class CommandKeySource(Protocol):
+    """Where the command keys are (the ``signing`` section of the config has these fields)."""
+
+    @property
+    def key_file(self) -> str: ...
+    @property
+    def key_env(self) -> str: ...
+    @property
+    def key_id(self) -> str: ...
+    @property
+    def command_keys(self) -> Sequence[CommandKeyEntry]: ...
+    @property
+    def allow_demo_keys(self) -> bool: ...
+
+
+def command_key(source: CommandKeySource, environ: Mapping[str, str]) -> tuple[str, bytes]:
+    """The active command key, the one the decision stage signs with: ``(signing.key_id, the key
+    from signing.key_file, else from the variable signing.key_env)``. Raises :class:`UnusableKey`
+    (a ``ValueError``) naming the setting: none given, a file that cannot be read, an unusable key."""
+    kid = source.key_id
+    if not KEY_ID.fullmatch(kid):
+        raise UnusableKey(f"signing.key_id {kid!r}: must be 1-63 of [A-Za-z0-9._-], starting alphanumeric")
+    if source.key_file:
+        where = source.key_file
+        try:
+            text = Path(where).read_bytes()
+        except OSError as exc:
+            raise UnusableKey(f"command key {kid!r}: cannot read signing.key_file {where}: "
+                              f"{exc.strerror or exc}") from None
+    else:
+        where = f"${source.key_env}"
+        if not environ.get(source.key_env):
+            raise UnusableKey(f"signing key: set signing.key_file or the environment variable {source.key_env} "
+                              f"(the active command key, id {kid!r})")
+        text = environ[source.key_env].encode()
+    return kid, load_key(text, allow_demo=source.allow_demo_keys, what=f"command key {where}")
+
+
+def command_keys(source: CommandKeySource, environ: Mapping[str, str]) -> KeySet:
+    """The command keys the executor accepts, by id: the active one (:func:`command_key`) and each
+    of ``signing.command_keys`` (the other side of a rotation's overlap). Every key must be there
+    and usable: an entry whose file cannot be read or whose variable is unset is an error, as is an
+    id given twice or one key under two ids (:class:`UnusableKey`, naming the entry)."""
+    kid, key = command_key(source, environ)
+    keys, where = {kid: key}, {kid: "the active key"}
+    for i, entry in enumerate(source.command_keys):
+        name = f"signing.command_keys[{i}] (id {entry.id!r})"
+        if not KEY_ID.fullmatch(entry.id):
+            raise UnusableKey(f"{name}: the id must be 1-63 of [A-Za-z0-9._-], starting alphanumeric")
+        if entry.id in keys:
+            raise UnusableKey(f"{name}: the id is given twice (also {where[entry.id]})")
+        if entry.key_file:
+            try:
+                text = Path(entry.key_file).read_bytes()
+            except OSError as exc:
+                raise UnusableKey(f"{name}: cannot read {entry.key_file}: {exc.strerror or exc}") from None
+        elif environ.get(entry.key_env):
+            text = environ[entry.key_env].encode()
+        else:
+            raise UnusableKey(f"{name}: the environment variable {entry.key_env} is not set")
+        loaded = load_key(text, allow_demo=source.allow_demo_keys, what=name)
+        for other, k in keys.items():
+            if hmac.compare_digest(k, loaded):
+                raise UnusableKey(f"{name}: the same key as {where[other]} (id {other!r}): one key, one id")
+        keys[entry.id], where[entry.id] = loaded, name
+    return KeySet(keys, kid, what="command key")
+
+
+class OperatorKeySource(Protocol):
+    """Where the operator keys are (the ``signing`` section of the config has these fields, and the
+    command key ids, which no operator key id may take)."""
+
+    @property
+    def key_id(self) -> str: ...
+    @property
+    def command_keys(self) -> Sequence[CommandKeyEntry]: ...
     @property
     def operator_key_files(self) -> Mapping[str, str]: ...
     @property
@@ -310,12 +423,17 @@ def operator_keys(source: OperatorKeySource, environ: Mapping[str, str], *, comm
     ``operator_key_dir`` (the file name is the id; names starting with ``.`` are skipped, as the
     bookkeeping of a mounted Secret is), and each variable of ``operator_key_env`` (id -> variable
     name) that is set. Raises :class:`UnusableKey` naming the key for a missing file, an unusable key,
-    an id given twice, or an operator key equal to ``command_key`` (the roles would collapse)."""
+    an id given twice, an id that is a command key id (``signing.key_id``, ``signing.command_keys``),
+    or an operator key equal to ``command_key`` (the roles would collapse)."""
     texts: dict[str, tuple[str, bytes]] = {}
+    command_ids = {source.key_id, *(k.id for k in source.command_keys)}
 
     def add(kid: str, where: str, text: bytes) -> None:
         if kid in texts:
             raise UnusableKey(f"operator key {kid!r}: given twice ({texts[kid][0]} and {where})")
+        if kid in command_ids:
+            raise UnusableKey(f"operator key {kid!r} ({where}): the id is a command key id (signing.key_id or "
+                              f"signing.command_keys); give the operator key another id")
         texts[kid] = (where, text)
 
     for kid, path in source.operator_key_files.items():

@@ -15,6 +15,9 @@
   afterwards); see ``fleetmedic.devenv.fleet`` for the labels.
 - ``crds``: the PyTorchJob and JobSet CRDs from tests/data/crds, installed once.
 
+And the one way a test finds a tool or service it needs: :func:`require_tool` (a binary on ``PATH``
+or at a path) and :func:`unavailable` (anything else), which fail under CI and skip elsewhere.
+
 Tests using these get the ``kafka`` / ``kube`` markers automatically (``-m "not kube"`` works).
 When a service cannot start, its tests fail with the service's log tail if ``CI=true`` or
 ``FLEETMEDIC_REQUIRE_SERVICES=1``, and are skipped with the reason otherwise.
@@ -48,11 +51,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.kube)
 
 
-def _unavailable(what: str, detail: str) -> NoReturn:
-    """Fail (CI / FLEETMEDIC_REQUIRE_SERVICES=1) or skip, with the reason and log tail."""
+def unavailable(what: str, detail: str) -> NoReturn:
+    """A service or tool a test needs is missing: fail under CI (``CI=true``) or
+    ``FLEETMEDIC_REQUIRE_SERVICES=1``, skip otherwise, with the reason (and the log tail in ``detail``)."""
     if settings.services_required():
         pytest.fail(f"{what} is required here but unavailable:\n{detail}", pytrace=False)
     pytest.skip(f"{what} unavailable (set {settings.ENV_REQUIRE}=1 to fail instead): {detail}")
+
+
+def require_tool(*candidates: str | Path, why: str) -> str:
+    """The first of ``candidates`` found: a name is looked up on ``PATH``, a path must be an
+    executable file. When none is, :func:`unavailable` (``why`` says what provides it)."""
+    for c in map(str, candidates):
+        if os.sep in c:
+            if Path(c).is_file() and os.access(c, os.X_OK):
+                return c
+        elif found := shutil.which(c):
+            return found
+    unavailable(" or ".join(str(c) for c in candidates), f"not found ({why})")
 
 
 @pytest.fixture(scope="session")
@@ -70,7 +86,7 @@ def kafka_bootstrap(services_dir: Path) -> Iterator[str]:
     given = os.environ.get(settings.ENV_KAFKA_BOOTSTRAP)
     if given:
         if not reachable(given, timeout=20):
-            _unavailable("Kafka", f"{settings.ENV_KAFKA_BOOTSTRAP}={given} does not answer")
+            unavailable("Kafka", f"{settings.ENV_KAFKA_BOOTSTRAP}={given} does not answer")
         yield given
         return
     port, controller_port = proc.free_ports(2)
@@ -79,7 +95,7 @@ def kafka_bootstrap(services_dir: Path) -> Iterator[str]:
         broker.start(timeout=120)
     except (proc.ServiceError, OSError) as exc:
         broker.stop()
-        _unavailable("Kafka", str(exc))
+        unavailable("Kafka", str(exc))
     try:
         yield broker.bootstrap
     finally:
@@ -95,7 +111,7 @@ def kafka_secure_cluster(services_dir: Path) -> Iterator[Any]:
     if given:
         found = KafkaCluster.load(Path(given))
         if found is None or (found.brokers, found.security) != (3, "sasl_ssl") or len(found.running()) != 3:
-            _unavailable(what, f"{settings.ENV_KAFKA_CLUSTER}={given} holds no running 3-broker sasl_ssl cluster "
+            unavailable(what, f"{settings.ENV_KAFKA_CLUSTER}={given} holds no running 3-broker sasl_ssl cluster "
                                "(`fleetmedic dev up --only kafka --brokers 3 --security sasl_ssl`)")
         yield found
         return
@@ -110,7 +126,7 @@ def kafka_secure_cluster(services_dir: Path) -> Iterator[Any]:
             cluster.stop()
             failures.append(f"try {attempt + 1}: {exc}")
     else:
-        _unavailable(what, "\n".join(failures))
+        unavailable(what, "\n".join(failures))
     try:
         yield cluster
     finally:
@@ -124,7 +140,7 @@ def kube_config(services_dir: Path) -> Iterator[Path]:
     given = os.environ.get(settings.ENV_KUBECONFIG)
     if given:
         if not reachable(Path(given), timeout=20):
-            _unavailable("Kubernetes", f"{settings.ENV_KUBECONFIG}={given}: /readyz does not answer ok")
+            unavailable("Kubernetes", f"{settings.ENV_KUBECONFIG}={given}: /readyz does not answer ok")
         yield Path(given)
         return
     # free ports are picked, released, then bound by the components: on a busy machine another
@@ -142,7 +158,7 @@ def kube_config(services_dir: Path) -> Iterator[Path]:
             cluster.stop()
             failures.append(f"try {attempt + 1}: {exc}")
     else:
-        _unavailable("Kubernetes", "\n".join(failures))
+        unavailable("Kubernetes", "\n".join(failures))
     try:
         yield cluster.kubeconfig
     finally:

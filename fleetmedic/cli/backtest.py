@@ -9,6 +9,7 @@ history, 2 for a usage error (a missing input, a bad time, an invalid config).""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -71,8 +72,10 @@ def _main(args: argparse.Namespace) -> int:
         labels = dict(_label(x) for x in args.label)
         scrape_time = parse_time(args.scrape_time) if args.scrape_time else None
         topology = load_topology(args.topology) if args.topology else None
-        summary = run(settings, args.input, Path(args.out), Progress(sys.stderr, args.progress), args.report,
-                      topology, args.truth, scrape_time=scrape_time, extra_labels=labels, history=history)
+        progress = Progress(sys.stderr, args.progress)
+        with _logs_above(progress):
+            summary = run(settings, args.input, Path(args.out), progress, args.report, topology, args.truth,
+                          scrape_time=scrape_time, extra_labels=labels, history=history)
     except NoRecords as exc:
         print(f"error: {exc}", file=sys.stderr)
         print(f"(summary: {Path(args.out) / 'summary.json'})", file=sys.stderr)
@@ -87,6 +90,15 @@ def _main(args: argparse.Namespace) -> int:
             "skipped_total", "skipped_by_file", "input_problems", "timestamps", "prometheus", "elapsed_s", "score")
     print(json.dumps({k: summary[k] for k in keys if k in summary and summary[k] not in ({}, None)}, sort_keys=True))
     return 0
+
+
+def _logs_above(progress: Progress) -> contextlib.AbstractContextManager[object]:
+    """While bars show, log lines (a bad input file) are printed above them, not into them."""
+    if not progress.enabled:
+        return contextlib.nullcontext()
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    return logging_redirect_tqdm()  # type: ignore[no-any-return]
 
 
 def _label(text: str) -> tuple[str, str]:

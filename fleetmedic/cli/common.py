@@ -9,10 +9,9 @@ import os
 import re
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 from fleetmedic.config import ConfigError, KafkaSettings, Settings, config_warnings, read_config
-from fleetmedic.signing import load_key
+from fleetmedic.signing import KeySet, command_key, command_keys
 
 EXIT_INVALID = 2
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -78,14 +77,9 @@ def settings_or_none(path: str | None) -> Settings | None:
 
 
 def signing_key(settings: Settings) -> bytes:
-    """The command signing key from ``signing.key_file`` or the env var ``signing.key_env``."""
-    s = settings.signing
-    if s.key_file:
-        return load_key(Path(s.key_file).read_bytes(), allow_demo=s.allow_demo_keys, what=f"command key {s.key_file}")
-    text = os.environ.get(s.key_env, "")
-    if not text:
-        raise ValueError(f"signing key: set signing.key_file or the environment variable {s.key_env}")
-    return load_key(text, allow_demo=s.allow_demo_keys, what=f"command key ${s.key_env}")
+    """The active command key, the one the decision stage signs with (under ``signing.key_id``):
+    from ``signing.key_file`` or the env var ``signing.key_env``."""
+    return command_key(settings.signing, os.environ)[1]
 
 
 def settings_and_key(path: str | None, need_key: bool = True) -> tuple[Settings, bytes] | None:
@@ -96,6 +90,21 @@ def settings_and_key(path: str | None, need_key: bool = True) -> tuple[Settings,
         return None
     try:
         return settings, signing_key(settings) if need_key else b""
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def settings_and_command_keys(path: str | None) -> tuple[Settings, KeySet] | None:
+    """The config (as :func:`settings_or_none`) and the command keys the executor accepts, by id:
+    the active key and each of ``signing.command_keys``
+    (:func:`~fleetmedic.signing.command_keys`), or None after printing what is wrong (callers exit
+    with :data:`EXIT_INVALID`). Never an operator key: those are not read here."""
+    settings = settings_or_none(path)
+    if settings is None:
+        return None
+    try:
+        return settings, command_keys(settings.signing, os.environ)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None

@@ -4,6 +4,8 @@
     fleetmedic ctl clear-node gpu-node-17 --reason "replaced the riser, ran dcgmi diag -r 4 by hand"
     fleetmedic ctl node-repaired gpu-node-17 --reason "RMA done"       # validate with diagnostics first
     fleetmedic ctl audit --node gpu-node-17                             # the decisions about one node
+    fleetmedic ctl get nodes                                            # what fleetmedic holds, and why
+    fleetmedic ctl get incidents | breaker                              # open incidents; the breaker
 
 The first three publish an :class:`~fleetmedic.records.OperatorCommand` on
 ``remediation.operator`` (key: the node, or ``fleet``), signed with an *operator key*
@@ -13,6 +15,8 @@ The decision stage verifies it against its operator keys and applies it once
 (:mod:`fleetmedic.remediation.operator`); the audit log then shows it with the actor
 ``operator:<--actor>``. ``audit`` prints ``remediation.audit`` records, one line each (``--json``:
 the records), from the beginning or ``--since`` seconds ago, and keeps following with ``--follow``.
+``get nodes|incidents|breaker`` shows what the decision stage holds and why, folded from its topics
+(:mod:`fleetmedic.cli.ctl_get`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import uuid
 
 import msgspec
 
+from fleetmedic.cli import ctl_get
 from fleetmedic.cli.common import (
     EXIT_INVALID,
     EXIT_KAFKA,
@@ -68,6 +73,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     a.add_argument("--follow", action="store_true", help="keep printing new records until interrupted")
     a.add_argument("--json", action="store_true", help="print the records as JSON lines")
     a.set_defaults(handler=run_audit)
+    ctl_get.add_parser(verbs)
 
 
 def run_operator_command(args: argparse.Namespace) -> int:
@@ -110,9 +116,9 @@ def _command_key_if_here(settings: Settings) -> bytes:
 async def _publish(settings: Settings, cmd: OperatorCommand, key_id: str, key: bytes) -> None:
     from aiokafka import AIOKafkaProducer
 
-    from fleetmedic.bus import client_options
+    from fleetmedic.bus import producer_options
 
-    producer = AIOKafkaProducer(**client_options(settings.kafka), acks="all", enable_idempotence=True)
+    producer = AIOKafkaProducer(**producer_options(settings.kafka, decisions=True))
     try:
         await producer.start()
         value = encode(cmd)  # signed as these bytes (the header), and in the body during the migration

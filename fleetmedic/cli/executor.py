@@ -4,8 +4,10 @@ Connects to the cluster (``executor.in_cluster``: the pod's ServiceAccount; othe
 ``executor.kubeconfig``, ``$KUBECONFIG`` or ``~/.kube/config``), campaigns for the Lease
 ``executor.lease_namespace/lease_name``, and while it leads consumes ``remediation.commands`` and
 publishes ``remediation.results``, until SIGINT/SIGTERM (then it hands the Lease back). Commands are
-verified with the key from ``signing.key_file`` or ``signing.key_env``; without one it refuses to
-start (exit 2). Metrics on ``metrics.bind_address:metrics.port`` (0: an ephemeral port, logged).
+verified with the command key their ``fleetmedic-key-id`` header names: the active one
+(``signing.key_file`` or ``signing.key_env``, id ``signing.key_id``) or one of
+``signing.command_keys`` (a rotation's overlap); without the active key, or with an entry it cannot
+load, it refuses to start (exit 2). Metrics on ``metrics.bind_address:metrics.port`` (0: an ephemeral port, logged).
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import os
 import signal
 import socket
 
-from fleetmedic.cli.common import EXIT_INVALID, add_loglevel, settings_and_key, setup_logging
+from fleetmedic.cli.common import EXIT_INVALID, add_loglevel, settings_and_command_keys, setup_logging
 from fleetmedic.config import Settings
+from fleetmedic.signing import KeySet
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,21 +39,22 @@ def identity_of(settings: Settings, given: str | None) -> str:
 
 
 def run_executor(args: argparse.Namespace) -> int:
-    loaded = settings_and_key(args.config)
+    loaded = settings_and_command_keys(args.config)
     if loaded is None:
         return EXIT_INVALID
-    settings, key = loaded
+    settings, keys = loaded
     setup_logging(args.loglevel)
-    return asyncio.run(_serve(settings, key, identity_of(settings, args.identity)))
+    return asyncio.run(_serve(settings, keys, identity_of(settings, args.identity)))
 
 
-async def _serve(settings: Settings, key: bytes, identity: str) -> int:
+async def _serve(settings: Settings, keys: KeySet, identity: str) -> int:
     from kubernetes import client, config
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry
 
     from fleetmedic.executor.kube import Cluster
     from fleetmedic.executor.metrics import ExecutorMetrics
     from fleetmedic.executor.service import ExecutorService
+    from fleetmedic.serving import Health, serve
 
     e = settings.executor
     if e.in_cluster:
@@ -61,17 +65,22 @@ async def _serve(settings: Settings, key: bytes, identity: str) -> int:
         api = config.new_client_from_config(config_file=path)  # type: ignore[no-untyped-call]
     registry = CollectorRegistry()
     metrics = ExecutorMetrics(registry)
-    server, _ = start_http_server(settings.metrics.port, addr=settings.metrics.bind_address, registry=registry)
+    health = Health(settings.metrics.stall_after_s)
+    server = serve(registry, settings.metrics.port, settings.metrics.bind_address, health)
     log = logging.getLogger("fleetmedic.executor")
-    log.info("executor %s; metrics on http://%s:%d/metrics", identity, *server.server_address[:2])
+    log.info("executor %s; metrics on http://%s:%d/metrics; command keys accepted: %s", identity,
+             *server.server_address[:2], ", ".join(sorted(keys.keys)))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    service = ExecutorService(settings, key, Cluster(api, instance=identity), identity, metrics)
+    service = ExecutorService(settings, keys, Cluster(api, instance=identity), identity, metrics)
+    beating = asyncio.create_task(health.beat_every("executor"))
+    health.ready()  # a standby is ready too: it is alive and will take over when it wins the lease
     try:
         await service.run(stop)
     finally:
+        beating.cancel()
         server.shutdown()
         api.close()  # type: ignore[no-untyped-call]
     log.info("executor %s stopped", identity)

@@ -1,4 +1,4 @@
-"""``fleetmedic exporter nvml|prometheus|kafka|infiniband|logs|kmsg``: run one connector until SIGTERM.
+"""``fleetmedic exporter nvml|prometheus|remote-write|kafka|infiniband|logs|kmsg``: run one connector until SIGTERM.
 
 Every connector reads the ``exporters`` section of the config (docs/connectors.md), sends its
 records to the topics of the ``topics`` section on Kafka — or, with ``--output FILE``, writes them
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -21,12 +22,15 @@ from fleetmedic.cli.common import EXIT_INVALID, add_loglevel, settings_or_none, 
 from fleetmedic.config import Settings
 
 if TYPE_CHECKING:
-    from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox
+    from prometheus_client import CollectorRegistry
+
+    from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox, Sink
 
 EXIT_SOURCE_UNAVAILABLE = 3
 CONNECTORS = {
     "nvml": "sample this node's GPUs through NVML (fields and XID events)",
     "prometheus": "scrape dcgm-exporter/node-exporter endpoints, or poll a Prometheus server",
+    "remote-write": "receive Prometheus remote write 1.0 (snappy protobuf) and publish what it carries",
     "kafka": "re-publish Telegraf / prometheus-kafka-adapter JSON topics as fleetmedic records",
     "infiniband": "read InfiniBand port counters with perfquery (topology from the config)",
     "logs": "classify job log lines from Kafka (e.g. Fluent Bit) into job failure events",
@@ -51,6 +55,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         add_loglevel(k)
         if name == "kmsg":
             _kmsg_arguments(k)
+        if name == "remote-write":
+            k.add_argument("--listen", metavar="HOST:PORT", default="",
+                           help="address to receive on (default exporters.remote_write.listen, 0.0.0.0:9201; "
+                                "port 0: an ephemeral port, logged)")
         k.set_defaults(handler=run_exporter)
 
 
@@ -99,41 +107,81 @@ def run_exporter(args: argparse.Namespace) -> int:
 
 async def _run(connector: str, settings: Settings, output: str | None, duration: float | None,
                metrics_port: int | None, options: argparse.Namespace | None = None) -> int:
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry
 
     from fleetmedic.connectors.runtime import (
         ConnectorMetrics,
         JsonlSink,
         KafkaSink,
         Outbox,
-        Sink,
         pump_settings,
         run_until_stopped,
     )
+    from fleetmedic.serving import Health, serve
+
+    if connector == "remote-write":
+        from fleetmedic.connectors.remote_write import parse_listen
+
+        parse_listen(getattr(options, "listen", "") or settings.exporters.remote_write.listen)  # before anything starts
 
     registry = CollectorRegistry()
     metrics = ConnectorMetrics(registry, connector)
     outbox = Outbox(settings.exporters.queue_max, metrics)
     port = settings.metrics.port if metrics_port is None else metrics_port
+    health = Health(settings.metrics.stall_after_s)
     if port >= 0:
-        server, _ = start_http_server(port, settings.metrics.bind_address, registry)
+        server = serve(registry, port, settings.metrics.bind_address, health)
         logging.getLogger("fleetmedic.connectors").info(
             "metrics on http://%s:%d/metrics", settings.metrics.bind_address, server.server_port)
-    source = build_source(connector, settings, outbox, metrics, options)
     sink: Sink = JsonlSink(output) if output else KafkaSink(settings)
+    if connector == "remote-write":
+        from fleetmedic.connectors.remote_write_server import HealthSink
+
+        sink = HealthSink(sink)  # the receiver answers 503 while sending fails
     stop = asyncio.Event()
+    # the remote-write receiver stops on its own event: it first releases what it holds into the
+    # outbox, then returns, and only then does the pump drain (a source that still adds records
+    # once the pump has stopped would lose them)
+    shutdown = asyncio.Event() if connector == "remote-write" else stop
+    source = build_source(connector, settings, outbox, metrics, options, registry=registry, sink=sink,
+                          shutdown=shutdown)
+    loop = asyncio.get_running_loop()
     if duration is not None:
-        asyncio.get_running_loop().call_later(duration, stop.set)
-    await run_until_stopped(source, outbox, sink, metrics, pump_settings(settings), stop)
-    return 0
+        loop.call_later(duration, shutdown.set)
+    beating = asyncio.create_task(health.beat_every(connector))
+    health.ready()
+    try:
+        if shutdown is stop:
+            await run_until_stopped(source, outbox, sink, metrics, pump_settings(settings), stop)
+            return 0
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, shutdown.set)
+        try:
+            await run_until_stopped(source, outbox, sink, metrics, pump_settings(settings), stop,
+                                    handle_signals=False)
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+        return 0
+    finally:
+        beating.cancel()
 
 
 def build_source(connector: str, settings: Settings, outbox: Outbox, metrics: ConnectorMetrics,
-                 options: argparse.Namespace | None = None) -> Source:
+                 options: argparse.Namespace | None = None, registry: CollectorRegistry | None = None,
+                 sink: Sink | None = None, shutdown: asyncio.Event | None = None) -> Source:
     if connector == "prometheus":
         from fleetmedic.connectors.prometheus_ingest import PrometheusSource
 
         return PrometheusSource(settings, outbox, metrics).run
+    if connector == "remote-write":
+        from prometheus_client import CollectorRegistry as Registry
+
+        from fleetmedic.connectors.remote_write_server import HealthSink, RemoteWriteReceiver
+
+        return RemoteWriteReceiver(settings, outbox, metrics, registry or Registry(),
+                                   health=sink if isinstance(sink, HealthSink) else None,
+                                   listen=getattr(options, "listen", "") or None, shutdown=shutdown).run
     if connector == "nvml":
         from fleetmedic.connectors.nvml_exporter import NvmlSource, import_pynvml
 

@@ -27,6 +27,7 @@ def _registrars() -> list[Registrar]:
         demo,
         executor,
         exporter,
+        kafka,
         schema,
         simulate,
         triage,
@@ -37,7 +38,7 @@ def _registrars() -> list[Registrar]:
 
     return [demo.add_parser, config.add_parser, schema.add_parser, backtest.add_parser, triage.add_parser,
             dev.add_parser, simulate.add_parser, worker.add_parser, exporter.add_parser,
-            executor.add_parser, watch_jobs.add_parser, ctl.add_parser]
+            executor.add_parser, watch_jobs.add_parser, ctl.add_parser, kafka.add_parser]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -74,6 +74,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     sim.add_argument("--closed-loop", action="store_true",
                      help="with --kafka: apply RemediationCommands read from the commands topic")
     sim.add_argument("--config", default=None, help="with --kafka: fleetmedic config file (brokers, topic names)")
+    sim.add_argument("--progress", action="store_true",
+                     help="show a progress bar on stderr even when it is not a terminal (simulated time, ETA)")
     sim.add_argument("--list-kinds", action="store_true", help="print the fault library and exit")
     sim.set_defaults(handler=run_simulate)
 
@@ -130,9 +132,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.kafka:
         return _run_kafka(sim, args)
     commands = _read_typed(args.commands, RemediationCommand) if args.commands else []
-    summary = write_run(sim, args.out, jsonl=args.format in ("jsonl", "both"),
-                        prom_every_s=args.prom_every if args.format in ("prom", "both") else None,
-                        commands=commands)
+    with _SimProgress(sim, args.progress) as progress:
+        summary = write_run(sim, args.out, jsonl=args.format in ("jsonl", "both"),
+                            prom_every_s=args.prom_every if args.format in ("prom", "both") else None,
+                            commands=commands, on_step=progress.step)
     acc = sim.accounting()
     print(f"simulated {args.nodes} nodes for {format_duration(args.duration)} (seed {args.seed}): "
           f"{summary.gpu_records} GPU records ({summary.gpu_samples} GPU samples), {summary.port_records} port "
@@ -141,6 +144,28 @@ def run_simulate(args: argparse.Namespace) -> int:
           + (", gpu/ports/jobs/results.jsonl" if args.format != "prom" else "")
           + (", prom/" if args.format != "jsonl" else "") + ")")
     return 0
+
+
+class _SimProgress:
+    """A progress bar of simulated time (tqdm) on stderr, when it is a terminal or ``force``."""
+
+    def __init__(self, sim: Simulator, force: bool) -> None:
+        self.start, self.bar = sim.now, None
+        if force or sys.stderr.isatty():
+            from fleetmedic.evaluation.backtest import progress_bar
+
+            self.bar = progress_bar(sys.stderr, total=round(sim.end - sim.start), desc="simulated time", unit="s")
+
+    def step(self, now: float) -> None:
+        if self.bar is not None:
+            self.bar.update(round(now - self.start) - self.bar.n)
+
+    def __enter__(self) -> _SimProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _run_kafka(sim: Simulator, args: argparse.Namespace) -> int:

@@ -55,12 +55,14 @@ def _default_kubeconfig() -> str:
 
 async def _serve(settings: Settings) -> int:
     from kubernetes import client
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry
 
     from fleetmedic.connectors.kube_jobs import JobWatcher
+    from fleetmedic.serving import Health, serve
 
     registry = CollectorRegistry()
-    server, _ = start_http_server(settings.metrics.port, addr=settings.metrics.bind_address, registry=registry)
+    health = Health(settings.metrics.stall_after_s)
+    server = serve(registry, settings.metrics.port, settings.metrics.bind_address, health)
     log = logging.getLogger("fleetmedic.watch_jobs")
     log.info("metrics on %s:%d", settings.metrics.bind_address, server.server_port)
     api = kube_client(settings)
@@ -69,9 +71,12 @@ async def _serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, until.set)
+    beating = asyncio.create_task(health.beat_every("watch-jobs"))
+    health.ready()
     try:
         await JobWatcher(api, settings, registry).run(until)
     finally:
+        beating.cancel()
         server.shutdown()
         api.close()  # type: ignore[no-untyped-call]
     return 0

@@ -14,7 +14,9 @@ Telegraf's ``nvidia_smi`` and ``infiniband`` plugins) plus ``exporters.kafka.met
 (``node_tags``, ``gpu_tags``, ``port_device_tag``, ``port_tag``) say which node, GPU or port a value
 belongs to. Samples of one node within a ``window_s`` window make one record, emitted ``grace_s``
 after the window ends. Messages that cannot be read are counted per reason and, with
-``dead_letter``, sent to the deadletter topic; values of metrics not in the map are ignored.
+``dead_letter``, sent to the deadletter topic (best effort: one that cannot be sent is dropped and
+counted, the other records go on; see :mod:`fleetmedic.connectors.runtime`); values of metrics not
+in the map are ignored.
 """
 
 from __future__ import annotations
@@ -55,8 +57,13 @@ class KafkaTelemetrySource:
         except BadMessage as exc:
             self.metrics.skipped(exc.label)
             if self.cfg.dead_letter:
-                dead = r.DeadLetter(ts=self.clock(), topic=topic, stage="exporter-kafka", error=str(exc)[:4096],
-                                    original=value or b"", partition=partition, offset=offset, key=topic)
+                try:
+                    dead = r.DeadLetter(ts=self.clock(), topic=topic, stage="exporter-kafka", error=str(exc)[:4096],
+                                        original=value or b"", partition=partition, offset=offset, key=topic)
+                except Exception as failed:  # never the connector's end: counted, logged once per reason
+                    self.metrics.dead_letter_failed(failed, f"for {topic}[{partition}]@{offset}")
+                    return
+                # sent apart from the telemetry: one the broker refuses is dropped and counted (runtime.pump)
                 await self.outbox.put(Outgoing(self.settings.topics.topic("deadletter"), topic, dead))
             return
         for p in points:

@@ -1,14 +1,16 @@
-"""``fleetmedic exporter kmsg``: this node's kernel log -> XID events and NIC port state on Kafka.
+"""``fleetmedic exporter kmsg``: this node's kernel log -> kernel events and NIC port state on Kafka.
 
 Runs on every GPU node (a DaemonSet, docs/connectors.md). Reads the kernel log from ``/dev/kmsg``
 (default) or from the journal (``--source journal``: ``journalctl -k -o json --follow``), or a
 recorded log (``--input FILE``: ``cat /dev/kmsg`` records, ``journalctl -o json`` lines or plain
-``dmesg`` lines), classifies each message with the log pattern library and publishes what the
-pipeline has a record for (:mod:`fleetmedic.connectors.kmsg_map`): XIDs as ``GpuTelemetry.xids``
-(GPU index from the PCI address, through NVML or ``--pci-map``), mlx5 port state as
-``PortTelemetry``. Other classified lines (SXid, PCIe AER, machine checks, EDAC, mlx5 health) are
-counted per signal (``fleetmedic_connector_skipped_total{reason="<signal> (<class>): no record for
-... lines yet"}``) and logged, rate-limited.
+``dmesg`` lines), classifies each message with the log pattern library and publishes
+(:mod:`fleetmedic.connectors.kmsg_map`) every device fault as a ``KernelEvent`` on
+``kernel.events`` keyed by the node: XIDs with their GPU index (from the PCI address, through NVML
+or ``--pci-map``), SXids with their NVSwitch, PCIe AER errors with the GPU or NIC port at that
+address, machine checks, EDAC, GSP and mlx5 errors; and mlx5 port state as ``PortTelemetry``.
+Classified lines that are not a device fault (a symptom, a software line) are counted per signal
+(``fleetmedic_connector_skipped_total{reason="<signal> (<class>): not a device fault"}``); faults
+are logged, rate-limited.
 
 - **Resuming.** The position handled last (the kmsg sequence number with the boot id, or the
   journal cursor) is written to ``--state-file`` once every record read before it has left the
@@ -36,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from fleetmedic import records as r
 from fleetmedic.config import Settings
 from fleetmedic.connectors.errors import SourceUnavailable
 from fleetmedic.connectors.kmsg_map import (
@@ -246,9 +249,10 @@ class KmsgSource:
         self.boot_id = "" if options.input else read_boot_id()
         if nics is None:
             nics = {} if options.input else nic_map_from_sysfs()
-        self.mapper = KmsgMapper(self.node, library, self._gpu_map(nvml), nics, self.boot_id, options.xid_window_s)
-        state = load_state(options.state_file)
         kind = "file" if options.input else options.source
+        self.mapper = KmsgMapper(self.node, library, self._gpu_map(nvml), nics, self.boot_id, options.xid_window_s,
+                                 source=kind)
+        state = load_state(options.state_file)
         same_boot = not state.get("boot_id") or not self.boot_id or state.get("boot_id") == self.boot_id
         resumed = state.get("source") == kind and same_boot
         self.first_start = not state
@@ -474,7 +478,8 @@ class KmsgSource:
         for ev in mapped.events:
             self._log_event(ev)
         self.events += len(mapped.events)
-        items = [telemetry_outgoing(rec, self.settings) for rec in mapped.records]
+        items = [Outgoing(self.settings.topics.topic("kernel.events"), rec.node, rec) if isinstance(rec, r.KernelEvent)
+                 else telemetry_outgoing(rec, self.settings) for rec in mapped.records]
         for item in items:
             await self.outbox.put(item)
         if items:

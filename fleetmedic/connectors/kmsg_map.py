@@ -18,15 +18,17 @@ in sequence numbers is counted as records lost (overwritten in the ring buffer b
 read, or while the exporter was stopped).
 
 :class:`KmsgMapper` classifies a record's message with the log pattern library
-(:mod:`fleetmedic.remediation.log_patterns`) and turns what the pipeline has a record for into
-records: an XID line (or a line reporting an XID in the driver's own words, see ``xid`` in the
-library) on a GPU the PCI map knows becomes an :class:`~fleetmedic.records.XidEvent` of a
-:class:`~fleetmedic.records.GpuTelemetry` keyed by the node (``source: kmsg``, every GPU of the map
-in ``gpus``, no metrics); an mlx5 port going down or up becomes a
-:class:`~fleetmedic.records.PortTelemetry` of the node's NIC port with its ``link_state``. Every
-other classified line (SXid, PCIe AER, machine checks, EDAC, mlx5 health, GSP lines without a PCI
-address) is returned as a :class:`KernelEvent`, counted and logged, but not published: no record of
-the contract carries it yet.
+(:mod:`fleetmedic.remediation.log_patterns`) and turns it into records: every line the library calls
+a device fault (class hardware, network or degradation, not a symptom) becomes a
+:class:`~fleetmedic.records.KernelEvent` keyed by the node (topic ``kernel.events``): an XID line
+(or a line reporting an XID in the driver's own words, see ``xid`` in the library) with the GPU
+index its PCI address maps to; an SXid with its NVSwitch; a PCIe AER error with the GPU or NIC port
+its PCI address maps to; machine checks, EDAC, GSP and mlx5 errors as they are. An mlx5 port going
+down or up becomes a :class:`~fleetmedic.records.PortTelemetry` of the node's NIC port with its
+``link_state``. Stage 1 reads the kernel events: an XID seen in the kernel log and from NVML or
+dcgm is one event (:mod:`fleetmedic.models.event_dedup`), an SXid points at its NVSwitch, an AER
+error at its device (:mod:`fleetmedic.models.kernel_events`). The kernel log's XIDs no longer ride
+in ``GpuTelemetry`` records: a record without metrics would otherwise move the detector's clock.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ _PCI = re.compile(r"^(?:(?P<dom>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<
 #: mlx5 port state changes: the netdev's "Link up/down", the IB port's "Port: 1 Link ACTIVE/DOWN/INIT"
 _LINK = re.compile(r"mlx5_core (?P<pci>[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])(?: (?P<ifname>[\w.-]+))?: "
                    r"(?:Port: (?P<port>\d+) )?Link (?P<state>up|down|DOWN|ACTIVE|ACTIVE_DEFER|INIT|ARMED)\b")
+_SWITCH = re.compile(r"\b(nvidia-nvswitch\d+):")
+#: the classes of kernel lines published as KernelEvents (device faults); the others are counted
+PUBLISHED_CLASSES: Final = frozenset({"hardware", "network", "degradation"})
 _LINK_STATES: Final = {"up": "up", "ACTIVE": "up", "ACTIVE_DEFER": "up", "down": "down", "DOWN": "down",
                        "INIT": "init", "ARMED": "init"}
 
@@ -263,8 +268,7 @@ def _put(out: dict[str, int], pci: str, index: Any, where: str) -> None:
 
 @dataclass(frozen=True)
 class KernelEvent:
-    """A classified kernel line: what a ``KernelEvent`` wire record would carry (see the module
-    docstring: only XIDs and port state have a record today)."""
+    """A classified kernel line (what its :class:`~fleetmedic.records.KernelEvent` record is made of)."""
 
     ts: float
     signal: str
@@ -279,6 +283,7 @@ class KernelEvent:
     xid: int | None = None
     xid_line: bool = False  # an "NVRM: Xid" line (not an XID in the driver's own words)
     code: str = ""
+    symptom: bool = False
 
     @classmethod
     def of(cls, rec: KernelRecord, m: LineMatch, ts: float, gpus: Mapping[str, int]) -> KernelEvent:
@@ -286,7 +291,8 @@ class KernelEvent:
         gpu = gpus.get(pci_key(pci)) if pci and m.device == "gpu" else None
         return cls(ts=ts, signal=m.signal, incident_class=m.incident_class, severity=m.severity, device=m.device,
                    pattern=m.pattern or "", message=m.line, seq=rec.seq, pci=pci, gpu=gpu, xid=m.xid,
-                   xid_line=bool(m.pattern and m.pattern.startswith("xid_")), code=m.group("code"))
+                   xid_line=bool(m.pattern and m.pattern.startswith("xid_")), code=m.group("code"),
+                   symptom=m.symptom)
 
 
 @dataclass(frozen=True)
@@ -367,8 +373,10 @@ class KmsgMapper:
     NIC's PCI address (``dddd:bb:dd.f``) -> its port as the port connectors name it (``mlx5_0/1``)."""
 
     def __init__(self, node: str, library: PatternLibrary, gpus: Mapping[str, int] | None = None,
-                 nics: Mapping[str, str] | None = None, boot_id: str = "", xid_window_s: float = 30.0) -> None:
+                 nics: Mapping[str, str] | None = None, boot_id: str = "", xid_window_s: float = 30.0,
+                 source: str = SOURCE) -> None:
         self.node = node
+        self.source = source
         self.library = library
         self.gpus = dict(gpus or {})
         self.nics = dict(nics or {})
@@ -379,6 +387,7 @@ class KmsgMapper:
         """Classify ``recs`` (already accepted by the sequence tracker) into records and events."""
         out = Mapped()
         xids: list[KernelEvent] = []
+        others: list[KernelEvent] = []
         ports: list[PortChange] = []
         for rec in recs:
             ts = rec.ts if rec.ts is not None else now
@@ -397,12 +406,16 @@ class KmsgMapper:
                                     else "xid: the line names no PCI address"] += 1
                     continue
                 xids += self.joiner.add(ev, now)
-            elif link is None:
-                what = ev.device or "these"
-                out.unpublished[f"{ev.signal} ({ev.incident_class}): no record for {what} lines yet"] += 1
+            elif link is not None:
+                continue  # published as the port's state
+            elif ev.symptom or ev.incident_class not in PUBLISHED_CLASSES:
+                out.unpublished[f"{ev.signal} ({ev.incident_class}): not a device fault"] += 1
+            else:
+                others.append(ev)
         xids += self.joiner.due(now)
-        out.records += self._gpu_records(xids, out.unpublished) + self._port_records(ports, out.unpublished)
-        out.first_seq = _first_seq([ev.seq for ev in xids] + [ch.seq for ch in ports])
+        out.records += (self._event_records(sorted(xids, key=lambda e: e.ts), out.unpublished)
+                        + self._event_records(others, out.unpublished) + self._port_records(ports, out.unpublished))
+        out.first_seq = _first_seq([ev.seq for ev in xids + others] + [ch.seq for ch in ports])
         return out
 
     def due(self, now: float, flush: bool = False) -> Mapped:
@@ -410,18 +423,26 @@ class KmsgMapper:
         recorded log, or on stopping)."""
         out = Mapped()
         xids = self.joiner.due(now, flush)
-        out.records += self._gpu_records(xids, out.unpublished)
+        out.records += self._event_records(xids, out.unpublished)
         out.first_seq = _first_seq([ev.seq for ev in xids])
         return out
 
-    def _gpu_records(self, xids: list[KernelEvent], unpublished: Counter[str]) -> list[r.Record]:
-        if not xids:
-            return []
-        doc = {"node": self.node, "ts": max(ev.ts for ev in xids), "gpus": sorted(set(self.gpus.values())),
-               "metrics": {}, "source": SOURCE, "boot_id": self.boot_id,
-               "xids": [{"gpu": ev.gpu, "xid": ev.xid, "ts": ev.ts, "message": f"kmsg: {ev.message}"[:MAX_MESSAGE]}
-                        for ev in sorted(xids, key=lambda e: e.ts)]}
-        return _checked(r.GpuTelemetry, doc, len(xids), unpublished)
+    def _event_records(self, events: list[KernelEvent], unpublished: Counter[str]) -> list[r.Record]:
+        out: list[r.Record] = []
+        gpus = sorted(set(self.gpus.values()))
+        for ev in events:
+            gpu, port = ev.gpu, ""
+            if ev.pci and ev.device in ("pcie", "nic"):  # an AER error or a NIC line: the device at that address
+                gpu = self.gpus.get(pci_key(ev.pci)) if ev.device == "pcie" else None
+                port = "" if gpu is not None else self.nics.get(ev.pci.lower(), "")
+            switch = _SWITCH.search(ev.message) if ev.device == "nvswitch" else None
+            doc = {"node": self.node, "ts": ev.ts, "signal": ev.signal or ev.pattern, "class": ev.incident_class,
+                   "severity": ev.severity or "warning", "message": ev.message[:MAX_MESSAGE], "device": ev.device,
+                   "pattern": ev.pattern, "pci": ev.pci, "gpu": gpu, "port": port, "xid": ev.xid, "code": ev.code,
+                   "switch": switch.group(1) if switch else "", "gpus": gpus, "seq": ev.seq, "boot_id": self.boot_id,
+                   "source": self.source}
+            out += _checked(r.KernelEvent, doc, 1, unpublished)
+        return out
 
     def _port_change(self, m: re.Match[str], ts: float, seq: int | None) -> PortChange:
         pci, ifname, port = m.group("pci").lower(), m.group("ifname") or "", m.group("port")

@@ -3,7 +3,8 @@
 :mod:`fleetmedic.connectors.prometheus_ingest`); and of ``backtest --prometheus``
 (:mod:`fleetmedic.connectors.prometheus_history`): times and steps as Prometheus takes them
 (:func:`parse_time`, :func:`parse_duration`) and the range cut into queries under the server's
-points limit (:func:`plan_chunks`).
+points limit (:func:`plan_chunks`); and of scrape mode's pod discovery: exporter pods (the
+Kubernetes API's JSON) -> scrape targets with their node (:func:`pod_targets`).
 
 An answer that is not a query result raises :class:`ApiAnswerError`; a bad entry or point in it is
 skipped and counted (reasons name the series when fleetmedic reads it, never the bad value), with
@@ -18,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetmedic.config import PodDiscoverySettings
 from fleetmedic.connectors.prometheus_text import (
     MAX_LABEL_VALUE_CHARS,
     MAX_VALUE_CHARS,
@@ -217,3 +219,63 @@ def plan_chunks(start: float, end: float, step: float, max_points: int, max_chun
         chunks.append((t, last))
         t = last + step
     return chunks
+
+
+# --- pod discovery (scrape mode) --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScrapeTarget:
+    """A URL to scrape and the target labels added to each of its samples, as Prometheus adds
+    them (``instance``; for a discovered pod also its node under ``discovery.node_label``)."""
+
+    url: str
+    labels: dict[str, str]
+    pod: str = ""  # namespace/name of a discovered pod
+
+
+def pod_targets(pods: Iterable[Any], d: PodDiscoverySettings, skipped: Counter[str]) -> list[ScrapeTarget]:
+    """Scrape targets of the exporter pods in a pod list (JSON dicts as the API serves them): a
+    running pod with an IP and a node, at ``d.port`` or its container port named ``d.port_name``;
+    the pod's ``spec.nodeName`` becomes the target label ``d.node_label``, as Prometheus's
+    kubernetes_sd relabelled from ``__meta_kubernetes_pod_node_name``. Pods that cannot be
+    scraped are counted per reason."""
+    out: dict[str, ScrapeTarget] = {}
+    for pod in pods:
+        if not isinstance(pod, dict):
+            count(skipped, "discovery: not a pod object")
+            continue
+        meta, spec, status = (_dict(pod.get(k)) for k in ("metadata", "spec", "status"))
+        name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        if meta.get("deletionTimestamp") or status.get("phase") != "Running":
+            count(skipped, "discovery: pod not running")
+            continue
+        ip, node = status.get("podIP"), spec.get("nodeName")
+        if not isinstance(ip, str) or not ip:
+            count(skipped, "discovery: pod without an IP")
+            continue
+        if not isinstance(node, str) or not node:
+            count(skipped, "discovery: pod without a node")
+            continue
+        port = d.port or _named_port(spec, d.port_name)
+        if not port:
+            count(skipped, f"discovery: pod without a container port named {d.port_name[:64]}")
+            continue
+        host = f"[{ip}]" if ":" in ip else ip
+        url = f"{d.scheme}://{host}:{port}{d.path}"
+        out[url] = ScrapeTarget(url, {"instance": f"{host}:{port}", d.node_label: node}, name)
+    return [out[u] for u in sorted(out)]
+
+
+def _dict(x: Any) -> dict[str, Any]:
+    return x if isinstance(x, dict) else {}
+
+
+def _named_port(spec: dict[str, Any], name: str) -> int:
+    for container in spec.get("containers") or []:
+        for port in (container.get("ports") or []) if isinstance(container, dict) else []:
+            if isinstance(port, dict) and port.get("name") == name and isinstance(port.get("containerPort"), int):
+                number: int = port["containerPort"]
+                if 0 < number < 65536:
+                    return number
+    return 0

@@ -7,6 +7,11 @@ Two modes (``exporters.prometheus.mode``):
   samples without a timestamp (the exporters write none) get the scrape time, and every sample gets
   the target's ``instance`` label (``host:port``) as Prometheus adds it, so node-exporter's samples
   (which name no node) and dcgm-exporter's from an exporter whose ``Hostname`` is its pod have a node.
+  With ``discovery.enabled`` the targets also include the exporter pods the Kubernetes API lists
+  (``label_selector`` in ``namespace``, listed again every ``refresh_s``): each running pod's IP at
+  its ``metrics`` container port, with the pod's ``spec.nodeName`` as the target label
+  ``discovery.node_label`` (``node``), which ``node_labels`` reads as for a relabelled Prometheus
+  target. A failed listing is counted (``discovery_*`` errors) and the last list kept.
 - ``api``: ask a Prometheus server (``/api/v1/query``) for the raw samples of ``api_selector`` over
   the last two intervals (a range selector, so every sample keeps its scrape timestamp), and map
   them the same way. A per-target watermark (``job``/``instance``) keeps samples already published
@@ -27,13 +32,22 @@ import asyncio
 import json
 import logging
 import math
+import os
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit
 
-from fleetmedic.config import Settings
-from fleetmedic.connectors.prometheus_api import ApiAnswerError, Watermarks, api_samples, map_samples
+from fleetmedic.config import PodDiscoverySettings, Settings
+from fleetmedic.connectors.prometheus_api import (
+    ApiAnswerError,
+    ScrapeTarget,
+    Watermarks,
+    api_samples,
+    map_samples,
+    pod_targets,
+)
 from fleetmedic.connectors.prometheus_text import ExpositionReader, Sample, is_known_series
 from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox, sleep_or_stop, telemetry_outgoing
 from fleetmedic.records import GpuTelemetry, PortTelemetry
@@ -113,8 +127,13 @@ class PrometheusSource:
         self.watermarks = Watermarks()
         self._failing: dict[str, str] = {}  # target -> the kind of its last failure (to log changes only)
         self.reader = ExpositionReader.for_settings(settings, source=f"prometheus-{self.p.mode}", ignore_unknown=True)
-        if self.p.mode == "scrape" and not self.p.targets:
-            raise ValueError("exporters.prometheus.targets: scrape mode needs at least one target URL")
+        if self.p.mode == "scrape" and not self.p.targets and not self.p.discovery.enabled:
+            raise ValueError("exporters.prometheus.targets: scrape mode needs at least one target URL "
+                             "(or discovery.enabled)")
+        self.static_targets = [ScrapeTarget(url, {"instance": instance_of(url)}) for url in self.p.targets]
+        self.discovered: list[ScrapeTarget] = []
+        self.pods = PodLister(self.p.discovery) if self.p.mode == "scrape" and self.p.discovery.enabled else None
+        self._discovery_failing = ""
         if self.p.mode == "api" and not self.p.api_url:
             raise ValueError("exporters.prometheus.api_url: api mode needs the Prometheus server's URL")
 
@@ -128,9 +147,20 @@ class PrometheusSource:
         import aiohttp
 
         timeout = aiohttp.ClientTimeout(total=self.p.timeout_s)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        try:
+            await self._loop(aiohttp.ClientSession(timeout=timeout), stop)
+        finally:
+            if self.pods is not None:
+                self.pods.close()
+
+    async def _loop(self, client_session: Any, stop: asyncio.Event) -> None:
+        async with client_session as session:
+            next_discovery = 0.0
             while not stop.is_set():
                 started = time.monotonic()
+                if self.pods is not None and started >= next_discovery:
+                    next_discovery = started + self.p.discovery.refresh_s
+                    await self.discover()
                 try:
                     await self.tick(session)
                 except Exception as exc:  # not expected (each target is guarded): try again next interval
@@ -139,16 +169,52 @@ class PrometheusSource:
                 if await sleep_or_stop(stop, self.p.interval_s - (time.monotonic() - started)):
                     return
 
+    def targets(self) -> list[ScrapeTarget]:
+        """What scrape mode scrapes: the configured URLs, then the discovered pods."""
+        return self.static_targets + self.discovered
+
+    async def discover(self) -> list[ScrapeTarget]:
+        """List the exporter pods again (in a thread: the client blocks); on failure the last list
+        is kept. Returns the discovered targets."""
+        assert self.pods is not None
+        try:
+            pods = await asyncio.to_thread(self.pods.list)
+        except Exception as exc:  # API server unreachable, 403 without RBAC, a bad kubeconfig: try next refresh
+            kind = f"discovery_{type(exc).__name__}"
+            self.metrics.error(kind)
+            if self._discovery_failing != kind:
+                self._discovery_failing = kind
+                log.warning("prometheus: listing exporter pods failed (%s: %s); keeping the %d known",
+                            kind, str(exc)[:300], len(self.discovered))
+            return self.discovered
+        if self._discovery_failing:
+            self._discovery_failing = ""
+            log.info("prometheus: listing exporter pods works again")
+        skipped: Counter[str] = Counter()
+        found = pod_targets(pods, self.p.discovery, skipped)
+        for reason, n in skipped.items():
+            self.metrics.skipped(reason, n)
+        if [t.url for t in found] != [t.url for t in self.discovered]:
+            log.info("prometheus: %d exporter pods to scrape (%s)", len(found),
+                     ", ".join(f"{t.pod} on {t.labels.get(self.p.discovery.node_label)}" for t in found[:5])
+                     + (", ..." if len(found) > 5 else ""))
+        self.discovered = found
+        live = {t.url for t in self.targets()}
+        for url in [u for u in self._failing if u not in live]:  # pods gone: forget their failures
+            del self._failing[url]
+        return found
+
     async def tick(self, session: Any) -> int:
         """One scrape or poll; returns the number of records queued."""
         reader = self.reader  # kept across ticks: it caches the exporters' label sets
         reader.skipped.clear()
         records: list[GpuTelemetry | PortTelemetry] = []
         if self.p.mode == "scrape":
-            texts = await asyncio.gather(*(self._get_text(session, url) for url in self.p.targets))
-            for url, text in zip(self.p.targets, texts, strict=True):
+            targets = self.targets()
+            texts = await asyncio.gather(*(self._get_text(session, t.url) for t in targets))
+            for target, text in zip(targets, texts, strict=True):
                 if text is not None:
-                    records += self._guarded(url, self._from_text, (text, {"instance": instance_of(url)}))
+                    records += self._guarded(target.url, self._from_text, (text, target.labels))
         else:
             doc = await self._query(session)
             if doc is not None:
@@ -224,3 +290,36 @@ class PrometheusSource:
         except Exception as exc:  # connection refused, timeout, bad JSON, too large: try next interval
             self._failed(self.p.api_url, type(exc).__name__, exc)
             return None
+
+
+class PodLister:
+    """Lists the exporter pods of ``discovery`` through the Kubernetes API (raw JSON, no model
+    decoding); the client is made on first use (in-cluster, or from a kubeconfig)."""
+
+    def __init__(self, d: PodDiscoverySettings, api: Any = None) -> None:
+        self.d = d
+        self._api = api
+
+    def client(self) -> Any:
+        if self._api is None:
+            from kubernetes import client, config
+
+            if self.d.in_cluster:
+                config.load_incluster_config()  # type: ignore[no-untyped-call]
+                self._api = client.ApiClient()
+            else:
+                path = self.d.kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or os.path.expanduser(
+                    "~/.kube/config")
+                self._api = config.new_client_from_config(config_file=path)  # type: ignore[no-untyped-call]
+        return self._api
+
+    def close(self) -> None:
+        if self._api is not None:
+            api, self._api = self._api, None
+            api.close()
+
+    def list(self) -> list[dict[str, Any]]:
+        from fleetmedic.connectors.kube_jobs import list_objects, resource_path
+
+        items, _ = list_objects(self.client(), resource_path("Pod", self.d.namespace), self.d.label_selector)
+        return items

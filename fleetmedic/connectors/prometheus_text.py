@@ -236,6 +236,12 @@ class _Series:
     uuid: str = ""
 
 
+#: a whole series: name, labels, (timestamp, value) points (:meth:`ExpositionReader.read_columns`)
+Column = tuple[str, dict[str, str], list[tuple[float, float]]]
+#: (series name, id of its labels dict) -> what the series says (:meth:`ExpositionReader.read_samples`)
+SeriesCache = dict[tuple[str, int], _Series]
+
+
 @dataclass
 class _Group:
     """The samples of one node within the grouping tolerance: one scrape, one record."""
@@ -464,16 +470,18 @@ class ExpositionReader:
     # --- samples -> records -----------------------------------------------------------------
 
     def read_samples(
-        self, samples: Iterable[Sample], flush_lag_s: float = 120.0
+        self, samples: Iterable[Sample], flush_lag_s: float = 120.0, series_cache: SeriesCache | None = None
     ) -> Iterator[r.GpuTelemetry | r.PortTelemetry]:
-        """Records per node and scrape from samples (parsed text, or a Prometheus API answer)."""
+        """Records per node and scrape from samples (parsed text, or a Prometheus API answer).
+        ``series_cache``: what each series says, kept across calls by a caller whose label set
+        objects live on (the remote-write receiver's label cache); by default, one per call."""
         groups: dict[tuple[str, bool], list[_Group]] = {}  # (node, is GPU) -> open groups, oldest first
         tol = max(0.0, self.group_tolerance_s)
         newest, flushed_before = float("-inf"), float("-inf")
         skipped = self.skipped
         # what a series' name and labels say (node, GPU or port, target field...), worked out once per
         # series: exporters and range queries repeat the same label set object sample after sample
-        seen: dict[tuple[str, int], _Series] = {}
+        seen: SeriesCache = {} if series_cache is None else series_cache
         for n, (raw_name, labels, value, ts) in enumerate(samples, 1):
             if n % 20_000 == 0 and newest - flush_lag_s > flushed_before:
                 flushed_before = newest - flush_lag_s
@@ -503,32 +511,81 @@ class ExpositionReader:
             if series.problem:
                 count(skipped, series.problem)
                 continue
-            node = series.node
-            if series.index >= 0:
-                g = _group_for(groups, (node, True), ts, tol)
-                index = series.index
-                if series.xid >= 0:
-                    g.xid_counts[index][series.xid] = value
-                    g.gpu.setdefault(index, {})  # the GPU is in the record even when it reports nothing else
-                else:
-                    g.gpu[index][series.target] = value
-                info = g.meta
-                if "sku" not in info:
-                    info["sku"], info["driver"] = series.sku, series.driver
-                if series.uuid:
-                    info[f"uuid{index}"] = series.uuid
-            else:
-                slot = _group_for(groups, (node, False), ts, tol).ports[series.port]
-                target = series.target
-                if name in _IB_LEGACY:
-                    slot.setdefault(target, value / 4)  # the 64-bit counter wins when present
-                elif target == "speed_gbps":
-                    slot[target] = value * 8 / 1e9
-                elif name.endswith("_bytes_total"):
-                    slot[target] = value / 4  # PortSample counts 4-byte words, as IB does
-                else:
-                    slot[target] = value
+            self._put(_group_for(groups, (series.node, series.index >= 0), ts, tol), series, value)
         yield from self._flush(groups, before=float("inf"))
+
+    def read_columns(self, columns: Iterable[Column]) -> Iterator[r.GpuTelemetry | r.PortTelemetry]:
+        """Records from whole series, each ``(name, labels, [(timestamp, value), ...])`` with its
+        points checked (finite, in range) by the caller: a range query's matrix. The same mapping
+        as :meth:`read_samples`, but the points of one node at the same timestamp are one scrape
+        (a range query evaluates every series at the same step times), so there is nothing to sort
+        and no sample tuple per point. All records come at the end, in time order."""
+        by_key: dict[tuple[str, bool, float], _Group] = {}
+        skipped = self.skipped
+        for raw_name, labels, points in columns:
+            series = self._series(raw_name, labels)
+            if series.name is None:
+                if not self.ignore_unknown and points:
+                    count(skipped, f"unknown series {raw_name}", len(points))
+                continue
+            if series.problem:
+                if points:
+                    count(skipped, series.problem, len(points))
+                continue
+            node, is_gpu = series.node, series.index >= 0
+            if is_gpu and series.xid < 0:  # most series: _put's GPU branch, inline
+                index, target, uuid = series.index, series.target, series.uuid
+                uuid_key, sku, driver = f"uuid{index}", series.sku, series.driver
+                for ts, value in points:
+                    g = by_key.get((node, True, ts))
+                    if g is None:
+                        g = by_key[(node, True, ts)] = _Group(anchor=ts, ts=ts)
+                    g.gpu[index][target] = value
+                    info = g.meta
+                    if "sku" not in info:
+                        info["sku"], info["driver"] = sku, driver
+                    if uuid:
+                        info[uuid_key] = uuid
+                continue
+            put = self._put
+            for ts, value in points:
+                g = by_key.get((node, is_gpu, ts))
+                if g is None:
+                    g = by_key[(node, is_gpu, ts)] = _Group(anchor=ts, ts=ts)
+                put(g, series, value)
+        groups: dict[tuple[str, bool], list[_Group]] = {}
+        for (node, is_gpu, _), g in by_key.items():
+            groups.setdefault((node, is_gpu), []).append(g)
+        yield from self._flush(groups, before=math.inf)
+
+    @staticmethod
+    def _put(g: _Group, series: _Series, value: float) -> None:
+        """One sample's value into its scrape's group."""
+        if series.index >= 0:
+            index = series.index
+            if series.xid >= 0:
+                g.xid_counts[index][series.xid] = value
+                g.gpu.setdefault(index, {})  # the GPU is in the record even when it reports nothing else
+            else:
+                g.gpu[index][series.target] = value
+            info = g.meta
+            if "sku" not in info:
+                info["sku"], info["driver"] = series.sku, series.driver
+            if series.uuid:
+                info[f"uuid{index}"] = series.uuid
+        else:
+            slot = g.ports[series.port]
+            target = series.target
+            name = series.name
+            assert name is not None
+            if name in _IB_LEGACY:
+                slot.setdefault(target, value / 4)  # the 64-bit counter wins when present
+            elif target == "speed_gbps":
+                slot[target] = value * 8 / 1e9
+            elif name.endswith("_bytes_total"):
+                slot[target] = value / 4  # PortSample counts 4-byte words, as IB does
+            else:
+                slot[target] = value
 
     def _series(self, raw_name: str, labels: Mapping[str, str]) -> _Series:
         """What one series' name and labels say, or why its samples cannot be used."""
@@ -607,14 +664,25 @@ class ExpositionReader:
         node, ts = key
         gpus = sorted(by_gpu)
         columns: dict[str, list[float | int | None]] = {}
+        present: set[str] = set()
+        for values in by_gpu.values():
+            present.update(values)
+        per_gpu = [by_gpu[g] for g in gpus]
         for metric in r.GPU_METRICS:
-            if not any(metric in by_gpu[g] for g in gpus):
+            if metric not in present:
                 continue
             bounds = _GPU_BOUNDS.get(metric, (False, -math.inf, math.inf))
+            integral, lo, hi = bounds
+            blank = DCGM_INT64_BLANK if integral else min(DCGM_INT64_BLANK, DCGM_FP64_BLANK)
             col: list[float | int | None] = []
-            for g in gpus:
-                v = by_gpu[g].get(metric)
-                col.append(None if v is None else self._checked(metric, v, bounds, r.DCGM_NAMES[metric]))
+            for values in per_gpu:
+                v = values.get(metric)
+                if v is None:
+                    col.append(None)
+                elif lo <= v <= hi and v < blank:  # the common case of _checked, inline
+                    col.append(int(v) if integral else v)
+                else:
+                    col.append(self._checked(metric, v, bounds, r.DCGM_NAMES[metric]))
             if any(v is not None for v in col):
                 columns[metric] = col
         if not columns:  # every value was bad: nothing to say about this node (the reasons are counted)

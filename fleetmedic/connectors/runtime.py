@@ -16,6 +16,12 @@ A connector is a *source* (sampling on an interval, or consuming a Kafka topic) 
   records, queue depth, the time of the last successful send.
 - **Stopping.** :func:`run_until_stopped` sets the stop event on SIGTERM/SIGINT; the pump then
   sends what is queued for up to ``drain_timeout_s`` and the sink is closed.
+- **Dead letters** (a connector's own, for input it could not read) are best effort: the pump sends
+  them apart from the other records, one at a time, after those went out. One that cannot be
+  sent (refused by the broker as too large, a topic error, a value that does not encode) is dropped
+  and counted (``fleetmedic_connector_dead_letter_failures_total{reason}``, logged once per
+  reason); it never holds up, duplicates or loses the other records, nor stops the connector.
+  (Before, a refused dead letter failed its whole batch, which was sent again and again.)
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from fleetmedic.config import Settings
 from fleetmedic.connectors.errors import SourceUnavailable
-from fleetmedic.records import GpuTelemetry, JobEvent, PortTelemetry, Record, encode
+from fleetmedic.records import DeadLetter, GpuTelemetry, JobEvent, PortTelemetry, Record, encode
 
 log = logging.getLogger("fleetmedic.connectors")
 
@@ -107,6 +113,10 @@ class ConnectorMetrics:
                             ["connector"], registry=registry)
         self._last = Gauge("fleetmedic_connector_last_success_timestamp_seconds",
                            "Unix time of the last record sent", ["connector"], registry=registry)
+        self._dead_letter_failures = Counter("fleetmedic_connector_dead_letter_failures",
+                                             "Dead letters that could not be made or sent (dropped; the other "
+                                             "records go on), per reason", ["connector", "reason"], registry=registry)
+        self._logged: set[str] = set()  # dead-letter failure reasons already logged
 
     def out(self, topic: str, n: int = 1) -> None:
         self._out.labels(self.connector, topic).inc(n)
@@ -129,6 +139,17 @@ class ConnectorMetrics:
 
     def success(self, now: float) -> None:
         self._last.labels(self.connector).set(now)
+
+    def dead_letter_failed(self, exc: BaseException, what: str = "") -> None:
+        """A dead letter could not be made or sent: counted per reason (the exception's type), logged
+        once per reason (``what`` names the record)."""
+        reason = reason_label(type(exc).__name__)
+        self._dead_letter_failures.labels(self.connector, reason).inc()
+        if reason not in self._logged:
+            self._logged.add(reason)
+            log.error("%s: a dead letter%s could not be sent (%s: %s); dropped and counted in "
+                      "fleetmedic_connector_dead_letter_failures_total{reason=%r} (logged once per reason)",
+                      self.connector, f" ({what})" if what else "", type(exc).__name__, str(exc)[:500], reason)
 
 
 class Outbox:
@@ -201,11 +222,11 @@ class KafkaSink:
     async def start(self) -> None:
         from aiokafka import AIOKafkaProducer
 
-        from fleetmedic.bus import client_options
+        from fleetmedic.bus import producer_options
 
         k = self.settings.kafka
-        producer = AIOKafkaProducer(acks=k.acks if k.acks == "all" else int(k.acks), linger_ms=20,
-                                    request_timeout_ms=int(k.request_timeout_s * 1000), **client_options(k))
+        producer = AIOKafkaProducer(linger_ms=20, request_timeout_ms=int(k.request_timeout_s * 1000),
+                                    **producer_options(k))
         try:
             await producer.start()
         except BaseException:
@@ -277,8 +298,11 @@ async def pump(outbox: Outbox, sink: Sink, metrics: ConnectorMetrics, stop: asyn
         items = outbox.peek(settings.batch)
         if not items:
             continue
+        dead = [i for i in items if isinstance(i.record, DeadLetter)]
+        plain = [i for i in items if not isinstance(i.record, DeadLetter)] if dead else items
         try:
-            await sink.send_batch(items)
+            if plain:
+                await sink.send_batch(plain)
         except Exception as exc:  # a broker down or slow: keep the records, retry later
             metrics.error(type(exc).__name__)
             delay = settings.backoff.next_delay()
@@ -293,12 +317,28 @@ async def pump(outbox: Outbox, sink: Sink, metrics: ConnectorMetrics, stop: asyn
                 await asyncio.sleep(delay)
             continue
         settings.backoff.reset()
+        sent = [*plain, *[d for d in dead if await _send_dead_letter(sink, d, metrics)]]
         outbox.remove(items)
-        for item in items:
+        for item in sent:
             metrics.out(item.topic)
         metrics.success(clock())
     if len(outbox):
         log.warning("%s: stopped with %d records unsent", metrics.connector, len(outbox))
+
+
+async def _send_dead_letter(sink: Sink, item: Outgoing, metrics: ConnectorMetrics) -> bool:
+    """Send one dead letter; a failure is counted and logged (once per reason), never raised."""
+    try:
+        await sink.send_batch([item])
+        return True
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        dl = item.record
+        what = (f"for {dl.topic}[{dl.partition}]@{dl.offset}, {dl.original_length} bytes, sha256 "
+                f"{dl.original_sha256[:16]}" if isinstance(dl, DeadLetter) else "")
+        metrics.dead_letter_failed(exc, what)
+        return False
 
 
 def pump_settings(settings: Settings) -> PumpSettings:

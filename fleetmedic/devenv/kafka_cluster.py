@@ -15,11 +15,17 @@ Security (``--security``):
   ``kafka-storage format --add-scram``) or PLAIN. Brokers talk to each other over the same listener
   as the SCRAM user ``admin``.
 
-In both secure modes the controller listener speaks mutual TLS. A CA and one certificate per node
-(SAN ``localhost`` and ``127.0.0.1``) are made at the first start (:mod:`fleetmedic.devenv.tls`);
-passwords are random, in ``secrets/`` (mode 0600). ``client.yaml`` holds the client side as a
-fleetmedic config: the ``kafka`` section (bootstrap servers, protocol, mechanism, user, password
-file, CA file, client certificate) and, with several brokers, the ``topics`` replication.
+In both secure modes the controller listener speaks mutual TLS, and the brokers authorize every
+request (KRaft's ``StandardAuthorizer``, no ACL means no access): the brokers, ``admin`` and the
+client user ``fleetmedic`` are super users; every other principal gets what ACLs grant. With
+``sasl_ssl`` one SCRAM user per component of :mod:`fleetmedic.acls` is made too (``fleetmedic-detect``,
+``fleetmedic-executor``, ...: :meth:`KafkaCluster.component_section` connects as one), and
+:meth:`KafkaCluster.kafka_acls` runs ``kafka-acls`` commands as ``admin``. A CA and one
+certificate per node (SAN ``localhost`` and ``127.0.0.1``) are made at the first start
+(:mod:`fleetmedic.devenv.tls`); passwords are random, in ``secrets/`` (mode 0600). ``client.yaml``
+holds the client side as a fleetmedic config: the ``kafka`` section (bootstrap servers, protocol,
+mechanism, user, password file, CA file, client certificate) and, with several brokers, the
+``topics`` replication.
 
 Layout under ``dir``: ``cluster.json`` (shape and ports), ``client.yaml``, ``tls/``, ``secrets/``,
 and ``broker-<id>/`` per node (``server.properties``, ``data/``, ``kafka.log``, ``kafka.pid``).
@@ -72,6 +78,8 @@ class KafkaCluster:
     heap: str = "384m"
     #: (name, value) pairs added to every node's server.properties (a later one wins)
     extra: tuple[tuple[str, str], ...] = ()
+    #: secure modes: authorize requests by ACL (StandardAuthorizer; the users above are super users)
+    authorizer: bool = True
 
     def __post_init__(self) -> None:
         if len(self.ports) != len(self.controller_ports) or not self.ports:
@@ -143,6 +151,13 @@ class KafkaCluster:
     def password_file(self, user: str) -> Path:
         return self.secrets_dir / f"{user}.password"
 
+    @property
+    def component_users(self) -> tuple[str, ...]:
+        """The SCRAM users made for the components of :mod:`fleetmedic.acls` (``sasl_ssl`` only)."""
+        from fleetmedic.acls import COMPONENTS
+
+        return tuple(component_user(c) for c in COMPONENTS) if self.security == "sasl_ssl" else ()
+
     # --- the client side --------------------------------------------------------------------------
 
     def kafka_section(self, **overrides: Any) -> dict[str, Any]:
@@ -159,6 +174,13 @@ class KafkaCluster:
         k.update(overrides)
         return k
 
+    def component_section(self, component: str, **overrides: Any) -> dict[str, Any]:
+        """The ``kafka`` section of a client that connects as ``component``'s own SCRAM user."""
+        user = component_user(component)
+        if user not in self.component_users:
+            raise ValueError(f"no user for {component!r} on a {self.security} cluster (sasl_ssl only)")
+        return self.kafka_section(sasl_username=user, sasl_password_file=str(self.password_file(user)), **overrides)
+
     def client_config(self) -> dict[str, Any]:
         """client.yaml as a dict: the ``kafka`` section and, with several brokers, ``topics``' replication."""
         doc: dict[str, Any] = {"kafka": self.kafka_section()}
@@ -173,6 +195,59 @@ class KafkaCluster:
         from fleetmedic.config import KafkaSettings
 
         return client_options(KafkaSettings(**self.kafka_section(**overrides)))
+
+    # --- Kafka's own tools ------------------------------------------------------------------------
+
+    def admin_properties(self) -> Path:
+        """A client properties file for Kafka's command-line tools: as the super user ``admin``
+        (``sasl_ssl``), with the client's certificate (``ssl``), or plain."""
+        path = self.secrets_dir / "admin.properties"
+        lines = [f"security.protocol={self.protocol}"]
+        if self.security != "plaintext":
+            lines += ["ssl.truststore.type=PEM", f"ssl.truststore.location={self.tls_dir / 'ca.pem'}"]
+        if self.security == "ssl":
+            lines += ["ssl.keystore.type=PEM", f"ssl.keystore.location={self.tls_dir / f'{CLIENT_USER}.keystore.pem'}"]
+        if self.security == "sasl_ssl":
+            lines += [f"sasl.mechanism={MECHANISM}",
+                      "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
+                      f'username="{ADMIN_USER}" password="{self._password(ADMIN_USER)}";']
+        self.secrets_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(lines) + "\n")
+        os.chmod(path, 0o600)
+        return path
+
+    def kafka_acls(self, commands: Sequence[Sequence[str]], timeout: float = 120.0) -> float:
+        """Run ``kafka-acls`` command lines as :mod:`fleetmedic.acls` writes them (the program name
+        first; their ``--bootstrap-server`` and ``--command-config`` are replaced by this cluster's
+        and :meth:`admin_properties`) with the class ``kafka-acls.sh`` runs (``kafka.admin.AclCommand``),
+        all in one JVM (:data:`ACL_BATCH`: a JVM start each cost 3 s of CPU); return the seconds.
+        A command that fails ends the JVM and raises with its output."""
+        conn = {"--bootstrap-server": self.bootstrap, "--command-config": str(self.admin_properties())}
+        tools = self.dir / "tools"
+        tools.mkdir(parents=True, exist_ok=True)
+        (tools / "log4j.properties").write_text(
+            "log4j.rootLogger=ERROR, stderr\nlog4j.appender.stderr=org.apache.log4j.ConsoleAppender\n"
+            "log4j.appender.stderr.Target=System.err\nlog4j.appender.stderr.layout=org.apache.log4j.PatternLayout\n")
+        (tools / "AclBatch.java").write_text(ACL_BATCH)
+        lines = []
+        for line in commands:
+            args = list(line[1:])
+            for i, a in enumerate(args[:-1]):
+                if a in conn:
+                    args[i + 1] = conn[a]
+            if "--command-config" not in args:
+                args += ["--command-config", conn["--command-config"]]
+            if any("\t" in a or "\n" in a for a in args):
+                raise ValueError(f"an argument holds a tab or a new line: {args}")
+            lines.append("\t".join(args))
+        (tools / "acls.txt").write_text("\n".join(lines) + "\n")
+        t0 = time.monotonic()
+        done = subprocess.run([*java_argv("256m", tools / "log4j.properties"), str(tools / "AclBatch.java"),
+                               str(tools / "acls.txt")], capture_output=True, text=True, timeout=timeout, check=False)
+        if done.returncode != 0:
+            raise proc.ServiceError(f"kafka-acls failed (exit {done.returncode}):\n"
+                                    f"{(done.stdout + done.stderr)[-3000:]}")
+        return time.monotonic() - t0
 
     # --- broker configuration ---------------------------------------------------------------------
 
@@ -229,8 +304,12 @@ class KafkaCluster:
                 f"ssl.client.auth={'required' if self.security == 'ssl' else 'none'}",
                 "listener.name.controller.ssl.client.auth=required",
                 "ssl.principal.mapping.rules=RULE:^CN=([^,]+)$/$1/,DEFAULT",
-                "super.users=" + ";".join([f"User:{ADMIN_USER}", *(f"User:broker-{i}" for i in self.ids)]),
+                "super.users=" + ";".join([f"User:{ADMIN_USER}", f"User:{CLIENT_USER}",
+                                           *(f"User:broker-{i}" for i in self.ids)]),
             ]
+            if self.authorizer:
+                lines += ["authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                          "allow.everyone.if.no.acl.found=false"]
         if self.security == "sasl_ssl":
             admin, client = self._password(ADMIN_USER), self._password(CLIENT_USER)
             lines += [
@@ -249,7 +328,7 @@ class KafkaCluster:
     def _scram_args(self) -> list[str]:
         if self.security != "sasl_ssl":
             return []
-        return [arg for user in (ADMIN_USER, CLIENT_USER)
+        return [arg for user in (ADMIN_USER, CLIENT_USER, *self.component_users)
                 for arg in ("--add-scram", f"{MECHANISM}=[name={user},password={self._password(user)}]")]
 
     def _proc(self, node: int) -> proc.Proc:
@@ -444,6 +523,31 @@ class KafkaCluster:
                                    interval=0.5)
         except proc.ServiceError as exc:
             raise proc.ServiceError(f"{exc}\nstill under-replicated: {last[:20]}") from None
+
+
+#: Runs ``kafka.admin.AclCommand`` (what ``kafka-acls.sh`` runs) once per line of a file, arguments
+#: separated by tabs, in one JVM (``java AclBatch.java FILE``: the JDK compiles a single source file
+#: itself). AclCommand ends the JVM with status 1 on the first command that fails.
+ACL_BATCH = """\
+import java.nio.file.Files;
+import java.nio.file.Path;
+
+public class AclBatch {
+    public static void main(String[] args) throws Exception {
+        for (String line : Files.readAllLines(Path.of(args[0]))) {
+            if (!line.isBlank()) {
+                kafka.admin.AclCommand.main(line.split("\\t"));
+            }
+        }
+    }
+}
+"""
+
+
+def component_user(component: str) -> str:
+    """The dev cluster's SCRAM user of a component of :mod:`fleetmedic.acls` (its principal is
+    ``User:fleetmedic-<component>``, :data:`fleetmedic.acls.DEFAULT_PRINCIPAL_PREFIX`)."""
+    return f"{CLIENT_USER}-{component}"
 
 
 def write_client_yaml(path: Path, doc: dict[str, Any], what: str) -> Path:

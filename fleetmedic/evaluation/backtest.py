@@ -37,6 +37,7 @@ import heapq
 import json
 import logging
 import math
+import os
 import re
 import struct
 import tempfile
@@ -102,6 +103,11 @@ class InputReader:
     extra_labels: dict[str, str] = field(default_factory=dict)
     timestamps: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> how samples were stamped
     not_read: Counter[str] = field(default_factory=Counter)  # exporter series present but not read
+    bytes_read: int = 0  # of the input files, so far (progress)
+
+    def total_bytes(self, paths: Iterable[str]) -> int:
+        """The size of the input files (what :attr:`bytes_read` reaches at the end)."""
+        return sum(f.stat().st_size for f in self.files(paths))
 
     def problems(self) -> dict[str, dict[str, Any]]:
         """The files with problems: path -> lines, records and problems per reason."""
@@ -172,11 +178,13 @@ class InputReader:
         """The file's lines as bytes, at most ``limit`` each (memory stays bounded whatever the
         file holds: a longer line is skipped in pieces and counted)."""
         while raw := fh.readline(limit + 1):
+            self.bytes_read += len(raw)
             self.lines += 1
             report.lines += 1
             if len(raw) > limit and not raw.endswith(b"\n"):
                 while (rest := fh.readline(1 << 20)) and not rest.endswith(b"\n"):
-                    pass
+                    self.bytes_read += len(rest)
+                self.bytes_read += len(rest)
                 report.problem(f"line longer than {limit} bytes")
                 continue
             yield raw
@@ -357,37 +365,74 @@ def load_topology(path: str) -> dict[str, dict[str, Any]]:
     return {str(n): dict(v) for n, v in doc.items()}
 
 
+def progress_bar(stream: TextIO, **options: Any) -> Any:
+    """A tqdm bar on ``stream``: the size of its terminal, 100 x 24 where that has none (a pipe, a
+    pseudo-terminal nobody sized: tqdm would hide the bar there and leave an empty line), plain
+    ASCII off a terminal."""
+    from tqdm import tqdm
+
+    try:
+        columns, lines = os.get_terminal_size(stream.fileno())
+        tty = stream.isatty()
+    except (AttributeError, OSError, ValueError):  # not a file (a test's buffer), or not a terminal
+        columns, lines, tty = 0, 0, False
+    return tqdm(file=stream, ncols=columns or 100, nrows=lines or 24, ascii=not tty, mininterval=0.5, leave=True,
+                **options)
+
+
 class Progress:
-    """A one-line progress report on stderr when it is a terminal (or ``force``)."""
+    """Progress bars on ``stream`` (stderr; tqdm, with totals and ETA), shown when it is a terminal
+    or ``force``: the input bytes read, the Prometheus range queries, the report's second pass.
+    Nothing is written when disabled; enabled, a short run shows its bars at 100 %, never an empty line."""
 
     def __init__(self, stream: TextIO, force: bool = False) -> None:
-        self.stream, self.enabled = stream, force or stream.isatty()
-        self.start = self.last = time.monotonic()
+        isatty = getattr(stream, "isatty", None)
+        self.stream, self.enabled = stream, force or bool(isatty and isatty())
+        self._bars: dict[str, Any] = {}  # phase -> tqdm
 
-    def update(self, records: int, sim_ts: float) -> None:
-        now = time.monotonic()
-        if self.enabled and now - self.last >= 0.5:
-            self.last = now
-            rate = records / max(now - self.start, 1e-9)
-            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(sim_ts))
-            self.stream.write(f"\r{records:>12,} records  {rate:>10,.0f}/s  at {stamp} UTC")
-            self.stream.flush()
+    def _bar(self, key: str, desc: str, total: float | None, unit: str, unit_scale: bool) -> Any:
+        if not self.enabled:
+            return None
+        bar = self._bars.get(key)
+        if bar is None:
+            bar = self._bars[key] = progress_bar(self.stream, total=total, desc=desc, unit=unit,
+                                                 unit_scale=unit_scale, unit_divisor=1024 if unit == "B" else 1000,
+                                                 position=len(self._bars))
+        return bar
+
+    def start(self, phase: str, total_bytes: int) -> None:
+        """A pass over the input files begins: ``phase`` ("backtest", "report") of ``total_bytes``."""
+        self.done()
+        if total_bytes:
+            self._bar(phase, phase, total_bytes, "B", True)
+
+    def update(self, records: int, sim_ts: float, bytes_read: int | None = None, phase: str = "backtest") -> None:
+        """Records so far and the time they reached; ``bytes_read``: of the input files."""
+        bar = self._bars.get(phase)
+        if bar is None:
+            bar = self._bar(phase, phase, None, "rec", True)
+            if bar is None:
+                return
+        if bytes_read is not None and bar.total is not None:
+            bar.update(bytes_read - bar.n)
+        elif bar.total is None:
+            bar.update(records - bar.n)
+        stamp = time.strftime("%Y-%m-%d %H:%M", time.gmtime(sim_ts))
+        bar.set_postfix_str(f"{records:,} records, at {stamp} UTC", refresh=False)
 
     def chunk(self, done: int, total: int, seconds_done: float) -> None:
-        """A Prometheus range query done: queries done of all, and the time left at this pace."""
-        if not self.enabled:
+        """A Prometheus range query done: queries done of all (the bar shows the ETA)."""
+        bar = self._bar("prometheus", "prometheus queries", total, "query", False)
+        if bar is None:
             return
-        elapsed = time.monotonic() - self.start
-        eta = elapsed / done * (total - done) if done else 0.0
-        self.stream.write(f"\rprometheus: query {done:,}/{total:,} ({100 * done / max(total, 1):.0f} %), "
-                          f"{seconds_done / 3600:,.1f} h of history, ETA {int(eta // 60)}:{int(eta % 60):02d}  ")
-        self.stream.flush()
-        if done == total:
-            self.stream.write("\n")
+        bar.update(done - bar.n)
+        bar.set_postfix_str(f"{seconds_done / 3600:,.1f} h of history", refresh=False)
 
     def done(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")
+        """Close every bar (each stays on screen at its last value)."""
+        for bar in self._bars.values():
+            bar.close()
+        self._bars.clear()
 
 
 class RecordSource(Protocol):
@@ -424,15 +469,19 @@ def run(settings: Settings, inputs: list[str], out: Path, progress: Progress | N
     if history is not None:
         history.bind_progress(progress)
         more.append(history.records())
+    if progress:
+        progress.start("backtest", reader.total_bytes(inputs))
     for rec in reader.records(inputs, *more):
         bt.feed(rec)
         n += 1
         last = float(rec.ts)
         first = last if first is None else first
-        if progress and n % 2000 == 0:
-            progress.update(n, last)
+        if progress and n % 500 == 0:
+            progress.update(n, last, reader.bytes_read)
     bt.finish()
     if progress:
+        if last is not None:
+            progress.update(n, last, reader.bytes_read)
         progress.done()
     elapsed = time.monotonic() - started
     _write_jsonl(out / "findings.jsonl", bt.findings)
@@ -480,13 +529,34 @@ def run(settings: Settings, inputs: list[str], out: Path, progress: Progress | N
     if report:
         from fleetmedic.evaluation.backtest_report import write_report
 
-        meta = {"inputs": ", ".join(inputs), "records": n, "findings": len(bt.findings)}
+        meta = {"inputs": ", ".join(inputs), "records": n, "findings": len(bt.findings),
+                "start": first, "end": last, "records_by_type": dict(bt.counts), "score": summary.get("score")}
         again = InputReader(settings, scrape_time=scrape_time, extra_labels=dict(extra_labels or {}))
-        summary["report_plots"] = write_report(report, settings, again.records(
-            inputs, *([history.again().records()] if history is not None else [])),
-                                               bt.findings, bt.incidents, bt.commands, meta)
+        replay = [] if history is None else [history.again()]  # its queries again, with their bar
+        for source in replay:
+            source.bind_progress(progress)
+        records = again.records(inputs, *(source.records() for source in replay))
+        if progress:
+            progress.start("report", again.total_bytes(inputs))
+            records = _reported(records, again, progress)
+        summary["report_plots"] = write_report(report, settings, records, bt.findings, bt.incidents, bt.commands,
+                                               meta)
+        if progress:
+            progress.done()
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return summary
+
+
+def _reported(records: Iterable[Telemetry], reader: InputReader, progress: Progress) -> Iterator[Telemetry]:
+    """``records``, updating the report pass's progress bar on the way."""
+    n, last = 0, 0.0
+    for rec in records:
+        yield rec
+        n += 1
+        last = float(rec.ts)
+        if n % 500 == 0:
+            progress.update(n, last, reader.bytes_read, phase="report")
+    progress.update(n, last, reader.bytes_read, phase="report")
 
 
 _SERIES_PREFIX = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:]*: ")

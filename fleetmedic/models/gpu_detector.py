@@ -68,7 +68,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fleetmedic.config import DetectionSettings
+from fleetmedic.models import event_dedup
 from fleetmedic.models.baseline import alpha_for_halflife
+from fleetmedic.models.event_dedup import KERNEL, TELEMETRY
 from fleetmedic.models.gpu_signals import (
     HW_POWER_BRAKE,
     HW_THERMAL,
@@ -92,7 +94,16 @@ from fleetmedic.models.gpu_signals import (
 )
 from fleetmedic.models.sample_columns import MetricBatch, columns
 from fleetmedic.models.xid_catalog import XidCatalog, default_catalog
-from fleetmedic.records import DetectionTelemetry, Evidence, Finding, FindingKind, Severity
+from fleetmedic.records import (
+    DetectionMetrics,
+    DetectionTelemetry,
+    Evidence,
+    Finding,
+    FindingKind,
+    GpuMetrics,
+    Severity,
+    XidEvent,
+)
 
 F64 = NDArray[np.float64]
 
@@ -125,6 +136,7 @@ class NodeGpuState(msgspec.Struct, kw_only=True):
     xid_log: list[tuple[float, int, int]] = []
     absent: dict[int, list[float]] = {}  # GPU -> [first record without it, records in a row without it]
     siblings: bytes = b""  # float64 [siblings.signals, G]: smoothed rates (empty: zeros)
+    xid_seen: list[tuple[float, int, int, int]] = []  # XIDs by source, one event not two (models/event_dedup.py)
 
 
 _encode_node = msgspec.msgpack.Encoder().encode
@@ -196,6 +208,7 @@ class _Live:
     xid_log: list[tuple[float, int, int]] = field(default_factory=list)
     # GPUs missing from the latest records: GPU -> [first record without it, records in a row without it]
     absent: dict[int, list[float]] = field(default_factory=dict)
+    xid_seen: list[tuple[float, int, int, int]] = field(default_factory=list)  # event_dedup's entries
     gpu_list: list[int] = field(init=False)  # ``gpus`` as messages carry them, for a cheap comparison
 
     def __post_init__(self) -> None:
@@ -300,6 +313,7 @@ class GpuDetector:
             xid_log=list(live.xid_log),
             absent={k: list(v) for k, v in live.absent.items()},
             siblings=live.slab.sib[live.slot].tobytes(),
+            xid_seen=list(live.xid_seen),
         ))
 
     def load_node(self, node: str, data: bytes) -> None:
@@ -321,6 +335,7 @@ class GpuDetector:
         live.active = {k: list(v) for k, v in st.active.items()}
         live.xid_log = list(st.xid_log)
         live.absent = {k: list(v) for k, v in st.absent.items()}
+        live.xid_seen = list(st.xid_seen)
 
     def signals(self, node: str) -> tuple[tuple[str, ...], F64, F64, F64] | None:
         """The node's latest signals and their baselines: ``(names, value, mean, std)``, each ``[S, G]``
@@ -350,7 +365,15 @@ class GpuDetector:
 
     def observe_batch(self, msgs: Sequence[DetectionTelemetry], batch: MetricBatch | None = None) -> list[Finding]:
         """Findings for a batch of messages, in message order per node. ``batch``: the messages'
-        columns already converted (:class:`~fleetmedic.models.sample_columns.MetricBatch`)."""
+        columns already converted (:class:`~fleetmedic.models.sample_columns.MetricBatch`).
+
+        A message without any metric (only XIDs) is no sample: its XIDs go through
+        :meth:`observe_events`, and the node's metric clock, baselines and GPU columns stay as they are."""
+        if any(map(metricless, msgs)):
+            alone = [f for m in msgs if metricless(m)
+                     for f in self.observe_events(m.node, float(m.ts), m.xids, m.gpus, TELEMETRY)]
+            rest = [m for m in msgs if not metricless(m)]
+            return alone + (self.observe_batch(rest) if rest else [])
         pending = list(msgs)
         if (pending and len({m.node for m in pending}) == len(pending) and len({len(m.gpus) for m in pending}) == 1
                 and self._aligned(pending)):
@@ -380,7 +403,7 @@ class GpuDetector:
         """The GPU count of the slab the message's node is observed in: the GPUs it reports and those
         it reported before (a record lacking some leaves their columns empty)."""
         live = self._nodes.get(msg.node)
-        if live is None or live.gpu_list == msg.gpus:
+        if live is None or live.gpu_list == msg.gpus or live.samples == 0:  # samples 0: see _observe_distinct
             return len(msg.gpus)
         return len(set(live.gpus).union(msg.gpus))
 
@@ -406,6 +429,8 @@ class GpuDetector:
             msg, live, gpus = msgs[i], lives[i], tuple(msgs[i].gpus)
             if live is None:
                 live = nodes[msg.node] = self._new_live(gpus)
+            elif live.samples == 0:  # known from XIDs alone (observe_events): the telemetry says its GPUs
+                live = nodes[msg.node] = self._realigned(live, gpus)
             else:
                 if not set(gpus) <= set(live.gpus):  # a GPU not seen before: the node's columns grow
                     live = nodes[msg.node] = self._realigned(live, tuple(sorted({*live.gpus, *gpus})))
@@ -511,6 +536,23 @@ class GpuDetector:
             conditions.extend(self._xid_conditions(msg, live, xid_changed[i], x[i]))
             findings.extend(self._report(msg, live, conditions))
         return findings
+
+    def observe_events(self, node: str, ts: float, xids: Sequence[XidEvent], gpus: Sequence[int],
+                       source: int = KERNEL) -> list[Finding]:
+        """XIDs that come without a sample: from the kernel log (``source`` KERNEL), or a telemetry
+        record with no metrics. The XID rules judge them as they do a sample's; the same XID from
+        another source within ``xid_dedup_window_s`` is one event (:mod:`.event_dedup`). Nothing of
+        the node's metric state moves: its clock (``prev_ts``), samples, baselines and GPU columns.
+        A node not seen before is created with ``gpus`` (its GPU map), taken over by the GPUs its
+        first telemetry record lists."""
+        live = self._nodes.get(node)
+        if live is None:
+            live = self._nodes[node] = self._new_live(tuple(sorted({*gpus, *(x.gpu for x in xids)})))
+        g = len(live.gpus)
+        msg = DetectionTelemetry(node=node, ts=ts, gpus=list(live.gpus), metrics=_NO_METRICS, xids=list(xids))
+        conditions = self._xid_conditions(msg, live, np.zeros(g, dtype=bool), np.full((len(USED_METRICS), g), np.nan),
+                                          source)
+        return self._report(msg, live, conditions)
 
     # --- missing GPUs and siblings -------------------------------------------------------------
 
@@ -702,12 +744,13 @@ class GpuDetector:
                 dst.sib[fresh.slot, :, j] = src.sib[live.slot, :, k]
         dst.prev_ts[fresh.slot], dst.samples[fresh.slot] = live.prev_ts, live.samples
         fresh.boot_id, fresh.active, fresh.xid_log = live.boot_id, live.active, live.xid_log
+        fresh.xid_seen = live.xid_seen
         fresh.absent = {g: v for g, v in live.absent.items() if g in gpus}
         src.release(live.slot)
         return fresh
 
     def _xid_conditions(
-        self, msg: DetectionTelemetry, live: _Live, gauge_changed: NDArray[np.bool_], x: F64
+        self, msg: DetectionTelemetry, live: _Live, gauge_changed: NDArray[np.bool_], x: F64, source: int = TELEMETRY
     ) -> list[_Condition]:
         events: list[tuple[float, int, int, str]] = [(e.ts, e.gpu, e.xid, e.message) for e in msg.xids]
         # dcgm-exporter's XID gauge holds the last XID: a new one is a change of value
@@ -715,6 +758,9 @@ class GpuDetector:
             code = int(x[M["xid_errors"], g])
             if not any(e[1] == live.gpus[g] and e[2] == code for e in events):
                 events.append((float(msg.ts), live.gpus[g], code, "from the XID gauge"))
+        if events:  # the same XID from another source (kernel log, NVML, dcgm) is one event, not two
+            window = self.settings.xid_dedup_window_s
+            events = [e for e in events if event_dedup.accept(live.xid_seen, e[1], e[2], e[0], source, window)]
         if not events and not live.xid_log:
             return []
         xs = self.settings.xid
@@ -852,6 +898,15 @@ def _spread(msgs: Sequence[DetectionTelemetry], spread: dict[int, list[int]], wi
     for i, cols in spread.items():
         x[i][:, cols] = metrics_array(msgs[i])
     return x
+
+
+_NO_METRICS = DetectionMetrics()
+_NO_GPU_METRICS = GpuMetrics()
+
+
+def metricless(msg: DetectionTelemetry) -> bool:
+    """A record that carries no metric at all (only XIDs): no sample for the metric detectors."""
+    return msg.metrics == _NO_METRICS or msg.metrics == _NO_GPU_METRICS
 
 
 def _split_waves(msgs: list[DetectionTelemetry]) -> tuple[list[DetectionTelemetry], list[DetectionTelemetry]]:

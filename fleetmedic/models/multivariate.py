@@ -520,6 +520,8 @@ class MultivariateModel:
         """Drop the rows of ``nodes`` (another worker carries on with them); the current fit stays."""
         if not nodes:
             return
-        self.revision += 1
-        self._trained = [row for row in self._trained if row[1] not in nodes]
-        self._pending = [row for row in self._pending if row[1] not in nodes]
+        trained = [row for row in self._trained if row[1] not in nodes]
+        pending = [row for row in self._pending if row[1] not in nodes]
+        if len(trained) != len(self._trained) or len(pending) != len(self._pending):
+            self.revision += 1  # (a node without rows changes nothing to write again)
+            self._trained, self._pending = trained, pending

@@ -99,6 +99,18 @@ class PeerComparison:
     def observe(self, node: str, ts: float, summary: Mapping[str, float]) -> None:
         self._latest[node] = _Seen(float(ts), dict(summary))
 
+    def forget_silent(self, before: float) -> set[str]:
+        """Forget the nodes whose latest summary is older than ``before`` (with their outlier clocks
+        and usual deviations); return them."""
+        gone = {n for n, seen in self._latest.items() if seen.ts < before}
+        if gone:
+            for node in gone:
+                del self._latest[node]
+                self._since.pop(node, None)
+                self._reported.pop(node, None)
+            self._offsets = {k: v for k, v in self._offsets.items() if k.rpartition("|")[2] not in gone}
+        return gone
+
     def evaluate(self, group: str, nodes: Iterable[str], now: float, max_age_s: float = 60.0,
                  adjust: bool = True, usual: bool = True) -> list[Finding]:
         """Judge the nodes of one peer group (a job, or a SKU fleet); return findings for outliers.

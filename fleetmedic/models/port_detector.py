@@ -51,6 +51,7 @@ class PortDetector:
         if unknown:
             raise ValueError(f"detection.ib_thresholds: unknown counter(s) {unknown}")
         self._ports: dict[str, _PortState] = {}
+        self._devices: dict[str, dict[str, None]] = {}  # device -> its port keys, in the order of ``_ports``
         self._names = tuple(self.thresholds)
         getter = attrgetter(*self._names) if self._names else (lambda p: ())
         self._values = getter if len(self._names) != 1 else (lambda p: (getter(p),))
@@ -62,15 +63,30 @@ class PortDetector:
     def load_state(self, data: bytes) -> None:
         """Replace the state with what :meth:`state_bytes` wrote."""
         self._ports = msgspec.msgpack.decode(data, type=dict[str, _PortState])
+        self._devices = {}
+        for key in self._ports:
+            self._devices.setdefault(_device(key), {})[key] = None
 
     def node_bytes(self, node: str) -> bytes:
         """The state of one device's ports (a host's NICs: the device is the node), for per-node state."""
-        prefix = node + "/"
-        return msgspec.msgpack.encode({k: v for k, v in self._ports.items() if k.startswith(prefix)})
+        ports = self._ports
+        return msgspec.msgpack.encode({k: ports[k] for k in self._devices.get(node, ())})
 
     def load_node(self, node: str, data: bytes) -> None:
         """Add the ports :meth:`node_bytes` wrote (other ports are kept)."""
-        self._ports.update(msgspec.msgpack.decode(data, type=dict[str, _PortState]))
+        loaded = msgspec.msgpack.decode(data, type=dict[str, _PortState])
+        self._ports.update(loaded)
+        for key in loaded:
+            self._devices.setdefault(_device(key), {})[key] = None
+
+    def forget(self, device: str) -> None:
+        """Drop the state of one device's ports (a host evicted, or moved to another worker)."""
+        for key in self._devices.pop(device, ()):
+            self._ports.pop(key, None)
+
+    def devices(self) -> int:
+        """How many devices have ports in the state."""
+        return len(self._devices)
 
     def observe(self, msg: PortTelemetry) -> list[Finding]:
         out: list[Finding] = []
@@ -83,6 +99,8 @@ class PortDetector:
         for port in msg.ports:
             key = f"{msg.device}/{port.port}"
             prev = self._ports.get(key)
+            if prev is None:
+                self._devices.setdefault(msg.device, {})[key] = None
             values = self._values(port)
             counters = {c: v for c, v in zip(names, values, strict=True) if v is not None}
             state = _PortState(ts=ts, boot_id=msg.boot_id, link_state=port.link_state, counters=counters,
@@ -179,6 +197,11 @@ class PortDetector:
             )
         state.active = active
         return out
+
+
+def _device(key: str) -> str:
+    """The device of a port key ``<device>/<port>`` (device names have no "/"; port names may)."""
+    return key.partition("/")[0]
 
 
 def _median(values: list[float | None]) -> float:

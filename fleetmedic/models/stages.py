@@ -14,12 +14,25 @@ State (:mod:`fleetmedic.models.state`): :class:`NodeDetection` saves and loads a
 (its detectors' ``node_bytes`` / ``load_node``, its own :meth:`NodeDetection.multivariate_bytes`;
 the model's rows by partition, :meth:`MultivariateModel.state_bytes`), :class:`FleetDetection` as a
 whole (:meth:`FleetDetection.state_bytes`).
+
+Bounded memory (issue #22): :class:`NodeDetection` remembers when it last saw each node, in event
+time (its clock is the newest record stamp it has seen, never the wall clock), and forgets a node
+silent for ``detection.evict_node_after_s`` (checked every twentieth of that span of event time, at
+most every hour) and, beyond ``detection.max_nodes_per_worker`` nodes, the least recently seen one,
+after every micro-batch: its baselines and rule state, NIC ports, multivariate window, outlier streak
+and training rows. ``on_evict(node, reason)`` tells the owner (stage 1 deletes the node's saved
+state). A forgotten node that returns starts fresh: its baselines warm up again
+(``baseline.warmup_samples``) before they judge it. :class:`FleetDetection` forgets, on its tick, the
+nodes without a summary for ``detection.evict_node_after_s`` (their peer summaries, outlier clocks,
+usual deviations and SKU groups).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -29,14 +42,15 @@ import numpy as np
 
 from fleetmedic.config import DetectionSettings
 from fleetmedic.models import sample_columns as sc
-from fleetmedic.models.gpu_detector import GpuDetector
+from fleetmedic.models.gpu_detector import GpuDetector, metricless
 from fleetmedic.models.gpu_signals import USED_METRICS, median, reported
+from fleetmedic.models.kernel_events import KernelEventDetector
 from fleetmedic.models.multivariate import SAMPLE_METRICS, Fit, MultivariateModel, NodeWindowFeatures, RefitJob
 from fleetmedic.models.peers import SUMMARY_METRICS, PeerComparison, node_summary
 from fleetmedic.models.port_detector import PortDetector
 from fleetmedic.models.state import State
 from fleetmedic.models.straggler import StragglerDetector
-from fleetmedic.records import DetectionTelemetry, Finding, JobEvent, PortTelemetry
+from fleetmedic.records import DetectionTelemetry, Finding, JobEvent, KernelEvent, PortTelemetry
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +59,7 @@ log = logging.getLogger(__name__)
 class NodeDetection:
     settings: DetectionSettings
     gpu: GpuDetector = field(init=False)
+    kernel: KernelEventDetector = field(init=False)
     ports: PortDetector = field(init=False)
     windows: NodeWindowFeatures = field(init=False)
     model: MultivariateModel = field(init=False)
@@ -54,9 +69,16 @@ class NodeDetection:
     _refit: tuple[RefitJob, Future[Fit]] | None = None
     _flagged_since: dict[str, float] = field(default_factory=dict)
     _outlier_streak: dict[str, int] = field(default_factory=dict)
+    #: told of each node forgotten by eviction, with the reason ("silence" or "capacity")
+    on_evict: Callable[[str, str], None] | None = None
+    #: node -> the clock when it was last seen, least recently seen first
+    _seen: OrderedDict[str, float] = field(default_factory=OrderedDict)
+    clock: float = -math.inf  # event time: the newest record stamp seen
+    _swept: float = -math.inf  # the clock at the last sweep for silent nodes
 
     def __post_init__(self) -> None:
         self.gpu = GpuDetector(self.settings)
+        self.kernel = KernelEventDetector(self.settings)
         self.ports = PortDetector(self.settings)
         self.windows = NodeWindowFeatures(self.settings.multivariate.window_s)
         self.model = MultivariateModel(self.settings.multivariate)
@@ -70,11 +92,92 @@ class NodeDetection:
             if f.kind != "telemetry":  # a gap in the node's data says nothing about its windows
                 self._flagged_since[f.node] = max(self._flagged_since.get(f.node, f.ts), f.ts)
         if self.settings.multivariate.enabled:
-            findings.extend(self._windows(msgs, batch))
+            # a record without metrics (XIDs only) is no sample of the node's window
+            sampled = [m for m in msgs if not metricless(m)] if any(map(metricless, msgs)) else msgs
+            if sampled:
+                findings.extend(self._windows(sampled, batch if sampled is msgs else stage1_batch(sampled)))
+        if msgs:
+            self._saw(map(_NODE, msgs), max(map(float, map(_TS, msgs))))
+        return findings
+
+    def on_kernel(self, ev: KernelEvent) -> list[Finding]:
+        """A line of the node's kernel log (:mod:`fleetmedic.models.kernel_events`): its XID joins
+        the same XID from the node's telemetry as one event; an SXid, an AER error or a machine
+        check is a finding naming its device. No metric state moves."""
+        findings = self.kernel.observe(ev, self.gpu)
+        self._saw((ev.node,), float(ev.ts))
         return findings
 
     def on_port(self, msg: PortTelemetry) -> list[Finding]:
-        return self.ports.observe(msg)
+        findings = self.ports.observe(msg)
+        self._saw((msg.device,), float(msg.ts))
+        return findings
+
+    # --- bounded memory ------------------------------------------------------------------------
+
+    def tracked(self) -> int:
+        """How many nodes the stage remembers."""
+        return len(self._seen)
+
+    def last_seen(self, node: str) -> float | None:
+        """The clock (event time) when ``node`` was last seen, or None if it is not remembered."""
+        return self._seen.get(node)
+
+    def restore_seen(self, seen: dict[str, float]) -> None:
+        """After loading saved node states: when each was last seen (its saved ``seen_at``; the
+        clock when unknown), put in order, least recently seen first."""
+        self.clock = max([self.clock, *(at for at in seen.values() if at == at)])
+        for node, at in seen.items():
+            self._seen[node] = at if at == at else self.clock
+        if seen:
+            self._seen = OrderedDict(sorted(self._seen.items(), key=lambda kv: kv[1]))
+
+    def _saw(self, nodes: Iterable[str], ts: float) -> None:
+        """Nodes seen in a record stamped up to ``ts``: they move to the end of the eviction order,
+        seen at the clock; then forget what is due."""
+        if ts == ts:
+            self.clock = max(self.clock, ts)
+        clock, seen = self.clock, self._seen
+        for node in nodes:
+            seen[node] = clock
+            seen.move_to_end(node)
+        self._evict()
+
+    def _evict(self) -> None:
+        s, seen = self.settings, self._seen
+        gone: list[tuple[str, str]] = []
+        while len(seen) > s.max_nodes_per_worker:
+            gone.append((seen.popitem(last=False)[0], "capacity"))
+        if self.clock - self._swept >= min(s.evict_node_after_s / 20, 3600.0):
+            cutoff, self._swept = self.clock - s.evict_node_after_s, self.clock
+            silent = [n for n, at in seen.items() if at < cutoff]
+            for node in silent:
+                del seen[node]
+            gone += [(n, "silence") for n in silent]
+        if gone:
+            self._forget(n for n, _ in gone)
+            if self.on_evict is not None:
+                for node, reason in gone:
+                    self.on_evict(node, reason)
+
+    def forget(self, nodes: Iterable[str]) -> None:
+        """Drop everything kept for ``nodes`` (another worker carries on with them), not counted as
+        evicted."""
+        nodes = list(nodes)
+        for node in nodes:
+            self._seen.pop(node, None)
+        self._forget(nodes)
+
+    def _forget(self, nodes: Iterable[str]) -> None:
+        dropped = set(nodes)
+        for node in dropped:
+            self.gpu.forget(node)
+            self.kernel.forget(node)
+            self.ports.forget(node)
+            self.windows.forget(node)
+            self._flagged_since.pop(node, None)
+            self._outlier_streak.pop(node, None)
+        self.model.forget(dropped)
 
     def multivariate_bytes(self, node: str) -> bytes:
         """The node's part of the multivariate state (msgpack): its open window, outlier streak and
@@ -146,6 +249,7 @@ class FleetDetection:
     _jobs: dict[str, set[str]] = field(default_factory=dict)  # job -> nodes
     _skus: dict[str, set[str]] = field(default_factory=dict)  # sku -> nodes
     _placed: dict[str, int] = field(default_factory=dict)  # node -> jobs placed on it
+    _swept: float = -math.inf  # the ``now`` of the last sweep for silent nodes
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -217,7 +321,17 @@ class FleetDetection:
         self._skus = {k: set(v) for k, v in skus.items()}
 
     def tick(self, now: float) -> list[Finding]:
-        """Compare peers; call once per sample interval."""
+        """Compare peers; call once per sample interval. Nodes with no summary for
+        ``detection.evict_node_after_s`` are forgotten (checked as in :class:`NodeDetection`)."""
+        s = self.settings
+        if now - self._swept >= min(s.evict_node_after_s / 20, 3600.0):
+            self._swept = now
+            gone = self.peers.forget_silent(now - s.evict_node_after_s)
+            gone |= self.sku_peers.forget_silent(now - s.evict_node_after_s)
+            if gone:
+                for nodes in self._skus.values():
+                    nodes -= gone
+                self._skus = {k: v for k, v in self._skus.items() if v}
         max_age = 3 * self.settings.sample_interval_s
         out: list[Finding] = []
         for job, nodes in sorted(self._jobs.items()):

@@ -72,6 +72,7 @@ class AccountingState(msgspec.Struct, kw_only=True):
     repeat_placements: int = 0
     timelines: dict[str, Timeline] = {}  # job -> recovery in progress
     phases: dict[str, list[float]] = {}  # phase -> recent durations
+    phase_totals: dict[str, int] = {}  # phase -> durations ever sampled (the metrics' histograms follow it)
 
 
 class Accounting:
@@ -211,10 +212,21 @@ class Accounting:
         return None
 
     def _sample(self, phase: str, value: float) -> None:
+        self.state.phase_totals[phase] = self.recovered(phase) + 1
         samples = self.state.phases.setdefault(phase, [])
         samples.append(max(0.0, value))
         if len(samples) > MAX_SAMPLES:
             del samples[: len(samples) - MAX_SAMPLES]
+
+    def recovered(self, phase: str) -> int:
+        """Durations of ``phase`` sampled ever (at least the recent ones kept: a state saved before
+        the count existed)."""
+        return max(self.state.phase_totals.get(phase, 0), len(self.state.phases.get(phase, ())))
+
+    def recoveries(self) -> dict[str, tuple[int, list[float]]]:
+        """Per phase: (durations sampled ever, the most recent ones, oldest first). A reader that
+        remembers the count sees which durations are new since it last looked."""
+        return {phase: (self.recovered(phase), self.state.phases.get(phase, [])) for phase in PHASES}
 
     # --- report -----------------------------------------------------------------------------------
 

@@ -84,7 +84,7 @@ class DecisionEngine:
         if topology is not None:
             self.state.topology = dict(topology.nodes)
         fleet = self._topology = Topology(self.state.topology)
-        self._fleet_size = 0
+        self._unplaced_seen = 0
         self._refresh_fleet()
         self.triage = Triage(s.triage, s.policy, library or default_library(), fleet, self.state.triage)
         self.policy = Policy(s.policy)
@@ -113,21 +113,21 @@ class DecisionEngine:
         """The nodes of the fleet: those the topology places (node watch, a given topology) and those
         telemetry, findings or placements showed within ``safety.fleet_forget_after_s``, so that
         budgets and breaker levels scale with the fleet even when no topology is given."""
-        return self._fleet_size
+        return len(self._topology) + self._unplaced_seen
 
     def _refresh_fleet(self) -> None:
-        self._fleet_size = len(self.topology) + sum(1 for n in self.state.seen if n not in self.topology)
+        """Count the seen nodes the topology does not place (O(fleet): on restore and when the
+        seen set is pruned; every other change keeps the count as it goes)."""
+        self._unplaced_seen = sum(1 for n in self.state.seen if n not in self.topology)
 
     def nodes_seen(self, nodes: Iterable[str], now: float) -> None:
         """Telemetry (stage 1's node summaries, GPU records) showed ``nodes``: they count in the fleet
-        size. Cheap enough to call for every batch."""
-        seen, grew = self.state.seen, False
+        size. O(1) a node: cheap enough to call for every batch."""
+        seen, topology = self.state.seen, self.topology
         for node in nodes:
-            if node not in seen:
-                grew = True
+            if node not in seen and node not in topology:
+                self._unplaced_seen += 1
             seen[node] = now
-        if grew:
-            self._refresh_fleet()
 
     # --- serialisation ------------------------------------------------------------------------------
 
@@ -207,9 +207,9 @@ class DecisionEngine:
         now, out = self._begin(now)
         labels = labels or {}
         t = self.settings.triage
-        placed = self.topology.with_labels(node, labels, t.rack_label, t.leaf_label, t.pool_label)
-        if placed is not self.topology:
-            self.topology = placed
+        if node not in self.topology and node in self.state.seen:
+            self._unplaced_seen -= 1  # placed now: counted through the topology
+        self.topology.place_labels(node, labels, t.rack_label, t.leaf_label, t.pool_label)
         self.nodes.observed(node, cordoned, cordoned_by_fleetmedic, labels, now, out)
         self._advance(now, out)
         return self._finish(now, out)
@@ -220,10 +220,9 @@ class DecisionEngine:
         its refusal clock). A later observation adds it back, as a new node."""
         now, out = self._begin(now)
         known = node in self.topology or node in self.state.seen or node in self.state.nodes
-        self.state.seen.pop(node, None)
-        if node in self.topology:
-            self.topology = Topology({n: p for n, p in self.topology.nodes.items() if n != node})
-        self._refresh_fleet()
+        placed = self.topology.remove(node)
+        if self.state.seen.pop(node, None) is not None and not placed:
+            self._unplaced_seen -= 1
         released = self.nodes.removed(node, now)
         if known:
             self.issuer.audit(out, now, "state_change", f"{node} was deleted from the cluster: no longer counted "

@@ -49,7 +49,7 @@ def apply_operator_command(engine: DecisionEngine, command: OperatorCommand, key
             raise CommandExpired(f"command {command.id}: expired at {command.expires_at:.3f}, now {now:.3f}")
         key_id = verified_key_id
     else:
-        key_id = keys.verify(command, now)
+        key_id = keys.verify(command, now, max_future_skew_s=engine.settings.streams.max_future_skew_s)
     if command.expires_at - command.issued_at > MAX_OPERATOR_TTL_S:
         raise CommandExpired(f"command {command.id}: valid for {command.expires_at - command.issued_at:.0f}s, more "
                              f"than the {MAX_OPERATOR_TTL_S:.0f}s an operator command may be")

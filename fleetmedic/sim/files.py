@@ -15,7 +15,7 @@ Layout of ``DIR``::
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -87,8 +87,10 @@ class RunWriter:
 
 
 def write_run(sim: Simulator, out: Path, jsonl: bool = True, prom_every_s: float | None = None,
-              commands: Iterable[RemediationCommand] = ()) -> RunSummary:
-    """Run ``sim`` to its end, replaying ``commands`` at their ``issued_at``, writing everything to ``out``."""
+              commands: Iterable[RemediationCommand] = (),
+              on_step: Callable[[float], None] | None = None) -> RunSummary:
+    """Run ``sim`` to its end, replaying ``commands`` at their ``issued_at``, writing everything to ``out``;
+    ``on_step`` is called with the simulated time after each step (progress)."""
     writer = RunWriter(out, jsonl, prom_every_s)
     pending = sorted(commands, key=lambda c: (c.issued_at, c.id))
     i = 0
@@ -101,4 +103,6 @@ def write_run(sim: Simulator, out: Path, jsonl: bool = True, prom_every_s: float
         if tick is None:
             break
         writer.write(tick)
+        if on_step is not None:
+            on_step(sim.now)
     return writer.finish(sim)

@@ -149,12 +149,12 @@ class _Driver:
 
     async def run(self) -> None:
         t = self.settings.topics.topic
-        opts = client_options(self.settings.kafka)
+        opts = client_options(self.settings.kafka, metadata_max_age_ms=1000)
         producer = AIOKafkaProducer(**opts, acks="all", enable_idempotence=True, linger_ms=5)
         commands = AIOKafkaConsumer(t("remediation.commands"), **opts, auto_offset_reset="earliest",
-                                    enable_auto_commit=False, metadata_max_age_ms=1000)
+                                    enable_auto_commit=False)
         progress = AIOKafkaConsumer(summaries_topic(self.settings), **opts, auto_offset_reset="earliest",
-                                    enable_auto_commit=False, metadata_max_age_ms=1000)
+                                    enable_auto_commit=False)
         await producer.start()
         await commands.start()
         await progress.start()

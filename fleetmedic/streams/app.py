@@ -54,6 +54,9 @@ def build_app(settings: Settings, *, datadir: str, app_id: str | None = None, **
         producer_acks=-1 if k.acks == "all" else int(k.acks),
         consumer_auto_offset_reset="earliest",
         producer_max_request_size=MAX_STATE_BYTES,  # the engine snapshots
+        # as every other client (fleetmedic.bus.client_options); faust's default is aiokafka's 5 min
+        consumer_metadata_max_age_ms=k.metadata_max_age_ms,
+        producer_metadata_max_age_ms=k.metadata_max_age_ms,
     )
     if k.security_protocol != "PLAINTEXT":
         conf["broker_credentials"] = _credentials(settings)

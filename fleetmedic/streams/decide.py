@@ -46,9 +46,14 @@ in ``fleetmedic_record_errors_total``) and goes on; a tick that raises is logged
 Replay is deterministic, so anything else would crash the restarted stage on the same record again.
 A snapshot that cannot be read (:func:`restore`) is passed over for the one before it, or the stage
 starts fresh and replays its inputs from their beginning; either way the reset is logged, counted
-(``fleetmedic_state_unreadable_total``) and audited. A snapshot larger than the state topic takes is
-not written (the previous one stays, the replay covers the gap: ``fleetmedic_engine_snapshot_bytes``,
-``fleetmedic_engine_snapshots_skipped_total``); sharding it is issue #24.
+(``fleetmedic_state_unreadable_total``) and audited.
+
+Scale (issue #24): a snapshot larger than one record of the state topic
+(``streams.snapshot_part_bytes``) is written in parts and a manifest
+(:mod:`~fleetmedic.streams.snapshot_parts`; ``fleetmedic_engine_snapshot_parts``), so the state
+is never too large to save and the replay stays bounded by ``streams.engine_snapshot_every_s``. The
+finding ids kept to drop stage 1's replays are those of ``streams.duplicate_findings_window_s`` of
+event time. ``bench/bench_decide_scale.py`` measures the stage at 1,000 to 20,000 nodes.
 """
 
 from __future__ import annotations
@@ -76,7 +81,6 @@ from fleetmedic.models.stages import FleetDetection, SummaryColumns
 from fleetmedic.remediation.engine import DecisionEngine, Decisions
 from fleetmedic.remediation.operator import apply_operator_command, is_replay
 from fleetmedic.signing import (
-    DEFAULT_COMMAND_KEY_ID,
     CommandExpired,
     SignatureError,
     operator_keys,
@@ -88,12 +92,12 @@ from fleetmedic.streams.engine_metrics import EngineMetrics
 from fleetmedic.streams.metrics import PipelineMetrics
 from fleetmedic.streams.outputs import Outputs, Source, describe
 from fleetmedic.streams.replay import Tick, TickRecord, decode_tick, encode_tick, read_ranges, replay_order
+from fleetmedic.streams.snapshot_parts import SnapshotUnreadable, part_key, split
 from fleetmedic.streams.state import SNAPSHOT_KEY, SNAPSHOT_LIMIT, DecideSnapshot, decode_snapshot
 
 log = logging.getLogger(__name__)
 
 INPUTS = ("findings", "jobs.events", "remediation.results", "remediation.operator", "cluster.nodes")
-SEEN_FINDINGS = 20_000  # finding ids remembered to drop repeats (stage 1 replays at most one checkpoint interval)
 
 
 def decide_inputs(settings: Settings) -> dict[str, int]:
@@ -146,7 +150,7 @@ class Restored:
     newest: int | None = None  # offset of the newest snapshot looked at
 
 
-def restore(settings: Settings, candidates: Sequence[tuple[int, bytes]]) -> Restored:
+def restore(settings: Settings, candidates: Sequence[tuple[int, bytes | SnapshotUnreadable]]) -> Restored:
     """The newest snapshot of ``candidates`` (``(offset, bytes)``, newest first) whose envelope and
     engine decode, with its engine; each one passed over is listed in ``unreadable``. None readable:
     a fresh engine and no snapshot (the stage replays its inputs from their beginning, and the
@@ -154,6 +158,9 @@ def restore(settings: Settings, candidates: Sequence[tuple[int, bytes]]) -> Rest
     unreadable: list[Unreadable] = []
     newest = candidates[0][0] if candidates else None
     for offset, raw in candidates:
+        if isinstance(raw, SnapshotUnreadable):
+            unreadable.append(Unreadable("snapshot", f"offset {offset}, written in parts", str(raw)))
+            continue
         try:
             snap = decode_snapshot(raw)
             engine = DecisionEngine.from_bytes(snap.engine, settings)
@@ -168,9 +175,12 @@ def restore(settings: Settings, candidates: Sequence[tuple[int, bytes]]) -> Rest
 class DecideStage:
     def __init__(self, settings: Settings, key: bytes, outputs: Outputs, metrics: PipelineMetrics,
                  snapshot: DecideSnapshot | None, already_sent: set[str],
-                 already_audited: set[str] | None = None, engine: DecisionEngine | None = None) -> None:
+                 already_audited: set[str] | None = None, engine: DecisionEngine | None = None,
+                 part_slots: dict[int, int] | None = None, next_slot: int = 0) -> None:
         """``engine``: the snapshot's, already decoded (:func:`restore`). A fleet part that cannot be
-        read starts fresh (listed in :attr:`unreadable`; :meth:`report_unreadable` audits it)."""
+        read starts fresh (listed in :attr:`unreadable`; :meth:`report_unreadable` audits it).
+        ``part_slots``: the part keys on the state topic (slot -> count), ``next_slot``: the slot
+        the next snapshot written in parts takes (not the one of the snapshot restored)."""
         self.settings = settings
         self.key = key
         self.outputs = outputs
@@ -200,7 +210,16 @@ class DecideStage:
         self.audit_from = snapshot.audit_from if snapshot else 0
         self.already_audited = set(already_audited or ())
         self.clock = EventClock(self.engine.state.clock)
-        self._seen_findings: dict[str, None] = dict.fromkeys(snapshot.seen_findings if snapshot else [])
+        # finding id -> its event time: the ids handled within streams.duplicate_findings_window_s
+        self._seen_findings: dict[str, float] = {}
+        if snapshot is not None:
+            times = snapshot.seen_finding_times
+            fallback = snapshot.written_at  # a snapshot from before the times were kept
+            self._seen_findings = {fid: times[k] if k < len(times) else fallback
+                                   for k, fid in enumerate(snapshot.seen_findings)}
+        self._seen_clock = max(self._seen_findings.values(), default=0.0)
+        self._part_slots = dict(part_slots or {})
+        self._next_slot = next_slot
         self._app: faust.App | None = None
         self._lock = asyncio.Lock()
         self._command_acks: list[asyncio.Future[RecordMetadata]] = []
@@ -274,7 +293,8 @@ class DecideStage:
         name = self.logical.get(src.topic, "")
         if name == "findings":
             finding = await self.outputs.decode(r.Finding, src, "decide")
-            if finding is not None and not await self._ahead(finding, src) and self._first_time(finding.id):
+            if finding is not None and not await self._ahead(finding, src) and self._first_time(finding.id,
+                                                                                                  finding.ts):
                 await self._send_decisions(self.engine.on_finding(finding, self.clock.observe(finding.ts)))
         elif name == "jobs.events":
             job = await self.outputs.decode(r.JobEvent, src, "decide")
@@ -313,7 +333,8 @@ class DecideStage:
             keys = operator_keys(self.settings.signing, os.environ, command_key=self.key)
             # first: a forged command must not move time. Over the bytes received (the header), or
             # the in-body signature for a record without one (fleetmedic.signing: the migration)
-            kid = verify_record(cmd, src.value, src.headers, keys, max(self.clock.now(), cmd.issued_at))
+            kid = verify_record(cmd, src.value, src.headers, keys, max(self.clock.now(), cmd.issued_at),
+                                max_future_skew_s=self.settings.streams.max_future_skew_s)
             outcome = "replayed" if is_replay(self.engine, cmd) else "applied"  # a replay is refused and audited
             decisions = apply_operator_command(self.engine, cmd, keys, self.clock.observe(cmd.issued_at),
                                                verified_key_id=kid)
@@ -326,15 +347,24 @@ class DecideStage:
         log.info("decide: operator command %s (%s %s) from %s: %s", cmd.id, cmd.action, cmd.node, cmd.actor, outcome)
         await self._send_decisions(decisions)
 
-    def _first_time(self, finding_id: str) -> bool:
+    def _first_time(self, finding_id: str, ts: float) -> bool:
         """False for a finding id handled before: stage 1 replays the telemetry after its last
-        checkpoint when it restarts, and a repeated warning must not count twice in triage."""
+        checkpoint when it restarts, and a repeated warning must not count twice in triage. The ids
+        of ``streams.duplicate_findings_window_s`` of event time are kept (at most
+        ``duplicate_findings_max``): memory and the snapshot follow the finding rate, not a constant."""
         if finding_id in self._seen_findings:
             self.metrics.duplicate_findings.inc()
             return False
-        self._seen_findings[finding_id] = None
-        while len(self._seen_findings) > SEEN_FINDINGS:
-            del self._seen_findings[next(iter(self._seen_findings))]
+        st = self.settings.streams
+        seen = self._seen_findings
+        seen[finding_id] = ts
+        self._seen_clock = max(self._seen_clock, ts)
+        horizon = self._seen_clock - st.duplicate_findings_window_s
+        while seen:  # oldest first (ids arrive in about event-time order; a late one leaves with its elders)
+            oldest = next(iter(seen))
+            if seen[oldest] >= horizon and len(seen) <= st.duplicate_findings_max:
+                break
+            del seen[oldest]
         return True
 
     async def _fleet_input(self, src: Source) -> None:
@@ -392,7 +422,8 @@ class DecideStage:
             await self.outputs.findings(self.fleet_stage.tick(now))
             await self._send_decisions(self.engine.tick(now))
             self.engine_metrics.update(self.engine.report(now), ((rec.name, rec.state, rec.since) for rec in
-                                                                 self.engine.state.nodes.values()))
+                                                                 self.engine.state.nodes.values()),
+                                       self.engine.accounting.recoveries())
         except KafkaError:
             raise
         except Exception as exc:
@@ -426,8 +457,8 @@ class DecideStage:
                 continue
             self.metrics.commands.labels(cmd.action).inc()
             self._command_acks.append(await self.outputs.send_signed("remediation.commands", cmd.node or cmd.job,
-                                                                     sign(cmd, self.key), DEFAULT_COMMAND_KEY_ID,
-                                                                     self.key))
+                                                                     sign(cmd, self.key), self.settings.signing.key_id,
+                                                                     self.key))  # the active command key, by its id
         for a in d.audit:
             if a.id in self.already_audited or (a.command_ids and set(a.command_ids) <= self.already_sent):
                 self.metrics.audit_suppressed.inc()
@@ -473,11 +504,14 @@ class DecideStage:
         self._audit_acks.append(await self.outputs.send("remediation.audit", "", audit))
 
     async def snapshot(self) -> int:
-        """Write the state with the offsets it reflects, once everything before it is on the broker."""
+        """Write the state with the offsets it reflects, once everything before it is on the broker.
+        A snapshot larger than one record of the state topic is written in parts, then its manifest
+        (:mod:`~fleetmedic.streams.snapshot_parts`). Returns the snapshot's size in bytes."""
         async with self._lock:
             snap = DecideSnapshot(engine=self.engine.to_bytes(), fleet=self.fleet_stage.state_bytes(),
                                   offsets={t: dict(p) for t, p in self.offsets.items()}, commands_from=0,
-                                  written_at=time.time(), seen_findings=list(self._seen_findings))
+                                  written_at=time.time(), seen_findings=list(self._seen_findings),
+                                  seen_finding_times=list(self._seen_findings.values()))
             acks, self._command_acks = self._command_acks, []
             audit_acks, self._audit_acks = self._audit_acks, []
         await self.outputs.flush()
@@ -487,15 +521,34 @@ class DecideStage:
             self.audit_from = max(self.audit_from, 1 + max(a.result().offset for a in audit_acks))
         snap.commands_from, snap.audit_from = self.commands_from, self.audit_from
         value = msgspec.msgpack.encode(snap)
+        part_bytes = min(self.settings.streams.snapshot_part_bytes, self.max_snapshot_bytes)
         self.metrics.snapshot_size.set(len(value))
-        self.metrics.snapshot_limit.set(self.max_snapshot_bytes)
-        if len(value) > self.max_snapshot_bytes:
-            # the broker would refuse it: keep the previous one (the replay covers the gap); issue #24 shards it
-            self.metrics.snapshots_skipped.labels("oversize").inc()
-            log.error("decide: the snapshot is %d bytes, over the %d the state topic takes; not written, the "
-                      "previous one stays (a restart replays from it)", len(value), self.max_snapshot_bytes)
-            return 0
-        await (await self.outputs.send_raw(state_topic(self.settings), SNAPSHOT_KEY, value))
+        self.metrics.snapshot_limit.set(part_bytes)
+        topic = state_topic(self.settings)
+        if len(value) <= part_bytes:
+            await (await self.outputs.send_raw(topic, SNAPSHOT_KEY, value))
+            await self._clear_parts(keep={})  # a whole snapshot after parts: they are not needed any more
+            self.metrics.snapshot_parts.set(1)
+        else:
+            slot = self._next_slot
+            parts, manifest = split(value, part_bytes, slot)
+            sent = [await self.outputs.send_raw(topic, key, part) for key, part in parts]
+            for future in sent:  # every part on the broker before the manifest that names them
+                await future
+            await (await self.outputs.send_raw(topic, SNAPSHOT_KEY, manifest))
+            await self._clear_parts(keep={slot: len(parts), 1 - slot: self._part_slots.get(1 - slot, 0)})
+            self._next_slot = 1 - slot
+            self.metrics.snapshot_parts.set(len(parts))
+            log.info("decide: snapshot of %d bytes written in %d parts (slot %d)", len(value), len(parts), slot)
         self.metrics.snapshots.inc()
         self.metrics.state_bytes.labels("decide").inc(len(value))
         return len(value)
+
+    async def _clear_parts(self, keep: dict[int, int]) -> None:
+        """Tombstone the part keys beyond ``keep`` (slot -> parts still needed): compaction then
+        drops them, and a snapshot that shrank leaves no stale part behind."""
+        topic = state_topic(self.settings)
+        for slot, count in sorted(self._part_slots.items()):
+            for index in range(keep.get(slot, 0), count):
+                await self.outputs.send_raw(topic, part_key(slot, index), None)
+        self._part_slots = {slot: n for slot, n in keep.items() if n}

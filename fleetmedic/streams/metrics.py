@@ -33,6 +33,12 @@ class PipelineMetrics:
                                    ["stage"], registry=registry)
         self.nodes_restored = Counter("fleetmedic_nodes_restored", "Stage-1 node states loaded at assignment",
                                       registry=registry)
+        self.nodes_evicted = Counter("fleetmedic_stage1_nodes_evicted", "Nodes stage 1 forgot (their saved state "
+                                     "deleted; one that returns starts fresh), per reason: silence "
+                                     "(detection.evict_node_after_s), capacity (detection.max_nodes_per_worker)",
+                                     ["reason"], registry=registry)
+        self.nodes_tracked = Gauge("fleetmedic_stage1_nodes_tracked", "Nodes this stage-1 worker keeps state for",
+                                   registry=registry)
         self.lag = Gauge("fleetmedic_consumer_lag", "Messages on a partition not yet processed, per stage",
                          ["topic", "partition", "stage"], registry=registry)
         self.duplicate_findings = Counter("fleetmedic_duplicate_findings",
@@ -62,8 +68,11 @@ class PipelineMetrics:
         self.snapshot_size = Gauge("fleetmedic_engine_snapshot_bytes", "Size of the decision stage's last snapshot "
                                    "(encoded, whether written or not); the topic takes at most "
                                    "fleetmedic_engine_snapshot_limit_bytes", registry=registry)
-        self.snapshot_limit = Gauge("fleetmedic_engine_snapshot_limit_bytes", "The largest decision snapshot the "
-                                    "state topic takes", registry=registry)
+        self.snapshot_limit = Gauge("fleetmedic_engine_snapshot_limit_bytes", "The largest record the decision "
+                                    "stage writes to the state topic (a larger snapshot is written in parts)",
+                                    registry=registry)
+        self.snapshot_parts = Gauge("fleetmedic_engine_snapshot_parts", "Records the decision stage's last snapshot "
+                                    "took on the state topic (1: whole; more: written in parts)", registry=registry)
         self.snapshots_skipped = Counter("fleetmedic_engine_snapshots_skipped", "Decision snapshots not written "
                                          "(the previous one stays; the replay covers the gap), per reason: "
-                                         "oversize, broker", ["reason"], registry=registry)
+                                         "broker", ["reason"], registry=registry)

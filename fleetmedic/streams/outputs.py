@@ -119,7 +119,7 @@ class Outputs:
         headers = sign_bytes(value, key_id, signing_key)
         return await self.send_raw(self.names[name], key.encode(), value, headers=headers)
 
-    async def send_raw(self, topic: str, key: bytes, value: bytes, partition: int | None = None,
+    async def send_raw(self, topic: str, key: bytes, value: bytes | None, partition: int | None = None,
                        headers: Headers | None = None) -> asyncio.Future[RecordMetadata]:
         producer = await self.producer()
         future: asyncio.Future[RecordMetadata] = await producer.send(topic, value=value, key=key, partition=partition,

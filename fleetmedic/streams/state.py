@@ -1,8 +1,10 @@
 """The pipeline's state on Kafka: what a worker writes so that a restarted one carries on.
 
 - Decision stage: one :class:`DecideSnapshot` under key ``engine`` in the compacted
-  ``<group>-engine-state`` topic: the engine's and the fleet stage's state, the input offsets they
-  reflect (per topic and partition: the next offset to read) and ``commands_from``, an offset of
+  ``<group>-engine-state`` topic (one larger than a record may be is written in parts, with a
+  manifest under ``engine``: :mod:`~fleetmedic.streams.snapshot_parts`): the engine's and the
+  fleet stage's state, the input offsets they reflect (per topic and partition: the next offset
+  to read) and ``commands_from``, an offset of
   ``remediation.commands`` below which every command the snapshot's engine issued is already
   on the topic, and ``audit_from``, the same for ``remediation.audit``. At start the runner reads
   it (:func:`load_snapshot`), points the decision group's offsets back at the snapshot's
@@ -13,7 +15,8 @@
   to the partition of ``telemetry.gpu`` the node's telemetry arrives on, and under
   :data:`MODEL_KEY` the multivariate model's training rows of that partition's nodes (a
   :class:`~fleetmedic.models.multivariate.ModelPart`: plain arrays, refitted on load, no pickle);
-  a worker that is assigned that partition loads them (:func:`load_detect_partition`).
+  a worker that is assigned that partition loads them (:func:`load_detect_partition`). A node
+  stage 1 evicted has a tombstone under its key (no value): it is not loaded.
 
 Corrupt state (issue #22) starts fresh for what cannot be read, never silently and never as a
 crash: :func:`load_snapshots` hands the decision stage its latest few snapshots, newest first, so
@@ -27,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -38,12 +40,14 @@ from aiokafka.errors import KafkaError
 from fleetmedic import records as r
 from fleetmedic.bus import MAX_STATE_BYTES, client_options, state_topic
 from fleetmedic.config import Settings
+from fleetmedic.streams.snapshot_parts import SNAPSHOT_KEY as SNAPSHOT_KEY
+from fleetmedic.streams.snapshot_parts import SnapshotScan
+from fleetmedic.streams.snapshot_parts import SnapshotUnreadable as SnapshotUnreadable
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_KEY = b"engine"
-#: the largest decision snapshot written: the state topic's max.message.bytes, less the record
-#: batch's own headers; a larger one is not written (the previous one stays; issue #24 shards it)
+#: the largest record the decision stage writes to the state topic: its max.message.bytes, less the
+#: record batch's own headers; a larger snapshot is written in parts (:mod:`.snapshot_parts`)
 SNAPSHOT_LIMIT = MAX_STATE_BYTES - 4096
 SNAPSHOTS_KEPT = 3  # snapshots :func:`load_snapshots` hands back (one that does not decode is passed over)
 MODEL_KEY = b"__multivariate_model__"  # not a node name (Kubernetes names have no "_")
@@ -56,6 +60,7 @@ class DecideSnapshot(msgspec.Struct, kw_only=True):
     commands_from: int
     written_at: float = 0.0
     seen_findings: list[str] = []  # the latest finding ids handled, oldest first
+    seen_finding_times: list[float] = []  # their event times (absent in snapshots before issue #24)
     audit_from: int = 0  # like commands_from, on remediation.audit
 
 
@@ -66,6 +71,7 @@ class NodeStageState(msgspec.Struct, kw_only=True, array_like=True):
     ports: bytes
     written_at: float
     multivariate: bytes | None = None  # the node's open window and outlier streak
+    seen_at: float | None = None  # stage 1's event-time clock when the node was last seen (None: not known)
 
 
 def decode_snapshot(data: bytes) -> DecideSnapshot:
@@ -73,8 +79,10 @@ def decode_snapshot(data: bytes) -> DecideSnapshot:
 
 
 async def _read_partition(settings: Settings, tp: TopicPartition, timeout: float,
-                          take: Callable[[int, bytes, bytes], None]) -> None:
-    """``take(offset, key, value)`` for every record of one partition, from its beginning to its end now."""
+                          take: Callable[[int, bytes, bytes], None],
+                          deleted: Callable[[int, bytes], None] | None = None) -> None:
+    """``take(offset, key, value)`` for every record of one partition, from its beginning to its end
+    now; ``deleted(offset, key)`` for every tombstone (a key with no value) when given."""
     consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False,
                                 auto_offset_reset="earliest", request_timeout_ms=int(timeout * 1000),
                                 fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=MAX_STATE_BYTES)
@@ -96,28 +104,40 @@ async def _read_partition(settings: Settings, tp: TopicPartition, timeout: float
             for rec in batch.get(tp, []):
                 if rec.key is not None and rec.value is not None:
                     take(rec.offset, rec.key, rec.value)
+                elif rec.key is not None and deleted is not None:
+                    deleted(rec.offset, rec.key)
             position = await consumer.position(tp)
     finally:
         await consumer.stop()
 
 
-async def load_snapshots(settings: Settings, timeout: float = 30.0,
-                         keep: int = SNAPSHOTS_KEPT) -> list[tuple[int, bytes]]:
+async def load_snapshots(settings: Settings, timeout: float = 30.0, keep: int = SNAPSHOTS_KEPT
+                         ) -> list[tuple[int, bytes | SnapshotUnreadable]]:
     """The latest ``keep`` decision-stage snapshots still on the state topic (compaction leaves the
-    older ones until it cleans their segment), as ``(offset, raw bytes)``, newest first."""
-    latest: deque[tuple[int, bytes]] = deque(maxlen=keep)
+    older ones until it cleans their segment), as ``(offset, raw bytes)``, newest first; a snapshot
+    written in parts is put together (:mod:`~fleetmedic.streams.snapshot_parts`), and one whose
+    parts are missing or damaged is a :class:`SnapshotUnreadable` in its place."""
+    return (await scan_snapshots(settings, timeout, keep)).newest_first()
 
-    def take(offset: int, key: bytes, value: bytes) -> None:
-        if key == SNAPSHOT_KEY:
-            latest.append((offset, value))
-    await _read_partition(settings, TopicPartition(state_topic(settings), 0), timeout, take)
-    return list(reversed(latest))
+
+async def scan_snapshots(settings: Settings, timeout: float = 30.0, keep: int = SNAPSHOTS_KEPT) -> SnapshotScan:
+    """The state topic read through: its latest snapshots and the part keys in use."""
+    scan = SnapshotScan(keep)
+    await _read_partition(settings, TopicPartition(state_topic(settings), 0), timeout, scan.take,
+                          lambda offset, key: scan.take(offset, key, None))
+    return scan
 
 
 async def load_snapshot(settings: Settings, timeout: float = 30.0) -> bytes | None:
-    """The latest decision-stage snapshot (raw :class:`DecideSnapshot` bytes), or None."""
+    """The latest decision-stage snapshot (raw :class:`DecideSnapshot` bytes), or None; raises
+    :class:`SnapshotUnreadable` if it was written in parts that cannot be put together."""
     latest = await load_snapshots(settings, timeout, keep=1)
-    return latest[0][1] if latest else None
+    if not latest:
+        return None
+    raw = latest[0][1]
+    if isinstance(raw, SnapshotUnreadable):
+        raise raw
+    return raw
 
 
 async def load_node_states(settings: Settings, topic: str, partition: int,
@@ -144,7 +164,8 @@ async def load_detect_partition(settings: Settings, topic: str, partition: int,
                                 timeout: float = 30.0) -> DetectPartition:
     """The latest state of every node in one partition of the stage-1 state topic, and the latest
     multivariate model part. A node whose latest state does not decode is left out of ``states``
-    and named in ``unreadable`` (it starts fresh); a later readable one replaces it."""
+    and named in ``unreadable`` (it starts fresh); a later readable one replaces it. A node whose
+    latest record is a tombstone (stage 1 evicted it) is left out: it was forgotten."""
     out = DetectPartition()
 
     def take(offset: int, key: bytes, value: bytes) -> None:
@@ -158,7 +179,12 @@ async def load_detect_partition(settings: Settings, topic: str, partition: int,
         except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # ValidationError is a DecodeError
             out.states.pop(node, None)
             out.unreadable[node] = f"offset {offset}: {type(exc).__name__}: {exc}"
-    await _read_partition(settings, TopicPartition(topic, partition), timeout, take)
+
+    def deleted(offset: int, key: bytes) -> None:
+        node = key.decode("utf-8", "replace")
+        out.states.pop(node, None)
+        out.unreadable.pop(node, None)
+    await _read_partition(settings, TopicPartition(topic, partition), timeout, take, deleted)
     for node, why in out.unreadable.items():
         log.error("%s[%d]: the state of node %s cannot be read (%s); it starts fresh", topic, partition, node, why)
     return out

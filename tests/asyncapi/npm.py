@@ -64,14 +64,12 @@ def install() -> Path:
 
 def node_modules() -> Path:
     """For tests: :func:`install`, failing (``FLEETMEDIC_REQUIRE_SERVICES=1``) or skipping when it cannot."""
-    import pytest
+    from tests.conftest import unavailable
 
     try:
         return install()
     except (NodeUnavailable, OSError, subprocess.TimeoutExpired) as exc:
-        if settings.services_required():
-            pytest.fail(str(exc), pytrace=False)
-        pytest.skip(str(exc))
+        unavailable("Node.js and the npm packages", str(exc))
 
 
 def node_env() -> dict[str, str]:

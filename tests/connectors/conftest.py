@@ -23,20 +23,15 @@ import uuid
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 
 from fleetmedic.config import Settings, parse_config
-from fleetmedic.devenv import proc, settings
+from fleetmedic.devenv import proc
+from tests.conftest import require_tool, unavailable
 
 PROMETHEUS = os.environ.get("FLEETMEDIC_PROMETHEUS", "/usr/bin/prometheus")
-
-
-def _unavailable(what: str, detail: str) -> NoReturn:
-    if settings.services_required():
-        pytest.fail(f"{what} is required here but unavailable:\n{detail}", pytrace=False)
-    pytest.skip(f"{what} unavailable (set {settings.ENV_REQUIRE}=1 to fail instead): {detail}")
 
 
 @pytest.fixture
@@ -79,8 +74,7 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[[list[str]], str]]:
     started: list[subprocess.Popen[bytes]] = []
 
     def start(targets: list[str]) -> str:
-        if not Path(PROMETHEUS).exists():
-            _unavailable("Prometheus", f"{PROMETHEUS} not found (apt-get install prometheus)")
+        server = require_tool(PROMETHEUS, why="apt-get install prometheus")
         (port,) = proc.free_ports(1)
         hostports = [t.split("//", 1)[1].split("/", 1)[0] for t in targets]
         config = tmp_path / "prometheus.yml"
@@ -93,7 +87,7 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[[list[str]], str]]:
         log_path = tmp_path / "prometheus.log"
         with log_path.open("wb") as log:
             p = subprocess.Popen(
-                [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                [server, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                  f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
                 stdout=log, stderr=subprocess.STDOUT)
         started.append(p)
@@ -109,7 +103,7 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[[list[str]], str]]:
             except OSError:
                 time.sleep(0.3)
         tail = log_path.read_text(errors="replace")[-3000:]
-        _unavailable("Prometheus", f"did not become ready on {url}:\n{tail}")
+        unavailable("Prometheus", f"did not become ready on {url}:\n{tail}")
 
     yield start
     for p in started:

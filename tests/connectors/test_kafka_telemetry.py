@@ -65,8 +65,55 @@ def test_adapter_json_and_port_counters_with_node_exporter_units() -> None:
     assert (p.node, p.port, p.target, p.value, p.ts) == ("10.0.0.9", "mlx5_1/1", "port_rcv_data", 1024.0, float(T0))
     (p,) = mapper.points(adapter("node_infiniband_state_id", "1", "2023-11-14T22:13:20Z", node="n1", device="mlx5_0",
                                  port="1"))
-    assert p.value == "down"
+    assert (p.target, p.value) == ("_state", 1.0), "the raw id: the window decides the link state"
     assert mapper.points(adapter("node_load1", "3", "2023-11-14T22:13:20Z", node="n1")) == []
+
+
+@pytest.mark.parametrize(("state", "phys", "link"), [
+    ("4", "5", "up"),  # ACTIVE, LinkUp
+    ("4", "3", "down"),  # logically ACTIVE but no physical link (3 = Disabled): down, as the exposition reader says
+    ("1", "5", "down"),  # DOWN
+    ("2", None, "init"),
+    (None, "5", "up"),  # only the physical state: LinkUp
+    (None, "2", "down"),  # only the physical state: Polling
+])
+def test_ib_port_state_comes_from_both_state_series_as_in_the_exposition_reader(
+        state: str | None, phys: str | None, link: str) -> None:
+    """node-exporter's ``node_infiniband_physical_state_id`` counts on the Kafka path as in the
+    exposition reader: the same port read both ways gets the same link state."""
+    from fleetmedic.connectors.prometheus_text import ExpositionReader
+
+    mapper = PointMapper(KafkaTelemetrySettings(format="prometheus_kafka_adapter"))
+    windows = Windows(10.0, 5.0, IngestSettings(), "kafka-adapter")
+    lines = []
+    for series, value in (("node_infiniband_state_id", state), ("node_infiniband_physical_state_id", phys),
+                          ("node_infiniband_port_errors_received_total", "3")):
+        if value is None:
+            continue
+        for point in mapper.points(adapter(series, value, "2023-11-14T22:13:21Z", instance="n1:9100",
+                                           device="mlx5_0", port="1")):
+            windows.add(point)
+        lines.append(f'{series}{{device="mlx5_0",port="1",instance="n1:9100"}} {value} {(T0 + 1) * 1000}')
+    (via_kafka,) = windows.due(float("inf"))
+    assert isinstance(via_kafka, r.PortTelemetry)
+    (port,) = via_kafka.ports
+    assert (port.port, port.link_state, port.port_rcv_errors) == ("mlx5_0/1", link, 3)
+    (via_text,) = list(ExpositionReader(IngestSettings()).read(lines))
+    assert isinstance(via_text, r.PortTelemetry) and via_text.ports[0].link_state == link
+
+
+def test_legacy_ib_data_counters_count_only_where_the_64_bit_ones_are_missing() -> None:
+    mapper = PointMapper(KafkaTelemetrySettings(format="prometheus_kafka_adapter"))
+    windows = Windows(10.0, 5.0, IngestSettings(), "kafka-adapter")
+    for series, value, device in (("node_infiniband_legacy_data_received_bytes_total", "400", "mlx5_0"),
+                                  ("node_infiniband_port_data_received_bytes_total", "800", "mlx5_0"),
+                                  ("node_infiniband_legacy_data_received_bytes_total", "40", "mlx5_1")):
+        for point in mapper.points(adapter(series, value, "2023-11-14T22:13:21Z", node="n1", device=device,
+                                           port="1")):
+            windows.add(point)
+    (rec,) = windows.due(float("inf"))
+    assert isinstance(rec, r.PortTelemetry)
+    assert [(p.port, p.port_rcv_data) for p in rec.ports] == [("mlx5_0/1", 200), ("mlx5_1/1", 10)]
 
 
 def test_the_configured_map_adds_and_overrides_entries() -> None:
@@ -171,3 +218,68 @@ def test_the_connector_republishes_a_users_topic_and_dead_letters_bad_messages(
     assert dead.original == messages[6]
     assert registry.get_sample_value("fleetmedic_connector_skipped_total", {
         "connector": "kafka", "reason": "temperature_gpu: no GPU index tag (gpu, index)"}) == 1
+
+
+def test_a_dead_letter_the_broker_refuses_is_counted_and_the_telemetry_still_goes_out_once(
+    connector_settings: Callable[..., Settings],
+) -> None:
+    """Issue #22: the connector's own dead-letter send was unguarded. Here the real broker refuses
+    the dead letter (its topic takes 1 KiB records; the bad message is 4 KB): before, that failed the
+    whole batch, which was sent again and again (the telemetry duplicated, the connector stuck on it).
+    Now the dead letter is dropped and counted, and each telemetry record goes out once."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    probe = connector_settings()
+    source_topic = f"{probe.topics.prefix}user.telegraf"
+    settings = connector_settings(f"exporters: {{kafka: {{topics: ['{source_topic}'], window_s: 10, grace_s: 0, "
+                                  f"group_id: '{probe.topics.prefix}import'}}}}")
+    dead_topic, gpu_topic = settings.topics.topic("deadletter"), settings.topics.topic("telemetry.gpu")
+    now = time.time()
+    base = now - now % 10 - 60
+    bad = json.dumps({"name": "nvidia_smi", "tags": {"host": "n", "pad": "x" * 4000},
+                      "fields": {"temperature_gpu": 1}, "timestamp": 1}).encode()
+    messages = [telegraf_nvidia_smi(0, 40 + w, base + 10 * w + 1) for w in range(3)]
+    messages.insert(1, bad)  # between good ones: the batch that carries it carries telemetry too
+
+    async def setup() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(dead_topic, 1, 1, topic_configs={"max.message.bytes": "1024"})])
+        finally:
+            await admin.close()
+        await produce(settings.kafka.bootstrap_servers, [(source_topic, b"k", m) for m in messages])
+    asyncio.run(setup())
+
+    registry = CollectorRegistry()
+    metrics = ConnectorMetrics(registry, "kafka")
+    outbox = Outbox(settings.exporters.queue_max, metrics)
+    src = KafkaTelemetrySource(settings, outbox, metrics)
+
+    def value(name: str, **labels: str) -> float:
+        return registry.get_sample_value(name, {"connector": "kafka", **labels}) or 0.0
+
+    async def main() -> None:
+        stop = asyncio.Event()
+
+        async def watch() -> None:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not (
+                    value("fleetmedic_connector_records_out_total", topic=gpu_topic) >= 3
+                    and value("fleetmedic_connector_dead_letter_failures_total", reason="MessageSizeTooLargeError")):
+                await asyncio.sleep(0.1)
+            stop.set()
+
+        watching = asyncio.create_task(watch())
+        await run_until_stopped(src.run, outbox, KafkaSink(settings), metrics, PumpSettings(drain_timeout_s=3.0),
+                                stop, handle_signals=False)
+        await watching
+
+    asyncio.run(main())
+    got = collect_sync(settings.kafka.bootstrap_servers, [gpu_topic, dead_topic], lambda c: False, 3)
+    gpu = [r.decode(r.GpuTelemetry, v) for v in got.values(gpu_topic)]
+    assert [g.metrics.gpu_temp for g in gpu] == [[40.0], [41.0], [42.0]], "each record once, none lost"
+    assert value("fleetmedic_connector_dead_letter_failures_total", reason="MessageSizeTooLargeError") == 1
+    assert got.values(dead_topic) == []
+    assert value("fleetmedic_connector_records_out_total", topic=dead_topic) == 0
+    assert len(outbox) == 0

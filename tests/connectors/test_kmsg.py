@@ -1,9 +1,9 @@
 """`fleetmedic exporter kmsg`: /dev/kmsg records (continuation lines, escaped newlines), journal
 entries and dmesg lines are read; sequence gaps and EPIPE overruns are counted and reading goes on;
-a restart resumes after the last record handled without re-reporting; XID lines become XidEvents of
-the GPU their PCI address maps to (NVML or --pci-map), an XID in the driver's own words and its Xid
-line are one event; mlx5 port state becomes PortTelemetry; other classified lines are counted, not
-published."""
+a restart resumes after the last record handled without re-reporting; XID lines become KernelEvents
+of the GPU their PCI address maps to (NVML or --pci-map), an XID in the driver's own words and its Xid
+line are one event; SXids name their NVSwitch, AER errors the GPU or NIC at their address; mlx5 port
+state becomes PortTelemetry; classified lines that are no device fault are counted, not published."""
 
 from __future__ import annotations
 
@@ -170,10 +170,11 @@ def test_an_xid_line_becomes_an_xid_event_of_the_gpu_its_pci_address_maps_to() -
     out = _mapper().map(_recs("NVRM: Xid (PCI:0000:5e:00): 48, pid=1, name=python, An uncorrectable double bit "
                               "error (DBE) has been detected on GPU in the framebuffer at partition 6"), BOOT)
     (rec,) = out.records
-    assert isinstance(rec, r.GpuTelemetry)
+    assert isinstance(rec, r.KernelEvent)
     assert (rec.node, rec.gpus, rec.source, rec.boot_id) == ("gpu-node-7", [0, 1, 2, 3], "kmsg", "boot-1")
-    assert [(x.gpu, x.xid) for x in rec.xids] == [(1, 48)] and rec.xids[0].message.startswith("kmsg: NVRM: Xid")
-    assert r.decode(r.GpuTelemetry, r.encode(rec)) == rec  # valid on the wire
+    assert (rec.gpu, rec.xid, rec.pci, rec.device) == (1, 48, "0000:5e:00", "gpu")
+    assert rec.message.startswith("NVRM: Xid") and rec.severity == "critical" and rec.incident_class == "hardware"
+    assert r.decode(r.KernelEvent, r.encode(rec)) == rec  # valid on the wire
     assert out.events[0].severity == "critical" and out.events[0].incident_class == "hardware"
 
 
@@ -186,17 +187,26 @@ def test_an_xid_on_a_gpu_no_map_knows_is_counted_not_guessed() -> None:
     assert out.events[0].xid == 119 and out.events[0].incident_class == "hardware"
 
 
-def test_lines_without_a_record_yet_are_counted_per_signal() -> None:
-    out = _mapper().map(_recs(
+def test_device_faults_become_kernel_events_naming_their_device() -> None:
+    out = _mapper(nics={"0000:18:00.0": "mlx5_0/1"}).map(_recs(
         "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 28 sourcetrack timeout error (First)",
+        "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Data {0x00000000, 0x00000000, 0x00000000}",
+        "pcieport 0000:00:03.1: AER: Uncorrected (Fatal) error received: 0000:5e:00.0",
+        "mlx5_core 0000:18:00.0: PCIe Bus Error: severity=Uncorrected (Non-Fatal), type=Transaction Layer, "
+        "(Requester ID)",
         "pcieport 0000:00:03.1: AER: Corrected error received: 0000:00:03.1",
         "mce: [Hardware Error]: Machine check events logged",
         "IPv6: ADDRCONF(NETDEV_CHANGE): eth0: link becomes ready"), BOOT)
-    assert out.records == []
-    assert out.unpublished == {"sxid (hardware): no record for nvswitch lines yet": 1,
-                               "pcie_corrected (degradation): no record for pcie lines yet": 1,
-                               "mce (degradation): no record for cpu lines yet": 1}
-    assert [e.code for e in out.events] == ["24007", "", ""]
+    evs = [rec for rec in out.records if isinstance(rec, r.KernelEvent)]
+    assert [(e.signal, e.device, e.severity) for e in evs] == [
+        ("sxid", "nvswitch", "critical"), ("pcie", "pcie", "critical"), ("pcie", "pcie", "warning"),
+        ("pcie_corrected", "pcie", "info"), ("mce", "cpu", "warning")]
+    sxid, aer_gpu, aer_nic = evs[:3]
+    assert (sxid.switch, sxid.pci, sxid.code, sxid.gpu) == ("nvidia-nvswitch0", "0000:c3:00.0", "24007", None)
+    assert (aer_gpu.pci, aer_gpu.gpu, aer_gpu.port) == ("0000:5e:00.0", 1, "")  # the GPU at that address
+    assert (aer_nic.pci, aer_nic.gpu, aer_nic.port) == ("0000:18:00.0", None, "mlx5_0/1")  # the NIC port there
+    assert all(r.decode(r.KernelEvent, r.encode(e)) == e for e in evs)
+    assert out.unpublished == {"sxid (degradation): not a device fault": 1}  # the SXid's register dump
 
 
 def test_an_xid_in_the_drivers_words_and_its_xid_line_are_one_event() -> None:
@@ -206,13 +216,13 @@ def test_an_xid_in_the_drivers_words_and_its_xid_line_are_one_event() -> None:
     first = m.map(_recs(words), BOOT)
     assert first.records == [] and len(m.joiner) == 1  # waits for its Xid line
     second = m.map(_recs(xid), BOOT + 1)
-    assert [x.xid for rec in second.records for x in rec.xids] == [79]  # type: ignore[attr-defined]
+    assert [rec.xid for rec in second.records] == [79]  # type: ignore[attr-defined]
     assert m.due(BOOT + 100).records == [] and len(m.joiner) == 0
     # the words alone (no Xid line, NVIDIA/NVSentinel#155): published once the window has passed
     alone = m.map([KernelRecord(message=words.replace("3b", "5e"), seq=9, ts=BOOT + 500)], BOOT + 500)
     assert alone.records == []
     (late,) = m.due(BOOT + 531).records
-    assert [(x.gpu, x.xid) for x in late.xids] == [(1, 79)]  # type: ignore[attr-defined]
+    assert (late.gpu, late.xid, late.signal) == (1, 79, "gpu_lost")  # type: ignore[attr-defined]
 
 
 def test_xid_joiner_keeps_real_xid_lines_and_forgets_old_ones() -> None:
@@ -315,7 +325,8 @@ class Run:
 
 
 def _xids(lines: list[dict[str, Any]]) -> list[tuple[int, int]]:
-    return [(x["gpu"], x["xid"]) for d in lines if d["record"]["type"] == "gpu_telemetry" for x in d["record"]["xids"]]
+    return [(d["record"]["gpu"], d["record"]["xid"]) for d in lines
+            if d["record"]["type"] == "kernel_event" and d["record"].get("xid") is not None]
 
 
 def test_the_exporter_reads_kmsg_counts_the_sequence_gap_and_publishes_xids_and_port_state(tmp_path: Path) -> None:
@@ -325,14 +336,16 @@ def test_the_exporter_reads_kmsg_counts_the_sequence_gap_and_publishes_xids_and_
     assert dev.closed
     assert sorted(_xids(out)) == [(0, 79), (1, 79), (2, 13)]  # 3b's words line joins its Xid line; 5e's stands
     topics = {d["topic"] for d in out}
-    assert topics == {"fleetmedic.telemetry.gpu", "fleetmedic.telemetry.port"}
+    assert topics == {"fleetmedic.kernel.events", "fleetmedic.telemetry.port"}
     assert all(d["key"] == "gpu-node-7" for d in out)
     ports = [(p["port"], p["link_state"]) for d in out if d["record"]["type"] == "port_telemetry"
              for p in d["record"]["ports"]]
     assert ports == [("mlx5_5/1", "down"), ("ibp24s0", "down"), ("mlx5_5/1", "up")]  # no NIC map: the netdev
     assert run.skipped("kmsg: records lost (ring buffer overrun)") == 3  # seq 106..108
-    assert run.skipped("sxid (hardware): no record for nvswitch lines yet") == 1
-    assert run.skipped("pcie (hardware): no record for pcie lines yet") == 1
+    faults = [(d["record"]["signal"], d["record"]["pci"]) for d in out
+              if d["record"]["type"] == "kernel_event" and d["record"].get("xid") is None]
+    assert faults == [("sxid", "0000:c3:00.0"), ("pcie", "0000:5e:00.0")]  # the SXid and the AER error
+    assert run.skipped("sxid (degradation): not a device fault") == 1  # its register dump
 
 
 def test_an_overrun_fails_a_read_with_epipe_and_reading_goes_on(tmp_path: Path) -> None:
@@ -443,7 +456,7 @@ def test_the_cli_replays_a_recorded_log_as_jsonl(capsys: pytest.CaptureFixture[s
     code, docs = _cli(capsys, "--input", str(DATA / "node-a.kmsg"), "--pci-map", str(DATA / "pci-map.csv"))
     assert code == 0
     assert sorted(_xids(docs)) == [(0, 79), (1, 79), (2, 13)]
-    assert all(r.decode(r.GpuTelemetry if d["record"]["type"] == "gpu_telemetry" else r.PortTelemetry,
+    assert all(r.decode(r.KernelEvent if d["record"]["type"] == "kernel_event" else r.PortTelemetry,
                         json.dumps(d["record"])) for d in docs)
 
 

@@ -210,12 +210,13 @@ def test_watcher_publishes_node_observations_for_foreign_cordons_and_label_chang
     """The Node watch (``jobwatch.watch_nodes``) on the real API server: every node of a 3-node kwok
     fleet is published once at start (its rack, leaf and pool labels only); a cordon by someone else,
     a cordon with fleetmedic's annotation and placement/rail label changes each give one observation,
-    keyed by node; a label fleetmedic does not use gives none."""
+    keyed by node; a label fleetmedic does not use gives none. A condition node-problem-detector
+    writes (KernelDeadlock) gives one finding on ``findings``, keyed by node."""
     from aiokafka import AIOKafkaConsumer
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
     from fleetmedic.k8s_keys import ANNOTATION_CORDONED_BY
-    from fleetmedic.records import NodeObservation
+    from fleetmedic.records import Finding, NodeObservation
 
     fleet = make_fleet(3)
     a, b, c = fleet.nodes
@@ -226,6 +227,7 @@ def test_watcher_publishes_node_observations_for_foreign_cordons_and_label_chang
     registry = CollectorRegistry()
     core = client.CoreV1Api(kube_api)
     got: list[NodeObservation] = []
+    found: list[tuple[bytes | None, Finding]] = []
 
     async def read_until(consumer: AIOKafkaConsumer, done: Callable[[list[NodeObservation]], bool]) -> None:
         deadline = time.monotonic() + 60
@@ -243,7 +245,8 @@ def test_watcher_publishes_node_observations_for_foreign_cordons_and_label_chang
     async def go() -> None:
         admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
         await admin.start()
-        await admin.create_topics([NewTopic(topic, 1, 1, topic_configs={"cleanup.policy": "compact"})])
+        await admin.create_topics([NewTopic(topic, 1, 1, topic_configs={"cleanup.policy": "compact"}),
+                                   NewTopic(f"{prefix}findings", 1, 1)])
         await admin.close()
         until = asyncio.Event()
         task = asyncio.create_task(JobWatcher(kube_api, settings, registry).run(until))
@@ -262,6 +265,21 @@ def test_watcher_publishes_node_observations_for_foreign_cordons_and_label_chang
             await patch(c, {"metadata": {"annotations": {ANNOTATION_CORDONED_BY: "fleetmedic"}},
                             "spec": {"unschedulable": True}})  # what the executor's cordon writes
             await read_until(consumer, lambda mine: any(o.node == c and o.cordoned for o in mine))
+            # node-problem-detector's condition, as it writes it: a finding on the findings topic (issue #26)
+            now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            await asyncio.to_thread(core.patch_node_status, b, {"status": {"conditions": [
+                {"type": "KernelDeadlock", "status": "True", "reason": "DockerHung", "lastHeartbeatTime": now,
+                 "lastTransitionTime": now, "message": "task docker:7 blocked for more than 300 seconds."}]}})
+            fc = AIOKafkaConsumer(f"{prefix}findings", bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest",
+                                  group_id=f"{prefix}test-findings")
+            await fc.start()
+            try:
+                deadline = time.monotonic() + 30
+                while not found and time.monotonic() < deadline:
+                    for records in (await fc.getmany(timeout_ms=500)).values():
+                        found.extend((rec.key, decode(Finding, rec.value)) for rec in records)
+            finally:
+                await fc.stop()
         finally:
             until.set()
             await task
@@ -281,3 +299,5 @@ def test_watcher_publishes_node_observations_for_foreign_cordons_and_label_chang
     assert [(o.cordoned, o.cordoned_by_fleetmedic) for o in by_node[c]] == [(False, False), (True, True)]
     assert registry.get_sample_value("fleetmedic_jobwatch_relists_total", {"kind": "Node", "cause": "start"}) == 1
     assert (registry.get_sample_value("fleetmedic_jobwatch_node_observations_total") or 0) >= len(mine)
+    assert [(key, f.node, f.detector, f.evidence[0].metric) for key, f in found] == [
+        (b.encode(), b, "node_condition", "uncertain:KernelDeadlock")]

@@ -7,10 +7,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from fleetmedic.devenv import settings
+from tests.conftest import require_tool
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "fleetmedic"
 SIGNING_KEY = "c2lnbmluZy1rZXktZm9yLXRlc3RzLW9ubHktMzItYnl0ZXMtbG9uZy4u"  # base64, 42 bytes
@@ -22,13 +22,7 @@ REQUIRED = (f"signing.key={SIGNING_KEY}", f"signing.operator.keys.ops-1={OPERATO
 
 
 def helm_binary() -> str:
-    helm = settings.layout().helm
-    if not os.access(helm, os.X_OK):
-        why = f"{helm} is missing: `fleetmedic dev build` builds it"
-        if settings.services_required():
-            pytest.fail(why, pytrace=False)
-        pytest.skip(why)
-    return str(helm)
+    return require_tool(settings.layout().helm, why="`fleetmedic dev build` builds it")
 
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -59,3 +53,14 @@ def render_error(*sets: str, required: tuple[str, ...] = REQUIRED) -> str:
     proc = helm(*template_args("fleetmedic-system", *sets, required=required), check=False)
     assert proc.returncode != 0, f"rendered although it should not have: {sets}"
     return proc.stderr
+
+
+#: every component and every monitoring object on (what the server-side apply test renders)
+EVERYTHING = ("connectors.prometheus.enabled=true", "connectors.kafka.enabled=true", "connectors.logs.enabled=true",
+              "connectors.infiniband.enabled=true", "connectors.kmsg.enabled=true",
+              "connectors.remoteWrite.enabled=true",
+              "connectors.prometheus.egress[0].to[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=monitoring",
+              "connectors.prometheus.egress[0].ports[0].port=9400",
+              "connectors.remoteWrite.ingressFrom[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=monitoring",
+              "monitoring.serviceMonitor.enabled=true", "monitoring.prometheusRule.enabled=true",
+              "monitoring.dashboard.enabled=true")

@@ -5,26 +5,17 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from fleetmedic import records as r
-from fleetmedic.devenv import settings
+from tests.conftest import require_tool
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def _jq() -> str:
-    found = shutil.which("jq")
-    if not found:
-        why = "jq is missing (Debian's jq package; scripts/test installs it)"
-        if settings.services_required():
-            pytest.fail(why, pytrace=False)
-        pytest.skip(why)
-    return found
+    return require_tool("jq", why="Debian's jq package; scripts/test installs it")
 
 
 def test_the_kcat_incident_filter_in_operations_selects_hardware_incidents() -> None:

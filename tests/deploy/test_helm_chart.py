@@ -14,7 +14,7 @@ import yaml
 
 from fleetmedic.cli import main as cli
 from fleetmedic.config import parse_config
-from tests.deploy.helm import CHART, OPERATOR_KEY, REQUIRED, SIGNING_KEY, helm, render, render_error
+from tests.deploy.helm import CHART, EVERYTHING, OPERATOR_KEY, REQUIRED, SIGNING_KEY, helm, render, render_error
 
 
 def _by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -26,8 +26,9 @@ def _pod_specs(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             if o["kind"] in ("Deployment", "DaemonSet")}
 
 
-def test_chart_lints() -> None:
-    sets = [a for s in REQUIRED for a in ("--set", s)]
+@pytest.mark.parametrize("extra", [(), EVERYTHING], ids=["defaults", "everything"])
+def test_chart_lints(extra: tuple[str, ...]) -> None:
+    sets = [a for s in (*REQUIRED, *extra) for a in ("--set", s)]
     out = helm("lint", str(CHART), "--strict", *sets)
     assert "0 chart(s) failed" in out.stdout
 
@@ -66,7 +67,9 @@ def test_containers_run_real_subcommands_with_a_valid_config() -> None:
     assert settings.signing.key_file == "/etc/fleetmedic/signing/signing-key"
     assert settings.signing.operator_key_dir == "/etc/fleetmedic/operator-keys" and not settings.signing.allow_demo_keys
     parser = cli.build_parser()
-    for name, spec in _pod_specs(objs).items():
+    for name, spec in _pod_specs(render("ops", *EVERYTHING)).items():
+        if name.endswith("-remote-write"):
+            continue  # test_the_remote_write_receiver_runs_a_real_subcommand
         (container,) = spec["containers"]
         args = list(container["args"])
         try:
@@ -107,21 +110,45 @@ def test_operator_keys_are_a_secret_of_their_own_never_the_command_keys() -> Non
     assert all(v["name"] != "operator-keys" for v in specs["fm-fleetmedic-decide"]["volumes"])
 
 
-def test_api_server_accepts_every_rendered_object(kube_api: Any, namespace: str) -> None:
-    """Server-side apply with dryRun=All: schema, defaulting and validation of the real API server."""
+def test_api_server_accepts_every_rendered_object(kube_api: Any, namespace: str, crds: list[str]) -> None:
+    """Server-side apply with dryRun=All: schema, defaulting and validation of the real API server,
+    with every component and every monitoring object on (the Prometheus-operator CRDs installed from
+    tests/data/crds, so ServiceMonitor, PodMonitor and PrometheusRule meet the operator's schema)."""
     from kubernetes import dynamic
 
+    assert {"servicemonitors.monitoring.coreos.com", "podmonitors.monitoring.coreos.com",
+            "prometheusrules.monitoring.coreos.com"} <= set(crds)
     dyn = dynamic.DynamicClient(kube_api)
-    objs = render(namespace, release=f"r{namespace[-6:]}")
-    assert len(objs) >= 10
-    for obj in objs:
+    release = f"r{namespace[-6:]}"
+    objs = render(namespace, *EVERYTHING, release=release)
+    # the PodMonitor instead of the ServiceMonitor (one or the other); the kernel-log DaemonSet on /dev/kmsg
+    other = render(namespace, *EVERYTHING, "monitoring.serviceMonitor.enabled=false",
+                   "monitoring.podMonitor.enabled=true", "connectors.kmsg.source=kmsg", release=release)
+    objs += [o for o in other if o["kind"] == "PodMonitor"
+             or (o["kind"] == "DaemonSet" and o["metadata"]["name"].endswith("-kmsg-exporter"))]
+    kinds = {o["kind"] for o in objs}
+    assert {"Service", "ServiceMonitor", "PodMonitor", "PrometheusRule", "DaemonSet"} <= kinds
+    assert len(objs) >= 50
+    from kubernetes.client.exceptions import ApiException
+
+    def apply(obj: dict[str, Any]) -> Any:
         resource = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
         ns = namespace if resource.namespaced else None
-        got = dyn.server_side_apply(resource, body=obj, namespace=ns, field_manager="fleetmedic-tests",
-                                    dry_run="All")
+        # Strict: a field the schema does not know is an error, not silently dropped
+        return dyn.server_side_apply(resource, body=obj, namespace=ns, field_manager="fleetmedic-tests",
+                                     dry_run="All", query_params=[("fieldValidation", "Strict")])
+
+    for obj in objs:
+        got = apply(obj)
         assert got.metadata.name == obj["metadata"]["name"]
         if obj["kind"] == "Deployment":
             assert got.spec.template.spec.containers[0].image  # defaulted and kept: a real object
+    # the operator's schema is really applied: a misspelt field of a ServiceMonitor is refused
+    (monitor,) = [o for o in objs if o["kind"] == "ServiceMonitor"]
+    monitor["spec"]["endpoints"][0]["honourLabels"] = monitor["spec"]["endpoints"][0].pop("honorLabels")
+    with pytest.raises(ApiException) as refused:
+        apply(monitor)
+    assert "honourLabels" in str(refused.value.body)
 
 
 def test_executor_rbac_equals_the_verified_manifests() -> None:

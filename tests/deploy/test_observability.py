@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -16,16 +15,18 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from fleetmedic.devenv import settings
+from tests.conftest import require_tool
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 METRIC = re.compile(r"\bfleetmedic_[a-z0-9_]+\b")
 
 
 def exported_metric_names() -> set[str]:
+    from fleetmedic.config import Settings
     from fleetmedic.connectors.kube_jobs import JobWatchMetrics
     from fleetmedic.connectors.runtime import ConnectorMetrics
     from fleetmedic.executor.metrics import ExecutorMetrics
+    from fleetmedic.remediation.engine import DecisionEngine
     from fleetmedic.streams.engine_metrics import EngineMetrics
     from fleetmedic.streams.metrics import PipelineMetrics
 
@@ -33,7 +34,9 @@ def exported_metric_names() -> set[str]:
     # fleetmedic_record_errors_total{stage}, as each process exports its own process_* series
     registries = [CollectorRegistry() for _ in range(4)]
     PipelineMetrics(registries[0])
-    EngineMetrics(registries[0])
+    engine = DecisionEngine(Settings())
+    # the engine's counters are exported from its first report on (tick)
+    EngineMetrics(registries[0]).update(engine.report(0.0), [], engine.accounting.recoveries())
     ExecutorMetrics(registries[1])
     ConnectorMetrics(registries[2], "test")
     JobWatchMetrics(registries[3])
@@ -47,13 +50,7 @@ def exported_metric_names() -> set[str]:
 
 
 def promtool() -> str:
-    found = shutil.which("promtool")
-    if not found:
-        why = "promtool is missing (Debian's prometheus package; scripts/test installs it)"
-        if settings.services_required():
-            pytest.fail(why, pytrace=False)
-        pytest.skip(why)
-    return found
+    return require_tool("promtool", why="Debian's prometheus package; scripts/test installs it")
 
 
 def _alert_exprs() -> list[tuple[str, str]]:

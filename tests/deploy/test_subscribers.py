@@ -9,6 +9,14 @@ examples document: kcat is not installed here). Each subscriber must accept ever
 it would do, and refuse a record with one changed byte, a changed signature, a missing header, a
 key id it does not hold (a retired key), and a correctly signed body that breaks the schema.
 
+The worker signs with the command key under the id its config names (``signing.key_id``:
+``2026-12`` here, a key that replaced ``2026-11``), so the same records also carry a key rotation
+through the real executor (:class:`~fleetmedic.executor.service.ExecutorService` on the real broker
+and API server, its keys loaded from the config as ``fleetmedic executor`` loads them): holding the
+old and the new key it takes what the worker signed and commands the old key signed that are still
+in flight; with the old key removed from its config it refuses what that key signed, with the
+reason in a dead letter.
+
 Go and Node are needed: missing, these tests fail under ``FLEETMEDIC_REQUIRE_SERVICES=1`` (CI) and
 are skipped otherwise.
 """
@@ -19,8 +27,8 @@ import asyncio
 import json
 import os
 import re
-import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,26 +39,32 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from fleetmedic import records as r
-from fleetmedic.devenv import settings
-from fleetmedic.signing import KEY_ID_HEADER, SIGNATURE_HEADER, KeySet, load_key, sign_bytes, verify_bytes
+from fleetmedic.config import parse_config
+from fleetmedic.signing import (
+    KEY_ID_HEADER,
+    SIGNATURE_HEADER,
+    KeySet,
+    command_keys,
+    load_key,
+    sign,
+    sign_bytes,
+    verify_bytes,
+)
 from fleetmedic.streams.app import ensure_topics
-from tests.streams.harness import KEY, new_run, produce, worker
-from tests.streams.test_worker import JOB, NODES, SICK, T0, _telemetry
+from tests.conftest import require_tool
+from tests.models.synth import gpu_message
+from tests.streams.harness import KEY, Run, collect_sync, new_run, produce, worker
+from tests.streams.test_worker import JOB, NODES, SICK
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "subscribers"
 SCHEMA = ROOT / "deploy" / "schemas" / "RemediationCommand.schema.json"
-KEY_ID = "command"  # fleetmedic.signing.DEFAULT_COMMAND_KEY_ID: the worker's command key
+KEY_ID = "2026-12"  # the worker's signing.key_id: it signs with KEY under this id
+OLD_KEY_ID, OLD_KEY = "2026-11", "the-command-key-before-2026-12-0123456789abcdef"  # the key it replaced
 
 
 def _require(tool: str) -> str:
-    found = shutil.which(tool)
-    if not found:
-        why = f"{tool} is missing (the example subscribers are built and run with it)"
-        if settings.services_required():
-            pytest.fail(why, pytrace=False)
-        pytest.skip(why)
-    return found
+    return require_tool(tool, why="the example subscribers are built and run with it")
 
 
 def kcat_line(rec: Any) -> str:
@@ -80,17 +94,32 @@ async def _read_all(bootstrap: str, topic: str, done: Callable[[list[Any]], bool
         await consumer.stop()
 
 
+def _telemetry(t0: float, samples: int, xid_at: int, rng: np.random.Generator) -> list[r.GpuTelemetry]:
+    """As tests/streams/test_worker.py's, from ``t0``: an XID 79 on GPU 3 of the sick node."""
+    out = []
+    for k in range(samples):
+        t = t0 + 10 * (k + 1)
+        for n in NODES:
+            xids = [r.XidEvent(gpu=3, xid=79, ts=t)] if n == SICK and k == xid_at else None
+            out.append(gpu_message(n, t, rng, xids=xids))
+    return out
+
+
 @pytest.fixture(scope="module")
-def produced(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
-    """The records the real worker put on ``remediation.commands`` (aiokafka ConsumerRecords)."""
-    run = new_run(kafka_bootstrap, tmp_path_factory.mktemp("subscribers"))
+def worker_run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Run, list[Any]]:
+    """The run and the records the real worker put on ``remediation.commands`` (aiokafka
+    ConsumerRecords). Event time starts 90 s before now, and commands live 30 minutes, so that the
+    executor may still act on them at the end of the module."""
+    run = new_run(kafka_bootstrap, tmp_path_factory.mktemp("subscribers"),
+                  extra=f"signing: {{key_id: '{KEY_ID}', command_ttl_s: 1800}}\n")
     asyncio.run(ensure_topics(run.settings))
+    t0 = time.time() - 90
     ranks = [r.RankPlacement(rank=i, node=n, gpus=list(range(8))) for i, n in enumerate(NODES)]
-    placement = r.JobEvent(job=JOB, event="placement", ts=T0, world_size=4, placement=ranks)
+    placement = r.JobEvent(job=JOB, event="placement", ts=t0, world_size=4, placement=ranks)
     jobs, gpu = run.topic("jobs.events"), run.topic("telemetry.gpu")
     asyncio.run(produce(kafka_bootstrap, [(jobs, JOB.encode(), r.encode(e))
-                                          for e in (placement, r.JobEvent(job=JOB, event="start", ts=T0))]))
-    telemetry = [(gpu, m.node.encode(), r.encode(m)) for m in _telemetry(6, 3, np.random.default_rng(7))]
+                                          for e in (placement, r.JobEvent(job=JOB, event="start", ts=t0))]))
+    telemetry = [(gpu, m.node.encode(), r.encode(m)) for m in _telemetry(t0, 6, 3, np.random.default_rng(7))]
 
     def done(recs: list[Any]) -> bool:
         cmds = {(c.action, c.node or c.job) for c in (r.decode(r.RemediationCommand, x.value) for x in recs)}
@@ -100,7 +129,12 @@ def produced(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> 
         asyncio.run(produce(kafka_bootstrap, telemetry))
         recs = asyncio.run(_read_all(kafka_bootstrap, run.topic("remediation.commands"), done, timeout=60))
     assert done(recs), f"the worker issued no cordon and restart_job: {[x.value for x in recs]}"
-    return recs
+    return run, recs
+
+
+@pytest.fixture(scope="module")
+def produced(worker_run: tuple[Run, list[Any]]) -> list[Any]:
+    return worker_run[1]
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +142,8 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("keys")
     (d / "command.key").write_text(KEY + "\n")  # a trailing newline, as in a mounted Secret: stripped
     (d / "other.key").write_text("another-key-that-signed-nothing-here-0123456789\n")
-    return {"command": d / "command.key", "other": d / "other.key"}
+    (d / "old.key").write_text(OLD_KEY + "\n")
+    return {"command": d / "command.key", "other": d / "other.key", "old": d / "old.key"}
 
 
 def _go(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
@@ -139,7 +174,8 @@ def subscriber(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     def run(lines: list[str], now: float, key_ids: tuple[str, ...] = ("command",)) -> subprocess.CompletedProcess[str]:
         argv = [*cmd, f"{dash}schema", str(SCHEMA), f"{dash}now", repr(now)]
         for kid in key_ids:
-            argv += [f"{dash}key", f"{KEY_ID if kid == 'command' else kid}={keys[kid]}"]
+            name = {"command": KEY_ID, "old": OLD_KEY_ID}.get(kid, kid)
+            argv += [f"{dash}key", f"{name}={keys[kid]}"]
         return subprocess.run(argv, input="".join(line + "\n" for line in lines), capture_output=True, text=True,
                               timeout=60)
 
@@ -222,13 +258,26 @@ def test_each_subscriber_refuses_a_record_with_one_changed_byte_and_other_forger
         len(produced) - 1), run.stdout
 
 
+def _signed_with_the_old_key(rec: Any) -> str:
+    """``rec``'s value as the decision stage signed it before the switch: the old key, its id."""
+    signed = sign_bytes(rec.value, OLD_KEY_ID, load_key(OLD_KEY))
+    return _edited(rec, headers=[x for name, value in signed for x in (name, value.decode())])
+
+
 def test_each_subscriber_follows_a_key_rotation(
         produced: list[Any], subscriber: Callable[..., subprocess.CompletedProcess[str]]) -> None:
-    """During the overlap the subscriber holds the old and the new key and accepts both; once the
-    old key is removed from it, what that key signed is refused."""
-    lines, now = [kcat_line(x) for x in produced], _now(produced)
-    assert subscriber(lines, now=now, key_ids=("other", "command")).returncode == 0
-    run = subscriber(lines, now=now, key_ids=("other",))
+    """During the overlap the subscriber holds the old and the new key and accepts what either
+    signed; once the old key is removed from it, what that key signed is refused, and what the new
+    one signed still accepted; without the new key, what it signed is refused."""
+    new, now = [kcat_line(x) for x in produced], _now(produced)
+    old = [_signed_with_the_old_key(x) for x in produced[:2]]
+    overlap = subscriber([*old, *new], now=now, key_ids=("other", "old", "command"))
+    assert overlap.returncode == 0 and overlap.stdout.count("OK ") == len(old) + len(new), overlap.stdout
+    after = subscriber([*old, *new], now=now, key_ids=("command",))
+    assert after.returncode == 1, after.stdout
+    assert [line.split(" ", 1)[0] for line in after.stdout.splitlines()] == ["REJECTED"] * len(old) + ["OK"] * len(new)
+    assert after.stdout.count(f'key id "{OLD_KEY_ID}" is not accepted') == len(old), after.stdout
+    run = subscriber(new, now=now, key_ids=("other",))
     assert run.returncode == 1 and run.stdout.count("is not accepted") == len(produced), run.stdout
 
 
@@ -255,3 +304,118 @@ def test_the_kcat_and_openssl_line_in_operations_verifies_and_refuses(
     out = run.stdout.splitlines()
     assert [line.split(":")[0].split(" ")[0] for line in out] == ["verified"] * len(produced) + ["REJECTED"], run.stdout
     assert out[-1] == f"REJECTED offset {produced[0].offset}"
+
+
+Signed = tuple[str, bytes, bytes, list[tuple[str, bytes]]]  # command id, record key, value, headers
+
+
+class _Executor:
+    """The executor service (as ``fleetmedic executor`` runs it) on its own thread and event loop."""
+
+    def __init__(self, api: Any, s: Any, keys: KeySet, identity: str) -> None:
+        from fleetmedic.executor.kube import Cluster
+        from fleetmedic.executor.service import ExecutorService
+
+        self.service = ExecutorService(s, keys, Cluster(api, instance=identity), identity)
+        self.loop = asyncio.new_event_loop()
+        self.stop = asyncio.Event()
+        self.thread = threading.Thread(target=lambda: self.loop.run_until_complete(self.service.run(self.stop)),
+                                       daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.stop.set)
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive(), f"{self.service.identity} did not stop"
+
+
+def _wait(what: str, check: Callable[[], Any], timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (got := check()):
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
+        time.sleep(0.2)
+    return got
+
+
+def test_the_executor_follows_a_command_key_rotation_on_the_real_broker(
+        worker_run: tuple[Run, list[Any]], keys: dict[str, Path], kube_api: Any, namespace: str,
+        kafka_bootstrap: str) -> None:
+    """Step 1/2 of the rotation: the executor holds the old key (``signing.command_keys``) and the new
+    one (the active key, what the worker signs with): it takes every command the worker signed and
+    the old key's commands still in flight. Step 3: the old key leaves the executor's config; a
+    command the old key signed is refused (dead-lettered, naming the id), one the new key signed
+    is taken. No process restarts together with another."""
+    run, produced = worker_run
+    base = run.config.read_text() + (
+        "executor:\n"
+        f"  diagnostics_namespace: {namespace}\n"
+        f"  lease_namespace: {namespace}\n"
+        "  lease_duration_s: 3.0\n"
+        "signing:\n"
+        f"  key_id: '{KEY_ID}'\n"
+        f"  key_file: {keys['command']}\n")
+    overlap = parse_config(base + f"  command_keys: [{{id: '{OLD_KEY_ID}', key_file: {keys['old']}}}]\n", env={})
+    after = parse_config(base, env={})
+    commands, results, dead = (run.topic(t) for t in ("remediation.commands", "remediation.results", "deadletter"))
+
+    def decide(node: str, kid: str = OLD_KEY_ID, text: str = OLD_KEY) -> Signed:
+        """A command as the decision stage signs it with the key ``kid`` (by default: the old one,
+        before the switch): the in-body signature and the headers."""
+        now, key = time.time(), load_key(text)
+        cmd = sign(r.RemediationCommand(id=f"rotation/{node}", action="cordon", incident_id="inc-rotation",
+                                        reason=f"signed with {kid}", issued_at=now, expires_at=now + 600, node=node,
+                                        dry_run=True), key)
+        value = r.encode(cmd)
+        return cmd.id, node.encode(), value, sign_bytes(value, kid, key)
+
+    async def send(records: list[Signed]) -> None:
+        from aiokafka import AIOKafkaProducer
+
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+        await producer.start()
+        try:
+            for _, key, value, headers in records:
+                await producer.send_and_wait(commands, key=key, value=value, headers=headers)
+        finally:
+            await producer.stop()
+
+    in_flight = [decide(f"rotation-node-{i}") for i in range(2)]
+    asyncio.run(send(in_flight))
+    ring = command_keys(overlap.signing, {})
+    assert set(ring.keys) == {KEY_ID, OLD_KEY_ID}
+    started = time.monotonic()
+    ex = _Executor(kube_api, overlap, ring, "rotation-overlap")
+    try:
+        _wait("a result for every command", lambda: ex.service.results_published >= len(produced) + len(in_flight),
+              timeout=60)
+    finally:
+        ex.close()
+
+    retired = decide("rotation-node-late")  # the old key, after it left the executor's config
+    by_new = decide("rotation-node-new", KEY_ID, KEY)
+    asyncio.run(send([retired, by_new]))
+    ring = command_keys(after.signing, {})
+    assert set(ring.keys) == {KEY_ID}
+    ex = _Executor(kube_api, after, ring, "rotation-after")
+    try:
+        _wait("the record the new key signed", lambda: ex.service.results_published >= 1, timeout=60)
+        letters = _wait("the refused record's dead letter", lambda: [
+            x for x in (r.decode(r.DeadLetter, v) for v in collect_sync(
+                kafka_bootstrap, [dead], lambda c: bool(c.by_topic), timeout=5).values(dead)) if x.stage == "executor"],
+            timeout=30)
+    finally:
+        ex.close()
+    print(f"rotation through the executor: {time.monotonic() - started:.1f}s")
+
+    got = collect_sync(kafka_bootstrap, [results], lambda c: False, timeout=3)
+    by_id = {x.command_id: x for x in (r.decode(r.RemediationResult, v) for v in got.values(results))}
+    worker_ids = {r.decode(r.RemediationCommand, x.value).id for x in produced}
+    assert worker_ids | {c[0] for c in in_flight} <= set(by_id), sorted(by_id)
+    for cid in worker_ids | {c[0] for c in in_flight}:  # past the signature and the expiry, whatever came next
+        assert not by_id[cid].reason.startswith(("signature rejected", "expired")), by_id[cid]
+    for cid, node, _, _ in [*in_flight, by_new]:  # verified, then looked for on the cluster (no such node here)
+        assert by_id[cid].reason == f"unknown node {node.decode()}", by_id[cid]
+    assert retired[0] not in by_id  # refused before anything: no result
+    assert len(letters) == 1 and letters[0].original == retired[2], letters
+    assert (f"signature rejected: fleetmedic-key-id '{OLD_KEY_ID}': not an accepted command key ({KEY_ID}): "
+            "retired, or never configured") in letters[0].error, letters[0].error

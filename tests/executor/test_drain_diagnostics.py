@@ -23,6 +23,7 @@ from fleetmedic.k8s_keys import (
     ANNOTATION_DRAIN,
     ANNOTATION_INFLIGHT,
     ANNOTATION_KWOK_COMPLETE,
+    CONDITION_DIAGNOSTICS_FAILED,
     LABEL_FLEET,
     LABEL_STATE,
     TAINT_QUARANTINE,
@@ -183,3 +184,5 @@ def test_failing_diagnostics_report_the_failed_tests_and_block_return_to_service
     refused = ex.handle(command("return_to_service", name, params={"uncordon": "true", "untaint": "true"}))
     assert refused.outcome == "failed" and "diagnostics fail" in refused.reason
     assert core.read_node(name).spec.unschedulable and "FleetmedicDiagnosticsFailed" in node_events(core, name)
+    failed = next(c for c in core.read_node_status(name).status.conditions if c.type == CONDITION_DIAGNOSTICS_FAILED)
+    assert (failed.status, failed.reason) == ("True", "DiagnosticsFailed") and "memory,pcie" in failed.message

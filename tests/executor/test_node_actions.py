@@ -5,13 +5,11 @@ cordon someone else made is never lifted; return to service only after passing d
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
@@ -26,6 +24,7 @@ from fleetmedic.k8s_keys import (
     LABEL_STATE,
     TAINT_QUARANTINE,
 )
+from tests.conftest import require_tool
 from tests.executor.executor_support import command, executor, node_events, settings
 
 
@@ -119,12 +118,8 @@ def test_bad_signature_expired_and_unknown_node_are_refused_with_reasons(
 def test_kubectl_describe_node_shows_the_condition_and_the_event(
     kube_api: client.ApiClient, kube_config: Path, namespace: str, make_fleet: Callable[..., fl.Fleet]
 ) -> None:
-    kubectl = shutil.which("kubectl") or str(devenv_settings.layout().k8s_bin / "kubectl")
-    if not Path(kubectl).is_file():
-        why = f"no kubectl at {kubectl} (`fleetmedic dev build` builds it)"
-        if devenv_settings.services_required():
-            pytest.fail(why, pytrace=False)
-        pytest.skip(why)
+    kubectl = require_tool("kubectl", devenv_settings.layout().k8s_bin / "kubectl",
+                           why="`fleetmedic dev build` builds it")
     name = make_fleet(1).nodes[0]
     assert executor(kube_api, settings(namespace)).handle(command("cordon", name)).outcome == "applied"
     out = subprocess.run([kubectl, "--kubeconfig", str(kube_config), "describe", "node", name],

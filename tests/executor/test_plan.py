@@ -31,6 +31,7 @@ from fleetmedic.signing import sign
 
 KEY = b"k" * 40
 OPERATOR_KEY = b"o" * 40  # what `fleetmedic ctl` signs with: the executor never holds it
+SKEW = Settings().streams.max_future_skew_s
 CFG = ExecutorSettings(namespace_policies={"infer": "wait_for_completion", "batch": "evict_now"},
                        drain_evict_after_s=60.0, drain_timeout_s=300.0)
 
@@ -51,11 +52,11 @@ def node(**kw: object) -> p.NodeView:
 
 def test_signed_fresh_command_is_accepted_tampered_or_expired_is_refused_with_reason() -> None:
     c = cmd()
-    assert p.reject_reason(c, KEY, 1100.0) is None
+    assert p.reject_reason(c, KEY, 1100.0, max_future_skew_s=SKEW) is None
     tampered = RemediationCommand(**{**{f: getattr(c, f) for f in c.__struct_fields__}, "node": "n2"})
-    assert "signature" in (p.reject_reason(tampered, KEY, 1100.0) or "")
-    assert "signature" in (p.reject_reason(c, b"x" * 40, 1100.0) or "")
-    assert (p.reject_reason(c, KEY, 1301.0) or "").startswith("expired")
+    assert "signature" in (p.reject_reason(tampered, KEY, 1100.0, max_future_skew_s=SKEW) or "")
+    assert "signature" in (p.reject_reason(c, b"x" * 40, 1100.0, max_future_skew_s=SKEW) or "")
+    assert (p.reject_reason(c, KEY, 1301.0, max_future_skew_s=SKEW) or "").startswith("expired")
 
 
 class _NoCluster:
@@ -68,7 +69,7 @@ class _NoCluster:
 def test_the_executor_refuses_a_command_signed_with_an_operator_key_before_touching_the_cluster() -> None:
     drain = RemediationCommand(id="c1", action="drain", incident_id="inc-1", reason="ctl user", issued_at=1000.0,
                                expires_at=1300.0, node="n1")
-    assert "signature" in (p.reject_reason(sign(drain, OPERATOR_KEY), KEY, 1100.0) or "")
+    assert "signature" in (p.reject_reason(sign(drain, OPERATOR_KEY), KEY, 1100.0, max_future_skew_s=SKEW) or "")
     ex = CommandExecutor(_NoCluster(), Settings(), KEY, identity="t", clock=lambda: 1100.0)  # type: ignore[arg-type]
     out = ex.handle(sign(drain, OPERATOR_KEY))
     assert out.outcome == "skipped" and "signature rejected" in out.reason

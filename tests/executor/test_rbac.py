@@ -19,7 +19,7 @@ from fleetmedic.devenv.kclient import connect
 from fleetmedic.executor.kube import Cluster
 from fleetmedic.executor.leader import LeaseElector
 from fleetmedic.executor.node.apply import CommandExecutor
-from fleetmedic.k8s_keys import ANNOTATION_KWOK_COMPLETE
+from fleetmedic.k8s_keys import ANNOTATION_KWOK_COMPLETE, CONDITION_GPU_HARDWARE
 from tests.executor.e2e_support import gpu_job, running_ranks
 from tests.executor.executor_support import KEY, command, pinned_pod, running, settings, wait
 
@@ -112,13 +112,17 @@ def test_the_executor_runs_under_the_service_account(
         assert refused.value.status == 403
         assert LeaseElector(sa_api, namespace, "fleetmedic-executor", "sa", 5.0).try_acquire_or_renew()
         ex = CommandExecutor(Cluster(sa_api), s, KEY, identity="sa")
-        outcomes = [ex.handle(command(a, name)) for a in ("cordon", "taint", "drain", "run_diagnostics")]
+        hardware = {"params": {"incident_class": "hardware"}}  # the cordon writes fleetmedic.io/GPUHardware too
+        outcomes = [ex.handle(command(a, name, **(hardware if a == "cordon" else {})))
+                    for a in ("cordon", "taint", "drain", "run_diagnostics")]
         assert [o.outcome for o in outcomes] == ["applied"] * 4, outcomes
         assert outcomes[3].details["verdict"] == "pass"
         back = ex.handle(command("return_to_service", name, params={"uncordon": "true", "untaint": "true"}))
         assert back.outcome == "applied", back
         assert ex.handle(command("escalate", job=f"{namespace}/some-job")).outcome == "skipped"  # via the ledger
     assert not core.read_node(name).spec.unschedulable
+    gpu = next(c for c in core.read_node_status(name).status.conditions if c.type == CONDITION_GPU_HARDWARE)
+    assert (gpu.status, gpu.reason) == ("False", "ReturnedToService")  # set True, then cleared, as the SA
 
 
 def test_the_job_track_runs_under_the_service_account(

@@ -3,7 +3,8 @@ config from the cluster's client side, a steady telemetry load with XID faults o
 topics and consumer-group lag with the run's own (SASL_SSL) client options.
 
 The worker itself runs as in tests/streams (:mod:`tests.streams.harness`: a subprocess of
-``python -m fleetmedic.cli.main worker``), with the config written here.
+``python -m fleetmedic.cli.main worker``), with the config written here; the jobs and rounds of
+telemetry are those of :mod:`tests.streams.scenario`, as in tests/streams/test_restart.py.
 """
 
 from __future__ import annotations
@@ -27,10 +28,9 @@ from fleetmedic import records as r
 from fleetmedic.bus import client_options
 from fleetmedic.config import parse_config
 from fleetmedic.devenv.kafka_cluster import KafkaCluster
-from tests.models.synth import gpu_message
+from tests.streams import scenario
 from tests.streams.harness import Run
-
-T0 = 1_700_000_000.0
+from tests.streams.scenario import gpu_round
 
 
 def secure_run(cluster: KafkaCluster, tmp: Path, extra: dict[str, Any] | None = None, partitions: int = 3,
@@ -86,8 +86,8 @@ class Read:
 
 async def read(run: Run, topics: list[str], done: Callable[[Read], bool], timeout: float) -> Read:
     """``topics`` from the beginning until ``done(read)`` or ``timeout`` seconds."""
-    consumer = AIOKafkaConsumer(*topics, **options(run), auto_offset_reset="earliest", enable_auto_commit=False,
-                                metadata_max_age_ms=2000)
+    consumer = AIOKafkaConsumer(*topics, **client_options(run.settings.kafka, metadata_max_age_ms=2000),
+                                auto_offset_reset="earliest", enable_auto_commit=False)
     await consumer.start()
     got = Read()
     deadline = time.monotonic() + timeout
@@ -180,7 +180,6 @@ class Load:
             self.error = exc
 
     async def _produce(self) -> None:
-        topic = self.run.topic("telemetry.gpu")
         producer = AIOKafkaProducer(**options(self.run), acks="all", enable_idempotence=True, linger_ms=5)
         await producer.start()
         rng = np.random.default_rng(7)
@@ -188,15 +187,13 @@ class Load:
         try:
             while not self._stop.is_set():
                 self.rounds += 1
-                k, t = self.rounds, T0 + 10 * self.rounds
+                k = self.rounds
                 with self._lock:
                     hits = {x.node: x for x in self._asked}
                     self._asked.clear()
                 futures = []
-                for n in NODES:
-                    x = hits.get(n)
-                    msg = gpu_message(n, t, rng, xids=[r.XidEvent(gpu=3, xid=79, ts=t)] if x else None)
-                    futures.append((x, await producer.send(topic, key=n.encode(), value=r.encode(msg))))
+                for n, (topic, key, value) in zip(NODES, gpu_round(self.run, k, NODES, rng, set(hits)), strict=True):
+                    futures.append((hits.get(n), await producer.send(topic, key=key, value=value)))
                     self.messages += 1
                 for x, fut in futures:
                     await fut
@@ -211,14 +208,7 @@ class Load:
 
 
 def job_events(run: Run) -> list[tuple[str, bytes, bytes]]:
-    out = []
-    for job, nodes in JOBS.items():
-        placement = r.JobEvent(job=job, event="placement", ts=T0, world_size=len(nodes),
-                               placement=[r.RankPlacement(rank=i, node=n, gpus=list(range(8)))
-                                          for i, n in enumerate(nodes)])
-        out += [(run.topic("jobs.events"), job.encode(), r.encode(e))
-                for e in (placement, r.JobEvent(job=job, event="start", ts=T0))]
-    return out
+    return scenario.job_events(run, JOBS)
 
 
 def commands(run: Run, got: Read) -> list[tuple[r.RemediationCommand, Record]]:

@@ -12,11 +12,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import stat
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,14 @@ def test_the_dev_cluster_configures_each_node_as_one_quorum_with_tls_and_scram(t
     assert props["default.replication.factor"] == "3" and props["min.insync.replicas"] == "2"
     assert props["sasl.mechanism.inter.broker.protocol"] == "SCRAM-SHA-512"
     assert props["ssl.keystore.type"] == "PEM" and props["auto.create.topics.enable"] == "false"
+    assert props["authorizer.class.name"] == "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+    assert set(props["super.users"].split(";")) == {"User:admin", "User:fleetmedic", "User:broker-1",
+                                                    "User:broker-2", "User:broker-3"}
+    users = [a.split(",")[0].split("=")[-1] for a in c._scram_args() if a.startswith("SCRAM")]
+    assert users == ["admin", "fleetmedic", "fleetmedic-detect", "fleetmedic-decide", "fleetmedic-executor",
+                     "fleetmedic-connector", "fleetmedic-watch-jobs", "fleetmedic-ctl", "fleetmedic-subscriber"]
+    assert "authorizer.class.name" not in KafkaCluster(tmp_path / "open", (1,), (2,), "sasl_ssl",
+                                                       authorizer=False).server_properties(1)
     password = c.password_file("fleetmedic")
     assert stat.S_IMODE(password.stat().st_mode) == 0o600
     assert f'user_fleetmedic="{password.read_text().strip()}"' in props["listener.name.client.plain.sasl.jaas.config"]
@@ -152,19 +162,53 @@ def _cli(args: list[str], cwd: Path) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def _bad_config(c: KafkaCluster, tmp: Path, case: str) -> Path:
+class Relay:
+    """Accepts TCP connections on ``127.0.0.2`` (a free port) and relays each to ``target``: the broker
+    reached by an address its certificate does not list, with no resolver involved."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.server = socket.create_server(("127.0.0.2", 0))
+        self.address: tuple[str, int] = self.server.getsockname()[:2]
+        self._open: list[socket.socket] = []
+        threading.Thread(target=self._accept, name="relay", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target, timeout=10)
+            upstream.settimeout(None)
+            self._open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.server.close()
+        for s in self._open:
+            with contextlib.suppress(OSError):
+                s.close()
+
+
+def _bad_config(c: KafkaCluster, tmp: Path, case: str, relay_at: tuple[str, int]) -> Path:
     if case == "wrong password":
         bad = tmp / "wrong.password"
         bad.write_text("not-the-password\n")
         kafka = c.kafka_section(sasl_password_file=str(bad))
     elif case == "untrusted certificate":
         kafka = c.kafka_section(ssl_cafile=str(tls.make_ca(tmp / "other-ca", cn="another CA").cert))
-    else:  # 127.1 is 127.0.0.1 (inet_aton), but a name the certificate (localhost, 127.0.0.1) does not list
-        try:
-            socket.getaddrinfo("127.1", c.ports[0])
-        except OSError:
-            pytest.skip("this resolver does not take 127.1 for 127.0.0.1")
-        kafka = c.kafka_section(bootstrap_servers=f"127.1:{c.ports[0]}")
+    else:  # through a relay on 127.0.0.2 (loopback too): an address the certificate (localhost, 127.0.0.1) lacks
+        kafka = c.kafka_section(bootstrap_servers=f"{relay_at[0]}:{relay_at[1]}")
     path = tmp / "client.yaml"
     path.write_text(yaml.safe_dump({"kafka": kafka}))
     return path
@@ -174,20 +218,24 @@ def _bad_config(c: KafkaCluster, tmp: Path, case: str) -> Path:
     ("wrong password", "SASL: the Kafka broker at 127.0.0.1:{port} refused user 'fleetmedic' (SCRAM-SHA-512): "
                        "wrong user name or password"),
     ("untrusted certificate", "TLS: the certificate of the Kafka broker at 127.0.0.1:{port} is not trusted"),
-    ("host-name mismatch", "TLS: the certificate of the Kafka broker at 127.1:{port} is not valid for the name "
-                           "'127.1' (host-name mismatch"),
+    ("host-name mismatch", "TLS: the certificate of the Kafka broker at 127.0.0.2:{relay} is not valid for the name "
+                           "'127.0.0.2' (host-name mismatch"),
 ])
 def test_a_bad_credential_ends_ctl_and_the_worker_with_one_clear_line(kafka_secure_cluster: KafkaCluster,
                                                                       tmp_path: Path, case: str, says: str) -> None:
-    config = _bad_config(kafka_secure_cluster, tmp_path, case)
-    runs = {"ctl audit": _cli(["ctl", "audit", "--config", str(config)], tmp_path),
-            "worker": _cli(["worker", "--config", str(config), "--datadir", str(tmp_path / "faust")], tmp_path)}
-    expected = says.format(port=kafka_secure_cluster.ports[0])
-    for name, p in runs.items():
-        out, err = p.communicate(timeout=180)
-        lines = err.strip().splitlines()
-        assert p.returncode == 1, f"{name}: exit {p.returncode}\n{out}\n{err}"
-        assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], f"{name}:\n{err}"
+    relay = Relay(("127.0.0.1", kafka_secure_cluster.ports[0]))
+    try:
+        config = _bad_config(kafka_secure_cluster, tmp_path, case, relay.address)
+        runs = {"ctl audit": _cli(["ctl", "audit", "--config", str(config)], tmp_path),
+                "worker": _cli(["worker", "--config", str(config), "--datadir", str(tmp_path / "faust")], tmp_path)}
+        expected = says.format(port=kafka_secure_cluster.ports[0], relay=relay.address[1])
+        for name, p in runs.items():
+            out, err = p.communicate(timeout=180)
+            lines = err.strip().splitlines()
+            assert p.returncode == 1, f"{name}: exit {p.returncode}\n{out}\n{err}"
+            assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], f"{name}:\n{err}"
+    finally:
+        relay.close()
 
 
 # --- `fleetmedic dev up --security ssl`: mutual TLS ------------------------------------------------

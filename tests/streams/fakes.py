@@ -26,18 +26,18 @@ class FakeOutputs(Outputs):
 
     def __init__(self, settings: Settings, metrics: PipelineMetrics | None = None) -> None:
         super().__init__(settings, metrics or PipelineMetrics(CollectorRegistry()))
-        self.sent: list[tuple[str, bytes, bytes]] = []
+        self.sent: list[tuple[str, bytes, bytes | None]] = []  # None: a tombstone
         self.limits: dict[str, int] = {}
         self.refuse: set[str] = set()  # topics whose sends fail
         self.headers: list[list[tuple[str, bytes]]] = []  # of every send, in order
         self._offsets = itertools.count()
 
-    async def send_raw(self, topic: str, key: bytes, value: bytes, partition: int | None = None,
+    async def send_raw(self, topic: str, key: bytes, value: bytes | None, partition: int | None = None,
                        headers: Any = None) -> asyncio.Future[Any]:
         self.headers.append(list(headers or ()))
         if topic in self.refuse:
             raise MessageSizeTooLargeError(f"{topic}: refused (test)")
-        if len(value) > self.limits.get(topic, BROKER_LIMIT):
+        if value is not None and len(value) > self.limits.get(topic, BROKER_LIMIT):
             raise MessageSizeTooLargeError(f"{topic}: {len(value)} bytes")
         self.sent.append((topic, key, value))
         self.metrics.messages_out.labels(topic).inc()
@@ -54,7 +54,7 @@ class FakeOutputs(Outputs):
     def values(self, name: str) -> list[bytes]:
         """What was sent to the logical topic ``name`` (or to the topic named so)."""
         topic = self.names.get(name, name)
-        return [v for t, _, v in self.sent if t == topic]
+        return [v for t, _, v in self.sent if t == topic and v is not None]
 
     def dead_letters(self) -> list[r.DeadLetter]:
         return [r.decode(r.DeadLetter, v) for v in self.values("deadletter")]

@@ -31,11 +31,11 @@ import pytest
 
 from fleetmedic import records as r
 from fleetmedic.bus import detect_state_topic, state_topic
-from fleetmedic.devenv import proc, settings
 from fleetmedic.devenv.kafka import Kafka
 from fleetmedic.streams.app import ensure_topics
 from fleetmedic.streams.state import SNAPSHOT_KEY, load_snapshots
 from tests.streams.harness import collect_sync, new_run, produce, start_worker, wait_for_log, worker
+from tests.streams.scenario import dedicated_broker
 from tests.streams.test_restart import _command_ids, _job_messages, _reference_commands, _telemetry, _wait_phase
 
 
@@ -54,24 +54,19 @@ def _no_duplicates_none_lost(got: list[str], expected: list[str]) -> None:
 
 
 def _dedicated_broker(tmp_path: Path) -> Kafka:
-    port, controller_port = proc.free_ports(2)
-    broker = Kafka(tmp_path / "broker", port=port, controller_port=controller_port)
-    try:
-        broker.start(timeout=180)
-    except (proc.ServiceError, OSError) as exc:
-        broker.stop()
-        why = f"a dedicated broker did not start: {exc}"
-        if settings.services_required():
-            pytest.fail(why, pytrace=False)
-        pytest.skip(why)
-    return broker
+    return dedicated_broker(tmp_path / "broker")
 
 
-def test_a_worker_killed_while_it_writes_a_snapshot_loses_and_repeats_no_command(tmp_path: Path) -> None:
+@pytest.mark.parametrize("part_bytes", [0, 4096], ids=["whole", "in-parts"])
+def test_a_worker_killed_while_it_writes_a_snapshot_loses_and_repeats_no_command(tmp_path: Path,
+                                                                                 part_bytes: int) -> None:
+    """``in-parts`` (issue #24): the snapshot is larger than one record of the state topic may be,
+    so it is written in parts and a manifest; the kill lands among them."""
     broker = _dedicated_broker(tmp_path)
     try:
         bootstrap = broker.bootstrap
-        extra = "streams: {engine_snapshot_every_s: 0.3}\n"
+        extra = "streams: {engine_snapshot_every_s: 0.3" + (f", snapshot_part_bytes: {part_bytes}" if part_bytes
+                                                             else "") + "}\n"
         expected = _reference_commands(bootstrap, tmp_path / "reference", extra)
         assert len(expected) == len(set(expected)) >= 4
 
@@ -108,7 +103,9 @@ def test_a_worker_killed_while_it_writes_a_snapshot_loses_and_repeats_no_command
         got = _command_ids(run, bootstrap)
         _no_duplicates_none_lost(got, expected)
         assert set(before) < set(got)
-        assert "decision engine: restored (" in run.log.read_text()
+        log = run.log.read_text()
+        assert "decision engine: restored (" in log
+        assert ("written in" in log and "parts (slot 1)" in log) == bool(part_bytes)
     finally:
         broker.stop()
 

@@ -1,7 +1,7 @@
 """Fuzz (hypothesis): schema-valid records of every input type through the stages' pure handling.
 
-Records of every type the pipeline reads (``GpuTelemetry``, ``PortTelemetry``, ``Finding``,
-``JobEvent``, ``RemediationResult``, ``NodeObservation``, ``OperatorCommand``; the topics of
+Records of every type the pipeline reads (``GpuTelemetry``, ``PortTelemetry``, ``KernelEvent``,
+``Finding``, ``JobEvent``, ``RemediationResult``, ``NodeObservation``, ``OperatorCommand``; the topics of
 :data:`fleetmedic.bus.TOPICS` the stages consume) are made from the records' own schema
 (:func:`msgspec.inspect.type_info`: every bound, length, pattern and literal), round-tripped through
 the wire encoding (so each one is what a producer could put on the topic), and fed in sequences,
@@ -57,7 +57,8 @@ OP_ENV = "FLEETMEDIC_OPERATOR_KEY"
 KEYS = KeySet({"op": OP_KEY})
 INPUTS = {"telemetry.gpu": r.GpuTelemetry, "telemetry.port": r.PortTelemetry, "findings": r.Finding,
           "jobs.events": r.JobEvent, "remediation.results": r.RemediationResult,
-          "cluster.nodes": r.NodeObservation, "remediation.operator": r.OperatorCommand}
+          "cluster.nodes": r.NodeObservation, "remediation.operator": r.OperatorCommand,
+          "kernel.events": r.KernelEvent}
 XIDS = [13, 31, 43, 45, 48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 119, 120, 154]
 LABEL_KEYS = [LABEL_RACK, LABEL_LEAF, LABEL_POOL, LABEL_OPT_OUT, f"{LABEL_RAIL_PREFIX}mlx5_0",
               f"{LABEL_RAIL_PREFIX}mlx5_1", "kubernetes.io/hostname"]
@@ -65,7 +66,7 @@ LABEL_KEYS = [LABEL_RACK, LABEL_LEAF, LABEL_POOL, LABEL_OPT_OUT, f"{LABEL_RAIL_P
 
 def test_the_fuzzed_types_are_every_input_of_the_stages() -> None:
     """Stage 1 reads the telemetry topics, the decision stage its INPUTS; each with its topic's record."""
-    assert set(INPUTS) == {"telemetry.gpu", "telemetry.port", *DECIDE_INPUTS}
+    assert set(INPUTS) == {"telemetry.gpu", "telemetry.port", "kernel.events", *DECIDE_INPUTS}
     assert all(BY_NAME[name].value is record for name, record in INPUTS.items())
 
 
@@ -276,6 +277,9 @@ def test_the_embedded_stages_take_any_valid_record(steps: list[Step]) -> None:
             pipeline.gpu([rec], now)
         elif step.topic == "telemetry.port":
             pipeline.port(rec, now)
+        elif step.topic == "kernel.events":
+            for finding in pipeline.node_stage.on_kernel(rec):  # stage 1's part, its findings to the engine
+                pipeline.finding(finding, now)
         elif step.topic == "findings":
             pipeline.finding(rec, now)
         elif step.topic == "jobs.events":
@@ -339,7 +343,7 @@ async def _through_the_kafka_stages(s: Settings, steps: list[Step]) -> None:
             topic = s.topics.topic(step.topic)
             # the broker's timestamp is the run's now: the time bound judges records against it
             raw = consumer_record(topic, r.encode(rec), offset=offset, timestamp_ms=int(now * 1000))
-            if step.topic in ("telemetry.gpu", "telemetry.port"):
+            if step.topic in ("telemetry.gpu", "telemetry.port", "kernel.events"):
                 await detect._process({TopicPartition(topic, 0): [raw]})
                 # what stage 1 forwards reaches the decision stage
                 for t, key, value in list(out.sent):

@@ -27,7 +27,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 from prometheus_client import CollectorRegistry
 
 from fleetmedic import records as r
-from fleetmedic.config import Settings
+from fleetmedic.config import Settings, parse_config
 from fleetmedic.executor.metrics import ExecutorMetrics
 from fleetmedic.executor.service import ExecutorService
 from fleetmedic.models.event_time import ahead_of_clock, event_time, reference_clock, refuse_future
@@ -37,6 +37,7 @@ from fleetmedic.streams import detect as detect_module
 from fleetmedic.streams.decide import DecideStage, restore
 from fleetmedic.streams.detect import DetectStage
 from fleetmedic.streams.outputs import Source
+from fleetmedic.streams.snapshot_parts import SnapshotScan, SnapshotUnreadable, part_key
 from fleetmedic.streams.state import DecideSnapshot, DetectPartition, NodeStageState
 from tests.models.synth import gpu_message
 from tests.streams.fakes import BROKER_LIMIT, FakeOutputs, consumer_record, sample
@@ -386,24 +387,83 @@ def test_an_unreadable_fleet_part_starts_fresh_and_the_rest_is_restored() -> Non
                                                    stage="decide", part="fleet") == 1
 
 
-def test_an_oversize_snapshot_is_not_written_and_the_previous_one_stays() -> None:
+def _scan(out: FakeOutputs, topic: str, keep: int = 3) -> SnapshotScan:
+    scan = SnapshotScan(keep)
+    for offset, (t, key, value) in enumerate(out.sent):
+        if t == topic:
+            scan.take(offset, key, value)
+    return scan
+
+
+def test_a_snapshot_larger_than_a_record_is_written_in_parts_and_restored_whole() -> None:
+    """Issue #24 (was #22's "not written, the previous one stays"): a snapshot over the state
+    topic's record limit goes out in parts and a manifest; restoring it gives the same engine, and
+    shrinking back under the limit tombstones the parts."""
     stage, out = _decide()
     state = stage.settings.kafka.consumer_group + "-engine-state"
     asyncio.run(_observe_fleet(stage, T0))
     first = asyncio.run(stage.snapshot())
     assert first > 0 and len(out.values(state)) == 1
     assert sample(out.metrics, "fleetmedic_engine_snapshot_bytes") == first
-    out.limits[state] = stage.max_snapshot_bytes = first + 10  # the topic's max.message.bytes
-    asyncio.run(_observe_fleet(stage, T0 + 1))  # (the same nodes: about the same size)
+    assert sample(out.metrics, "fleetmedic_engine_snapshot_parts") == 1
+    out.limits[state] = stage.max_snapshot_bytes = first // 3  # the topic's max.message.bytes
     for i in range(40):  # the state grows past it
         obs = r.NodeObservation(node=f"extra-{i}", ts=T0 + 2, labels={"fleetmedic.io/rack": "r9"})
         asyncio.run(stage.handle_record(_src(stage.settings, "cluster.nodes", obs)))
-    assert asyncio.run(stage.snapshot()) == 0  # was: MessageSizeTooLargeError inside the timer
-    asyncio.run(stage._periodic_snapshot())
-    assert len(out.values(state)) == 1  # the previous snapshot stays
-    assert sample(out.metrics, "fleetmedic_engine_snapshots_skipped_total", reason="oversize") == 2
-    assert sample(out.metrics, "fleetmedic_engine_snapshot_bytes") > first + 10
-    assert sample(out.metrics, "fleetmedic_engine_snapshot_limit_bytes") == first + 10
+    size = asyncio.run(stage.snapshot())  # was: MessageSizeTooLargeError inside the timer, then skipped
+    parts = sample(out.metrics, "fleetmedic_engine_snapshot_parts")
+    assert size > first and parts == -(-size // (first // 3)) >= 4
+    assert all(v is None or len(v) <= first // 3 for t, _, v in [x for x in out.sent if x[0] == state][1:])
+    (offset, raw), *_ = _scan(out, state).newest_first()
+    assert isinstance(raw, bytes) and len(raw) == size
+    restored = restore(stage.settings, [(offset, raw)])
+    assert restored.engine.to_bytes() == stage.engine.to_bytes() and len(restored.engine.topology) == len(NODES) + 40
+    # a second one takes the other slot: the first stays whole until the manifest names the new parts
+    asyncio.run(stage.snapshot())
+    scan = _scan(out, state)
+    assert sorted(scan.manifest_slots.values()) == [0, 1]
+    assert all(isinstance(raw, bytes) for _, raw in scan.newest_first()[:2])
+    # the state shrinks under the limit again: written whole, every part key tombstoned
+    out.limits[state] = stage.max_snapshot_bytes = 10 * size
+    asyncio.run(stage.snapshot())
+    assert sample(out.metrics, "fleetmedic_engine_snapshot_parts") == 1
+    assert _scan(out, state).parts == {}
+
+
+def test_a_snapshot_whose_parts_are_missing_or_damaged_is_passed_over() -> None:
+    stage, out = _decide()
+    state = stage.settings.kafka.consumer_group + "-engine-state"
+    asyncio.run(_observe_fleet(stage, T0))
+    whole = asyncio.run(stage.snapshot())
+    stage.max_snapshot_bytes = whole // 2
+    asyncio.run(stage.snapshot())
+    sent = list(out.sent)
+    damaged = [(t, k, (v[:-1] + bytes([v[-1] ^ 1])) if k == part_key(0, 1) and v else v) for t, k, v in sent]
+    missing = [rec for rec in sent if rec[1] != part_key(0, 0)]
+    for records, why in ((damaged, "do not match"), (missing, "are not on the topic")):
+        out.sent = records
+        candidates = _scan(out, state).newest_first()
+        assert isinstance(candidates[0][1], SnapshotUnreadable) and why in str(candidates[0][1])
+        restored = restore(stage.settings, candidates)
+        assert restored.offset == candidates[1][0] and len(restored.engine.topology) == len(NODES)
+        assert why in str(restored.unreadable[0])
+
+
+def test_finding_ids_are_remembered_for_a_window_of_event_time_not_a_fixed_count() -> None:
+    settings = parse_config("streams: {duplicate_findings_window_s: 600, duplicate_findings_max: 1000}")
+    stage, _ = _decide(settings)
+    for k in range(3000):  # 3,000 findings over 3,000 s: only the last 600 s are kept
+        assert stage._first_time(f"f{k}", T0 + k)
+    assert 590 <= len(stage._seen_findings) <= 601
+    assert not stage._first_time("f2999", T0 + 2999) and stage._first_time("f10", T0 + 2999)
+    for k in range(5000):  # a storm within the window: the count bound holds
+        stage._first_time(f"g{k}", T0 + 3000)
+    assert len(stage._seen_findings) == 1000
+    snap = msgspec.msgpack.decode(msgspec.msgpack.encode(DecideSnapshot(
+        engine=b"", fleet=b"", offsets={}, commands_from=0, seen_findings=list(stage._seen_findings),
+        seen_finding_times=list(stage._seen_findings.values()))), type=DecideSnapshot)
+    again, _ = _decide(settings, snap, engine=stage.engine)
+    assert again._seen_findings == stage._seen_findings
 
 
 def test_stage1_starts_an_unreadable_node_state_fresh_and_fails_loudly_on_anything_else(

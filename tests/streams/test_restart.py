@@ -29,11 +29,8 @@ import pytest
 
 from fleetmedic import records as r
 from fleetmedic.bus import detect_group, detect_state_topic
-from fleetmedic.devenv import proc, settings
-from fleetmedic.devenv.kafka import Kafka
 from fleetmedic.streams.app import ensure_topics
 from fleetmedic.streams.state import load_node_states
-from tests.models.synth import gpu_message
 from tests.streams.harness import (
     Collected,
     Run,
@@ -45,8 +42,8 @@ from tests.streams.harness import (
     wait_for_log,
     worker,
 )
+from tests.streams.scenario import T0, dedicated_broker, gpu_round, job_events
 
-T0 = 1_700_000_000.0
 JOBS = {"team/a": [f"gpu-node-{i}" for i in range(4)], "team/b": [f"gpu-node-{i}" for i in range(4, 8)]}
 NODES = [n for nodes in JOBS.values() for n in nodes]
 # (first sample, last sample, node with an XID 79, at sample)
@@ -54,27 +51,15 @@ PHASES = [(1, 6, "gpu-node-2", 3), (7, 12, "gpu-node-5", 9)]
 
 
 def _job_messages(run: Run) -> list[tuple[str, bytes, bytes]]:
-    out = []
-    for job, nodes in JOBS.items():
-        placement = r.JobEvent(job=job, event="placement", ts=T0, world_size=len(nodes),
-                               placement=[r.RankPlacement(rank=i, node=n, gpus=list(range(8)))
-                                          for i, n in enumerate(nodes)])
-        out += [(run.topic("jobs.events"), job.encode(), r.encode(e))
-                for e in (placement, r.JobEvent(job=job, event="start", ts=T0))]
-    return out
+    return job_events(run, JOBS)
 
 
 def _telemetry(run: Run, phase: int, final_xid_everywhere: bool = False) -> list[tuple[str, bytes, bytes]]:
     first, last, sick, at = PHASES[phase]
     rng = np.random.default_rng(phase)
-    out = []
-    for k in range(first, last + 1):
-        t = T0 + 10 * k
-        for n in NODES:
-            xid = (n == sick and k == at) or (final_xid_everywhere and k == last)
-            msg = gpu_message(n, t, rng, xids=[r.XidEvent(gpu=3, xid=79, ts=t)] if xid else None)
-            out.append((run.topic("telemetry.gpu"), n.encode(), r.encode(msg)))
-    return out
+    return [m for k in range(first, last + 1)
+            for m in gpu_round(run, k, NODES, rng, set(NODES) if final_xid_everywhere and k == last
+                               else {sick} if k == at else set())]
 
 
 def _job_of(node: str) -> str:
@@ -106,7 +91,21 @@ def _command_ids(run: Run, bootstrap: str) -> list[str]:
     return [r.decode(r.RemediationCommand, v).id for v in got.values(topic)]
 
 
+_REFERENCE: dict[str, list[str]] = {}
+_SNAPSHOT_ONLY = re.compile(r"(engine_snapshot_every_s|snapshot_part_bytes): [0-9.]+,? ?")
+
+
 def _reference_commands(bootstrap: str, tmp: Path, extra: str) -> list[str]:
+    """The command ids of the scenario run without a crash. When and how the decision stage
+    snapshots does not change its decisions (that is what these tests prove), so one reference run
+    serves every variant that differs only in those settings (it saves a worker run per test)."""
+    key = _SNAPSHOT_ONLY.sub("", extra)
+    if key not in _REFERENCE:
+        _REFERENCE[key] = _run_reference(bootstrap, tmp, extra)
+    return list(_REFERENCE[key])
+
+
+def _run_reference(bootstrap: str, tmp: Path, extra: str) -> list[str]:
     run = new_run(bootstrap, tmp, extra)
     asyncio.run(ensure_topics(run.settings))
     asyncio.run(produce(bootstrap, _job_messages(run)))
@@ -158,16 +157,7 @@ def test_a_worker_killed_mid_stream_emits_no_duplicate_and_no_lost_command(kafka
 
 
 def test_a_broker_restart_is_survived(tmp_path: Path) -> None:
-    port, controller_port = proc.free_ports(2)
-    broker = Kafka(tmp_path / "broker", port=port, controller_port=controller_port)
-    try:
-        broker.start(timeout=180)
-    except (proc.ServiceError, OSError) as exc:
-        broker.stop()
-        why = f"a dedicated broker did not start: {exc}"
-        if settings.services_required():
-            pytest.fail(why, pytrace=False)  # CI: a service that cannot start fails the run
-        pytest.skip(why)
+    broker = dedicated_broker(tmp_path / "broker")
     try:
         bootstrap = broker.bootstrap
         run = new_run(bootstrap, tmp_path / "run")

@@ -84,13 +84,13 @@ def test_worker_turns_an_xid79_into_a_hardware_incident_and_signed_commands(kafk
     key = load_key(KEY)
     cmds = _commands(got, commands)
     for cmd in cmds:
-        verify(cmd, key, now=cmd.issued_at)
+        verify(cmd, key, now=cmd.issued_at, max_future_skew_s=run.settings.streams.max_future_skew_s)
         assert cmd.incident_id == hardware[0].id
     keys = {k for k, _, _, _ in got.by_topic[commands]}
     assert {SICK.encode(), JOB.encode()} <= keys  # keyed by target
     tampered = msgspec.structs.replace(cmds[0], node="gpu-node-0")
     try:
-        verify(tampered, key, now=tampered.issued_at)
+        verify(tampered, key, now=tampered.issued_at, max_future_skew_s=run.settings.streams.max_future_skew_s)
     except ValueError:
         pass
     else:
@@ -112,11 +112,12 @@ def test_worker_turns_an_xid79_into_a_hardware_incident_and_signed_commands(kafk
     assert f"{len(cmds)} command ids already on the topic" not in run.log.read_text()  # none since the snapshot
 
 
-def _scrape(log: str) -> str:
-    """The worker's /metrics page (its address is in the log: an ephemeral port in these tests)."""
-    url = re.search(r"metrics on (http://127\.0\.0\.1:\d+/metrics)", log)
+def _scrape(log: str, path: str = "/metrics") -> str:
+    """The worker's /metrics page, or another of its paths (its address is in the log: an ephemeral
+    port in these tests)."""
+    url = re.search(r"metrics on (http://127\.0\.0\.1:\d+)/metrics", log)
     assert url, "the worker did not log its metrics address"
-    with urllib.request.urlopen(url.group(1), timeout=10) as resp:
+    with urllib.request.urlopen(url.group(1) + path, timeout=10) as resp:
         return str(resp.read().decode())
 
 
@@ -147,6 +148,9 @@ def test_malformed_telemetry_goes_to_the_dead_letter_topic_and_the_worker_goes_o
         got = collect_sync(kafka_bootstrap, [dead, findings], done, timeout=40)
         assert done(got), f"got {[(t, len(v)) for t, v in got.by_topic.items()]}"
         scraped = _scrape(run.log.read_text())
+        # the probes: both loops of --role all beat, the stages are ready (issue #27)
+        assert _scrape(run.log.read_text(), "/healthz") == "ok\n"
+        assert _scrape(run.log.read_text(), "/readyz") == "ready\n"
 
     assert f'fleetmedic_dead_letters_total{{stage="detect",topic="{gpu}"}} 2.0' in scraped
     assert f'fleetmedic_messages_in_total{{stage="detect",topic="{gpu}"}} 3.0' in scraped

@@ -19,6 +19,14 @@ class IncidentBook:
     def __init__(self, settings: TriageSettings, state: TriageState) -> None:
         self.settings = settings
         self.state = state
+        # incident id -> its "class|subject" keys in open_by_subject: closing one is O(1), not a scan
+        self._subjects: dict[str, set[str]] = {}
+        for key, inc_id in state.open_by_subject.items():
+            self._subjects.setdefault(inc_id, set()).add(key)
+        # closed incidents in the order they closed (so by last_seen): pruning looks at the due ones only
+        closed = sorted((inc.last_seen or inc.first_seen, inc_id) for inc_id, inc in state.incidents.items()
+                        if inc.status in ("resolved", "dismissed"))
+        self._closed: dict[str, None] = dict.fromkeys(inc_id for _, inc_id in closed)
 
     def open(self, klass: IncidentClass, subject: str, suspects: list[Suspect], confidence: float,
              evidence: list[Evidence], severity: Severity, summary: str, jobs: list[str],
@@ -52,7 +60,11 @@ class IncidentBook:
                        severity=severity, summary=summary[:4096], jobs=union([], jobs),
                        finding_ids=union([], finding_ids)[-MAX_IDS:])
         self.state.incidents[inc_id] = inc
+        replaced = self.state.open_by_subject.get(key)
+        if replaced is not None:
+            self._subjects.get(replaced, set()).discard(key)
         self.state.open_by_subject[key] = inc_id
+        self._subjects.setdefault(inc_id, set()).add(key)
         return inc, True
 
     def is_open(self, klass: IncidentClass, subject: str) -> bool:
@@ -70,13 +82,21 @@ class IncidentBook:
         inc = msgspec.structs.replace(inc, status=status, last_seen=max(now, inc.last_seen or 0.0))
         self.state.incidents[incident_id] = inc
         if status in ("resolved", "dismissed"):
-            for key in [k for k, v in self.state.open_by_subject.items() if v == incident_id]:
-                del self.state.open_by_subject[key]
+            self._closed.pop(incident_id, None)
+            self._closed[incident_id] = None
+            for key in self._subjects.pop(incident_id, ()):
+                if self.state.open_by_subject.get(key) == incident_id:
+                    del self.state.open_by_subject[key]
         return inc
 
     def forget_closed(self, now: float) -> None:
         """Drop incidents resolved or dismissed longer than ``incident_merge_s`` ago."""
         horizon = now - self.settings.incident_merge_s
-        for inc_id, inc in list(self.state.incidents.items()):
-            if inc.status in ("resolved", "dismissed") and (inc.last_seen or inc.first_seen) < horizon:
+        while self._closed:
+            inc_id = next(iter(self._closed))
+            inc = self.state.incidents.get(inc_id)
+            if inc is not None and inc.status in ("resolved", "dismissed"):
+                if (inc.last_seen or inc.first_seen) >= horizon:
+                    return  # closed later than this one: not due either
                 del self.state.incidents[inc_id]
+            del self._closed[inc_id]

@@ -16,7 +16,7 @@ from fleetmedic.remediation.triage.failures import JobFailureTriage
 from fleetmedic.remediation.triage.findings import NodeFindings
 from fleetmedic.remediation.triage.jobs import JobBoard
 from fleetmedic.remediation.triage.network import NetworkTriage
-from fleetmedic.remediation.triage.records import Assessment, JobRecord, TriageState
+from fleetmedic.remediation.triage.records import Assessment, JobRecord, PendingGroup, TriageState, order_groups
 
 
 class Triage:
@@ -26,6 +26,8 @@ class Triage:
         self.policy = policy
         self.library = library
         self.state = state if state is not None else TriageState()
+        order_groups(self.state.network)
+        order_groups(self.state.failures)
         topology = topology if topology is not None else Topology()
         self.book = IncidentBook(settings, self.state)
         self.job_board = JobBoard(settings, self.state)
@@ -79,22 +81,33 @@ class Triage:
     # --- deciding -----------------------------------------------------------------------------------
 
     def due(self, now: float) -> list[Assessment]:
-        """Decide the gathered groups whose settle time has passed (oldest first)."""
+        """Decide the gathered groups whose settle time has passed (oldest first).
+
+        Each table is kept in deadline order (:func:`~.records.file_group`), so the due groups are
+        a prefix, found without looking at the rest (issue #24)."""
         out: list[Assessment] = []
-        for key, group in sorted(self.state.network.items(), key=lambda kv: (kv[1].deadline, kv[0])):
-            if group.deadline <= now:
-                del self.state.network[key]
-                out += self.network.decide(group, now)
-        for key, group in sorted(self.state.failures.items(), key=lambda kv: (kv[1].deadline, kv[0])):
-            if group.deadline <= now:
-                del self.state.failures[key]
-                self.state.decided[key] = now
-                out += self.failures.decide(group, now)
+        for key, group in self._ready(self.state.network, now):
+            del self.state.network[key]
+            out += self.network.decide(group, now)
+        for key, group in self._ready(self.state.failures, now):
+            del self.state.failures[key]
+            self.state.decided[key] = now
+            out += self.failures.decide(group, now)
         return out
 
+    @staticmethod
+    def _ready(groups: dict[str, PendingGroup], now: float) -> list[tuple[str, PendingGroup]]:
+        ready = []
+        for key, group in groups.items():  # filed in (deadline, key) order: see records.file_group
+            if group.deadline > now:
+                break
+            ready.append((key, group))
+        return ready
+
     def next_deadline(self) -> float | None:
-        deadlines = [g.deadline for g in (*self.state.failures.values(), *self.state.network.values())]
-        return min(deadlines) if deadlines else None
+        tables = (self.state.failures, self.state.network)
+        firsts = [next(iter(groups.values())).deadline for groups in tables if groups]
+        return min(firsts) if firsts else None
 
     def set_status(self, incident_id: str, status: IncidentStatus, now: float) -> Incident | None:
         """Change an incident's status; returns the updated incident, or None if nothing changed."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fleetmedic.config import TriageSettings
 from fleetmedic.records import JobEvent
-from fleetmedic.remediation.triage.records import FailureReport, JobRecord, PendingGroup, TriageState
+from fleetmedic.remediation.triage.records import FailureReport, JobRecord, PendingGroup, TriageState, file_group
 
 
 class JobBoard:
@@ -78,8 +78,8 @@ class JobBoard:
                                lines=list(e.log_excerpt))
         group = self.state.failures.get(key)
         if group is None:
-            group = self.state.failures[key] = PendingGroup(
-                key=key, first_ts=now, deadline=now + self.settings.failure_settle_s, job=e.job, attempt=e.attempt)
+            group = file_group(self.state.failures, PendingGroup(
+                key=key, first_ts=now, deadline=now + self.settings.failure_settle_s, job=e.job, attempt=e.attempt))
         group.reports.append(report)
         return []
 

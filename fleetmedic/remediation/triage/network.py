@@ -18,6 +18,7 @@ from fleetmedic.remediation.triage.records import (
     TriageState,
     confirmed,
     evidence_of,
+    file_group,
     is_congestion,
     link_name,
     max_severity,
@@ -46,8 +47,8 @@ class NetworkTriage:
             key = f"leaf:{leaf}" if leaf else f"node:{f.node}"
         group = self.state.network.get(key)
         if group is None:
-            group = self.state.network[key] = PendingGroup(key=key, first_ts=now,
-                                                           deadline=now + self.settings.network_settle_s)
+            group = file_group(self.state.network, PendingGroup(key=key, first_ts=now,
+                                                                deadline=now + self.settings.network_settle_s))
         group.findings.append(f)
 
     def decide(self, group: PendingGroup, now: float) -> list[Assessment]:

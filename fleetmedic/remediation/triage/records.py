@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Final, Literal, TypeVar
+from typing import Final, Literal, TypeVar, cast
 
 import msgspec
 
 from fleetmedic.config import TriageSettings
 from fleetmedic.records import Evidence, Finding, Incident, IncidentClass, Severity
-from fleetmedic.remediation.kinds import Isolation
+from fleetmedic.remediation.kinds import KIND_RANK, Isolation, IsolationKind
 
 ISOLATING_HINTS: Final = frozenset({"reset_gpu", "reboot_node", "isolate"})
 QUIET_HINTS: Final = frozenset({"ignore", "restart_app"})
@@ -51,6 +51,26 @@ class PendingGroup(msgspec.Struct, kw_only=True):
     attempt: int = 0
     reports: list[FailureReport] = []
     findings: list[Finding] = []
+
+
+def file_group(table: dict[str, PendingGroup], group: PendingGroup) -> PendingGroup:
+    """Add a new ``group`` to ``table``, which is kept in deadline order (then key order), so that
+    the due groups are always a prefix of it. A group filed in order (the usual case: the deadline
+    is the clock plus a fixed settle time) costs O(1); one filed out of order re-sorts the table."""
+    last = next(reversed(table.values()), None)
+    table[group.key] = group
+    if last is not None and (last.deadline, last.key) > (group.deadline, group.key):
+        ordered = sorted(table.items(), key=lambda kv: (kv[1].deadline, kv[0]))
+        table.clear()
+        table.update(ordered)
+    return group
+
+
+def order_groups(table: dict[str, PendingGroup]) -> None:
+    """Put a table read back from a snapshot (settle times may have changed since) in deadline order."""
+    ordered = sorted(table.items(), key=lambda kv: (kv[1].deadline, kv[0]))
+    table.clear()
+    table.update(ordered)
 
 
 class TriageState(msgspec.Struct, kw_only=True):
@@ -141,6 +161,10 @@ def finding_isolation(f: Finding) -> Isolation:
     links down, other critical findings)."""
     metric = next((e.metric for e in f.evidence if e.metric), "")
     signature = f"{f.detector}:{metric or f.kind}"
+    if f.detector == "node_condition":  # a node condition's rule names its kind (connectors/node_conditions.py)
+        kind, _, ctype = metric.partition(":")
+        if kind in KIND_RANK and finding_class(f) is not None:
+            return Isolation(cast(IsolationKind, kind), f"node_condition:{ctype}")
     if f.kind == "hard_fault" and f.severity == "critical" and f.action_hint not in QUIET_HINTS:
         if f.detector == "xid_rules" and f.action_hint in ISOLATING_HINTS:
             value = next((e.value for e in f.evidence if e.metric == "xid" and e.value is not None), None)

@@ -49,21 +49,22 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- toYaml (mustMergeOverwrite $defaults (deepCopy .Values.config)) -}}
 {{- end -}}
 
-{{/* Pod volumes: include "fleetmedic.volumes" (list . true false) - the second item says whether
-     the component gets the command key (decide signs, the executor verifies; nothing else needs it),
-     the optional third whether it gets the operator keys (decide only: it verifies operator commands). */}}
+{{/* Pod volumes: include "fleetmedic.volumes" (dict "top" . "signing" true "operator" false "volumes" (list ...))
+     - signing: whether the component gets the command key (decide signs, the executor verifies;
+     nothing else needs it); operator: whether it gets the operator keys (decide only: it verifies
+     operator commands); volumes: the component's own extra volumes. */}}
 {{- define "fleetmedic.volumes" -}}
-{{- $top := index . 0 -}}
+{{- $top := .top -}}
 - name: config
   configMap:
     name: {{ include "fleetmedic.fullname" $top }}-config
-{{- if index . 1 }}
+{{- if .signing }}
 - name: signing
   secret:
     secretName: {{ include "fleetmedic.signingSecret" $top }}
     defaultMode: 0400
 {{- end }}
-{{- if and (gt (len .) 2) (index . 2) (include "fleetmedic.operatorSecret" $top) }}
+{{- if and .operator (include "fleetmedic.operatorSecret" $top) }}
 - name: operator-keys
   secret:
     secretName: {{ include "fleetmedic.operatorSecret" $top }}
@@ -71,31 +72,60 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 - name: tmp
   emptyDir: {}
+{{- with .volumes }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{- define "fleetmedic.metricsPort" -}}
 {{ .Values.config.metrics.port | default 9108 }}
 {{- end -}}
 
-{{/* The container parts every component shares: include "fleetmedic.container" (list . true false),
-     the booleans as for "fleetmedic.volumes". */}}
+{{/* The container parts every component shares: include "fleetmedic.container" (dict "top" .
+     "signing" true "operator" false "ports" (list ...) "mounts" (list ...) "securityContext" (dict ...)),
+     signing and operator as for "fleetmedic.volumes"; ports and mounts: the component's own extra
+     container ports and volume mounts; securityContext: replaces the chart-wide one (kmsg only).
+     Every container serves /metrics, /healthz and /readyz on the `metrics` port (the worker once its
+     state is prepared; fleetmedic/serving.py): liveness asks /healthz (an event loop that stopped
+     turning fails it), readiness /readyz, and liveness counts only after the startup probe passed. */}}
 {{- define "fleetmedic.container" -}}
-{{- $top := index . 0 -}}
+{{- $top := .top -}}
 image: {{ include "fleetmedic.image" $top }}
 imagePullPolicy: {{ $top.Values.image.pullPolicy }}
-securityContext: {{- toYaml $top.Values.securityContext | nindent 2 }}
+securityContext: {{- toYaml (.securityContext | default $top.Values.securityContext) | nindent 2 }}
 ports:
   - {name: metrics, containerPort: {{ include "fleetmedic.metricsPort" $top }}}
+{{- with .ports }}
+{{ toYaml . | indent 2 }}
+{{- end }}
 volumeMounts:
   - {name: config, mountPath: /etc/fleetmedic/fleetmedic.yaml, subPath: fleetmedic.yaml, readOnly: true}
-{{- if index . 1 }}
+{{- if .signing }}
   - {name: signing, mountPath: /etc/fleetmedic/signing, readOnly: true}
 {{- end }}
-{{- if and (gt (len .) 2) (index . 2) (include "fleetmedic.operatorSecret" $top) }}
+{{- if and .operator (include "fleetmedic.operatorSecret" $top) }}
   # a folder, not a subPath: the kubelet updates it when the Secret changes (key rotation)
   - {name: operator-keys, mountPath: /etc/fleetmedic/operator-keys, readOnly: true}
 {{- end }}
   - {name: tmp, mountPath: /tmp}
+{{- with .mounts }}
+{{ toYaml . | indent 2 }}
+{{- end }}
+{{- with $top.Values.probes.startup }}
+startupProbe:
+  httpGet: {path: /healthz, port: metrics}
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $top.Values.probes.readiness }}
+readinessProbe:
+  httpGet: {path: /readyz, port: metrics}
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $top.Values.probes.liveness }}
+livenessProbe:
+  httpGet: {path: /healthz, port: metrics}
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}
 
 {{- define "fleetmedic.podSpecCommon" -}}
@@ -103,4 +133,23 @@ securityContext: {{- toYaml .Values.podSecurityContext | nindent 2 }}
 {{- with .Values.imagePullSecrets }}
 imagePullSecrets: {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- end -}}
+
+{{/* The components this release runs (a JSON list of their names, the app.kubernetes.io/component
+     label): the Services and NetworkPolicies are made for exactly these. */}}
+{{- define "fleetmedic.components" -}}
+{{- $c := list "detect" "decide" -}}
+{{- if .Values.executor.enabled }}{{ $c = append $c "executor" }}{{ end -}}
+{{- if .Values.nvmlExporter.enabled }}{{ $c = append $c "nvml-exporter" }}{{ end -}}
+{{- if .Values.jobWatcher.enabled }}{{ $c = append $c "job-watcher" }}{{ end -}}
+{{- range $key, $component := include "fleetmedic.connectorComponents" . | fromJson }}
+{{- if (index $.Values.connectors $key).enabled }}{{ $c = append $c $component }}{{ end -}}
+{{- end -}}
+{{- toJson $c -}}
+{{- end -}}
+
+{{/* connectors.<key> -> the component (and object name suffix) it runs as */}}
+{{- define "fleetmedic.connectorComponents" -}}
+{{- toJson (dict "prometheus" "prometheus-exporter" "kafka" "kafka-exporter" "logs" "logs-exporter"
+                 "infiniband" "infiniband-exporter" "kmsg" "kmsg-exporter" "remoteWrite" "remote-write") -}}
 {{- end -}}

@@ -1,0 +1,132 @@
+"""Issue #24: the decision engine's per-event work must not grow with the fleet, so its indexes are
+kept up to date as it goes instead of being rebuilt. These tests hold the incremental indexes to
+what a rebuild from scratch gives, over random sequences of the events that change them:
+
+- the topology's leaf and rack indexes under place/relabel/remove;
+- the fleet size under node observations, telemetry sightings, deletions and the forgetting of
+  silent nodes;
+- triage's pending groups, kept in deadline order so that the due ones are a prefix;
+- the incident book's subject index and its queue of closed incidents.
+
+The timing itself is measured in ``bench/bench_decide_scale.py``, never asserted here."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleetmedic.config import parse_config
+from fleetmedic.remediation.engine import DecisionEngine
+from fleetmedic.remediation.topology import Placement, Topology
+from fleetmedic.remediation.triage.records import PendingGroup, file_group, order_groups
+from tests.remediation.world import T0, World
+
+NODES = [f"n{i}" for i in range(12)]
+node = st.sampled_from(NODES)
+placement = st.builds(Placement, rack=st.sampled_from(["", "r0", "r1"]), leaf=st.sampled_from(["", "l0", "l1", "l2"]),
+                      rails=st.sampled_from([{}, {"mlx5_0": "l3"}, {"mlx5_0": "l0", "mlx5_1": "l4"}]))
+
+
+def _indexes(topo: Topology) -> tuple[dict[str, frozenset[str]], dict[str, frozenset[str]]]:
+    leaves = {leaf: topo.behind_leaf(leaf) for leaf in topo.leaves()}
+    racks = {p.rack: topo.in_rack(p.rack) for p in topo.nodes.values() if p.rack}
+    return leaves, racks
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(st.tuples(st.just("place"), node, placement), st.tuples(st.just("remove"), node)),
+                max_size=40))
+def test_the_topology_indexes_kept_in_place_equal_a_rebuild(ops: list[tuple]) -> None:  # type: ignore[type-arg]
+    topo = Topology()
+    for op in ops:
+        if op[0] == "place":
+            topo.place(op[1], op[2])
+        else:
+            topo.remove(op[1])
+        rebuilt = Topology(topo.nodes)
+        assert _indexes(topo) == _indexes(rebuilt)
+        assert all(topo.domain_size(d) == rebuilt.domain_size(d) for n in topo.nodes for d in topo.domains_of(n))
+    assert "" not in topo.leaves()
+
+
+def test_with_node_leaves_the_topology_it_was_called_on_as_it_was() -> None:
+    topo = Topology.from_dict({"a": {"rack": "r1", "leaf": "l1"}})
+    moved = topo.with_node("a", Placement(rack="r2", leaf="l2"))
+    assert topo.behind_leaf("l1") == {"a"} and topo.in_rack("r2") == frozenset()
+    assert moved.behind_leaf("l2") == {"a"} and moved.behind_leaf("l1") == frozenset()
+    assert topo.place("a", Placement(rack="r1", leaf="l1")) is False  # already there: nothing changes
+
+
+event = st.one_of(
+    st.tuples(st.just("observe"), node, st.sampled_from(["", "r0", "r1"])),
+    st.tuples(st.just("seen"), st.lists(node, max_size=4)),
+    st.tuples(st.just("removed"), node),
+    st.tuples(st.just("wait"), st.sampled_from([10.0, 50_000.0, 100_000.0])),
+)
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(event, max_size=30))
+def test_the_fleet_size_kept_as_it_goes_equals_a_recount(events: list[tuple]) -> None:  # type: ignore[type-arg]
+    engine = DecisionEngine(parse_config("safety: {fleet_forget_after_s: 86400}"))
+    now = T0
+    for e in events:
+        if e[0] == "observe":
+            labels = {"fleetmedic.io/rack": e[2]} if e[2] else {}
+            engine.node_observed(e[1], cordoned=False, cordoned_by_fleetmedic=False, labels=labels, now=now)
+        elif e[0] == "seen":
+            engine.nodes_seen(e[1], now)
+        elif e[0] == "removed":
+            engine.node_removed(e[1], now)
+        else:
+            now += e[1]
+            engine.tick(now)
+        recount = len(engine.topology) + sum(1 for n in engine.state.seen if n not in engine.topology)
+        assert engine.fleet_size == recount
+        restored = DecisionEngine.from_bytes(engine.to_bytes(), engine.settings)
+        assert restored.fleet_size == recount
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abcdefgh"), st.integers(0, 50)), max_size=25))
+def test_pending_groups_stay_in_deadline_order_however_they_are_filed(filed: list[tuple[str, int]]) -> None:
+    table: dict[str, PendingGroup] = {}
+    for key, deadline in filed:
+        if key not in table:
+            file_group(table, PendingGroup(key=key, first_ts=0.0, deadline=float(deadline)))
+    order = [(g.deadline, k) for k, g in table.items()]
+    assert order == sorted(order)
+    scrambled = dict(reversed(list(table.items())))
+    order_groups(scrambled)
+    assert list(scrambled) == list(table)
+
+
+def test_due_groups_are_decided_in_deadline_order_and_the_rest_wait() -> None:
+    w = World(n=32, per_leaf=8, config="triage: {network_settle_s: 30}\nsafety: {max_quarantined_fraction: 0.1}")
+    for node in ("node-0", "node-9", "node-17"):  # three leaves: three groups, 10 s apart
+        w.finding(node, kind="network", severity="critical", detector="port_rules", gpu=None, port=f"{node}/mlx5_0",
+                  metric="link_down")
+        w.now += 10
+    triage = w.engine.triage
+    assert list(triage.state.network) == ["leaf:leaf-0", "leaf:leaf-1", "leaf:leaf-2"]
+    assert triage.next_deadline() == T0 + 30
+    due = triage.due(T0 + 45)
+    assert [sorted(a.suspect_nodes) for a in due] == [["node-0"], ["node-9"]]
+    assert list(triage.state.network) == ["leaf:leaf-2"] and triage.next_deadline() == T0 + 50
+
+
+def test_closed_incidents_are_forgotten_after_the_merge_window_without_a_scan_of_the_open_ones() -> None:
+    w = World(n=32, config="triage: {incident_merge_s: 600}\nsafety: {max_quarantined_fraction: 0.1}")
+    w.dbe("node-1")
+    book = w.engine.triage.book
+    (inc_id,) = [i for i, inc in w.engine.triage.state.incidents.items() if inc.status != "dismissed"][:1]
+    book.set_status(inc_id, "resolved", w.now)
+    assert inc_id not in w.engine.triage.state.open_by_subject.values()
+    book.forget_closed(w.now + 599)
+    assert inc_id in w.engine.triage.state.incidents
+    # a restored book rebuilds its queue from the state: the incident still leaves on time
+    restored = DecisionEngine.from_bytes(w.engine.to_bytes(), w.settings)
+    restored.triage.book.forget_closed(w.now + 601)
+    assert inc_id not in restored.triage.state.incidents
+    book.forget_closed(w.now + 601)
+    assert inc_id not in w.engine.triage.state.incidents
