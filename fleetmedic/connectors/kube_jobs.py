@@ -16,6 +16,9 @@ With ``jobwatch.watch_nodes`` it also watches Nodes (cluster-scoped, one watch):
 :class:`fleetmedic.connectors.kube_nodes_map.NodeTracker` turns them into ``NodeObservation``
 records (cordon, who made it, the placement and opt-out labels; deleted nodes) produced to
 ``cluster.nodes`` keyed by node, which the decision stage reads for its topology and fleet size.
+The same watch feeds :class:`fleetmedic.connectors.node_conditions.ConditionTracker`: a node
+condition (the kubelet's, node-problem-detector's, NVSentinel's) that changes into a state a rule of
+the ``conditions`` section names becomes a ``Finding`` on ``findings``, keyed by node.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from fleetmedic.config import JobWatchSettings, Settings
 from fleetmedic.connectors.kube_jobs_map import JobTracker
 from fleetmedic.connectors.kube_nodes_map import NodeTracker
-from fleetmedic.records import JobEvent, NodeObservation, encode
+from fleetmedic.connectors.node_conditions import ConditionTracker
+from fleetmedic.records import Finding, JobEvent, NodeObservation, encode
 
 log = logging.getLogger(__name__)
 RESOURCES: dict[str, tuple[str, str]] = {  # kind -> (API prefix, plural)
@@ -70,6 +74,9 @@ class JobWatchMetrics:
         self.produce_errors = Counter(f"{p}produce_errors_total", "JobEvents Kafka did not take", registry=registry)
         self.node_observations = Counter(f"{p}node_observations_total", "NodeObservation records produced",
                                          registry=registry)
+        self.condition_findings = Counter(f"{p}condition_findings_total",
+                                          "Findings produced from node conditions, by condition type", ["type"],
+                                          registry=registry)
         self.tracked = Gauge(f"{p}tracked_jobs", "Training jobs being tracked", registry=registry)
         self.queue = Gauge(f"{p}queue_depth", "Watch events waiting for the tracker", registry=registry)
 
@@ -89,7 +96,8 @@ def _get(api: client.ApiClient, path: str, query: dict[str, str], timeout: tuple
 
 
 def list_objects(api: client.ApiClient, path: str, selector: str) -> tuple[list[dict[str, Any]], str]:
-    """All objects at ``path`` (pages of 500) and the list's resourceVersion."""
+    """All objects at ``path`` (pages of 500; in one piece if a continue token expires meanwhile)
+    and the list's resourceVersion."""
     items: list[dict[str, Any]] = []
     query = {"limit": "500", **({"labelSelector": selector} if selector else {})}
     while True:
@@ -97,6 +105,12 @@ def list_objects(api: client.ApiClient, path: str, selector: str) -> tuple[list[
         data = resp.read()
         if resp.status == 404:
             raise NotServed(path)
+        if resp.status == 410 and "continue" in query:
+            # the continue token expired (etcd compacted while we paged): one list without pages,
+            # as client-go's reflector falls back to
+            log.info("%s: continue token expired while paging; listing in one piece", path)
+            items, query = [], {k: v for k, v in query.items() if k not in ("limit", "continue")}
+            continue
         if resp.status == 410:
             raise Gone(path)
         if resp.status >= 400:
@@ -234,6 +248,7 @@ class JobWatcher:
         self.metrics = JobWatchMetrics(registry)
         self.tracker = JobTracker(gpu_only=self.jw.gpu_only, gpu_resource=self.jw.gpu_resource)
         self.node_tracker = NodeTracker.of(settings)
+        self.condition_tracker = ConditionTracker.of(settings)
         self.queue: queue.Queue[tuple[str, str, Any]] = queue.Queue(maxsize=self.jw.queue_size)
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
@@ -301,15 +316,19 @@ class JobWatcher:
             log.warning("skipped Node: %s", self.node_tracker.last_skip)
         return obs
 
+    def handle_node_conditions(self, etype: str, obj: Any) -> list[Finding]:
+        """One Node watch event through the condition rules: the findings of the conditions that changed."""
+        return self.condition_tracker.observe(etype, obj, self.clock()) if etype != "BAD" else []
+
     async def run(self, until: asyncio.Event | None = None) -> None:
         """Watch and produce until ``until`` is set (or forever)."""
         from aiokafka import AIOKafkaProducer
 
-        from fleetmedic.bus import client_options
+        from fleetmedic.bus import producer_options
 
         topic, nodes_topic = self.settings.topics.topic("jobs.events"), self.settings.topics.topic("cluster.nodes")
-        acks: Any = "all" if self.settings.kafka.acks == "all" else int(self.settings.kafka.acks)
-        producer = AIOKafkaProducer(acks=acks, linger_ms=20, **client_options(self.settings.kafka))
+        findings_topic = self.settings.topics.topic("findings")
+        producer = AIOKafkaProducer(linger_ms=20, **producer_options(self.settings.kafka))
         await _start_with_retry(producer, self.jw.reconnect_backoff_s, self.jw.max_backoff_s, until)
         loop = asyncio.get_running_loop()
         starter = threading.Thread(target=self.start_watches, name="watch-starter", daemon=True)
@@ -325,6 +344,9 @@ class JobWatcher:
                     if obs is not None:
                         fut = await producer.send(nodes_topic, key=obs.node.encode(), value=encode(obs))
                         fut.add_done_callback(self._sent_node(obs.node))
+                    for finding in self.handle_node_conditions(item[1], item[2]):
+                        fut = await producer.send(findings_topic, key=finding.node.encode(), value=encode(finding))
+                        fut.add_done_callback(self._sent_finding(finding))
                     continue
                 for event in self.handle(*item):
                     fut = await producer.send(topic, key=event.job.encode(), value=encode(event))
@@ -353,6 +375,18 @@ class JobWatcher:
                 self.metrics.events.labels(event).inc()
         return done
 
+
+    def _sent_finding(self, finding: Finding) -> Callable[[asyncio.Future[Any]], None]:
+        ctype = finding.evidence[0].metric.partition(":")[2] if finding.evidence else ""
+
+        def done(fut: asyncio.Future[Any]) -> None:
+            if fut.cancelled() or fut.exception() is not None:
+                self.metrics.produce_errors.inc()
+                log.warning("findings: %s not produced: %s", finding.id, None if fut.cancelled() else fut.exception())
+            else:
+                self.metrics.condition_findings.labels(ctype).inc()
+                log.info("node %s: %s", finding.node, finding.summary)
+        return done
 
     def _sent_node(self, node: str) -> Callable[[asyncio.Future[Any]], None]:
         def done(fut: asyncio.Future[Any]) -> None:

@@ -73,10 +73,23 @@ class JobState:
     unplaced: set[str] = field(default_factory=set)  # live pods without a node
     not_running: set[str] = field(default_factory=set)  # live pods not Running
     dirty: bool = True  # ranks or nodes changed since the placement was last computed
+    # the rank orders, sorted once per change of membership, liveness or order key (not per event:
+    # a failure storm over a job of k ranks would sort k times); None: sort again when asked
+    live_order: list[str] | None = None  # uids of the live pods in rank order
+    live_rank: dict[str, int] = field(default_factory=dict)
+    all_rank: dict[str, int] | None = None  # every pod by its order key (a Failed pod's rank)
+
+    def reorder(self, live_only: bool = False) -> None:
+        """Forget the rank orders (the live one only, with ``live_only``)."""
+        self.live_order = None
+        if not live_only:
+            self.all_rank = None
 
     def index(self, uid: str, view: PodView | None) -> None:
         """Record pod ``uid`` as ``view`` (None: gone) in the bookkeeping sets."""
         old = self.pods.get(uid)
+        if old is None or view is None or old.order != view.order:
+            self.reorder()
         was_live = uid in self.live
         for group in (self.live, self.unplaced, self.not_running):
             group.discard(uid)
@@ -89,6 +102,8 @@ class JobState:
                 self.not_running.add(uid)
         if was_live != is_live or (old is not None and view is not None and old.node != view.node):
             self.dirty = True
+        if was_live != is_live:
+            self.reorder(live_only=True)
 
 
 class BadObject(ValueError):
@@ -226,21 +241,29 @@ class JobTracker:
         return self._placement_and_start(job, state, now)
 
     def _ranked(self, state: JobState) -> list[PodView]:
-        rank_of_rjob = {name: i for i, name in enumerate(state.rjob_order)}
+        """The live pods in rank order (sorted again only after a change of the order)."""
+        if state.live_order is None:
+            rank_of_rjob = {name: i for i, name in enumerate(state.rjob_order)}
 
-        def key(p: PodView) -> tuple[Any, ...]:
-            if state.kind == "JobSet":
-                return (rank_of_rjob.get(p.order[0], len(rank_of_rjob)), *p.order)
-            return p.order
+            def key(p: PodView) -> tuple[Any, ...]:
+                if state.kind == "JobSet":
+                    return (rank_of_rjob.get(p.order[0], len(rank_of_rjob)), *p.order)
+                return p.order
 
-        live = [p for p in state.pods.values() if p.phase not in ("Succeeded", "Failed")]
-        return sorted(live, key=key)
+            live = [p for p in state.pods.values() if p.phase not in ("Succeeded", "Failed")]
+            state.live_order = [p.uid for p in sorted(live, key=key)]
+            state.live_rank = {uid: rank for rank, uid in enumerate(state.live_order)}
+        return [state.pods[uid] for uid in state.live_order]
 
     def _rank(self, state: JobState, uid: str) -> int | None:
-        for rank, p in enumerate(self._ranked(state)):
-            if p.uid == uid:
-                return rank
-        return None
+        """Pod ``uid``'s rank among the live pods; else (a Failed pod left the ranking) its place by
+        order among all the job's pods; None if the job has no such pod."""
+        if uid in state.live:
+            self._ranked(state)
+            return state.live_rank.get(uid)
+        if state.all_rank is None:
+            state.all_rank = {p.uid: r for r, p in enumerate(sorted(state.pods.values(), key=lambda p: p.order))}
+        return state.all_rank.get(uid)
 
     def _placement_and_start(self, job: str, state: JobState, now: float) -> list[JobEvent]:
         if not state.live or state.unplaced:
@@ -272,11 +295,7 @@ class JobTracker:
             if key in state.reported:
                 continue
             state.reported.add(key)
-            ranked = self._ranked(state)
-            rank = next((r for r, p in enumerate(ranked) if p.uid == view.uid), None)
-            if rank is None:  # a Failed pod left the ranking: place it by its order among all pods
-                everyone = sorted(state.pods.values(), key=lambda p: p.order)
-                rank = next(r for r, p in enumerate(everyone) if p.uid == view.uid)
+            rank = self._rank(state, view.uid)
             events.append(self._event(job, state, "failure", now, rank=rank, node=view.node,
                                       exit_code=max(-1024, min(1024, code)),
                                       reason=f"{view.name}/{container}: {reason}" if container else reason,
@@ -308,9 +327,13 @@ class JobTracker:
             state.conditions = frozenset()
             state.attempt = 0
         state.owner_uid = uid or state.owner_uid
-        state.kind = kind
+        if kind != state.kind:
+            state.kind = kind
+            state.reorder()
         size = _size(kind, spec)
         if size != (state.world_size, state.rjob_order):
+            if size[1] != state.rjob_order:
+                state.reorder()
             state.world_size, state.rjob_order = size
             state.dirty = True
         events: list[JobEvent] = []

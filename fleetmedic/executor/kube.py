@@ -83,6 +83,7 @@ class Cluster:
             labels=dict(meta.labels or {}) if meta else {},
             annotations=dict(meta.annotations or {}) if meta else {},
             resource_version=str(meta.resource_version or "") if meta else "",
+            conditions={str(c.type): str(c.status) for c in (status.conditions or [])} if status else {},
             gpus=int(gpus) if str(gpus).isdigit() else 0,
         )
 
@@ -94,9 +95,9 @@ class Cluster:
                 raise Conflict(f"node {name} changed while being patched") from None
             raise ApiError(f"patch node {name}: {exc.status} {_message(exc)}") from None
 
-    def set_condition(self, name: str, cond: Condition) -> None:
+    def set_condition(self, name: str, cond: Condition, ctype: str = CONDITION_QUARANTINE) -> None:
         now = _now()
-        body = {"status": {"conditions": [{"type": CONDITION_QUARANTINE, "status": cond.status, "reason": cond.reason,
+        body = {"status": {"conditions": [{"type": ctype, "status": cond.status, "reason": cond.reason,
                                            "message": cond.message, "lastTransitionTime": now,
                                            "lastHeartbeatTime": now}]}}
         try:  # strategic merge: conditions merge by type, the kubelet's (kwok's) stay

@@ -32,6 +32,10 @@ class ExecutorMetrics:
         self.dead_letters_failed = Counter("fleetmedic_executor_dead_letters_failed_total",
                                            "Dead letters the broker refused (logged with the record's place and hash)",
                                            registry=registry)
+        self.commit_failures = Counter("fleetmedic_executor_commit_failures_total",
+                                       "Offset commits that failed or timed out (the broker away): retried at the "
+                                       "next round of the loop, which goes on renewing the Lease", ["reason"],
+                                       registry=registry)
 
     def observe(self, action: str, outcome: str, seconds: float) -> None:
         self.commands.labels(action=action, outcome=outcome).inc()

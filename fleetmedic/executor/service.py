@@ -11,6 +11,12 @@
   offset is the lowest one whose result is not yet out, so a crash re-delivers every command that has
   no result; the ids recorded on the objects turn re-deliveries of applied commands into ``skipped``
   duplicates, and an in-flight drain or diagnostics into a resume.
+- A broker restart is ridden out (issue #22): a result is sent again, with backoff, until the broker
+  acknowledges it (for as long as this executor leads), so a drain that finishes while the broker is
+  down still gets its one result; an offset commit that fails or does not answer soon is retried at
+  the next round (``fleetmedic_executor_commit_failures_total``), so the loop keeps renewing the
+  Lease meanwhile (aiokafka's commit would wait for the broker for good, and a leader that cannot
+  renew would go on acting next to the one that took the Lease over).
 - Losing the Lease stops everything at once: long actions are interrupted without a result (the next
   leader resumes them), nothing more is committed.
 - A message that does not decode is dead-lettered with the reason and counted; it never stops the loop.
@@ -35,17 +41,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 
 from fleetmedic import records as r
-from fleetmedic.bus import client_options
+from fleetmedic.bus import client_options, producer_options
 from fleetmedic.config import Settings
+from fleetmedic.executor.cache import ClusterCache
 from fleetmedic.executor.kube import Cluster
 from fleetmedic.executor.leader import LeaseElector
 from fleetmedic.executor.metrics import ExecutorMetrics
 from fleetmedic.executor.node.apply import CommandExecutor
 from fleetmedic.executor.node.long_apply import Interrupted
 from fleetmedic.executor.vocabulary import JOB_ACTIONS, NODE_QUICK
-from fleetmedic.signing import DEFAULT_COMMAND_KEY_ID, SIGNATURE_HEADER, KeySet, SignatureError, header, verify_bytes
+from fleetmedic.signing import SIGNATURE_HEADER, KeySet, SignatureError, as_command_keys, header, verify_bytes
 
 log = logging.getLogger("fleetmedic.executor")
 MAX_THREADS = 64
@@ -117,10 +125,12 @@ class IsolationOrder:
 
 
 class ExecutorService:
-    def __init__(self, settings: Settings, key: bytes, cluster: Cluster, identity: str,
+    def __init__(self, settings: Settings, keys: KeySet | bytes, cluster: Cluster, identity: str,
                  metrics: ExecutorMetrics | None = None) -> None:
+        """``keys``: the command keys by id (:func:`~fleetmedic.signing.command_keys`); one bare key
+        is the key of the default id."""
         self.settings = settings
-        self.key = key
+        self.keys = as_command_keys(keys)
         self.cluster = cluster
         self.identity = identity
         self.metrics = metrics
@@ -129,10 +139,15 @@ class ExecutorService:
         self.pool = ThreadPoolExecutor(max_workers=MAX_THREADS, thread_name_prefix="executor")
         self.lease_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease")  # never behind actions
         self.results_published = 0
+        # nodes and pods by list + watch for the topology-aware restart; started with run(), so a
+        # standby is warm when it takes over
+        self.cache = ClusterCache(cluster.api, settings.placement.gpu_resource) if e.cluster_cache else None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until ``stop``: campaign for the Lease, and lead while holding it."""
         loop = asyncio.get_running_loop()
+        if self.cache is not None:
+            self.cache.start()
         try:
             while not stop.is_set():
                 leading = await loop.run_in_executor(self.lease_pool, self.elector.try_acquire_or_renew)
@@ -146,6 +161,8 @@ class ExecutorService:
             await loop.run_in_executor(self.lease_pool, self.elector.release)
             if self.metrics:
                 self.metrics.leader.set(0)
+            if self.cache is not None:
+                self.cache.close()
             self.pool.shutdown(wait=False, cancel_futures=True)
             self.lease_pool.shutdown(wait=False)
 
@@ -153,13 +170,16 @@ class ExecutorService:
         """Consume and act until ``stop`` or the Lease is lost."""
         loop = asyncio.get_running_loop()
         halt = threading.Event()
-        executor = CommandExecutor(self.cluster, self.settings, self.key, identity=self.identity,
-                                   metrics=self.metrics, stop=halt)
+        executor = CommandExecutor(self.cluster, self.settings, self.keys, identity=self.identity,
+                                   metrics=self.metrics, stop=halt, cache=self.cache)
         topic = self.settings.topics.topic("remediation.commands")
-        opts = client_options(self.settings.kafka) | {"client_id": f"{self.settings.kafka.client_id}-executor"}
+        k, client_id = self.settings.kafka, f"{self.settings.kafka.client_id}-executor"
+        # a new commands leader is found within 5 s (or kafka.metadata_max_age_ms, if shorter)
         consumer = AIOKafkaConsumer(topic, group_id=consumer_group(self.settings), enable_auto_commit=False,
-                                    auto_offset_reset="earliest", metadata_max_age_ms=5000, **opts)
-        producer = AIOKafkaProducer(acks="all", **opts)
+                                    auto_offset_reset="earliest", **client_options(
+                                        k, client_id=client_id, metadata_max_age_ms=min(5000, k.metadata_max_age_ms)))
+        producer = AIOKafkaProducer(**producer_options(k, decisions=True, client_id=client_id,
+                                                       request_timeout_ms=int(k.request_timeout_s * 1000)))
         await consumer.start()
         await producer.start()
         offsets: dict[TopicPartition, _Offsets] = {}
@@ -189,20 +209,25 @@ class ExecutorService:
                     by_header.discard((tp, offset))
                     if done is not None and not done.done():
                         done.set_result(None)
-                try:
-                    await producer.send_and_wait(results, key=cmd.id.encode(), value=r.encode(result))
-                except Exception:  # the offset stays uncommitted: the next leader handles it again
-                    log.exception("result of %s not published", cmd.id)
-                    if self.metrics:
-                        self.metrics.failures.labels(action=cmd.action).inc()
-                    continue
+                if not await self._publish(producer, results, cmd, result, halt):
+                    continue  # the offset stays uncommitted: the next leader handles it again
                 self.results_published += 1
                 offsets[tp].finish(offset)
 
         async def commit() -> None:
+            """Commit what is finished; a broker away is logged and retried at the next round, never
+            waited for: the loop must go on renewing the Lease (aiokafka's commit waits for the
+            coordinator for good, and a leader that cannot renew would keep acting next to the new one)."""
             upto = {tp: o.committable() for tp, o in offsets.items() if o.high >= 0}
-            if upto:
-                await consumer.commit(upto)
+            if not upto:
+                return
+            try:
+                await asyncio.wait_for(consumer.commit(upto), timeout=max(0.5, self.elector.renew_every_s / 2))
+            except (TimeoutError, KafkaError) as exc:
+                if self.metrics:
+                    self.metrics.commit_failures.labels(reason=type(exc).__name__).inc()
+                log.warning("committing offsets %s failed (%s: %s); retrying next round",
+                            {f"{tp.topic}[{tp.partition}]": o for tp, o in upto.items()}, type(exc).__name__, exc)
 
         renew_at = time.monotonic() + self.elector.renew_every_s
         try:
@@ -256,14 +281,48 @@ class ExecutorService:
             if self.metrics:
                 self.metrics.leader.set(1 if self.elector.leading else 0)
 
+    async def _publish(self, producer: AIOKafkaProducer, topic: str, cmd: r.RemediationCommand,
+                       result: r.RemediationResult, halt: threading.Event) -> bool:
+        """Publish ``result`` (key: the command id); True once the broker acknowledged it. While the
+        broker is away (a timeout, a lost connection, any retriable error) it is sent again, backing
+        off from 0.5 s to 10 s, for as long as this executor leads: a drain that finished while the
+        broker restarted still gets its one result, and its offset is committed after it. False when
+        leadership ends first or the broker refuses it for good (logged and counted): the offset
+        stays uncommitted, and the next leader handles the command again."""
+        value, delay, failed = r.encode(result), 0.5, False
+        while True:
+            try:
+                await producer.send_and_wait(topic, key=cmd.id.encode(), value=value)
+                if failed:
+                    log.info("result of %s published after the broker came back", cmd.id)
+                return True
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not failed and self.metrics:
+                    self.metrics.failures.labels(action=cmd.action).inc()
+                failed = True
+                transient = isinstance(exc, KafkaTimeoutError | KafkaConnectionError) or (
+                    isinstance(exc, KafkaError) and exc.retriable)
+                if not transient or halt.is_set():
+                    log.error("result of %s not published (%s: %s)%s", cmd.id, type(exc).__name__, exc,
+                              "" if transient else "; the broker refuses it")
+                    return False
+                log.warning("result of %s not published yet (%s: %s); sending it again in %.1fs", cmd.id,
+                            type(exc).__name__, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(10.0, 2 * delay)
+
     async def _header(self, producer: AIOKafkaProducer, tp: TopicPartition, rec: Any) -> bool | None:
-        """True if ``rec`` carries a signature header that verifies over its value bytes, False if it
-        has none (the in-body signature is checked then: the migration in :mod:`fleetmedic.signing`),
-        None if its header does not verify (then it is counted and dead-lettered)."""
+        """True if ``rec`` carries a signature header that verifies over its value bytes with the
+        command key its ``fleetmedic-key-id`` names, False if it has none (the in-body signature is
+        checked then: the migration in :mod:`fleetmedic.signing`), None if its header does not verify
+        or names a key not held (retired, or never configured): then it is counted and dead-lettered
+        with the reason."""
         if header(rec.headers, SIGNATURE_HEADER) is None:
             return False
         try:
-            verify_bytes(rec.value or b"", rec.headers, KeySet({DEFAULT_COMMAND_KEY_ID: self.key}, what="command key"))
+            verify_bytes(rec.value or b"", rec.headers, self.keys)
         except SignatureError as exc:
             log.warning("command at %s:%d rejected: %s", tp.topic, rec.offset, exc)
             if self.metrics:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 
 from fleetmedic.config import Settings
+from fleetmedic.executor.cache import ClusterCache
 from fleetmedic.executor.kube import ApiError, Cluster, Conflict
 from fleetmedic.executor.metrics import ExecutorMetrics
 from fleetmedic.executor.node import long_apply as la
@@ -29,18 +30,20 @@ from fleetmedic.executor.vocabulary import JOB_ACTIONS, NODE_LONG, NODE_QUICK
 from fleetmedic.executor.workload.placement_apply import PlacementRestarter
 from fleetmedic.k8s_keys import ANNOTATION_COMMANDS
 from fleetmedic.records import Outcome, RemediationCommand, RemediationResult
+from fleetmedic.signing import KeySet, as_command_keys
 
 log = logging.getLogger(__name__)
 ATTEMPTS = 5  # re-reads after a 409 before giving up
 
 
 class CommandExecutor:
-    def __init__(self, cluster: Cluster, settings: Settings, key: bytes, *, identity: str,
+    def __init__(self, cluster: Cluster, settings: Settings, keys: KeySet | bytes, *, identity: str,
                  clock: Callable[[], float] = time.time, metrics: ExecutorMetrics | None = None,
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, cache: ClusterCache | None = None) -> None:
         self.cluster = cluster
+        self.cache = cache  # nodes and pods by watch (placement reads it; None: list per restart)
         self.settings = settings
-        self.key = key
+        self.keys = as_command_keys(keys)  # by id; one bare key is the default id's
         self.identity = identity
         self.clock = clock
         self.metrics = metrics
@@ -64,7 +67,8 @@ class CommandExecutor:
 
     def _handle(self, cmd: RemediationCommand, verified_by_header: bool = False) -> RemediationResult:
         now = self.clock()
-        rejected = p.reject_reason(cmd, self.key, now, allow_demo=self.settings.signing.allow_demo_keys,
+        rejected = p.reject_reason(cmd, self.keys, now, max_future_skew_s=self.settings.streams.max_future_skew_s,
+                                   allow_demo=self.settings.signing.allow_demo_keys,
                                    verified_by_header=verified_by_header)
         if rejected and rejected.startswith("expired") and self._in_flight_here(cmd):
             rejected = None  # a long action this command started (before a crash or takeover) is finished
@@ -149,7 +153,9 @@ class CommandExecutor:
                 return f"not act ({plan.outcome}: {plan.reason})"
             return ", ".join(plan.changes()) or "change nothing"
         if cmd.action == "drain":
-            step = pl.plan_drain(self.cluster.pods_on(node.name), cfg, self.clock(), self.clock())
+            cache = self.cache if self.cache is not None and self.cache.synced else None
+            pods = cache.pods_on(node.name) if cache is not None else self.cluster.pods_on(node.name)
+            step = pl.plan_drain(pods, cfg, self.clock(), self.clock())
             return (f"cordon and drain {node.name}: evict {len(step.evict)} pod(s) now "
                     f"({', '.join(x.ref for x in step.evict[:5])}), wait for {len(step.wait)}, leave "
                     f"{len(step.skipped)} (DaemonSet/mirror/finished)")
@@ -173,6 +179,8 @@ class CommandExecutor:
             self.cluster.patch_node(node.name, patch)
         if plan.condition is not None:
             self.cluster.set_condition(node.name, plan.condition)
+        for ctype, cond in plan.class_conditions:
+            self.cluster.set_condition(node.name, cond, ctype)
         if plan.event is not None:
             self.cluster.event(node.name, plan.event, cmd.action)
 
@@ -201,7 +209,8 @@ class CommandExecutor:
                                                 f"'{what}' about {cmd.job} recorded only in this result", dry=dry)
         # the topology-aware restart (docs/placement.md)
         placement_metrics = self.metrics.placement if self.metrics else None
-        restarter = PlacementRestarter(self.cluster.api, self.settings, placement_metrics, stop=self.stop)
+        restarter = PlacementRestarter(self.cluster.api, self.settings, placement_metrics, stop=self.stop,
+                                       cache=self.cache)
         out = restarter.restart(cmd.job, action=cmd.action, exclude_nodes=list(cmd.exclude_nodes),
                                 params={**cmd.params, "command_id": cmd.id}, dry_run=dry, actor=self.identity)
         return self._result(cmd, out.outcome, out.reason, dict(out.details), dry=dry)

@@ -20,6 +20,7 @@ from typing import Any
 from fleetmedic.config import Settings
 from fleetmedic.executor.kube import Cluster
 from fleetmedic.executor.metrics import ExecutorMetrics
+from fleetmedic.executor.node import conditions
 from fleetmedic.executor.node import long_plan as pl
 from fleetmedic.executor.node import plan as p
 from fleetmedic.k8s_keys import (
@@ -181,7 +182,8 @@ def diagnostics(ctx: Context, cmd: RemediationCommand, node: p.NodeView) -> p.No
                       condition=p.Condition("True", "DiagnosticsPassed" if passed else "DiagnosticsFailed",
                                             f"{why} (Job {ref})"[:1024]),
                       event=p.Note("FleetmedicDiagnosticsPassed" if passed else "FleetmedicDiagnosticsFailed",
-                                   f"{why} (Job {ref})", warning=not passed))
+                                   f"{why} (Job {ref})", warning=not passed),
+                      class_conditions=conditions.diagnosed(bool(passed), f"{why} (Job {ref})", node.conditions))
 
 
 def hook(ctx: Context, cmd: RemediationCommand, node: p.NodeView, template_file: str) -> p.NodePlan:

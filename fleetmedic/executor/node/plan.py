@@ -44,7 +44,15 @@ from fleetmedic.k8s_keys import (
     CONDITION_QUARANTINE,
 )
 from fleetmedic.records import Outcome, RemediationCommand, RemediationResult
-from fleetmedic.signing import CommandExpired, SignatureError, check_key, verify
+from fleetmedic.signing import (
+    CommandExpired,
+    KeySet,
+    SignatureError,
+    as_command_keys,
+    check_key,
+    check_times,
+    verify_unheaded,
+)
 
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 ACTOR = "fleetmedic"
@@ -77,6 +85,7 @@ class NodeView:
     annotations: Mapping[str, str] = field(default_factory=dict)
     resource_version: str = ""
     gpus: int = 0
+    conditions: Mapping[str, str] = field(default_factory=dict)  # type -> status
 
 
 @dataclass(frozen=True)
@@ -108,6 +117,8 @@ class NodePlan:
     annotations: Mapping[str, str | None] = field(default_factory=dict)
     condition: Condition | None = None
     event: Note | None = None
+    #: the per-class conditions to write (:mod:`.conditions`): (type, condition)
+    class_conditions: tuple[tuple[str, Condition], ...] = ()
 
     def changes(self) -> list[str]:
         """Human-readable list of the changes (what a dry run reports)."""
@@ -121,6 +132,7 @@ class NodePlan:
                 if k != ANNOTATION_COMMANDS]
         if self.condition is not None:
             out.append(f"condition {CONDITION_QUARANTINE}={self.condition.status} ({self.condition.reason})")
+        out += [f"condition {t}={c.status} ({c.reason})" for t, c in self.class_conditions]
         if self.event is not None:
             out.append(f"event {self.event.reason}")
         return out
@@ -149,20 +161,25 @@ def merge_patch(plan: NodePlan, node: NodeView) -> dict[str, Any]:
 # --- screening and idempotency -------------------------------------------------------------------
 
 
-def reject_reason(cmd: RemediationCommand, key: bytes, now: float, *, allow_demo: bool = False,
-                  verified_by_header: bool = False) -> str | None:
-    """Why the command must not be acted on (bad signature, an unusable key, expired), or ``None``.
-    ``key`` is the command key: a command signed with an operator key never passes.
-    ``verified_by_header``: the record's signature header was verified over the bytes received
-    (:func:`~fleetmedic.signing.verify_bytes`); then the in-body signature is not consulted
-    (the migration in :mod:`fleetmedic.signing`), the expiry still is."""
+def reject_reason(cmd: RemediationCommand, keys: KeySet | bytes, now: float, *, max_future_skew_s: float,
+                  allow_demo: bool = False, verified_by_header: bool = False) -> str | None:
+    """Why the command must not be acted on (bad signature, an unusable key, expired or issued
+    more than ``max_future_skew_s``, the configured ``streams.max_future_skew_s``, ahead of ``now``),
+    or ``None``. ``keys`` are the command keys by id (one bare key: the id
+    :data:`~fleetmedic.signing.DEFAULT_COMMAND_KEY_ID`): a command signed with an operator key never
+    passes. ``verified_by_header``: the record's signature header was verified over the bytes
+    received with the key its id names (:func:`~fleetmedic.signing.verify_bytes`); then the in-body
+    signature is not consulted (the migration in :mod:`fleetmedic.signing`), the times still are.
+    Otherwise the in-body signature is verified with the key of the default id
+    (:func:`~fleetmedic.signing.verify_unheaded`)."""
+    ring = as_command_keys(keys)
     try:
         if verified_by_header:
-            check_key(key, allow_demo=allow_demo)
-            if now > cmd.expires_at:
-                raise CommandExpired(f"command {cmd.id}: expired at {cmd.expires_at:.3f}, now {now:.3f}")
+            for kid, key in ring.keys.items():
+                check_key(key, allow_demo=allow_demo, what=f"command key {kid!r}")
+            check_times(cmd, now, max_future_skew_s)
         else:
-            verify(cmd, key, now, allow_demo=allow_demo)
+            verify_unheaded(cmd, ring, now, max_future_skew_s=max_future_skew_s, allow_demo=allow_demo)
     except SignatureError as exc:
         return f"signature rejected: {exc}"
     except CommandExpired as exc:
@@ -226,6 +243,16 @@ def plan_node_action(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSetti
     if plan.outcome == "failed" or not (plan.unschedulable is not None or plan.taints is not None or plan.labels
                                         or plan.annotations or plan.condition):
         return plan
+    if cmd.action in ("cordon", "taint"):  # why the node is isolated, per class (conditions.py)
+        from fleetmedic.executor.node import conditions
+
+        cls = conditions.isolated(cmd)
+        plan = _with(plan, class_conditions=(cls,) if cls else ())
+    elif cmd.action == "return_to_service" and plan.outcome == "applied":
+        from fleetmedic.executor.node import conditions
+
+        plan = _with(plan, class_conditions=conditions.returned(node.conditions, plan.condition.message
+                                                                 if plan.condition else cmd.reason))
     ann = dict(plan.annotations)
     ann[ANNOTATION_REASON] = f"{cmd.action}: {cmd.reason}"[:1024]
     return _with(plan, annotations=ann)

@@ -23,8 +23,11 @@
    executor waits up to ``placement.capacity_wait_s`` for them to be scheduled, observing the wait in
    ``fleetmedic_executor_capacity_wait_seconds``.
 
-Nodes are listed once per ``placement.node_cache_s`` (the topology and free capacity); the
-excluded nodes are always read afresh.
+With the executor's :class:`~fleetmedic.executor.cache.ClusterCache` (``executor.cluster_cache``,
+synced), the topology and the GPUs the live pods request per node come from its watch-maintained
+indexes: no list per restart. Without it (or before its first lists are in) nodes are listed once
+per ``placement.node_cache_s`` and the live pods once per restart. The excluded nodes are always
+read afresh.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from kubernetes import client
 from kubernetes.client import ApiException
 
 from fleetmedic.config import Settings
+from fleetmedic.executor.cache import ClusterCache
 from fleetmedic.executor.workload import apply as wl
 from fleetmedic.executor.workload import kueue
 from fleetmedic.executor.workload import placement_plan as pm
@@ -82,8 +86,10 @@ class NodeCache:
 
 class PlacementRestarter:
     def __init__(self, api: client.ApiClient, settings: Settings, metrics: PlacementMetrics | None = None,
-                 stop: threading.Event | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 stop: threading.Event | None = None, clock: Callable[[], float] = time.monotonic,
+                 cache: ClusterCache | None = None) -> None:
         self.api = api
+        self.cache = cache
         self.settings = settings
         self.metrics = metrics
         self.stop = stop or threading.Event()
@@ -146,8 +152,7 @@ class PlacementRestarter:
         cfg = self.settings.placement
         seen.update(kind=kind, obj=obj)
         current = [p.spec.node_name for p in pods if p.spec and p.spec.node_name]
-        nodes = self.nodes(knowing=current)
-        states = {_name(n): self._state(n, {}) for n in nodes}
+        states, nodes = self._node_states(current)
         fresh = {name: self._read_state(name) for name in sorted(set(exclude))}
         paths = pod_spec_paths(kind, obj)
         planned = {op["path"][: -len("/affinity")]: op["value"] for op in plan.template_ops
@@ -177,7 +182,7 @@ class PlacementRestarter:
             raise WorkloadError(f"excluded node(s) {', '.join(still)} neither isolated nor excluded by the plan")
         demands = self._demands(kind, obj, new_specs, len(pods))
         own = {str(p.metadata.uid) for p in pods if p.metadata}
-        states = self._with_requests(nodes, own)
+        states = self._with_requests(nodes, own) if nodes is not None else self._cached_requests(states, own)
         verdict = pm.capacity_verdict(demands, list(states.values()), exclude, topo, domain)
         annotations = {**plan.annotations,
                        ANNOTATION_PLACEMENT: pm.placement_record(terms, tolerations, domain)}
@@ -232,6 +237,26 @@ class PlacementRestarter:
         if set(knowing) - {_name(n) for n in cached}:
             return self._cache.get(self.api, self.settings.placement.node_cache_s, self.clock(), refresh=True)
         return cached
+
+    def _node_states(self, knowing: Sequence[str]) -> tuple[dict[str, pm.NodeState], list[client.V1Node] | None]:
+        """Every node's state (no requests applied), and the listed nodes when not from the cache."""
+        cache = self.cache
+        if cache is None or not cache.synced:
+            nodes = self.nodes(knowing=knowing)
+            return {_name(n): self._state(n, {}) for n in nodes}, nodes
+        states = cache.node_states()
+        for name in sorted(set(knowing) - set(states)):  # joined a moment ago: the watch has not told us yet
+            read = self._read_state(name)
+            if read is not None:
+                states[name] = read
+        return states, None
+
+    def _cached_requests(self, states: Mapping[str, pm.NodeState], own: set[str]) -> dict[str, pm.NodeState]:
+        """``states`` with the GPUs live pods (other than ``own``) request, from the cache's index."""
+        assert self.cache is not None
+        requested = self.cache.requested_by_node(exclude_pods=own)
+        return {name: dataclasses.replace(s, requested=requested[name]) if requested.get(name) else s
+                for name, s in states.items()}
 
     def _read_state(self, name: str) -> pm.NodeState | None:
         try:
