@@ -40,12 +40,22 @@ exception's type, message and last frame; ``fleetmedic_record_errors_total``) an
 on. A node state that cannot be read at assignment starts fresh (logged, counted in
 ``fleetmedic_state_unreadable_total``); any other failure of the assignment listener (which
 aiokafka would only log, leaving the loop waiting for good) stops the worker with the error.
+
+Bounded memory (issue #22): :class:`~fleetmedic.models.stages.NodeDetection` forgets a node silent
+for ``detection.evict_node_after_s`` of event time and, beyond ``detection.max_nodes_per_worker``,
+the least recently seen node (``fleetmedic_stage1_nodes_evicted_total{reason}``; the nodes kept:
+``fleetmedic_stage1_nodes_tracked``). The loop forgets the node's partition too, and the next
+checkpoint deletes its saved state (a tombstone under its key, in its partition, before the offsets
+are committed), so that no restore brings it back; a node that returns starts fresh. Each saved
+state carries ``seen_at``, the stage's event-time clock when the node was last seen, so that a
+worker that restores it goes on counting its silence.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -60,6 +70,7 @@ from fleetmedic import records as r
 from fleetmedic.bus import client_options, detect_group, detect_state_topic, summaries_topic
 from fleetmedic.config import Settings
 from fleetmedic.models.event_time import event_time, reference_clock
+from fleetmedic.models.gpu_detector import metricless
 from fleetmedic.models.multivariate_state import decode_part
 from fleetmedic.models.stages import NodeDetection, stage1_batch, summary_columns
 from fleetmedic.streams.metrics import PipelineMetrics
@@ -84,6 +95,8 @@ class DetectStage:
         self.batch_size, self.batch_within_s = batch_size, batch_within_s
         self.snapshot_every_s, self.session_timeout_s = snapshot_every_s, session_timeout_s
         self.node_stage = NodeDetection(settings.detection)
+        self.node_stage.on_evict = self._evicted
+        self.tombstones: dict[str, int] = {}  # evicted node -> its partition: its saved state to delete
         # the multivariate model's refit (seconds for MinCovDet on 20k windows) runs in a thread: the
         # loop keeps consuming and judging with the current fit meanwhile
         self._refits = ThreadPoolExecutor(max_workers=1, thread_name_prefix="refit")
@@ -97,6 +110,7 @@ class DetectStage:
         self.committed: dict[TopicPartition, int] = {}
         self.gpu_topic = settings.topics.topic("telemetry.gpu")
         self.port_topic = settings.topics.topic("telemetry.port")
+        self.kernel_topic = settings.topics.topic("kernel.events")
         self.state_topic = detect_state_topic(settings)
         self.summaries = summaries_topic(settings)
         self.consumer: AIOKafkaConsumer | None = None
@@ -117,7 +131,7 @@ class DetectStage:
             session_timeout_ms=timeout_ms, heartbeat_interval_ms=max(1000, timeout_ms // 3),
             max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
         await consumer.start()
-        consumer.subscribe([self.gpu_topic, self.port_topic], listener=_Rebalance(self))
+        consumer.subscribe([self.gpu_topic, self.port_topic, self.kernel_topic], listener=_Rebalance(self))
         log.info("detect: consumer group %s, waiting for partitions", detect_group(self.settings))
         last_write = last_lag = time.monotonic()
         try:
@@ -171,16 +185,18 @@ class DetectStage:
                 gpu += [(tp.partition, rec) for rec in records]
         if gpu:
             await self._gpu(gpu)
+        self.metrics.nodes_tracked.set(self.node_stage.tracked())
         for tp, records in polled.items():
             if tp.topic != self.gpu_topic:
                 for rec in records:
                     try:
-                        await self._port(rec)
+                        await (self._kernel(rec) if tp.topic == self.kernel_topic else self._port(rec))
                     except KafkaError:
                         raise
                     except Exception as exc:
                         await self.outputs.record_failed(Source.of_record(rec), "detect", exc)
             self.next_offsets[tp] = records[-1].offset + 1
+        self.metrics.nodes_tracked.set(self.node_stage.tracked())
         self.metrics.latency.labels("detect").observe(time.perf_counter() - started)
 
     async def _gpu(self, records: list[tuple[int, ConsumerRecord[bytes, bytes]]]) -> None:
@@ -216,7 +232,9 @@ class DetectStage:
         try:
             batch = stage1_batch(msgs)  # the columns converted once for both
             findings = self.node_stage.on_gpu(msgs, batch)
-            summary = _encode(summary_columns(msgs, batch))
+            # a record without metrics (XIDs only) is judged, but it is no sample for the fleet stage
+            sampled = [m for m in msgs if not metricless(m)] if any(map(metricless, msgs)) else msgs
+            summary = _encode(summary_columns(sampled, batch if sampled is msgs else None)) if sampled else None
         except Exception as exc:
             if len(msgs) == 1:
                 await self.outputs.record_failed(Source.of_record(records[0]), "detect", exc)
@@ -228,7 +246,8 @@ class DetectStage:
                 await self._judge([msg], [rec])
             return
         await self.outputs.findings(findings)
-        await self.outputs.send_raw(self.summaries, SUMMARY_KEY, summary)
+        if summary is not None:
+            await self.outputs.send_raw(self.summaries, SUMMARY_KEY, summary)
 
     async def _finish_refit(self) -> None:
         """Wait for a running refit and install it (before a checkpoint: the state written is then
@@ -237,6 +256,16 @@ class DetectStage:
         if running is not None:
             await asyncio.wrap_future(running)
             self.node_stage.install_refit()
+
+    async def _kernel(self, rec: ConsumerRecord[bytes, bytes]) -> None:
+        """A kernel-log event (``kernel.events``, keyed by node like ``telemetry.gpu``)."""
+        src = Source.of_record(rec)
+        ev = await self.outputs.decode(r.KernelEvent, src, "detect")
+        if ev is None or await self.outputs.ahead_of_clock(ev, src, "detect"):
+            return
+        self.partition_of.setdefault(ev.node, rec.partition)
+        self.dirty.add(ev.node)
+        await self.outputs.findings(self.node_stage.on_kernel(ev))
 
     async def _port(self, rec: ConsumerRecord[bytes, bytes]) -> None:
         src = Source.of_record(rec)
@@ -252,6 +281,14 @@ class DetectStage:
 
     # --- state -------------------------------------------------------------------------------------
 
+    def _evicted(self, node: str, reason: str) -> None:
+        """The node stage forgot ``node``: forget its partition; the next checkpoint deletes its state."""
+        partition = self.partition_of.pop(node, None)
+        self.dirty.discard(node)
+        if partition is not None:
+            self.tombstones[node] = partition
+        self.metrics.nodes_evicted.labels(reason).inc()
+
     async def checkpoint(self, partitions: Iterable[int] | None = None) -> int:
         """Write the changed nodes' state (of ``partitions``, default all), wait for every output,
         then commit the input offsets processed so far; return the state bytes written."""
@@ -265,10 +302,12 @@ class DetectStage:
                 continue
             value = _encode(NodeStageState(gpu=self.node_stage.gpu.node_bytes(node),
                                            ports=self.node_stage.ports.node_bytes(node), written_at=now,
-                                           multivariate=self.node_stage.multivariate_bytes(node)))
+                                           multivariate=self.node_stage.multivariate_bytes(node),
+                                           seen_at=self.node_stage.last_seen(node)))
             await self.outputs.send_raw(self.state_topic, node.encode(), value, partition=partition)
             written += len(value) + len(node)
         self.dirty -= nodes
+        written += await self._delete_evicted(only)
         written += await self._write_model(self.owned if only is None else self.owned & only)
         await self.outputs.flush()
         offsets = {tp: o for tp, o in self.next_offsets.items() if only is None or tp.partition in only}
@@ -278,6 +317,18 @@ class DetectStage:
                 self.committed[tp] = self.next_offsets.pop(tp)
         self.metrics.state_bytes.labels("detect").inc(written)
         return written
+
+    async def _delete_evicted(self, only: set[int] | None) -> int:
+        """Tombstones for the saved states of the nodes evicted since the last checkpoint (of
+        ``only``'s partitions; a node back since then has its fresh state written instead)."""
+        gone = sorted((n, p) for n, p in self.tombstones.items() if only is None or p in only)
+        if not gone:
+            return 0
+        for node, partition in gone:
+            del self.tombstones[node]
+            if node not in self.partition_of:  # still gone
+                await self.outputs.send_raw(self.state_topic, node.encode(), None, partition=partition)
+        return sum(len(n) for n, _ in gone)
 
     async def _write_model(self, partitions: set[int]) -> int:
         """The multivariate model's rows of each partition's nodes, where it changed since the last write."""
@@ -329,16 +380,16 @@ class DetectStage:
     async def _assign(self, assigned: set[TopicPartition]) -> None:
         now_owned = {tp.partition for tp in assigned if tp.topic == self.gpu_topic}
         gone = [n for n, p in self.partition_of.items() if p not in now_owned]
+        self.node_stage.forget(gone)  # another worker carries on with them
         for node in gone:
-            self.node_stage.gpu.forget(node)  # another worker carries on with it
-            self.node_stage.windows.forget(node)
             self.partition_of.pop(node)
             self.dirty.discard(node)
-        self.node_stage.model.forget(set(gone))
+        for node in [n for n, p in self.tombstones.items() if p not in now_owned]:
+            del self.tombstones[node]  # written at the revocation's checkpoint, or the new owner's to evict
         for partition in set(self._model_written) - now_owned:
             del self._model_written[partition]
             self._model_sizes.pop(partition, None)
-        started, restored, parts = time.monotonic(), 0, []
+        started, restored, parts, seen = time.monotonic(), 0, [], {}
         for partition in sorted(now_owned - self.owned):
             read = await load_detect_partition(self.settings, self.state_topic, partition)
             if read.unreadable:
@@ -350,6 +401,8 @@ class DetectStage:
                     continue  # already live here: newer than what was written
                 if self._load_node(node, st, partition):
                     restored += 1
+                    seen[node] = math.nan if st.seen_at is None else st.seen_at
+        self.node_stage.restore_seen(seen)  # then forgets what is due at the next micro-batch
         loaded = time.monotonic()
         rows = self._restore_model(parts)
         self.owned = now_owned
@@ -367,8 +420,7 @@ class DetectStage:
             if st.multivariate is not None:
                 self.node_stage.load_multivariate(node, st.multivariate)
         except Exception as exc:  # undecodable or inconsistent bytes: the node's baselines relearn
-            self.node_stage.gpu.forget(node)
-            self.node_stage.windows.forget(node)
+            self.node_stage.forget([node])
             self.metrics.state_unreadable.labels("detect", "node").inc()
             log.error("detect: the saved state of node %s (partition %d) cannot be read (%s: %s); it starts fresh",
                       node, partition, type(exc).__name__, exc)
