@@ -52,6 +52,23 @@ def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
     return out
 
 
+#: the commands that talk to Kafka: each of them (and each of their verbs) takes ``--bootstrap``
+KAFKA_COMMANDS = ("worker", "executor", "exporter", "watch-jobs", "ctl", "simulate", "demo")
+BOOTSTRAP_ENV = "FLEETMEDIC__KAFKA__BOOTSTRAP_SERVERS"
+
+
+def add_bootstrap(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``--bootstrap HOST:PORT[,...]`` on every parser of :data:`KAFKA_COMMANDS` that reads a config:
+    it overrides ``kafka.bootstrap_servers`` exactly as ``FLEETMEDIC__KAFKA__BOOTSTRAP_SERVERS``
+    does (``main`` sets that variable, so the one config loader reads it like any override)."""
+    for name in KAFKA_COMMANDS:
+        for p in _parsers(sub.choices[name]):
+            if any("--config" in a.option_strings for a in p._actions):
+                p.add_argument("--bootstrap", metavar="HOST:PORT[,HOST:PORT]",
+                               help="Kafka brokers; overrides kafka.bootstrap_servers (as the variable "
+                                    f"{BOOTSTRAP_ENV} does)")
+
+
 def add_loglevel(p: argparse.ArgumentParser) -> None:
     """``--loglevel``, the same on every long-running subcommand."""
     p.add_argument("--loglevel", default="info", choices=LOG_LEVELS, help="log level (default: info)")

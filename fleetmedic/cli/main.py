@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from fleetmedic import __version__
-from fleetmedic.cli.common import plain_help
+from fleetmedic.cli.common import BOOTSTRAP_ENV, add_bootstrap, plain_help
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a tool killed by the closed pipe exits with
 
@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for register in _registrars():
         register(sub)
+    add_bootstrap(sub)
     plain_help(parser)
     return parser
 
@@ -58,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "bootstrap", None):  # read by every command's one config loader, as the variable is
+        os.environ[BOOTSTRAP_ENV] = args.bootstrap
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)

@@ -108,6 +108,26 @@ def test_every_command_reads_its_config_the_same_way(monkeypatch: pytest.MonkeyP
         assert settings is not None and settings.kafka.bootstrap_servers == "env:9092"
 
 
+def test_bootstrap_names_the_brokers_for_every_kafka_command(tmp_path: Path) -> None:
+    """``--bootstrap`` on every command (and verb) that talks to Kafka overrides the config's
+    brokers, as the environment override does; without a broker there, one line and a non-zero exit."""
+    from fleetmedic.cli.common import KAFKA_COMMANDS, _parsers
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
+    for name in KAFKA_COMMANDS:
+        for p in _parsers(sub.choices[name]):  # type: ignore[attr-defined]
+            if any("--config" in a.option_strings for a in p._actions):
+                assert any("--bootstrap" in a.option_strings for a in p._actions), p.prog
+    config = tmp_path / "c.yaml"
+    config.write_text("kafka:\n  bootstrap_servers: 127.0.0.1:9\n")
+    run = subprocess.run([sys.executable, "-m", "fleetmedic.cli", "ctl", "audit", "--config", str(config),
+                          "--bootstrap", "127.0.0.1:1"], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "Traceback" not in run.stderr
+    (line,) = run.stderr.strip().splitlines()
+    assert "127.0.0.1:1" in line and "127.0.0.1:9" not in line
+
+
 def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path: Path) -> None:
     """``fleetmedic triage classify --json | head -1`` once ended in a BrokenPipeError traceback."""
     lines = tmp_path / "lines.txt"
