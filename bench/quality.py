@@ -18,6 +18,30 @@ dead nodes left schedulable past one decision interval (:data:`DECISION_INTERVAL
 dangerous-but-schedulable node-hours (the simulator's truth) and the engine's own clock of refused
 isolations, isolations, healthy nodes isolated per true fault (target <= 0.05), software faults that
 isolated (target 0) and breaker trips.
+
+``--ingest-paths jsonl,text,openmetrics,prometheus`` instead scores one simulated fleet (open loop,
+per seed) read through each way telemetry comes in, and says whether every path finds the same
+faults as JSONL (:func:`run_ingest_paths`). The simulator writes its telemetry once as JSONL
+records and once as dcgm-exporter / node-exporter text scraped every ``--prom-every`` seconds;
+``fleetmedic backtest --truth`` then runs on
+
+- ``jsonl``: gpu.jsonl + ports.jsonl;
+- ``text``: the Prometheus text files (prom/gpu.prom, prom/ports.prom);
+- ``openmetrics``: the same samples as OpenMetrics (float-second timestamps, families grouped,
+  ``# EOF``), converted here;
+- ``prometheus``: a real Prometheus server (``/usr/bin/prometheus``, or ``$FLEETMEDIC_PROMETHEUS``)
+  whose TSDB ``promtool tsdb create-blocks-from openmetrics`` filled from that OpenMetrics file,
+  read through ``backtest --prometheus`` (range queries at ``--prom-every``); the file it is
+  made from keeps of each series only samples newer than the one before (the simulator also
+  delivers late and duplicate samples, which a Prometheus server drops as out of order).
+
+Every path also gets jobs.jsonl (job events and logs are not telemetry) and the switch ports of
+ports.jsonl (no exporter writes switch counters; a user feeds them from their fabric manager), so
+only the GPU and host-port telemetry differ. Writes the table to ``--out`` (no docs page by
+default in this mode) and prints it.
+
+    .venv/bin/python bench/quality.py --ingest-paths jsonl,text,openmetrics,prometheus \
+        --seeds 1 --nodes 32 --hours 3 --out /tmp/ingest.md
 """
 
 from __future__ import annotations
@@ -25,8 +49,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import socket
+import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -330,6 +359,227 @@ def markdown(args: argparse.Namespace, results: list[dict[str, Any]], agg: dict[
     return "\n".join(lines)
 
 
+# --- ingest paths ----------------------------------------------------------------------------------
+
+INGEST_PATHS = ("jsonl", "text", "openmetrics", "prometheus")
+PROMETHEUS = os.environ.get("FLEETMEDIC_PROMETHEUS", "/usr/bin/prometheus")
+PROMTOOL = os.environ.get("FLEETMEDIC_PROMTOOL", "/usr/bin/promtool")
+
+
+def _cli(*args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([sys.executable, "-m", "fleetmedic.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"fleetmedic {' '.join(args[:2])} exited {done.returncode}: {done.stderr[-3000:]}")
+    return done
+
+
+def _switch_ports(src: Path, dst: Path) -> None:
+    """The switch-port records of ports.jsonl (the part no node exporter carries)."""
+    with src.open("rb") as fin, dst.open("wb") as fout:
+        for line in fin:
+            if b'"device_kind":"switch"' in line:
+                fout.write(line)
+
+
+def to_openmetrics(sources: list[Path], dst: Path, work: Path, as_stored: bool = False) -> int:
+    """Prometheus text files (``# TYPE`` once at the top, scrapes appended, millisecond timestamps)
+    -> one OpenMetrics file: each family's samples together and in it each series' samples
+    together (as OpenMetrics requires and ``promtool tsdb dump-openmetrics`` writes), float-second
+    timestamps, counters under ``_total`` as ``counter``, dcgm-exporter's counters
+    without it as ``unknown``, ``# EOF``. ``as_stored``: only what a Prometheus server would have
+    stored of them: a sample not newer than its series' last one (the simulator's late and
+    duplicate deliveries) is dropped, as Prometheus drops an out-of-order sample. Returns the
+    samples written."""
+    types: dict[str, str] = {}
+    parts: dict[str, Any] = {}
+    last: dict[str, int] = {}
+    n = 0
+    (work / "om-parts").mkdir(parents=True, exist_ok=True)
+    try:
+        for src in sources:
+            with src.open(encoding="utf-8") as fh:
+                for line in fh:
+                    if line.startswith("#"):
+                        bits = line.split()
+                        if len(bits) >= 4 and bits[1] == "TYPE":
+                            types[bits[2]] = bits[3]
+                        continue
+                    if not line.strip():
+                        continue
+                    brace = line.find("{")
+                    name = line[:brace] if brace > 0 else line.split(" ", 1)[0]
+                    head, _, ts = line.rstrip("\n").rpartition(" ")
+                    if as_stored:
+                        series = head.rpartition(" ")[0]
+                        if int(ts) <= last.get(series, -1):
+                            continue
+                        last[series] = int(ts)
+                    fh_out = parts.get(name)
+                    if fh_out is None:
+                        fh_out = parts[name] = (work / "om-parts" / name).open("w", encoding="utf-8")
+                    fh_out.write(f"{head} {int(ts) / 1000:.3f}\n")
+                    n += 1
+        for fh_out in parts.values():
+            fh_out.close()
+        with dst.open("w", encoding="utf-8") as out:
+            for name in parts:
+                kind = types.get(name, "unknown")
+                if kind == "counter" and name.endswith("_total"):
+                    out.write(f"# TYPE {name[:-6]} counter\n")
+                else:
+                    out.write(f"# TYPE {name} {kind if kind == 'gauge' else 'unknown'}\n")
+                by_series: dict[str, list[str]] = {}  # series by series, as OpenMetrics and promtool's dump have it
+                with (work / "om-parts" / name).open(encoding="utf-8") as fin:
+                    for line in fin:
+                        by_series.setdefault(line.rpartition(" ")[0].rpartition(" ")[0], []).append(line)
+                for series_lines in by_series.values():
+                    out.writelines(series_lines)
+            out.write("# EOF\n")
+    finally:
+        for fh_out in parts.values():
+            fh_out.close()
+        shutil.rmtree(work / "om-parts", ignore_errors=True)
+    return n
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _prometheus_on(om: Path, work: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A real Prometheus server on a TSDB made from ``om`` by promtool (blocks kept: no retention
+    limit that would drop old simulated history)."""
+    for tool in (PROMETHEUS, PROMTOOL):
+        if not Path(tool).exists():
+            raise RuntimeError(f"{tool} not found (apt-get install prometheus, or set FLEETMEDIC_PROMETHEUS/_PROMTOOL)")
+    tsdb = work / "tsdb"
+    done = subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(om), str(tsdb)],
+                          capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"promtool tsdb create-blocks-from openmetrics failed: {done.stderr[-3000:]}")
+    config = work / "prometheus.yml"
+    config.write_text("global: {scrape_interval: 1h}\nscrape_configs: []\n", encoding="utf-8")
+    port = _free_port()
+    log = (work / "prometheus.log").open("wb")
+    proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tsdb}",
+                             "--storage.tsdb.retention.time=100y", f"--web.listen-address=127.0.0.1:{port}",
+                             "--log.level=warn"], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(url + "/-/ready", timeout=2) as resp:
+                if resp.status == 200:
+                    return proc, url
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    tail = (work / "prometheus.log").read_text(errors="replace")[-3000:]
+    raise RuntimeError(f"Prometheus did not become ready: {tail}")
+
+
+def run_ingest_paths(seed: int, nodes: int, hours: float, faults: str, paths: list[str],
+                     prom_every_s: float) -> dict[str, Any]:
+    """One simulated fleet scored through each ingest path (module docstring)."""
+    out: dict[str, Any] = {"seed": seed, "paths": {}}
+    with tempfile.TemporaryDirectory(prefix=f"fleetmedic-ingest-{seed}-") as tmp:
+        work = Path(tmp)
+        sim = work / "sim"
+        # history a Prometheus server keeps: end an hour ago
+        start = int(time.time() - hours * 3600 - 3600) // 60 * 60
+        t0 = time.monotonic()
+        _cli("simulate", "--nodes", str(nodes), "--duration", f"{hours * 60:g}m", "--seed", str(seed),
+             "--faults", faults, "--format", "both", "--prom-every", f"{prom_every_s:g}s", "--start", str(start),
+             "--out", str(sim))
+        out["simulate_s"] = round(time.monotonic() - t0, 1)
+        switches = work / "switch-ports.jsonl"
+        _switch_ports(sim / "ports.jsonl", switches)
+        common = ["--input", str(sim / "jobs.jsonl"), "--input", str(switches), "--topology", str(sim / "meta.json"),
+                  "--truth", str(sim / "truth.jsonl")]
+        om, stored = work / "telemetry.om", work / "stored.om"
+        prom_files = [sim / "prom" / "gpu.prom", sim / "prom" / "ports.prom"]
+        if "openmetrics" in paths:
+            out["openmetrics_samples"] = to_openmetrics(prom_files, om, work)
+        if "prometheus" in paths:
+            out["stored_samples"] = to_openmetrics(prom_files, stored, work, as_stored=True)
+        for path in paths:
+            t0 = time.monotonic()
+            dest = work / f"bt-{path}"
+            proc = None
+            try:
+                if path == "jsonl":
+                    args = ["--input", str(sim / "gpu.jsonl"), "--input", str(sim / "ports.jsonl"),
+                            "--input", str(sim / "jobs.jsonl"), "--topology", str(sim / "meta.json"),
+                            "--truth", str(sim / "truth.jsonl")]
+                elif path == "text":
+                    args = ["--input", str(sim / "prom"), *common]
+                elif path == "openmetrics":
+                    args = ["--input", str(om), *common]
+                else:
+                    proc, url = _prometheus_on(stored, work)
+                    end = start + int(hours * 3600)
+                    args = ["--prometheus", url, "--start", str(start), "--end", str(end),
+                            "--step", f"{prom_every_s:g}s", *common]
+                _cli("backtest", *args, "--out", str(dest))
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:  # one path failing leaves the others
+                out["paths"][path] = {"error": str(exc)[-2000:]}
+                continue
+            finally:
+                if proc is not None:
+                    proc.terminate()
+                    proc.wait(timeout=60)
+            summary = json.loads((dest / "summary.json").read_text())
+            score = json.loads((dest / "score.json").read_text())
+            out["paths"][path] = {
+                "wall_s": round(time.monotonic() - t0, 1), "records": summary.get("records", {}),
+                "skipped_total": summary.get("skipped_total", 0), "faults": score["faults"],
+                "recall": score["recall"], "precision": score["precision"],
+                "false_incidents": score["false_incidents"], "delay_p50_s": score["delay_p50_s"],
+                "detected": _detected_faults(score, sim),
+            }
+    return out
+
+
+def _detected_faults(score: dict[str, Any], sim: Path) -> list[str]:
+    """The true faults (not negative controls) an incident of this backtest found, as
+    ``kind/fault id``."""
+    from fleetmedic.evaluation.truth import read_truth
+
+    return sorted(f"{t.kind}/{t.id}" for t in read_truth(sim / "truth.jsonl")
+                  if t.id in score.get("delays", {}) and not t.is_negative_control)
+
+
+def ingest_markdown(args: argparse.Namespace, runs: list[dict[str, Any]]) -> str:
+    lines = ["# The same fleet through each ingest path\n",
+             f"`bench/quality.py --ingest-paths {','.join(args.ingest_paths)} --seeds {' '.join(map(str, args.seeds))} "
+             f"--nodes {args.nodes} --hours {args.hours:g} --faults {args.faults} --prom-every {args.prom_every:g}`\n",
+             "| seed | path | GPU records | port records | skipped | faults | recall | precision | false incidents "
+             "| delay p50 s | faults missed vs JSONL | extra vs JSONL | wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        base = set(run["paths"].get("jsonl", {}).get("detected", []))
+        for path, res in run["paths"].items():
+            if "error" in res:
+                lines.append(f"| {run['seed']} | {path} | failed: {res['error'][-300:]!r} |")
+                continue
+            got = set(res["detected"])
+            rec = res["records"]
+            lines.append(
+                f"| {run['seed']} | {path} | {rec.get('GpuTelemetry', 0)} | {rec.get('PortTelemetry', 0)} | "
+                f"{res['skipped_total']} | {res['faults']} | {_fmt(res['recall'])} | {_fmt(res['precision'])} | "
+                f"{res['false_incidents']} | {_fmt(res['delay_p50_s'])} | "
+                f"{', '.join(sorted(base - got)) or '-' if path != 'jsonl' else ''} | "
+                f"{', '.join(sorted(got - base)) or '-' if path != 'jsonl' else ''} | {res['wall_s']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(x: object) -> str:
+    return "-" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
@@ -341,7 +591,29 @@ def main() -> None:
     ap.add_argument("--json", help="also write the raw per-seed results here")
     ap.add_argument("--no-bursts", action="store_true", help="skip the small-fleet bursts")
     ap.add_argument("--bursts-only", action="store_true", help="run only the small-fleet bursts")
+    ap.add_argument("--ingest-paths", type=lambda v: [p.strip() for p in v.split(",") if p.strip()],
+                    help=f"score one open-loop fleet per seed through these ingest paths instead "
+                         f"(comma-separated: {', '.join(INGEST_PATHS)}); see above")
+    ap.add_argument("--prom-every", type=float, default=30.0,
+                    help="with --ingest-paths: the exporters' scrape interval, seconds (default 30)")
     args = ap.parse_args()
+    if args.ingest_paths is not None:
+        bad = [p for p in args.ingest_paths if p not in INGEST_PATHS]
+        if bad or not args.ingest_paths:
+            ap.error(f"--ingest-paths: unknown path(s) {', '.join(bad) or '(none given)'}; "
+                     f"choose from {', '.join(INGEST_PATHS)}")
+        if args.out == ap.get_default("out"):
+            ap.error("--ingest-paths writes its own table: give --out FILE (docs/quality.md is left alone)")
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            runs = list(pool.map(run_ingest_paths, args.seeds, [args.nodes] * len(args.seeds),
+                                 [args.hours] * len(args.seeds), [args.faults] * len(args.seeds),
+                                 [args.ingest_paths] * len(args.seeds), [args.prom_every] * len(args.seeds)))
+        text = ingest_markdown(args, runs)
+        Path(args.out).write_text(text, encoding="utf-8")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"ingest_paths": runs}, indent=1), encoding="utf-8")
+        print(text)
+        return
     results: list[dict[str, Any]] = []
     bursts: list[dict[str, Any]] = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:

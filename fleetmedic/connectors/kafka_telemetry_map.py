@@ -20,6 +20,7 @@ import msgspec
 from fleetmedic import records as r
 from fleetmedic.config import IngestSettings, KafkaTelemetrySettings
 from fleetmedic.connectors.prometheus_text import (
+    _IB_LEGACY,
     DCGM_TO_METRIC,
     MAX_VALUE_CHARS,
     NODE_EXPORTER_IB,
@@ -28,6 +29,10 @@ from fleetmedic.connectors.prometheus_text import (
     ExpositionReader,
     ascii_index,
 )
+
+#: the port targets holding node-exporter's logical and physical state ids (not PortSample fields:
+#: :meth:`ExpositionReader.port_record` makes ``link_state`` of them) and the legacy counters' prefix
+STATE_ID, PHYSICAL_STATE_ID, LEGACY_PREFIX = "_state", "_phys", "_legacy."
 
 _TELEGRAF_NVIDIA_SMI = {
     "temperature_gpu": "gpu_temp", "power_draw": "power_usage", "clocks_current_sm": "sm_clock",
@@ -47,7 +52,12 @@ _TELEGRAF_INFINIBAND = {  # sysfs counter names; data counters are 4-byte words 
 BUILTIN_MAP: dict[str, str] = {
     **DCGM_TO_METRIC,
     **{name: f"port.{f}" for name, f in NODE_EXPORTER_IB.items()},
-    "node_infiniband_state_id": "port.link_state",
+    # both state series as their raw ids: a window's port gets its link state from them as the
+    # exposition reader's (ExpositionReader.port_record: physical state not LinkUp -> down)
+    "node_infiniband_state_id": f"port.{STATE_ID}",
+    "node_infiniband_physical_state_id": f"port.{PHYSICAL_STATE_ID}",
+    # the 32-bit legacy data counters: used only where the port has no 64-bit ones (as the reader does)
+    **{name: f"port.{LEGACY_PREFIX}{f}" for name, f in _IB_LEGACY.items()},
     "node_infiniband_rate_bytes_per_second": "port.speed_gbps",
     **{f"nvidia_smi.{k}": v for k, v in _TELEGRAF_NVIDIA_SMI.items()},
     **{f"infiniband.{k}": f"port.{v}" for k, v in _TELEGRAF_INFINIBAND.items()},
@@ -228,7 +238,9 @@ class PointMapper:
 
 
 def _port_value(source: str, fieldname: str, value: float) -> float | str:
-    if fieldname == "link_state":
+    if fieldname in (STATE_ID, PHYSICAL_STATE_ID):
+        return value  # the raw id: the window's record decides the link state from both
+    if fieldname == "link_state":  # a series a user maps onto link_state: a logical state id
         return _STATE.get(int(value), "unknown")
     if fieldname == "speed_gbps" and source.endswith("bytes_per_second"):
         return value * 8 / 1e9
@@ -262,6 +274,7 @@ class Windows:
         ts = max(p.ts for p in points)
         by_gpu: dict[int, dict[str, float]] = defaultdict(dict)
         by_port: dict[str, dict[str, float | str]] = defaultdict(dict)
+        legacy: dict[str, dict[str, float | str]] = {}
         info: dict[str, str] = {}
         for p in sorted(points, key=lambda p: p.ts):  # the newest value of a metric wins
             if p.gpu is not None:
@@ -271,8 +284,13 @@ class Windows:
                 uuid = p.labels.get("UUID", p.labels.get("uuid", ""))
                 if uuid:
                     info[f"uuid{p.gpu}"] = uuid
+            elif p.target.startswith(LEGACY_PREFIX):
+                legacy.setdefault(p.port, {})[p.target[len(LEGACY_PREFIX):]] = p.value
             else:
                 by_port[p.port][p.target] = p.value
+        for port_id, counters in legacy.items():  # the 64-bit counter wins when the port has it
+            for target, value in counters.items():
+                by_port[port_id].setdefault(target, value)
         if by_gpu:
             gpu = reader.gpu_record((node, ts), by_gpu, info)
             if gpu is not None:

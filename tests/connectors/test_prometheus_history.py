@@ -23,7 +23,7 @@ from fleetmedic import records as r
 from fleetmedic.cli.main import main
 from fleetmedic.config import parse_config
 from fleetmedic.connectors.prometheus_history import History
-from tests.connectors.conftest import _unavailable
+from tests.conftest import require_tool
 
 PROMTOOL = os.environ.get("FLEETMEDIC_PROMTOOL", "/usr/bin/promtool")
 STEP = 30
@@ -72,12 +72,11 @@ def loaded_prometheus(tmp_path: Path, prometheus: Callable[[list[str]], str],
                       fixture_exporter: Callable[[Callable[[int], str]], str]) -> Iterator[tuple[str, int, Path]]:
     """A real Prometheus server whose TSDB holds :func:`history_om` (ending an hour ago); also
     returns the OpenMetrics file it was made from."""
-    if not Path(PROMTOOL).exists():
-        _unavailable("promtool", f"{PROMTOOL} not found (apt-get install prometheus)")
+    promtool = require_tool(PROMTOOL, why="apt-get install prometheus")
     start = (int(time.time()) - SPAN - 3600) // STEP * STEP
     om = tmp_path / "history.om"
     om.write_text(history_om(start))
-    done = subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(om), str(tmp_path / "tsdb")],
+    done = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(om), str(tmp_path / "tsdb")],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     url = prometheus([fixture_exporter(lambda n: "")])  # the fixture's server, on the TSDB made above
@@ -178,3 +177,68 @@ def test_a_range_with_no_data_exits_1(loaded_prometheus: tuple[str, int, Path], 
     assert main(["backtest", "--prometheus", url, "--start", str(start - 86400), "--end", str(start - 80000),
                  "--out", str(tmp_path / "o")]) == 1
     assert "the input yielded no records" in capsys.readouterr().err
+
+
+def _answer(entries: list[tuple[dict[str, str], list[list[Any]]]]) -> bytes:
+    return json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": metric, "values": values} for metric, values in entries]}}).encode()
+
+
+def _general_path(body: bytes) -> tuple[list[Any], dict[str, int]]:
+    """What History did before the typed decode: json.loads, api_samples, the samples sorted by
+    time through read_samples (the oracle)."""
+    from fleetmedic.connectors.prometheus_api import api_samples
+    from fleetmedic.connectors.prometheus_text import ExpositionReader
+
+    reader = ExpositionReader.for_settings(parse_config(""), source="prometheus-history", ignore_unknown=True)
+    samples = sorted(api_samples(json.loads(body), reader.skipped), key=lambda s: s[3] or 0.0)
+    return list(reader.read_samples(samples)), dict(reader.skipped)
+
+
+def _column_path(body: bytes) -> tuple[list[Any], dict[str, int]]:
+    from fleetmedic.connectors.prometheus_history import matrix_columns
+    from fleetmedic.connectors.prometheus_text import ExpositionReader
+
+    reader = ExpositionReader.for_settings(parse_config(""), source="prometheus-history", ignore_unknown=True)
+    return list(reader.read_columns(matrix_columns(body, reader.skipped))), dict(reader.skipped)
+
+
+@pytest.mark.parametrize("odd", ["", "NaN", "+Inf", "label", "no_name", "out_of_range"])
+def test_an_answer_gives_the_same_records_and_counts_through_the_typed_decode_as_through_json_loads(
+        odd: str) -> None:
+    """matrix_columns + read_columns (the typed msgspec decode, series by series) against the
+    general reader on answers with bad points, unread series and shapes the typed decode leaves to it."""
+    from collections import Counter
+
+    from fleetmedic.connectors.prometheus_history import _typed_columns
+
+    t0 = 1_767_000_000
+    entries: list[tuple[dict[str, str], list[list[Any]]]] = []
+    for node in NODES:
+        for g in range(8):
+            base = {"gpu": str(g), "UUID": f"GPU-{node}-{g}", "modelName": "NVIDIA H100 80GB HBM3", "Hostname": node,
+                    "instance": f"{node}:9400", "job": "dcgm-exporter"}
+            for series, value in (("DCGM_FI_DEV_GPU_TEMP", "55"), ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "0"),
+                                  ("DCGM_FI_DEV_XID_ERRORS", "0"), ("DCGM_FI_PROF_SM_ACTIVE", "0.5"),
+                                  ("node_load1", "3")):
+                entries.append(({"__name__": series, **base}, [[t0 + STEP * k, value] for k in range(6)]))
+        port = {"device": "mlx5_0", "port": "1", "instance": f"{node}:9100", "job": "node-exporter"}
+        for series, value in (("node_infiniband_state_id", "4"), ("node_infiniband_physical_state_id", "5"),
+                              ("node_infiniband_port_data_received_bytes_total", "4096"),
+                              ("node_infiniband_legacy_data_received_bytes_total", "1024")):
+            entries.append(({"__name__": series, **port}, [[t0 + STEP * k, value] for k in range(6)]))
+    bad_points = {"NaN": [t0 + STEP, "NaN"], "+Inf": [t0 + STEP, "+Inf"], "out_of_range": [1e12, "1"]}
+    if odd in bad_points:
+        entries[3][1][1] = bad_points[odd]
+        entries[4][1][2] = bad_points[odd]  # an unread series' bad point: counted as "other series"
+    elif odd == "label":
+        entries[7][0]["job"] = "x" * 5000
+    elif odd == "no_name":
+        del entries[9][0]["__name__"]
+    body = _answer(entries)
+    got, skipped = _column_path(body)
+    assert (got, skipped) == _general_path(body)
+    assert len([x for x in got if isinstance(x, r.GpuTelemetry)]) == 2 * 6
+    assert (_typed_columns(body, Counter()) is None) == (odd in ("label", "no_name")), \
+        "the typed decode reads clean answers and bad points itself"
+    assert bool(skipped) == bool(odd)
