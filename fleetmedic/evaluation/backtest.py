@@ -66,6 +66,8 @@ MAX_JSONL_LINE_BYTES = 4 << 20
 TEXT_SUFFIXES = (".prom", ".txt", ".om", ".openmetrics")
 #: series-by-series input (promtool dumps) is sorted through temp files of this much time each
 SORT_BUCKET_S = 600.0
+#: the exposition reader's window: a sample further behind the newest is dropped when read as a stream
+FLUSH_LAG_S = 120.0
 log = logging.getLogger("fleetmedic.backtest")
 
 
@@ -144,13 +146,14 @@ class InputReader:
                 else:
                     exposition = ExpositionReader.for_settings(self.settings, ignore_unknown=True)
                     default_ts = self.scrape_time if self.scrape_time is not None else path.stat().st_mtime
+                    openmetrics = path.suffix in (".om", ".openmetrics")
                     lines = self._text(fh, report)
                     head = _head(lines, 64)
                     samples = exposition.parse(_chain(head, lines), default_ts, self.extra_labels or None,
-                                               openmetrics=path.suffix in (".om", ".openmetrics"))
-                    if _series_by_series(head):
+                                               openmetrics=openmetrics)
+                    if _series_by_series(head) or _out_of_order(path, openmetrics, FLUSH_LAG_S):
                         samples = _time_sorted(samples)
-                    for rec in exposition.read_samples(samples):
+                    for rec in exposition.read_samples(samples, FLUSH_LAG_S):
                         report.records += 1
                         yield rec
         except Exception as exc:  # unreadable from here on (an I/O error, a bug): this file stops, not the run
@@ -237,6 +240,33 @@ def _series_by_series(head: list[str]) -> bool:
         if key == prev:
             return True
         prev = key
+    return False
+
+
+def _out_of_order(path: Path, openmetrics: bool, lag_s: float) -> bool:
+    """Whether a sample of the file is stamped more than ``lag_s`` before one above it: the
+    streaming reader would drop it (it flushes what is that far behind the newest). Files grouped by
+    metric family with each family scrape by scrape (all of one metric's history, then the next
+    metric's) are like that, and so is any file put together out of order. A quick pass over the
+    timestamps only; ``_series_by_series`` catches promtool's dumps from their first lines already."""
+    newest = -math.inf
+    scale = 1.0 if openmetrics else 1e-3  # OpenMetrics stamps in seconds, the text format in milliseconds
+    with path.open("rb") as fh:
+        while raw := fh.readline(MAX_LINE_CHARS + 1):
+            if raw[:1] in (b"#", b"\n") or len(raw) > MAX_LINE_CHARS:
+                continue
+            body = raw.split(b" # ", 1)[0].rstrip()  # an OpenMetrics exemplar follows " # "
+            labels_end = body.rfind(b"}")
+            fields = body[labels_end + 1:].split() if labels_end >= 0 else body.split()[1:]
+            if len(fields) < 2:
+                continue  # no timestamp: stamped with the scrape time, all alike
+            try:
+                ts = float(fields[-1]) * scale
+            except ValueError:
+                continue  # the reader counts it
+            if ts < newest - lag_s:
+                return True
+            newest = max(newest, ts)
     return False
 
 

@@ -141,6 +141,25 @@ def test_openmetrics_and_promtool_dump_files_backtest_like_scrapes(tmp_path: Pat
     assert s["records"] == {"GpuTelemetry": 25} and s["skipped_total"] == 0 and s["timestamps"] == {}
 
 
+def test_a_file_grouped_by_metric_family_is_read_whole(tmp_path: Path) -> None:
+    """All of one metric's scrapes, then all of the next metric's (a dump grouped by family): the
+    second family starts 20 minutes behind the first one's newest sample. Read as a stream (the
+    reader flushes what is 120 s behind the newest, every 20,000 samples), the later family was
+    dropped as too old; the pass over the timestamps sends the file through the sort instead."""
+    ms = int(T0 * 1000)
+    lines = []
+    for series, value in (("DCGM_FI_DEV_GPU_TEMP", 45), ("DCGM_FI_DEV_SM_CLOCK", 1980)):
+        lines.append(f"# TYPE {series} gauge")
+        for k in range(120):  # scrape by scrape within the family, 10 s apart: 20 min of history
+            lines += [f'{series}{{gpu="{g}",Hostname="gpu-node-{n}"}} {value} {ms + 10_000 * k}'
+                      for n in range(25) for g in range(8)]  # 24,000 samples a family
+    (tmp_path / "families.prom").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    assert main(["backtest", "--input", str(tmp_path / "families.prom"), "--out", str(out)]) == 0
+    s = _summary(out)
+    assert s["records"] == {"GpuTelemetry": 25 * 120} and s["skipped_total"] == 0
+
+
 def test_times_and_steps_parse_as_prometheus_takes_them() -> None:
     assert parse_time("2024-05-01T12:00:00Z") == parse_time("1714564800") == 1714564800.0
     assert parse_time("2024-05-01T14:00:00.250+02:00") == 1714564800.25
