@@ -346,6 +346,13 @@ class GpuDetector:
         std = np.maximum(np.sqrt(live.planes[VAR]), self.plan.std_floor)
         return self.names, live.slab.last[live.slot].copy(), live.planes[MEAN].copy(), std
 
+    def last_sample_ts(self, node: str) -> float | None:
+        """The time of the node's latest sample taken into its baselines (None: none yet). Stage 1
+        does not take a sample stamped before it again: a restart that resumes from offsets older
+        than the node state it loaded replays samples the state already holds."""
+        live = self._nodes.get(node)
+        return live.prev_ts if live is not None and live.samples > 0 else None
+
     def forget(self, node: str) -> None:
         """Drop a node's state (e.g. after repair: baselines start again)."""
         live = self._nodes.pop(node, None)

@@ -41,6 +41,14 @@ on. A node state that cannot be read at assignment starts fresh (logged, counted
 ``fleetmedic_state_unreadable_total``); any other failure of the assignment listener (which
 aiokafka would only log, leaving the loop waiting for good) stops the worker with the error.
 
+Samples already taken: a node's state is written before the offsets are committed, so a worker
+that loads it but resumes from an older commit (the commit of revoked partitions failed because the
+group's coordinator stalled; a kill between the two) reads samples the state already holds. A GPU
+sample stamped before the node's latest sample in its baselines is not taken again
+(``fleetmedic_replayed_samples_total``); one stamped at the same time is (a scrape split in two
+records). Without this the baselines counted up to ``streams.detect_snapshot_every_s`` of each
+node's telemetry twice.
+
 Bounded memory (issue #22): :class:`~fleetmedic.models.stages.NodeDetection` forgets a node silent
 for ``detection.evict_node_after_s`` of event time and, beyond ``detection.max_nodes_per_worker``,
 the least recently seen node (``fleetmedic_stage1_nodes_evicted_total{reason}``; the nodes kept:
@@ -203,6 +211,7 @@ class DetectStage:
         msgs: list[r.DetectionTelemetry] = []
         taken: list[ConsumerRecord[bytes, bytes]] = []
         decode, partition_of = self.decode_gpu.decode, self.partition_of
+        last_sample, replayed = self.node_stage.gpu.last_sample_ts, 0
         # the bound on event time: a record is judged against the wall clock, or its broker timestamp
         # when earlier (a replay judges it as the live run did)
         wall, bound = time.time(), self.settings.streams.max_future_skew_s
@@ -216,9 +225,14 @@ class DetectStage:
             if (event_time(msg) > reference_clock(wall, rec.timestamp) + bound
                     and await self.outputs.ahead_of_clock(msg, Source.of_record(rec), "detect")):
                 continue
+            if not metricless(msg) and msg.ts < (last_sample(msg.node) or -math.inf):
+                replayed += 1  # the node's state already holds it (see the module's docstring)
+                continue
             msgs.append(msg)
             taken.append(rec)
             partition_of[msg.node] = partition
+        if replayed:
+            self.metrics.replayed.inc(replayed)
         if not msgs:
             return
         self.dirty.update(m.node for m in msgs)

@@ -62,6 +62,9 @@ class PipelineMetrics:
         self.ahead_of_clock = Counter("fleetmedic_records_ahead_of_clock", "Records stamped more than "
                                       "streams.max_future_skew_s ahead of the clock: dead-lettered, no clock moved",
                                       ["topic", "stage"], registry=registry)
+        self.replayed = Counter("fleetmedic_replayed_samples", "Stage 1: GPU samples stamped before their node's "
+                                "latest sample in its baselines (a replay after a restart, whose node state was "
+                                "saved past the committed offset): not taken twice", registry=registry)
         self.state_unreadable = Counter("fleetmedic_state_unreadable", "Saved state that could not be read and "
                                         "started fresh (alert on any): per stage and part (snapshot, engine, fleet, "
                                         "node, model)", ["stage", "part"], registry=registry)
