@@ -24,6 +24,10 @@ class ExecutorMetrics:
         self.rejected = Counter("fleetmedic_executor_rejected_total",
                                 "Commands not acted on: bad signature, expired, undecodable",
                                 ["reason"], registry=registry)
+        self.redelivered = Counter("fleetmedic_executor_redelivered_total",
+                                   "Commands delivered again after their result was on the broker (an offset "
+                                   "commit lost to a broker restart): not handled or answered twice",
+                                   registry=registry)
         self.placement = PlacementMetrics(registry)  # topology-aware restarts (workload/placement_apply.py)
         # hardening (issue #22): the consume loop survives any record
         self.record_errors = Counter("fleetmedic_record_errors_total", "Records whose handling raised: "

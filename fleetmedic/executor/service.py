@@ -58,6 +58,7 @@ from fleetmedic.signing import SIGNATURE_HEADER, KeySet, SignatureError, as_comm
 log = logging.getLogger("fleetmedic.executor")
 MAX_THREADS = 64
 ORDER_WAIT_S = 30.0
+ANSWERED_KEPT = 100_000  # command ids remembered as answered (see ExecutorService.answered)
 _Item = tuple[TopicPartition, int, r.RemediationCommand, list["asyncio.Future[None]"], "asyncio.Future[None] | None"]
 
 
@@ -139,6 +140,10 @@ class ExecutorService:
         self.pool = ThreadPoolExecutor(max_workers=MAX_THREADS, thread_name_prefix="executor")
         self.lease_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease")  # never behind actions
         self.results_published = 0
+        # ids of the commands whose result the broker acknowledged, in this process, latest last: a
+        # command delivered again (its offset's commit was lost, e.g. the broker restarted) is not
+        # handled or answered twice (a second "skipped: duplicate" result would follow the first)
+        self.answered: dict[str, None] = {}
         # nodes and pods by list + watch for the topology-aware restart; started with run(), so a
         # standby is warm when it takes over
         self.cache = ClusterCache(cluster.api, settings.placement.gpu_resource) if e.cluster_cache else None
@@ -212,6 +217,9 @@ class ExecutorService:
                 if not await self._publish(producer, results, cmd, result, halt):
                     continue  # the offset stays uncommitted: the next leader handles it again
                 self.results_published += 1
+                self.answered[cmd.id] = None
+                while len(self.answered) > ANSWERED_KEPT:
+                    del self.answered[next(iter(self.answered))]
                 offsets[tp].finish(offset)
 
         async def commit() -> None:
@@ -243,6 +251,11 @@ class ExecutorService:
                         offsets.setdefault(tp, _Offsets()).start(rec.offset)
                         try:  # one record's failure is that record's: dead-lettered, the loop goes on
                             cmd = await self._decode(producer, tp, rec.offset, rec.key, rec.value)
+                            if cmd is not None and cmd.id in self.answered:
+                                if self.metrics:
+                                    self.metrics.redelivered.inc()
+                                log.info("command %s delivered again; its result is on the broker already", cmd.id)
+                                cmd = None
                             if cmd is not None and (signed := await self._header(producer, tp, rec)) is not None:
                                 if signed:
                                     by_header.add((tp, rec.offset))

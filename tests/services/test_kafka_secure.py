@@ -19,6 +19,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -137,8 +138,13 @@ def test_topics_are_replicated_three_times_and_every_client_speaks_scram_over_tl
     created = asyncio.run(ensure_topics(run.settings))
     some = [run.topic("remediation.commands"), run.topic("telemetry.gpu"), state_topic(run.settings)]
     assert set(some) <= set(created)
-    with quiet_aiokafka():
-        parts = asyncio.run(c.partitions(some))
+    deadline, parts = time.monotonic() + 60, []
+    while time.monotonic() < deadline:  # a broker answers from its metadata, which a new topic reaches late
+        with quiet_aiokafka():
+            parts = asyncio.run(c.partitions(some))
+        if len(parts) == 1 + 3 + 1 and all(len(p["isr"]) == 3 for p in parts):
+            break
+        time.sleep(1.0)
     assert len(parts) == 1 + 3 + 1
     assert all(len(p["replicas"]) == 3 and len(p["isr"]) == 3 for p in parts), parts
     assert asyncio.run(_min_isr(client_options(run.settings.kafka), some)) == dict.fromkeys(some, "2")
