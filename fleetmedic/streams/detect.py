@@ -225,7 +225,8 @@ class DetectStage:
             if (event_time(msg) > reference_clock(wall, rec.timestamp) + bound
                     and await self.outputs.ahead_of_clock(msg, Source.of_record(rec), "detect")):
                 continue
-            if not metricless(msg) and msg.ts < (last_sample(msg.node) or -math.inf):
+            last = last_sample(msg.node)
+            if last is not None and msg.ts < last and not metricless(msg):
                 replayed += 1  # the node's state already holds it (see the module's docstring)
                 continue
             msgs.append(msg)

@@ -38,6 +38,7 @@ from fleetmedic.devenv import proc, tls
 from fleetmedic.devenv.kafka import quiet_aiokafka
 from fleetmedic.devenv.kafka_cluster import KafkaCluster, replication
 from fleetmedic.streams.app import ensure_topics
+from tests.conftest import unavailable
 from tests.services.cluster_harness import secure_run
 
 KEY = "k" * 40
@@ -262,9 +263,8 @@ def test_dev_up_with_ssl_starts_a_mutual_tls_broker_and_writes_its_client_config
         code = main(["dev", "up", "--only", "kafka", "--brokers", "1", "--security", "ssl", "--kafka-port", str(port),
                      "--timeout", "240"])
         out = capsys.readouterr()
-        if code != 0 and not settings.services_required():
-            pytest.skip(f"an ssl broker did not start: {out.err[-2000:]}")
-        assert code == 0, out.err
+        if code != 0:  # fails under CI=true, with the log tail
+            unavailable("an ssl broker (fleetmedic dev up --security ssl)", out.err[-2000:])
         client = tmp_path / "run" / "kafka" / "client.yaml"
         assert f"client config: {client}" in out.out
         k = parse_config(client.read_text(), env={}).kafka

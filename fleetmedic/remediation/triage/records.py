@@ -60,9 +60,7 @@ def file_group(table: dict[str, PendingGroup], group: PendingGroup) -> PendingGr
     last = next(reversed(table.values()), None)
     table[group.key] = group
     if last is not None and (last.deadline, last.key) > (group.deadline, group.key):
-        ordered = sorted(table.items(), key=lambda kv: (kv[1].deadline, kv[0]))
-        table.clear()
-        table.update(ordered)
+        order_groups(table)
     return group
 
 
