@@ -24,7 +24,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser(
         "backtest", help="run detection over recorded telemetry (JSONL, Prometheus text, a Prometheus server)",
         description="Run detection, triage and policy over recorded telemetry: JSONL records, Prometheus text or "
-                    "OpenMetrics files (exporter scrapes, promtool tsdb dump), and/or the history a Prometheus "
+                    "OpenMetrics files (exporter scrapes, promtool tsdb dump), kernel logs (*.kmsg, *.dmesg, "
+                    "*.journal, *.log: kern.log, dmesg -T, journalctl -k -o json), and/or the history a Prometheus "
                     "server holds. Times (T) are RFC 3339 (2024-05-01T12:00:00Z) or Unix seconds.")
     p.add_argument("--config", help="YAML config (default: built-in defaults + FLEETMEDIC__* env)")
     p.add_argument("--input", action="append", default=[], help="file or directory; repeatable")
@@ -39,6 +40,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                    help="add a label to every exposition sample, as a scrape target's (e.g. instance=gpu-node-1:9400 "
                         "for a file curl'ed from one exporter); repeatable")
+    p.add_argument("--pci-map", metavar="FILE",
+                   help="kernel logs: PCI address -> GPU index for every node (nvidia-smi --query-gpu=index,pci.bus_id "
+                        "--format=csv,noheader); without it XID lines are not mapped to a GPU")
+    p.add_argument("--log-year", type=int, metavar="YYYY",
+                   help="kernel logs: the year of syslog stamps, which have none (default: the file's modification "
+                        "year)")
+    p.add_argument("--boot-time", metavar="T",
+                   help="kernel logs: when the logged boot started, for kmsg records and [uptime] stamps")
     p.add_argument("--prometheus", metavar="URL", help="read history from this Prometheus server (range queries)")
     p.add_argument("--start", metavar="T", help="with --prometheus: the first time")
     p.add_argument("--end", metavar="T", help="with --prometheus: the last time")
@@ -52,6 +61,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def _main(args: argparse.Namespace) -> int:
     from fleetmedic.connectors.prometheus_api import parse_duration, parse_time
     from fleetmedic.connectors.prometheus_history import History, HistoryError
+    from fleetmedic.evaluation.kernel_logs import KernelLogOptions
 
     settings = settings_or_none(args.config)
     if settings is None:
@@ -72,10 +82,15 @@ def _main(args: argparse.Namespace) -> int:
         labels = dict(_label(x) for x in args.label)
         scrape_time = parse_time(args.scrape_time) if args.scrape_time else None
         topology = load_topology(args.topology) if args.topology else None
+        if args.log_year is not None and not 1970 <= args.log_year <= 2100:
+            raise ValueError(f"--log-year {args.log_year}: expected a year between 1970 and 2100")
+        kernel = KernelLogOptions(pci_map=KernelLogOptions.read_pci_map(args.pci_map) if args.pci_map else {},
+                                  year=args.log_year,
+                                  boot_time=parse_time(args.boot_time) if args.boot_time else None)
         progress = Progress(sys.stderr, args.progress)
         with _logs_above(progress):
             summary = run(settings, args.input, Path(args.out), progress, args.report, topology, args.truth,
-                          scrape_time=scrape_time, extra_labels=labels, history=history)
+                          scrape_time=scrape_time, extra_labels=labels, history=history, kernel=kernel)
     except NoRecords as exc:
         print(f"error: {exc}", file=sys.stderr)
         print(f"(summary: {Path(args.out) / 'summary.json'})", file=sys.stderr)
@@ -87,7 +102,8 @@ def _main(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID
     keys = ("records", "findings", "findings_by_kind", "incidents", "incidents_by_class", "commands_by_action",
-            "skipped_total", "skipped_by_file", "input_problems", "timestamps", "prometheus", "elapsed_s", "score")
+            "skipped_total", "skipped_by_file", "input_problems", "timestamps", "kernel_lines_not_published",
+            "prometheus", "elapsed_s", "score")
     print(json.dumps({k: summary[k] for k in keys if k in summary and summary[k] not in ({}, None)}, sort_keys=True))
     return 0
 

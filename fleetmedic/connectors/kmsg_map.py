@@ -44,6 +44,7 @@ from typing import Any, Final, cast
 import yaml
 
 from fleetmedic import records as r
+from fleetmedic.connectors.kernel_log_lines import stamp
 from fleetmedic.remediation.log_patterns import LineMatch, PatternLibrary
 
 SOURCE: Final = "kmsg"
@@ -80,6 +81,7 @@ class KernelRecord:
     fields: tuple[tuple[str, str], ...] = ()
     cursor: str = ""
     boot_id: str = ""
+    host: str = ""  # the host a recorded line names (a syslog or journal stamp's), "" when none
 
     @property
     def text(self) -> str:
@@ -92,8 +94,9 @@ def unescape(text: str) -> str:
     return _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), text) if "\\x" in text else text
 
 
-def parse_kmsg(raw: bytes | str, boot_time: float) -> KernelRecord:
-    """One /dev/kmsg record (what one read returns): the header line and its dictionary lines."""
+def parse_kmsg(raw: bytes | str, boot_time: float | None) -> KernelRecord:
+    """One /dev/kmsg record (what one read returns): the header line and its dictionary lines
+    (``boot_time`` None: a record of an unknown boot, without a time)."""
     text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
     head, *rest = text.rstrip("\n").split("\n")
     m = _KMSG.match(head)
@@ -106,7 +109,8 @@ def parse_kmsg(raw: bytes | str, boot_time: float) -> KernelRecord:
             raise BadRecord("kmsg: continuation line is not ' KEY=value'")
         fields.append((d.group("key"), unescape(d.group("value"))))
     pri, seq, usec = int(m.group("pri")), int(m.group("seq")), int(m.group("ts"))
-    return KernelRecord(message=unescape(m.group("msg"))[:MAX_MESSAGE], seq=seq, ts=boot_time + usec / 1e6,
+    return KernelRecord(message=unescape(m.group("msg"))[:MAX_MESSAGE], seq=seq,
+                        ts=None if boot_time is None else boot_time + usec / 1e6,
                         level=pri & 7, fields=tuple(fields))
 
 
@@ -128,9 +132,11 @@ def parse_journal(raw: bytes | str) -> KernelRecord:
         ts = int(doc["__REALTIME_TIMESTAMP"]) / 1e6
     level = doc.get("PRIORITY")
     fields = tuple((k, str(doc[k])) for k in ("_KERNEL_SUBSYSTEM", "_KERNEL_DEVICE") if isinstance(doc.get(k), str))
+    host = doc.get("_HOSTNAME")
     return KernelRecord(message=msg[:MAX_MESSAGE], ts=ts,
                         level=int(level) if isinstance(level, str) and level.isdigit() else None, fields=fields,
-                        cursor=str(doc.get("__CURSOR") or ""), boot_id=journal_boot_id(str(doc.get("_BOOT_ID") or "")))
+                        cursor=str(doc.get("__CURSOR") or ""), boot_id=journal_boot_id(str(doc.get("_BOOT_ID") or "")),
+                        host=host[:253] if isinstance(host, str) else "")
 
 
 def journal_boot_id(value: str) -> str:
@@ -145,10 +151,17 @@ class RecordReader:
     """Lines of a recorded kernel log -> records. Each line is a /dev/kmsg record (``cat
     /dev/kmsg``), a ``journalctl -o json`` entry or a plain ``dmesg``/syslog line; a kmsg record's
     `` KEY=value`` lines and a ``dmesg`` message's indented continuation lines are joined to it.
-    Lines that cannot be read come back as :class:`BadRecord`."""
+    Lines that cannot be read come back as :class:`BadRecord`.
 
-    def __init__(self, boot_time: float) -> None:
+    ``stamped``: a plain line's time and host are read from its stamps
+    (:func:`fleetmedic.connectors.kernel_log_lines.stamp`; ``year`` for syslog stamps, ``boot_time``
+    for the kernel's uptime stamps); else a plain line has no time (the exporter stamps it when it
+    reads it). ``boot_time`` None: kmsg records and uptime stamps have no time either."""
+
+    def __init__(self, boot_time: float | None, stamped: bool = False, year: int | None = None) -> None:
         self.boot_time = boot_time
+        self.stamped = stamped
+        self.year = year
         self._kmsg: list[str] = []  # a kmsg record and its dictionary lines
         self._text: list[str] = []  # a dmesg message and its continuation lines
 
@@ -177,7 +190,12 @@ class RecordReader:
             out.append(_or_bad(lambda t: parse_kmsg(t, self.boot_time), "\n".join(self._kmsg)))
             self._kmsg = []
         if self._text:
-            out.append(KernelRecord(message="\n".join(self._text)[:MAX_MESSAGE]))
+            message = "\n".join(self._text)
+            if self.stamped:
+                line = stamp(message, self.year, self.boot_time)
+                out.append(KernelRecord(message=line.message[:MAX_MESSAGE], ts=line.ts, host=line.host))
+            else:
+                out.append(KernelRecord(message=message[:MAX_MESSAGE]))
             self._text = []
         return out
 

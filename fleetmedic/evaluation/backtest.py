@@ -2,8 +2,8 @@
 
 Inputs (files or directories, mixed freely):
 
-- JSONL of fleetmedic records (``*.jsonl``): ``gpu_telemetry``, ``port_telemetry`` and
-  ``job_event`` lines, recognised by their ``type``; other types are ignored;
+- JSONL of fleetmedic records (``*.jsonl``): ``gpu_telemetry``, ``port_telemetry``, ``job_event``
+  and ``kernel_event`` lines, recognised by their ``type``; other types are ignored;
 - Prometheus text exposition and OpenMetrics (``*.prom``, ``*.txt``, ``*.om``): scrapes appended to
   a file, one raw ``/metrics`` scrape (no sample timestamps: they get ``scrape_time``, else the
   file's modification time, and the summary's ``timestamps`` says which; integer timestamps are
@@ -11,6 +11,9 @@ Inputs (files or directories, mixed freely):
   / ``dump-openmetrics`` output (series by series: sorted by time on disk, in bounded memory);
   ``exporters.prometheus.node_labels`` says which label names the node, ``extra_labels`` are added
   to every sample as a scrape target's labels (``instance=gpu-node-1:9400``);
+- recorded kernel logs (``*.kmsg``, ``*.dmesg``, ``*.journal``, ``*.log``: a ``kern.log``, a saved
+  ``dmesg -T``, a ``journalctl -k -o json`` export), read as the kernel-log exporter reads them
+  (:mod:`fleetmedic.evaluation.kernel_logs`: node, GPU and time of each line);
 - the history a Prometheus server holds (``prometheus=``: range queries, see
   :mod:`fleetmedic.connectors.prometheus_history`).
 
@@ -53,14 +56,15 @@ import msgspec
 from fleetmedic import records as r
 from fleetmedic.config import Settings
 from fleetmedic.connectors.prometheus_text import MAX_LINE_CHARS, ExpositionReader, Sample, count
+from fleetmedic.evaluation.kernel_logs import KERNEL_SUFFIXES, KernelLogOptions, kernel_log_records
 
 if TYPE_CHECKING:
     from fleetmedic.models.stages import FleetDetection, NodeDetection
 
-Telemetry = r.GpuTelemetry | r.PortTelemetry | r.JobEvent
-_INPUT_DECODER = msgspec.json.Decoder(r.GpuTelemetry | r.PortTelemetry | r.JobEvent)
+Telemetry = r.GpuTelemetry | r.PortTelemetry | r.JobEvent | r.KernelEvent
+_INPUT_DECODER = msgspec.json.Decoder(r.GpuTelemetry | r.PortTelemetry | r.JobEvent | r.KernelEvent)
 _TYPE_ONLY = msgspec.json.Decoder(dict[str, Any])
-_WANTED = {"gpu_telemetry", "port_telemetry", "job_event"}
+_WANTED = {"gpu_telemetry", "port_telemetry", "job_event", "kernel_event"}
 #: the longest JSONL line read (a GPU record is ~2 KB, a Kafka message at most 1 MB by default)
 MAX_JSONL_LINE_BYTES = 4 << 20
 TEXT_SUFFIXES = (".prom", ".txt", ".om", ".openmetrics")
@@ -106,6 +110,8 @@ class InputReader:
     timestamps: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> how samples were stamped
     not_read: Counter[str] = field(default_factory=Counter)  # exporter series present but not read
     bytes_read: int = 0  # of the input files, so far (progress)
+    kernel: KernelLogOptions = field(default_factory=KernelLogOptions)
+    kernel_not_published: Counter[str] = field(default_factory=Counter)  # kernel lines read, no device fault
 
     def total_bytes(self, paths: Iterable[str]) -> int:
         """The size of the input files (what :attr:`bytes_read` reaches at the end)."""
@@ -122,7 +128,7 @@ class InputReader:
         out: list[Path] = []
         for p in map(Path, paths):
             if p.is_dir():
-                out.extend(sorted(f for f in p.rglob("*") if f.suffix in (".jsonl", *TEXT_SUFFIXES)))
+                out.extend(sorted(f for f in p.rglob("*") if f.suffix in (".jsonl", *TEXT_SUFFIXES, *KERNEL_SUFFIXES)))
             elif p.exists():
                 out.append(p)
             else:
@@ -143,6 +149,11 @@ class InputReader:
                     for rec in self._jsonl(fh, report):
                         report.records += 1
                         yield rec
+                elif path.suffix in KERNEL_SUFFIXES:
+                    kernel = kernel_log_records(path, self._text(fh, report), self.kernel, report.problems,
+                                                self.kernel_not_published)
+                    report.records += len(kernel)
+                    yield from kernel
                 else:
                     exposition = ExpositionReader.for_settings(self.settings, ignore_unknown=True)
                     default_ts = self.scrape_time if self.scrape_time is not None else path.stat().st_mtime
@@ -349,7 +360,10 @@ class Backtest:
                 self._emit(self.fleet.tick(ts))
                 self._decided(self.engine.tick(self._now))
             self._next_tick = ts + self.settings.detection.sample_interval_s
-        if isinstance(rec, r.GpuTelemetry):
+        if isinstance(rec, r.KernelEvent):
+            self._flush()  # the node's telemetry before the line first: an XID from both is one event
+            self._emit(self.node.on_kernel(rec))
+        elif isinstance(rec, r.GpuTelemetry):
             self._pending.append(rec)
             self.fleet.on_gpu(rec)
             if len(self._pending) >= self.batch_size:
@@ -486,11 +500,13 @@ class RecordSource(Protocol):
 def run(settings: Settings, inputs: list[str], out: Path, progress: Progress | None = None,
         report: str | None = None, topology: dict[str, dict[str, Any]] | None = None,
         truth: Path | None = None, scrape_time: float | None = None,
-        extra_labels: dict[str, str] | None = None, history: RecordSource | None = None) -> dict[str, Any]:
+        extra_labels: dict[str, str] | None = None, history: RecordSource | None = None,
+        kernel: KernelLogOptions | None = None) -> dict[str, Any]:
     """Run the backtest; raises :class:`NoRecords` (after writing ``summary.json``) when the input
     yields no record."""
     out.mkdir(parents=True, exist_ok=True)
-    reader = InputReader(settings, scrape_time=scrape_time, extra_labels=dict(extra_labels or {}))
+    kernel = kernel or KernelLogOptions()
+    reader = InputReader(settings, scrape_time=scrape_time, extra_labels=dict(extra_labels or {}), kernel=kernel)
     bt = Backtest(settings, topology or {})
     started = time.monotonic()
     first = last = None
@@ -535,6 +551,7 @@ def run(settings: Settings, inputs: list[str], out: Path, progress: Progress | N
         "input_problems": reader.problems(),
         "timestamps": reader.timestamps,
         "series_not_read": dict(reader.not_read.most_common(30)),
+        "kernel_lines_not_published": dict(reader.kernel_not_published.most_common(20)),
         "span_s": (last - first) if first is not None and last is not None else 0.0,
         "elapsed_s": round(elapsed, 3),
         "records_per_s": round(n / elapsed, 1) if elapsed > 0 else None,
@@ -561,7 +578,7 @@ def run(settings: Settings, inputs: list[str], out: Path, progress: Progress | N
 
         meta = {"inputs": ", ".join(inputs), "records": n, "findings": len(bt.findings),
                 "start": first, "end": last, "records_by_type": dict(bt.counts), "score": summary.get("score")}
-        again = InputReader(settings, scrape_time=scrape_time, extra_labels=dict(extra_labels or {}))
+        again = InputReader(settings, scrape_time=scrape_time, extra_labels=dict(extra_labels or {}), kernel=kernel)
         replay = [] if history is None else [history.again()]  # its queries again, with their bar
         for source in replay:
             source.bind_progress(progress)

@@ -139,7 +139,7 @@ def _median(xs: list[float]) -> float:
     return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2
 
 
-def _traces(settings: Settings, records: Iterable[r.GpuTelemetry | r.PortTelemetry | r.JobEvent],
+def _traces(settings: Settings, records: Iterable[r.Record],
             wanted: dict[str, set[tuple[str, int]]], ports: dict[str, set[str]]
             ) -> tuple[dict[tuple[str, str, int], _Trace], dict[tuple[str, str], _Trace]]:
     det = GpuDetector(settings.detection)
@@ -196,7 +196,7 @@ def _gpu_plot(title: str, unit: str, tr: _Trace, t0: float, t1: float, anchor: s
 
 
 def collect(
-    settings: Settings, records: Iterable[r.GpuTelemetry | r.PortTelemetry | r.JobEvent], subs: list[Subject],
+    settings: Settings, records: Iterable[r.Record], subs: list[Subject],
     t0: float | None = None, t1: float | None = None,
 ) -> tuple[list[Section], float, float]:
     """The sections, and the time range their plots share."""
@@ -324,7 +324,7 @@ def _short(text: str, n: int = 70) -> str:
 def write_report(
     path: str,
     settings: Settings,
-    records: Iterable[r.GpuTelemetry | r.PortTelemetry | r.JobEvent],
+    records: Iterable[r.Record],
     findings: list[r.Finding],
     incidents: list[r.Incident],
     commands: list[r.RemediationCommand],
@@ -343,6 +343,5 @@ def write_report(
     return sum(len(s.plots) for s in sections)
 
 
-def _iter(records: Iterable[r.GpuTelemetry | r.PortTelemetry | r.JobEvent]
-          ) -> Iterator[r.GpuTelemetry | r.PortTelemetry | r.JobEvent]:
+def _iter(records: Iterable[r.Record]) -> Iterator[r.Record]:
     yield from records
