@@ -16,6 +16,8 @@ as the decision stage does and times (process CPU time):
   event time, with the stage's tick every 5 s; findings/s through triage, policy and safety. They
   come from 1,000 nodes spread over the fleet at every size, so the work per finding is the same
   and only the fleet around it grows;
+- **with jobs**: a job of 8 ranks on every 8 nodes (placement and start), then the same findings with a
+  progress event of a random job beside each; findings/s (with their progress events);
 - **storm**: 10 % of the fleet sends critical hard faults within one minute (ticking as it goes);
   the isolations the budget let through are printed (the bound holds at any size);
 - **tick**: the stage's periodic tick with the storm's nodes waiting (the median of five);
@@ -46,7 +48,7 @@ from typing import Any
 import msgspec
 
 from fleetmedic.config import parse_config
-from fleetmedic.records import Evidence, Finding
+from fleetmedic.records import Evidence, Finding, JobEvent, RankPlacement
 from fleetmedic.remediation.engine import DecisionEngine
 from fleetmedic.streams.snapshot_parts import SNAPSHOT_KEY, SnapshotScan, split
 from fleetmedic.streams.state import DecideSnapshot, decode_snapshot
@@ -115,6 +117,26 @@ def run_engine(n: int, findings: int) -> tuple[DecisionEngine, dict[str, Any]]:
             engine.tick(now)
     out["steady_s"] = cpu() - t
     out["findings_per_s"] = findings / out["steady_s"]
+
+    # the same findings with the fleet busy: a job of 8 ranks on every 8 nodes, and a progress
+    # event of a job beside every finding (what the job watcher and the log connector send)
+    jobs = max(1, n // 8)
+    t = cpu()
+    for j in range(jobs):
+        ranks = [RankPlacement(rank=r, node=f"node-{(8 * j + r) % n}") for r in range(8)]
+        engine.on_job_event(JobEvent(job=f"ml/job-{j}", event="placement", ts=now, world_size=8, placement=ranks), now)
+        engine.on_job_event(JobEvent(job=f"ml/job-{j}", event="start", ts=now, world_size=8), now)
+    out["jobs_intake_s"] = cpu() - t
+    t = cpu()
+    for k in range(findings):
+        now += 1 / 200
+        engine.on_job_event(JobEvent(job=f"ml/job-{rng.randrange(jobs)}", event="progress", ts=now, step=k,
+                                     step_time_s=1.0), now)
+        engine.on_finding(steady_finding(rng, 1_000_000 + k, sick, now), now)
+        if k % 1000 == 999:
+            engine.tick(now)
+    out["with_jobs_s"] = cpu() - t
+    out["findings_per_s_with_jobs"] = findings / out["with_jobs_s"]
 
     storm_nodes = rng.sample(range(n), n // 10)
     start = now + 60
@@ -203,11 +225,12 @@ def main() -> None:
         print(json.dumps(rows, indent=1))
         return
     base = rows[0]
-    per_node = ["intake_s", "wave_s", "summaries_s", "snapshot_bytes", "snapshot_write_s", "snapshot_restore_s",
+    per_node = ["intake_s", "wave_s", "summaries_s", "jobs_intake_s", "snapshot_bytes", "snapshot_write_s", "snapshot_restore_s",
                 "engine_heap_mb"]
     print(f"\n{'':24}" + "".join(f"{r['nodes']:>14,}" for r in rows) + f"   per-node ratio {rows[-1]['nodes']:,} / "
           f"{base['nodes']:,}")
-    for key in ["intake_s", "wave_s", "summaries_s", "steady_s", "findings_per_s", "storm_s", "storm_findings",
+    for key in ["intake_s", "wave_s", "summaries_s", "steady_s", "findings_per_s", "jobs_intake_s", "with_jobs_s",
+                "findings_per_s_with_jobs", "storm_s", "storm_findings",
                 "storm_cordons", "budget_nodes", "tick_after_storm_s", "snapshot_bytes", "snapshot_parts_1mib",
                 "snapshot_write_s", "snapshot_restore_s", "peak_rss_mb", "engine_heap_mb"]:
         if key not in base:
@@ -216,7 +239,7 @@ def main() -> None:
         ratio = ""
         if key in per_node and base[key]:
             ratio = f"   {(rows[-1][key] / rows[-1]['nodes']) / (base[key] / base['nodes']):.2f}x"
-        elif key == "findings_per_s":
+        elif key in ("findings_per_s", "findings_per_s_with_jobs"):
             ratio = f"   {base[key] / rows[-1][key]:.2f}x slower per finding"
         print(f"{key:24}{cells}{ratio}")
     last = rows[-1]

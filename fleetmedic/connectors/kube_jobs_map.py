@@ -12,7 +12,8 @@ Kubeflow PyTorchJob, JobSet) as JSON dicts, with the time from an injected clock
 - ``failure``: a container that terminated with a non-zero exit code (or a pod that Failed), with
   rank, node, exit code, reason and the restart count as ``attempt``, once per termination; and a
   workload whose ``Failed`` condition turned True.
-- ``completion``: a workload whose Complete/Succeeded condition turned True, once.
+- ``completion``: a workload whose Complete/Succeeded condition turned True, once; or a workload
+  deleted before it completed or failed (reason ``deleted: ...``: a cancelled job ends too).
 - ``restart``: the workload's restart count grew (fleetmedic's ``restart-attempts`` annotation,
   JobSet ``status.restarts``).
 
@@ -316,7 +317,12 @@ class JobTracker:
             state = self.jobs.pop(job, None)
             for uid in list(state.pods) if state else []:
                 self.pod_jobs.pop(uid, None)
-            return []
+            if state is None or state.conditions & DONE_CONDITIONS or "Failed" in state.conditions:
+                return []
+            # deleted before it finished (cancelled): it ends here; nothing else would tell the pipeline,
+            # which would keep counting it as running on its nodes
+            return [self._event(job, state, "completion", now,
+                                reason=f"deleted: the {kind} was deleted before it completed")]
         spec, status = obj.get("spec") or {}, obj.get("status") or {}
         if not isinstance(spec, Mapping) or not isinstance(status, Mapping):
             raise BadObject("bad_spec", "spec or status is not an object")

@@ -147,3 +147,25 @@ def test_cpu_pods_unlabelled_pods_and_bad_objects_are_skipped() -> None:
     assert t.last_skip.startswith("PyTorchJob: bad_spec")
     untracked = JobTracker(gpu_only=False)
     assert kinds(untracked.observe_pod("ADDED", job_pod(0, "n0", gpus=False), 1.0)) == ["placement"]
+
+
+def test_a_job_deleted_before_it_finished_ends_with_a_completion_and_a_finished_one_says_nothing_more() -> None:
+    t = JobTracker()
+    t.observe_workload("Job", "ADDED", workload({"parallelism": 2}), 0.0)
+    for i in range(2):
+        t.observe_pod("ADDED", job_pod(i, f"n{i}", "Running"), 1.0)
+    gone = t.observe_workload("Job", "DELETED", workload({"parallelism": 2}), 2.0)
+    assert [(e.event, e.job, e.ts) for e in gone] == [("completion", "ml/train", 2.0)]
+    assert gone[0].reason.startswith("deleted:")
+    assert "ml/train" not in t.jobs and not t.pod_jobs
+    # its pods going away afterwards say nothing, and a deletion seen twice neither
+    assert t.observe_pod("DELETED", job_pod(0, "n0", "Running"), 3.0) == []
+    assert t.observe_workload("Job", "DELETED", workload({"parallelism": 2}), 3.0) == []
+    # a job that completed (or failed) has said so: its deletion adds nothing
+    done = {"conditions": [{"type": "Complete", "status": "True"}]}
+    for status in (done, {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}):
+        t.observe_workload("Job", "ADDED", workload({"parallelism": 1}), 4.0)
+        assert kinds(t.observe_workload("Job", "MODIFIED", workload({"parallelism": 1}, status), 5.0)) in (
+            ["completion"], ["failure"])
+        assert t.observe_workload("Job", "DELETED", workload({"parallelism": 1}, status), 6.0) == []
+

@@ -6,7 +6,8 @@ what a rebuild from scratch gives, over random sequences of the events that chan
 - the fleet size under node observations, telemetry sightings, deletions and the forgetting of
   silent nodes;
 - triage's pending groups, kept in deadline order so that the due ones are a prefix;
-- the incident book's subject index and its queue of closed incidents.
+- the incident book's subject index and its queue of closed incidents;
+- triage's node -> jobs index under placements, status changes, restores and forgetting.
 
 The timing itself is measured in ``bench/bench_decide_scale.py``, never asserted here."""
 
@@ -16,6 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetmedic.config import parse_config
+from fleetmedic.records import JobEvent, RankPlacement
+from fleetmedic.remediation.triage.jobs import JobBoard
+from fleetmedic.remediation.triage.records import TriageState
 from fleetmedic.remediation.engine import DecisionEngine
 from fleetmedic.remediation.topology import Placement, Topology
 from fleetmedic.remediation.triage.records import PendingGroup, file_group, order_groups
@@ -130,3 +134,34 @@ def test_closed_incidents_are_forgotten_after_the_merge_window_without_a_scan_of
     assert inc_id not in restored.triage.state.incidents
     book.forget_closed(w.now + 601)
     assert inc_id not in w.engine.triage.state.incidents
+
+
+job_event = st.tuples(
+    st.sampled_from(["a/j0", "a/j1", "a/j2", "a/j3"]),
+    st.sampled_from(["placement", "start", "progress", "completion", "restart", "failure"]),
+    st.lists(node, min_size=1, max_size=4),  # the ranks' nodes, for a placement
+    st.integers(0, 2),  # attempt
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(job_event, st.just("forget"), st.just("restore")), max_size=40))
+def test_the_node_to_jobs_index_kept_as_events_come_equals_a_rebuild(ops: list) -> None:  # type: ignore[type-arg]
+    tri = parse_config("").triage
+    state = TriageState()
+    board = JobBoard(tri, state)
+    board.jobs_on("n0")  # built now, then only updated
+    for k, op in enumerate(ops):
+        now = T0 + k
+        if op == "forget":
+            board.forget_finished(now)
+        elif op == "restore":  # a restored engine builds it from the state
+            board = JobBoard(tri, state)
+        else:
+            job, kind, nodes, attempt = op
+            ranks = [RankPlacement(rank=r, node=n) for r, n in enumerate(nodes)] if kind == "placement" else []
+            board.add_event(JobEvent(job=job, event=kind, ts=now, attempt=attempt, placement=ranks), now)
+        for n in NODES:
+            every = tuple(sorted(j for j, rec in state.jobs.items() if n in rec.nodes))
+            live = tuple(j for j in every if state.jobs[j].status in ("placed", "running"))
+            assert (board.jobs_placed_on(n), board.jobs_on(n)) == (every, live), (n, op)

@@ -59,9 +59,8 @@ class NodeFindings:
         ``job_bug_min_fraction`` of them. A GPU's repeated application XIDs are then the job's doing."""
         s = self.settings
         lo = now - s.evidence_window_s
-        for rec in self.state.jobs.values():
-            if f.node not in rec.nodes:
-                continue
+        for job in self.jobs.jobs_placed_on(f.node):
+            rec = self.state.jobs[job]
             count = sum(1 for n in rec.nodes if any(
                 g.detector == "xid_rules" and g.severity != "critical" and g.ts >= lo
                 for g in self.state.findings.get(n, ())))

@@ -13,17 +13,41 @@ class JobBoard:
     def __init__(self, settings: TriageSettings, state: TriageState) -> None:
         self.settings = settings
         self.state = state
-        self._node_jobs: dict[str, set[str]] | None = None  # node -> placed or running jobs (rebuilt lazily)
+        #: node -> the jobs whose current placement has a rank there, whatever their status: built from
+        #: the state once (after a restore), then updated as placements change (per event, not per fleet)
+        self._by_node: dict[str, set[str]] | None = None
 
-    def jobs_on(self, node: str) -> tuple[str, ...]:
-        if self._node_jobs is None:
+    def _index(self) -> dict[str, set[str]]:
+        if self._by_node is None:
             index: dict[str, set[str]] = {}
             for rec in self.state.jobs.values():
-                if rec.status in ("placed", "running"):
-                    for n in rec.nodes:
-                        index.setdefault(n, set()).add(rec.job)
-            self._node_jobs = index
-        return tuple(sorted(self._node_jobs.get(node, ())))
+                for n in rec.nodes:
+                    index.setdefault(n, set()).add(rec.job)
+            self._by_node = index
+        return self._by_node
+
+    def _moved(self, job: str, before: list[str], after: list[str]) -> None:
+        index = self._by_node
+        if index is None or before == after:
+            return
+        old, new = set(before), set(after)
+        for n in old - new:
+            jobs = index.get(n)
+            if jobs is not None:
+                jobs.discard(job)
+                if not jobs:
+                    del index[n]
+        for n in new - old:
+            index.setdefault(n, set()).add(job)
+
+    def jobs_on(self, node: str) -> tuple[str, ...]:
+        """The placed or running jobs with a rank on ``node``."""
+        jobs = self.state.jobs
+        return tuple(sorted(j for j in self._index().get(node, ()) if jobs[j].status in ("placed", "running")))
+
+    def jobs_placed_on(self, node: str) -> tuple[str, ...]:
+        """Every known job whose current placement has a rank on ``node`` (finished ones too, until forgotten)."""
+        return tuple(sorted(self._index().get(node, ())))
 
     def job(self, job: str) -> JobRecord | None:
         return self.state.jobs.get(job)
@@ -44,12 +68,12 @@ class JobBoard:
         notes: list[str] = []
         if e.attempt < rec.attempt and e.event != "failure":
             return [f"{e.job}: {e.event} of attempt {e.attempt} ignored, attempt {rec.attempt} is current"]
-        self._node_jobs = None
         rec.last_event = max(rec.last_event, e.ts)
         if e.placement:
             rec.attempt = e.attempt
             rec.ranks = {p.rank: p.node for p in e.placement}
-            rec.nodes = sorted(set(rec.ranks.values()))
+            before, rec.nodes = rec.nodes, sorted(set(rec.ranks.values()))
+            self._moved(rec.job, before, rec.nodes)
         if e.event == "placement":
             rec.attempt, rec.status = e.attempt, "placed"
         elif e.event in ("start", "progress"):
@@ -88,4 +112,4 @@ class JobBoard:
         for job, rec in list(self.state.jobs.items()):
             if rec.status in ("completed", "failed") and rec.last_event < before:
                 del self.state.jobs[job]
-                self._node_jobs = None
+                self._moved(job, rec.nodes, [])
