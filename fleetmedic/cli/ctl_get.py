@@ -215,16 +215,16 @@ def format_breaker(view: BreakerView, now: float) -> str:
 # --- reading the topics ---------------------------------------------------------------------------------
 
 
-async def read_topic(settings: Settings, name: str, kind: type[R]) -> list[R]:
+async def read_topic(settings: Settings, name: str, kind: type[R], timeout: float = 30.0) -> list[R]:
     """Every record of topic ``name`` from its beginning to its end at the start, in order per
     partition; undecodable ones are named on stderr and skipped."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     from fleetmedic.bus import client_options
+    from fleetmedic.streams.replay import read_ranges
 
     topic = settings.topics.topic(name)
     consumer = AIOKafkaConsumer(**client_options(settings.kafka), group_id=None, enable_auto_commit=False)
-    out: list[R] = []
     try:
         await consumer.start()
         # what consumer.topics() asks, keeping the partitions (partitions_for_topic knows only the
@@ -234,25 +234,16 @@ async def read_topic(settings: Settings, name: str, kind: type[R]) -> list[R]:
             raise TopicMissing(f"topic {topic} does not exist on {settings.kafka.bootstrap_servers}: "
                                "has the decision stage run against this broker and topics.prefix?")
         tps = [TopicPartition(topic, p) for p in sorted(found)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
         end = await consumer.end_offsets(tps)
-        pending = {tp for tp in tps if end[tp] > 0}
-        while pending:
-            batch = await consumer.getmany(*pending, timeout_ms=1000)
-            for tp, msgs in batch.items():
-                for msg in msgs:
-                    if msg.offset >= end[tp]:
-                        continue
-                    try:
-                        out.append(decode(kind, msg.value))
-                    except InvalidRecord as exc:
-                        print(f"{topic} partition {tp.partition} offset {msg.offset}: {exc}", file=sys.stderr)
-            for tp in list(pending):
-                if await consumer.position(tp) >= end[tp]:
-                    pending.discard(tp)
     finally:
         await consumer.stop()
+    out: list[R] = []
+    for tp, msgs in sorted((await read_ranges(settings, {tp: (0, end[tp]) for tp in tps}, timeout)).items()):
+        for msg in msgs:
+            try:
+                out.append(decode(kind, msg.value))
+            except InvalidRecord as exc:
+                print(f"{topic} partition {tp.partition} offset {msg.offset}: {exc}", file=sys.stderr)
     return out
 
 
