@@ -225,8 +225,8 @@ def main() -> None:
         print(json.dumps(rows, indent=1))
         return
     base = rows[0]
-    per_node = ["intake_s", "wave_s", "summaries_s", "jobs_intake_s", "snapshot_bytes", "snapshot_write_s", "snapshot_restore_s",
-                "engine_heap_mb"]
+    per_node = ["intake_s", "wave_s", "summaries_s", "jobs_intake_s", "snapshot_bytes", "snapshot_write_s",
+                "snapshot_restore_s", "engine_heap_mb"]
     print(f"\n{'':24}" + "".join(f"{r['nodes']:>14,}" for r in rows) + f"   per-node ratio {rows[-1]['nodes']:,} / "
           f"{base['nodes']:,}")
     for key in ["intake_s", "wave_s", "summaries_s", "steady_s", "findings_per_s", "jobs_intake_s", "with_jobs_s",

@@ -1,14 +1,29 @@
 """The job watcher and the executor against thousands of kwok nodes, on the real control plane.
 
     .venv/bin/python bench/bench_executor_scale.py [--base-nodes 200 --base-pods 400] [--nodes 2000 --pods 4000]
-        [--commands 20] [--churn 50] [--kubeconfig FILE]
+        [--commands 20] [--churn 50] [--lease-s 600] [--kubeconfig FILE]
 
 Starts etcd, kube-apiserver, the controller-manager, the scheduler and kwok (``fleetmedic.devenv.kube``,
 the binaries in ~/.cache/fleetmedic; or uses ``--kubeconfig`` / ``$FLEETMEDIC_KUBECONFIG``), then
 measures two sizes in one run: the baseline (``--base-nodes`` kwok GPU nodes, ``--base-pods`` pods)
 and the target (grown to ``--nodes`` / ``--pods``). Nodes and pods are created concurrently
 (``--threads`` workers, raw JSON); the pods are the ranks of 8-rank Indexed GPU Jobs (4 GPUs each,
-bound with ``spec.nodeName``), which kwok's pod-ready stage marks Running; setup waits for all.
+bound with ``spec.nodeName``), which kwok's pod-ready stage marks Running. Setup creates the nodes,
+waits until kwok has made every one Ready (a pod created on a node kwok has not taken in yet is
+left Pending until its next event), creates the pods and waits until all are Running, touching
+those still Pending every minute (the count of them is printed).
+
+The node Leases (``--lease-s``, default 600): kwok renews each node's Lease as a kubelet does, and
+the controller-manager marks a node whose Lease is older than its ``--node-monitor-grace-period``
+NotReady, taints it ``node.kubernetes.io/unreachable:NoExecute`` and, 300 s later (the toleration
+the DefaultTolerationSeconds admission plugin gives every pod), evicts its pods. kwok started
+without ``--node-lease-duration-seconds`` keeps no Leases at all (and its node heartbeat stage posts
+status only every 10-20 min), so after the 50 s grace period nodes flap NotReady, and pods are
+evicted while a big run is still setting up: measured, the job watcher never held the 4,000 pods it
+waits for (docs/scale.md). With ``--lease-s`` the control plane (``Kube(node_lease_s=...)``) gives
+kwok that lease duration and the controller-manager a grace period 60 s longer: nodes stay Ready,
+and the Lease writes (one per node per quarter of the duration) stay a small load on this machine,
+whose CPUs the control plane shares with the code measured. (``--kubeconfig``: the cluster's own.)
 
 At each size:
 
@@ -65,6 +80,7 @@ from fleetmedic.devenv.kube import Kube, Ports
 from fleetmedic.executor.cache import ClusterCache
 from fleetmedic.executor.kube import Cluster
 from fleetmedic.executor.node.apply import CommandExecutor
+from fleetmedic.k8s_keys import LABEL_FLEET
 from fleetmedic.signing import sign
 
 KEY = b"s" * 40
@@ -144,28 +160,88 @@ def parallel(threads: int, fn: Callable[[int], None], items: range) -> float:
     return time.monotonic() - t0
 
 
-def wait_for(what: str, check: Callable[[], bool], timeout: float) -> float:
+def wait_for(what: str, check: Callable[[], bool], timeout: float, every_s: float = 1.0) -> float:
     t0 = time.monotonic()
     while not check():
         if time.monotonic() - t0 > timeout:
             raise TimeoutError(f"{what}: not within {timeout:.0f}s")
-        time.sleep(1.0)
+        time.sleep(every_s)
     return time.monotonic() - t0
 
 
 @dataclass
 class Setup:
     nodes_s: float = 0.0
+    ready_s: float = 0.0
     pods_s: float = 0.0
     running_s: float = 0.0
+    nudged: int = 0
+
+
+def ready_nodes(api: client.ApiClient) -> int:
+    status, body = call(api, "GET", "/api/v1/nodes", query={"labelSelector": f"{LABEL_FLEET}={FLEET}"})
+    return sum(1 for x in (json.loads(body).get("items") or [] if status == 200 else [])
+               if any(c.get("type") == "Ready" and c.get("status") == "True"
+                      for c in (x.get("status") or {}).get("conditions") or []))
+
+
+def wait_running(api: client.ApiClient, want: int, timeout: float, nudge_every_s: float = 60.0) -> tuple[float, int]:
+    """Seconds until ``want`` pods are Running, and how many Pending pods were touched meanwhile.
+
+    kwok plays a pod's stages when it sees an event of the pod on a node it manages; a pod whose
+    events all came before kwok took its node in is left Pending until its next event (or kwok's
+    next relist: minutes). So a pod still Pending after ``nudge_every_s`` gets an annotation patch.
+    The count is one unpaged list every 5 s (each reads every pod from etcd on this test server)."""
+    t0 = time.monotonic()
+    nudged, last_nudge = 0, t0
+    while count(api, f"/api/v1/namespaces/{NS}/pods", fields="status.phase=Running") < want:
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(f"{want} pods Running (kwok): not within {timeout:.0f}s")
+        if time.monotonic() - last_nudge > nudge_every_s:
+            touched = touch_pending(api)
+            if touched:
+                print(f"  {touched} pods still Pending after {time.monotonic() - t0:.0f}s: touched each", flush=True)
+            nudged, last_nudge = nudged + touched, time.monotonic()
+        time.sleep(5.0)
+    return time.monotonic() - t0, nudged
+
+
+def touch_pending(api: client.ApiClient) -> int:
+    """An annotation patch on every Pending pod (a new event for kwok); how many."""
+    status, body = call(api, "GET", f"/api/v1/namespaces/{NS}/pods", query={"fieldSelector": "status.phase=Pending"})
+    names = [p["metadata"]["name"] for p in json.loads(body).get("items") or []] if status == 200 else []
+    patch = {"metadata": {"annotations": {"bench/nudge": str(time.time())}}}
+
+    def touch(i: int) -> None:
+        must(call(api, "PATCH", f"/api/v1/namespaces/{NS}/pods/{names[i]}", patch, "application/merge-patch+json"),
+             (200, 404))
+
+    parallel(8, touch, range(len(names)))
+    return len(names)
+
+
+def fleet_health(api: client.ApiClient) -> str:
+    """Nodes Ready, nodes tainted NoExecute by the node controller, pods and pods being deleted."""
+    status, body = call(api, "GET", "/api/v1/nodes", query={"labelSelector": f"{LABEL_FLEET}={FLEET}"})
+    nodes = json.loads(body).get("items") or [] if status == 200 else []
+    ready = sum(1 for x in nodes if any(c.get("type") == "Ready" and c.get("status") == "True"
+                                        for c in (x.get("status") or {}).get("conditions") or []))
+    tainted = sum(1 for x in nodes if any(t.get("effect") == "NoExecute" and t.get("key", "").startswith("node.kube")
+                                          for t in (x.get("spec") or {}).get("taints") or []))
+    status, body = call(api, "GET", f"/api/v1/namespaces/{NS}/pods")
+    pods = json.loads(body).get("items") or [] if status == 200 else []
+    deleting = sum(1 for p in pods if (p.get("metadata") or {}).get("deletionTimestamp"))
+    return (f"nodes {len(nodes)}, Ready {ready}, tainted NoExecute {tainted}; pods {len(pods)}, "
+            f"being deleted {deleting}")
 
 
 def grow(api: client.ApiClient, have: tuple[int, int], want: tuple[int, int], threads: int) -> Setup:
+    """Nodes, then (once kwok has made every node Ready: it manages them) the pods, until all Running."""
     s = Setup()
     s.nodes_s = parallel(threads, lambda i: create_node(api, i), range(have[0], want[0]))
+    s.ready_s = wait_for(f"{want[0]} nodes Ready (kwok)", lambda: ready_nodes(api) >= want[0], 900.0)
     s.pods_s = parallel(threads, lambda i: create_pod(api, i), range(have[1], want[1]))
-    s.running_s = wait_for(f"{want[1]} pods Running (kwok)", lambda: count(
-        api, f"/api/v1/namespaces/{NS}/pods", fields="status.phase=Running") >= want[1], 1500.0)
+    s.running_s, s.nudged = wait_running(api, want[1], 1500.0)
     return s
 
 
@@ -223,9 +299,11 @@ def start_watcher(api: client.ApiClient, settings: Settings, nodes: int, pods: i
     while not synced.wait(30.0):
         samples = next(iter(w.metrics.relists.collect())).samples
         relists = {f"{x.labels['kind']}/{x.labels['cause']}": x.value for x in samples if x.name.endswith("_total")}
+        errors = {x.labels["kind"]: x.value for x in next(iter(w.metrics.errors.collect())).samples
+                  if x.name.endswith("_total")}
         progress = (f"job watcher after {time.monotonic() - t0:.0f}s: {len(w.node_tracker.nodes)} nodes, "
                     f"{len(w.tracker.pod_jobs)} pods, {handled[0]} events handled, queue {w.queue.qsize()}, "
-                    f"relists {relists}")
+                    f"relists {relists}, errors {errors}")
         print(f"  {progress}", flush=True)
         if time.monotonic() - t0 > timeout:
             w.stop.set()
@@ -407,9 +485,10 @@ def report(base: Size, target: Size) -> None:
             print(f"  {label:<44}{b:>11.3f}{t:>11.3f} {unit:<6}| ratio {t / b if b else float('nan'):5.2f}")
 
     print(f"\nsizes: baseline {base.nodes} nodes / {base.pods} pods, target {target.nodes} nodes / {target.pods} pods")
-    print(f"setup (target): nodes {target.setup.nodes_s:.1f}s for {target.nodes - base.nodes}, pods "
-          f"{target.setup.pods_s:.1f}s for {target.pods - base.pods}, all Running after {target.setup.running_s:.1f}s"
-          f" more; (baseline: {base.setup.nodes_s:.1f}s, {base.setup.pods_s:.1f}s, {base.setup.running_s:.1f}s)")
+    print(f"setup (target): nodes {target.setup.nodes_s:.1f}s for {target.nodes - base.nodes} (all Ready "
+          f"{target.setup.ready_s:.1f}s later), pods {target.setup.pods_s:.1f}s for {target.pods - base.pods}, all "
+          f"Running after {target.setup.running_s:.1f}s more; (baseline: {base.setup.nodes_s:.1f}s, "
+          f"{base.setup.ready_s:.1f}s, {base.setup.pods_s:.1f}s, {base.setup.running_s:.1f}s)")
     print(f"  {'':<44}{'baseline':>11}{'target':>11}")
     row("job watcher: list+watch until synced", "watcher_sync_s", "s", 1.0)
     row("job watcher: memory held (tracemalloc)", "watcher_bytes", "KiB", 1 / 1024)
@@ -442,6 +521,8 @@ def main() -> int:
     ap.add_argument("--churn", type=float, default=50.0, help="pod updates per second during the commands")
     ap.add_argument("--threads", type=int, default=16, help="concurrent creations")
     ap.add_argument("--sync-timeout", type=float, default=600.0, help="give up on a sync after this (s)")
+    ap.add_argument("--lease-s", type=int, default=600,
+                    help="node Lease duration kwok renews (0: kwok's default, which keeps no Leases; see above)")
     ap.add_argument("--kubeconfig", default=os.environ.get(dev_settings.ENV_KUBECONFIG, ""))
     args = ap.parse_args()
     if args.pods > 2 * args.nodes or args.base_pods > 2 * args.base_nodes or args.commands + 2 > args.base_nodes:
@@ -452,10 +533,14 @@ def main() -> int:
         kubeconfig = Path(args.kubeconfig)
     else:
         tmp = tempfile.mkdtemp(prefix="fm-scale-")
-        own = Kube(Path(tmp) / "kube", Ports.free())
+        own = Kube(Path(tmp) / "kube", Ports.free(), node_lease_s=args.lease_s)
         t0 = time.monotonic()
         own.start(timeout=180)
-        print(f"control plane up in {time.monotonic() - t0:.1f}s ({tmp})", flush=True)
+        print(f"control plane up in {time.monotonic() - t0:.1f}s ({tmp}); node leases: "
+              + (f"{args.lease_s}s (kwok renews each every {args.lease_s / 4:.0f}s; node-monitor-grace-period "
+                 f"{args.lease_s + 60}s), so nodes stay Ready and pods are not evicted" if args.lease_s else
+                 "kwok's default (no Leases: nodes go NotReady after 50s, their pods are evicted 300s later)"),
+              flush=True)
         kubeconfig = own.kubeconfig
     api = make_api(kubeconfig)
     try:
@@ -469,10 +554,13 @@ def main() -> int:
             print(f"creating up to {n} nodes and {p} pods ...", flush=True)
             setup = grow(api, have, (n, p), args.threads)
             have = (n, p)
-            print(f"  nodes {setup.nodes_s:.1f}s, pods {setup.pods_s:.1f}s, Running after {setup.running_s:.1f}s",
-                  flush=True)
+            print(f"  nodes {setup.nodes_s:.1f}s, all Ready (kwok) {setup.ready_s:.1f}s later, "
+                  f"pods {setup.pods_s:.1f}s, Running after {setup.running_s:.1f}s "
+                  f"({setup.nudged} Pending pods touched)", flush=True)
+            print(f"  before measuring: {fleet_health(api)}", flush=True)
             size = Size(n, p, setup)
             measure(kubeconfig, size, first_node, args)
+            print(f"  after measuring: {fleet_health(api)}", flush=True)
             print(f"  {json.dumps({k: round(v, 4) for k, v in size.figures.items()})}", flush=True)
             sizes.append(size)
         report(sizes[0], sizes[1])

@@ -2,15 +2,15 @@
 Nodes -> ``cluster.nodes``.
 
 One thread per watched resource (and namespace) lists it, then watches from the list's
-``resourceVersion`` (bookmarks on), renews the watch when it times out, lists again when the
-server says the version is too old (410 Gone) and reconnects with exponential backoff after any
-other error. A workload kind whose API is not served (CRD missing) is looked for again every
-``missing_kind_retry_s``. Watch events are raw JSON dicts (no model decoding, so a malformed
-object cannot break a stream) and go through a bounded queue (watches block when it is full) to
-:class:`fleetmedic.connectors.kube_jobs_map.JobTracker`, whose ``JobEvent`` records are produced
-to ``jobs.events`` keyed by job ("namespace/name"). After a re-list the tracker is told of objects
-that disappeared meanwhile. Everything is counted in ``fleetmedic_jobwatch_*`` metrics on the
-registry passed in.
+``resourceVersion`` (bookmarks on; the calls are :mod:`fleetmedic.kube_watch`'s), renews the watch
+when it times out, lists again when the server says the version is too old (410 Gone) and
+reconnects with exponential backoff after any other error. A workload kind whose API is not served
+(CRD missing) is looked for again every ``missing_kind_retry_s``. Watch events are raw JSON dicts
+(no model decoding, so a malformed object cannot break a stream) and go through a bounded queue
+(watches block when it is full) to :class:`fleetmedic.connectors.kube_jobs_map.JobTracker`, whose
+``JobEvent`` records are produced to ``jobs.events`` keyed by job ("namespace/name"). After a
+re-list the tracker is told of objects that disappeared meanwhile. Everything is counted in
+``fleetmedic_jobwatch_*`` metrics on the registry passed in.
 
 With ``jobwatch.watch_nodes`` it also watches Nodes (cluster-scoped, one watch): the
 :class:`fleetmedic.connectors.kube_nodes_map.NodeTracker` turns them into ``NodeObservation``
@@ -24,12 +24,11 @@ the ``conditions`` section names becomes a ``Finding`` on ``findings``, keyed by
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +39,7 @@ from fleetmedic.config import JobWatchSettings, Settings
 from fleetmedic.connectors.kube_jobs_map import JobTracker
 from fleetmedic.connectors.kube_nodes_map import NodeTracker
 from fleetmedic.connectors.node_conditions import ConditionTracker
+from fleetmedic.kube_watch import Gone, NotServed, event_of, list_objects, resource_version, watch_lines
 from fleetmedic.records import Finding, JobEvent, NodeObservation, encode
 
 log = logging.getLogger(__name__)
@@ -51,14 +51,6 @@ RESOURCES: dict[str, tuple[str, str]] = {  # kind -> (API prefix, plural)
     "Node": ("/api/v1", "nodes"),
 }
 CLUSTER_SCOPED = frozenset({"Node"})
-
-
-class Gone(Exception):
-    """The watch's resourceVersion is too old (HTTP 410): list again."""
-
-
-class NotServed(Exception):
-    """The API server does not serve this resource (its CRD is not installed)."""
 
 
 class JobWatchMetrics:
@@ -87,58 +79,6 @@ def resource_path(kind: str, namespace: str = "") -> str:
     if kind in CLUSTER_SCOPED:
         return f"{prefix}/{plural}"
     return f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"
-
-
-def _get(api: client.ApiClient, path: str, query: dict[str, str], timeout: tuple[float, float]) -> Any:
-    method, url, headers, body, post = api.param_serialize(
-        "GET", path, query_params=list(query.items()), auth_settings=["BearerToken"])
-    return api.call_api(method, url, headers, body, post, _request_timeout=timeout)
-
-
-def list_objects(api: client.ApiClient, path: str, selector: str) -> tuple[list[dict[str, Any]], str]:
-    """All objects at ``path`` (pages of 500; in one piece if a continue token expires meanwhile)
-    and the list's resourceVersion."""
-    items: list[dict[str, Any]] = []
-    query = {"limit": "500", **({"labelSelector": selector} if selector else {})}
-    while True:
-        resp = _get(api, path, query, (10.0, 60.0))
-        data = resp.read()
-        if resp.status == 404:
-            raise NotServed(path)
-        if resp.status == 410 and "continue" in query:
-            # the continue token expired (etcd compacted while we paged): one list without pages,
-            # as client-go's reflector falls back to
-            log.info("%s: continue token expired while paging; listing in one piece", path)
-            items, query = [], {k: v for k, v in query.items() if k not in ("limit", "continue")}
-            continue
-        if resp.status == 410:
-            raise Gone(path)
-        if resp.status >= 400:
-            raise client.ApiException(status=resp.status, reason=data[:200].decode(errors="replace"))
-        doc = json.loads(data)
-        items += [i for i in doc.get("items") or [] if isinstance(i, dict)]
-        meta = doc.get("metadata") or {}
-        if not meta.get("continue"):
-            return items, str(meta.get("resourceVersion") or "")
-        query["continue"] = meta["continue"]
-
-
-def watch_lines(api: client.ApiClient, path: str, selector: str, rv: str, timeout_s: int) -> Iterator[bytes]:
-    query = {"watch": "1", "resourceVersion": rv, "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_s),
-             **({"labelSelector": selector} if selector else {})}
-    resp = _get(api, path, query, (10.0, timeout_s + 30.0))
-    if resp.status == 410:
-        raise Gone(path)
-    if resp.status >= 400:
-        raise client.ApiException(status=resp.status, reason=resp.read()[:200].decode(errors="replace"))
-    buffer = b""
-    try:
-        for chunk in resp.response.stream(amt=None, decode_content=False):
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            yield from (line for line in lines if line.strip())
-    finally:
-        resp.response.release_conn()
 
 
 Sink = Callable[[str, str, Any], None]  # (kind, event type, object or raw bytes)
@@ -193,7 +133,7 @@ class ResourceWatch:
         for obj in items:
             key = _key(obj)
             seen.add(key)
-            known[key] = _stub(obj)
+            known[key] = _stub(self.kind, obj)
             self.sink(self.kind, "ADDED", obj)
         for key in set(known) - seen:  # deleted while we were not watching
             self.sink(self.kind, "DELETED", known.pop(key))
@@ -203,25 +143,19 @@ class ResourceWatch:
         for line in watch_lines(self.api, path, self.selector, rv, self.settings.watch_timeout_s):
             if self.stop.is_set():
                 break
-            try:
-                ev = json.loads(line)
-                etype, obj = str(ev["type"]), ev["object"]
-            except (ValueError, KeyError, TypeError):
+            event = event_of(line, path)
+            if event is None:
                 self.sink(self.kind, "BAD", line[:200])
                 continue
-            if etype == "ERROR":
-                if isinstance(obj, dict) and obj.get("code") == 410:
-                    raise Gone(path)
-                raise client.ApiException(status=(obj or {}).get("code", 500), reason=str(obj)[:200])
-            new_rv = str(((obj or {}).get("metadata") or {}).get("resourceVersion") or "")
-            rv = new_rv or rv
+            etype, obj = event
+            rv = resource_version(obj) or rv
             if etype == "BOOKMARK":
                 continue
-            if isinstance(obj, dict) and isinstance(obj.get("metadata"), dict):
+            if isinstance(obj.get("metadata"), dict):
                 if etype == "DELETED":
                     known.pop(_key(obj), None)
                 else:
-                    known[_key(obj)] = _stub(obj)
+                    known[_key(obj)] = _stub(self.kind, obj)
             self.sink(self.kind, etype, obj)
         return rv
 
@@ -231,11 +165,17 @@ def _key(obj: dict[str, Any]) -> str:
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
-def _stub(obj: dict[str, Any]) -> dict[str, Any]:
-    """Enough of an object to report its deletion later."""
+#: What reporting an object's deletion after a re-list needs of it: its name and uid (the tracker
+#: finds a pod's job by uid, not by labels, and a workload by name); a node its labels too (a deleted
+#: node's NodeObservation carries them).
+STUB_FIELDS = ("name", "namespace", "uid")
+NODE_STUB_FIELDS = ("name", "uid", "labels")
+
+
+def _stub(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+    """Enough of an object to report its deletion later (kept for every object watched)."""
     meta = obj.get("metadata") or {}
-    keep = ("name", "namespace", "uid", "labels", "ownerReferences")
-    return {"metadata": {k: meta[k] for k in keep if k in meta}}
+    return {"metadata": {k: meta[k] for k in (NODE_STUB_FIELDS if kind == "Node" else STUB_FIELDS) if k in meta}}
 
 
 class JobWatcher:

@@ -319,7 +319,8 @@ class PodLister:
             api.close()
 
     def list(self) -> list[dict[str, Any]]:
-        from fleetmedic.connectors.kube_jobs import list_objects, resource_path
+        from fleetmedic.connectors.kube_jobs import resource_path
+        from fleetmedic.kube_watch import list_objects
 
         items, _ = list_objects(self.client(), resource_path("Pod", self.d.namespace), self.d.label_selector)
         return items

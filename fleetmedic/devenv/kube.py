@@ -61,6 +61,14 @@ class Kube:
 
     dir: Path
     ports: Ports = Ports()
+    # The node Lease duration kwok is given (``--node-lease-duration-seconds``; it renews each about
+    # every quarter of it), with the controller-manager's ``--node-monitor-grace-period`` 60 s
+    # longer, so nodes stay Ready between renewals. The default is a kubelet's (40 s). 0: kwok's
+    # default, which keeps no Leases; its heartbeat stage then posts node status only every 10-20
+    # min, so the node controller marks every node NotReady (and taints it NoExecute, which evicts
+    # its pods after 300 s) after 50 s and kwok marks it Ready again: nodes flap, with a write load
+    # that grows with the fleet (docs/scale.md). bench/bench_executor_scale.py uses 600 s.
+    node_lease_s: int = 40
 
     @classmethod
     def load(cls, dir: Path) -> Kube:
@@ -149,6 +157,7 @@ class Kube:
                     f"--service-account-private-key-file={d / 'sa.key'}",
                     f"--root-ca-file={d / 'pki' / 'apiserver.crt'}",
                     "--profiling=false",
+                    *self._grace_period(),
                     "--v=1",
                 ],
             ),
@@ -182,9 +191,14 @@ class Kube:
                     f"--cidr={POD_CIDR}",
                     "--node-ip=10.0.0.1",
                     f"--server-address=127.0.0.1:{p.kwok}",
+                    *([f"--node-lease-duration-seconds={self.node_lease_s}"] if self.node_lease_s else []),
                 ],
             ),
         ]
+
+    def _grace_period(self) -> list[str]:
+        """``--node-monitor-grace-period`` above a lengthened lease (default 50 s otherwise)."""
+        return [f"--node-monitor-grace-period={self.node_lease_s + 60}s"] if self.node_lease_s else []
 
     def running(self) -> list[str]:
         return [p.name for p in self._procs() if p.pid() is not None]

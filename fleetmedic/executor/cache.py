@@ -13,20 +13,20 @@ reads already indexed:
 - ``requested``: node name -> GPUs requested by its live pods (phase neither Succeeded nor
   Failed), updated by the difference each pod event makes (O(1) per event).
 
-One thread per resource; raw JSON (no client models: the decode is the cost that matters). The
-list goes in pages of ``PAGE`` (in one piece if a page's continue token expires meanwhile); the
-watch is renewed when it times out, the resource listed again when the server answers 410 Gone
-(the new list replaces the old state in one swap), and after any other error after a backoff
-(doubling to ``MAX_BACKOFF_S``); meanwhile the last state is served, like an informer's. Until the
-first list of both resources is in, :attr:`synced` is False and callers list from the API server.
+One thread per resource; raw JSON (no client models: the decode is the cost that matters), listed
+and watched through :mod:`fleetmedic.kube_watch` (pages of 500, in one piece if a page's continue
+token expires meanwhile). The watch is renewed when it times out, the resource listed again when
+the server answers 410 Gone (the new list replaces the old state in one swap), and after any other
+error after a backoff (doubling to ``MAX_BACKOFF_S``); meanwhile the last state is served, like an
+informer's. Until the first list of both resources is in, :attr:`synced` is False and callers list
+from the API server.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,17 +36,13 @@ from fleetmedic.executor.node.long_plan import PodView
 from fleetmedic.executor.node.plan import MIRROR_ANNOTATION
 from fleetmedic.executor.workload.placement_plan import NodeState, pod_gpus
 from fleetmedic.k8s_keys import LABEL_ROLE
+from fleetmedic.kube_watch import Gone, event_of, list_objects, resource_version, watch_lines
 
 log = logging.getLogger(__name__)
-PAGE = 500
 WATCH_TIMEOUT_S = 300
 BACKOFF_S = 0.5
 MAX_BACKOFF_S = 30.0
 FINISHED = ("Succeeded", "Failed")
-
-
-class _Gone(Exception):
-    """HTTP 410: the resourceVersion is too old; list again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +223,7 @@ class ClusterCache:
                     rv = self._relist(plural)
                     backoff = BACKOFF_S
                 rv = self._watch(plural, rv)
-            except _Gone:
+            except Gone:
                 rv = ""
             except Exception as exc:  # network, TLS, API errors: keep the last state, list again later
                 log.warning("executor cache: %s: %s; listing again in %.1fs", plural, exc, backoff)
@@ -238,68 +234,22 @@ class ClusterCache:
     def _relist(self, plural: str) -> str:
         """List ``plural`` into the cache; its resourceVersion (the raw list is not kept: a local of
         the watch loop would hold it for as long as the watch runs)."""
-        items, rv = self._list(plural)
+        items, rv = list_objects(self.api, f"/api/v1/{plural}")
         self._replace(plural, items)
         self.relists += 1
         self._listed[plural].set()
         return rv
 
-    def _call(self, plural: str, query: dict[str, str], read_timeout: float) -> Any:
-        method, url, headers, body, post = self.api.param_serialize(
-            "GET", f"/api/v1/{plural}", query_params=list(query.items()), auth_settings=["BearerToken"])
-        resp: Any = self.api.call_api(method, url, headers, body, post, _request_timeout=(10.0, read_timeout))
-        if resp.status == 410:
-            resp.read()
-            raise _Gone(plural)
-        if resp.status >= 400:
-            raise client.ApiException(status=resp.status, reason=resp.read()[:200].decode(errors="replace"))
-        return resp
-
-    def _list(self, plural: str) -> tuple[list[dict[str, Any]], str]:
-        items: list[dict[str, Any]] = []
-        query = {"limit": str(PAGE)}
-        while True:
-            try:
-                doc = json.loads(self._call(plural, query, 60.0).read())
-            except _Gone:
-                if "continue" not in query:
-                    raise
-                # the continue token expired (etcd compacted while we paged, as a slow client on a
-                # busy server does): one list without pages, as client-go's reflector falls back to
-                log.info("executor cache: %s: continue token expired while paging; listing in one piece", plural)
-                items, query = [], {}
-                continue
-            items += [i for i in doc.get("items") or [] if isinstance(i, dict)]
-            meta = doc.get("metadata") or {}
-            if not meta.get("continue"):
-                return items, str(meta.get("resourceVersion") or "")
-            query["continue"] = meta["continue"]
-
     def _watch(self, plural: str, rv: str) -> str:
-        query = {"watch": "1", "resourceVersion": rv, "allowWatchBookmarks": "true",
-                 "timeoutSeconds": str(self.watch_timeout_s)}
-        resp = self._call(plural, query, self.watch_timeout_s + 30.0)
-        try:
-            for line in _lines(resp):
-                if self.stop.is_set():
-                    break
-                ev = json.loads(line)
-                etype, obj = str(ev.get("type")), ev.get("object") or {}
-                if etype == "ERROR":
-                    if obj.get("code") == 410:
-                        raise _Gone(plural)
-                    raise client.ApiException(status=obj.get("code", 500), reason=str(obj)[:200])
-                rv = str((obj.get("metadata") or {}).get("resourceVersion") or "") or rv
-                if etype != "BOOKMARK" and isinstance(obj.get("metadata"), dict):
-                    self.apply(plural, etype, obj)
-        finally:
-            resp.response.release_conn()
+        path = f"/api/v1/{plural}"
+        for line in watch_lines(self.api, path, "", rv, self.watch_timeout_s):
+            if self.stop.is_set():
+                break
+            event = event_of(line, path)
+            if event is None:  # an update the cache cannot apply: list again rather than lag
+                raise ValueError(f"unreadable watch event {line[:200]!r}")
+            etype, obj = event
+            rv = resource_version(obj) or rv
+            if etype != "BOOKMARK" and isinstance(obj.get("metadata"), dict):
+                self.apply(plural, etype, obj)
         return rv
-
-
-def _lines(resp: Any) -> Iterator[bytes]:
-    buffer = b""
-    for chunk in resp.response.stream(amt=None, decode_content=False):
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
-        yield from (line for line in lines if line.strip())

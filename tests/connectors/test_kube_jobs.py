@@ -5,7 +5,7 @@ Indexed Job on a 6-node kwok fleet is read back from Kafka as a placement (rank 
 code and reason. A CPU-only Job in the same namespace produces nothing (GPU pods only); a Job already
 running when the watcher starts gives one placement and one start. The watches renew after their
 timeout and list again after 410 Gone. ``fleetmedic watch-jobs`` serves its metrics and exits 0 on
-SIGTERM."""
+SIGTERM. A Job deleted while it runs ends with a ``completion`` (reason ``deleted: ...``)."""
 
 from __future__ import annotations
 
@@ -100,6 +100,11 @@ def test_watcher_publishes_placement_start_and_failure_of_a_gpu_job_to_kafka(
             victim = next(p for p in pods.items if p.metadata.annotations[INDEX] == "2")
             await asyncio.to_thread(_fail_pod_like_a_kubelet, core, namespace, victim)
             await read_until(consumer, got, lambda: any(e.job == job and e.event == "failure" for e in got))
+            # a job deleted while it runs (cancelled) ends with a completion saying so
+            await asyncio.to_thread(batch.delete_namespaced_job, "early", namespace,
+                                    body=client.V1DeleteOptions(propagation_policy="Background"))
+            early = f"{namespace}/early"
+            await read_until(consumer, got, lambda: any(e.job == early and e.event == "completion" for e in got))
         finally:
             until.set()
             await task
@@ -118,7 +123,10 @@ def test_watcher_publishes_placement_start_and_failure_of_a_gpu_job_to_kafka(
     assert "OOMKilled" in failure.reason
     assert not [e for e in got if e.job == f"{namespace}/cpu"]  # no GPUs: not a training job
     early = [(e.event, e.world_size) for e in got if e.job == f"{namespace}/early"]
-    assert early == [("placement", 2), ("start", 2)]  # no partial placement at start-up
+    assert early[:2] == [("placement", 2), ("start", 2)]  # no partial placement at start-up
+    assert early[2:] == [("completion", None)]
+    assert next(e for e in got if e.job == f"{namespace}/early" and e.event == "completion").reason.startswith(
+        "deleted:")
     assert registry.get_sample_value("fleetmedic_jobwatch_job_events_total", {"event": "failure"}) == 1
     assert registry.get_sample_value("fleetmedic_jobwatch_relists_total", {"kind": "Pod", "cause": "start"}) == 1
     assert (registry.get_sample_value("fleetmedic_jobwatch_objects_total", {"kind": "Pod"}) or 0) >= 6

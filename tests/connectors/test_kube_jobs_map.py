@@ -169,3 +169,32 @@ def test_a_job_deleted_before_it_finished_ends_with_a_completion_and_a_finished_
             ["completion"], ["failure"])
         assert t.observe_workload("Job", "DELETED", workload({"parallelism": 1}, status), 6.0) == []
 
+
+def test_what_the_watch_keeps_of_each_object_still_reports_its_deletion_after_a_relist() -> None:
+    """The job watcher keeps a stub of every object (to report those deleted while it was not
+    watching); the stubs are smaller than the objects, yet each deletion still lands."""
+    from fleetmedic.config import Settings
+    from fleetmedic.connectors.kube_jobs import _stub
+    from fleetmedic.connectors.kube_nodes_map import NodeTracker
+
+    t = JobTracker()
+    t.observe_workload("Job", "ADDED", workload({"parallelism": 2}), 0.0)
+    pods = [job_pod(i, f"n{i}", "Running") for i in range(2)]
+    for p in pods:
+        t.observe_pod("ADDED", p, 1.0)
+    stub = _stub("Pod", pods[1])
+    assert "labels" not in stub["metadata"] and "spec" not in stub
+    assert t.observe_pod("DELETED", stub, 2.0) == [] and "uid-train-1" not in t.pod_jobs
+    assert list(t.jobs["ml/train"].pods) == ["uid-train-0"]
+    replaced = job_pod(1, "n7", "Running", uid="uid-new")
+    assert [e.event for e in t.observe_pod("ADDED", replaced, 3.0)] == ["placement", "start"]
+
+    t.observe_workload("Job", "DELETED", _stub("Job", workload({"parallelism": 2})), 5.0)
+    assert "ml/train" not in t.jobs and not t.pod_jobs
+
+    nodes = NodeTracker.of(Settings())
+    node = {"metadata": {"name": "gpu-1", "uid": "n1", "labels": {"fleetmedic.io/rack": "r1", "team": "ml"},
+                         "annotations": {"a": "b"}}, "spec": {}, "status": {"conditions": []}}
+    nodes.observe("ADDED", node, 0.0)
+    gone = nodes.observe("DELETED", _stub("Node", node), 1.0)
+    assert gone is not None and gone.deleted and gone.labels == {"fleetmedic.io/rack": "r1"}

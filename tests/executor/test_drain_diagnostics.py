@@ -16,6 +16,7 @@ import pytest
 from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.executor.cache import ClusterCache
 from fleetmedic.executor.node import long_plan as pl
 from fleetmedic.executor.node import plan as p
 from fleetmedic.executor.node.long_apply import Interrupted
@@ -186,3 +187,43 @@ def test_failing_diagnostics_report_the_failed_tests_and_block_return_to_service
     assert core.read_node(name).spec.unschedulable and "FleetmedicDiagnosticsFailed" in node_events(core, name)
     failed = next(c for c in core.read_node_status(name).status.conditions if c.type == CONDITION_DIAGNOSTICS_FAILED)
     assert (failed.status, failed.reason) == ("True", "DiagnosticsFailed") and "memory,pcie" in failed.message
+
+
+def test_a_drain_polls_the_cache_between_evictions_and_ends_only_on_the_api_servers_word(
+    kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet]
+) -> None:
+    """The executor's cache replaces the per-poll list while the drain waits; what ends the drain (the
+    node empty, the timeout) is read from the API: a cache that lags (here: stopped before the pod
+    came, so it shows the node empty for good) must not make a drain of a busy node succeed."""
+    core = client.CoreV1Api(kube_api)
+    busy, waiting = make_fleet(2).nodes
+    stale = ClusterCache(kube_api).start()
+    assert stale.wait_synced(30)
+    stale.close()  # synced, and frozen from here on: the worst lag there is
+    time.sleep(0.5)
+    core.create_namespaced_pod(namespace, pinned_pod("held", busy))
+    wait("Running", lambda: running(core, namespace, "held"))
+    assert stale.synced and stale.pods_on(busy) == []
+    hold = settings(namespace, extra=f"  drain_timeout_s: 2.0\n  namespace_policies: {{{namespace}: "
+                                     "wait_for_completion}\n")
+    ex = executor(kube_api, hold, cache=stale)
+    r = ex.handle(command("drain", busy))
+    assert r.outcome == "failed" and f"{namespace}/held" in r.details["remaining_pods"], r
+    assert running(core, namespace, "held")
+
+    # a live cache: the polls while the pod may not be evicted yet read it, not the API
+    live = ClusterCache(kube_api).start()
+    try:
+        core.create_namespaced_pod(namespace, pinned_pod("later", waiting))
+        wait("Running", lambda: running(core, namespace, "later"))
+        assert live.wait_synced(30)
+        wait("the cache to see it", lambda: [x.name for x in live.pods_on(waiting)] == ["later"])
+        later = settings(namespace, extra="  drain_evict_after_s: 2.0\n  drain_timeout_s: 30.0\n")
+        ex = executor(kube_api, later, cache=live)
+        r = ex.handle(command("drain", waiting))
+        assert r.outcome == "applied" and r.details["evicted_pods"] == f"{namespace}/later", r
+        # about 4 polls in the 2 s before the eviction: the first from the API, the others from the
+        # cache; the poll after the eviction and the one that ends the drain from the API
+        assert ex.ctx.pod_reads["cache"] >= 2 and ex.ctx.pod_reads["api"] >= 2, ex.ctx.pod_reads
+    finally:
+        live.close()

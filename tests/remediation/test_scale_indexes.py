@@ -18,11 +18,10 @@ from hypothesis import strategies as st
 
 from fleetmedic.config import parse_config
 from fleetmedic.records import JobEvent, RankPlacement
-from fleetmedic.remediation.triage.jobs import JobBoard
-from fleetmedic.remediation.triage.records import TriageState
 from fleetmedic.remediation.engine import DecisionEngine
 from fleetmedic.remediation.topology import Placement, Topology
-from fleetmedic.remediation.triage.records import PendingGroup, file_group, order_groups
+from fleetmedic.remediation.triage.jobs import JobBoard
+from fleetmedic.remediation.triage.records import PendingGroup, TriageState, file_group, order_groups
 from tests.remediation.world import T0, World
 
 NODES = [f"n{i}" for i in range(12)]

@@ -49,7 +49,7 @@ class CommandExecutor:
         self.metrics = metrics
         self.stop = stop or threading.Event()
         self._dry_seen: set[str] = set()
-        self.ctx = la.Context(cluster, settings, clock, self.stop, metrics, self._commit)
+        self.ctx = la.Context(cluster, settings, clock, self.stop, metrics, self._commit, cache)
 
     # --- entry ------------------------------------------------------------------------------------
 

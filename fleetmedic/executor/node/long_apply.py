@@ -6,16 +6,23 @@ Each records its progress in the node's annotations before acting (``fleetmedic.
 that takes over, resumes the same drain from its original start (the timeout still counts from
 there) or watches the same Job instead of starting another. ``stop`` (leadership lost, shutdown)
 interrupts them without a result: the command is delivered again to whoever leads next.
+
+The drain's poll reads the node's pods from the executor's :class:`~fleetmedic.executor.cache.ClusterCache`
+when one is running and synced (a list per poll is an etcd range over every pod on a server without
+a pod watch cache), and from the API otherwise. The cache may lag, so the API still decides what
+the cache cannot: the poll after an eviction (the cache may not show the pod leaving yet) and the
+end of the drain (the node empty, or the timeout reached) are read from the API.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetmedic.config import Settings
 from fleetmedic.executor.kube import Cluster
@@ -32,6 +39,9 @@ from fleetmedic.k8s_keys import (
 )
 from fleetmedic.records import RemediationCommand
 
+if TYPE_CHECKING:
+    from fleetmedic.executor.cache import ClusterCache
+
 POLL_S = 0.5
 
 
@@ -47,6 +57,8 @@ class Context:
     stop: threading.Event
     metrics: ExecutorMetrics | None
     commit: Callable[[p.NodeView, RemediationCommand, p.NodePlan], None]  # patch + condition + event
+    cache: ClusterCache | None = None  # nodes and pods by watch (None: every read lists from the API)
+    pod_reads: Counter[str] = field(default_factory=Counter)  # the drain polls' reads: "api" or "cache"
 
     def sleep(self, seconds: float) -> None:
         if self.stop.wait(seconds):
@@ -82,17 +94,19 @@ def drain(ctx: Context, cmd: RemediationCommand, node: p.NodeView) -> p.NodePlan
         ctx.metrics.drains.inc()
     try:
         blocked: dict[str, tuple[str, ...]] = {}
+        fresh = True  # read this poll from the API (first poll, and after an eviction)
         while True:
             now = ctx.clock()
-            step = pl.plan_drain(ctx.cluster.pods_on(node.name), cfg, started, now)
+            step = _drain_step(ctx, node.name, started, now, fresh)
             if step.done:
                 break
             if step.timed_out:
                 return _drain_end(ctx, cmd, node, started, evicted, blocked, step)
-            blocked = {}
+            blocked, fresh = {}, False
             for pod in step.evict:
                 ev = ctx.cluster.evict(pod)
                 if ev.evicted:
+                    fresh = True
                     if pod.ref not in evicted:
                         evicted.append(pod.ref)
                 else:
@@ -102,6 +116,19 @@ def drain(ctx: Context, cmd: RemediationCommand, node: p.NodeView) -> p.NodePlan
         if ctx.metrics:
             ctx.metrics.drains.dec()
     return _drain_end(ctx, cmd, node, started, evicted, {}, None)
+
+
+def _drain_step(ctx: Context, node: str, started: float, now: float, fresh: bool) -> pl.DrainStep:
+    """One poll's plan: from the cache when it is synced and ``fresh`` is not asked for; a plan that
+    would end the drain (nothing left, or timed out) is made again from the API's list."""
+    cache = ctx.cache if ctx.cache is not None and ctx.cache.synced else None
+    if cache is not None and not fresh:
+        ctx.pod_reads["cache"] += 1
+        step = pl.plan_drain(cache.pods_on(node), ctx.settings.executor, started, now)
+        if not (step.done or step.timed_out):
+            return step
+    ctx.pod_reads["api"] += 1
+    return pl.plan_drain(ctx.cluster.pods_on(node), ctx.settings.executor, started, now)
 
 
 def _drain_end(ctx: Context, cmd: RemediationCommand, node: p.NodeView, started: float, evicted: list[str],
