@@ -522,7 +522,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=16, help="concurrent creations")
     ap.add_argument("--sync-timeout", type=float, default=600.0, help="give up on a sync after this (s)")
     ap.add_argument("--lease-s", type=int, default=600,
-                    help="node Lease duration kwok renews (0: kwok's default, which keeps no Leases; see above; the tests use 40)")
+                    help="node Lease duration kwok renews (0: kwok's default, which keeps no Leases; see above; "
+                         "the tests use 40)")
     ap.add_argument("--kubeconfig", default=os.environ.get(dev_settings.ENV_KUBECONFIG, ""))
     args = ap.parse_args()
     if args.pods > 2 * args.nodes or args.base_pods > 2 * args.base_nodes or args.commands + 2 > args.base_nodes:
