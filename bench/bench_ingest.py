@@ -12,8 +12,10 @@ same run on the same bytes.
     (``json.loads`` + api_samples + sorted samples through ``read_samples``), the one used before.
 (d) Prometheus remote write 1.0 -> GpuTelemetry through the receiver's pure path (as ``exporter
     remote-write`` runs it, without HTTP and Kafka): the request's headers checked, snappy
-    decompressed, the WriteRequest decoded, samples read with the receiver's label cache, held per
-    scrape by the Assembler and mapped to records. The bodies are what Prometheus sends for the
+    decompressed, the WriteRequest decoded, then ``Assembler.take`` (samples read with the
+    receiver's label cache and held per node and scrape) and ``Assembler.records`` (the scrapes
+    mapped to records). Also prints the CPU time per sample of each stage (decode, read + hold,
+    records) of the best round. The bodies are what Prometheus sends for the
     same dcgm-exporter series with its target labels (``instance``, ``job``) added: ``--scrapes``
     scrapes of the fleet, each cut into requests of ``max_samples_per_send`` (2,000) samples; the
     first scrape fills the label cache, as the first seconds of a running receiver do.
@@ -50,7 +52,6 @@ from fleetmedic.connectors.remote_write import (
     WriteRequest,
     decode_request,
     encode_request,
-    write_request_samples,
 )
 
 CAPTURE = Path(__file__).parents[1] / "tests" / "data" / "field" / "dcgm-exporter" / "kops-l4-gpu-operator.prom"
@@ -132,15 +133,26 @@ class RemoteWritePath:
         self.assembler = Assembler(self.reader, rw.assemble_s, rw.max_pending_samples, rw.max_nodes_tracked)
         self.cache = LabelCache()
 
-    def scrape(self, bodies: list[bytes]) -> list[r.GpuTelemetry | r.PortTelemetry]:
+    def scrape(self, bodies: list[bytes], split: dict[str, float] | None = None
+               ) -> list[r.GpuTelemetry | r.PortTelemetry]:
+        """The records of one scrape's requests; ``split`` adds the CPU time of each stage."""
         rw = self.rw
+        clock = time.process_time
+        t0 = clock()
+        taking = 0.0
         for body in bodies:
             message = decode_request(body, RW_HEADERS, rw.max_body_bytes, rw.max_decompressed_bytes)
+            t1 = clock()
             counts = SampleCounts()
-            samples = list(write_request_samples(message, self.reader.skipped, counts, self.cache))
-            assert self.assembler.room_for(len(samples))
-            self.assembler.add(samples)
-        return self.assembler.records(everything=True)
+            assert self.assembler.take(message, self.reader.skipped, counts, self.cache) is not None
+            taking += clock() - t1
+        t1 = clock()
+        records = self.assembler.records(everything=True)
+        if split is not None:
+            split["decode"] += t1 - t0 - taking
+            split["read + hold"] += taking
+            split["records"] += clock() - t1
+        return records
 
 
 def remote_write_floor(scrapes: list[list[bytes]]) -> None:
@@ -245,19 +257,22 @@ def remote_write_case(args: argparse.Namespace, samples: int) -> None:
 
     assert receive() == args.nodes * args.scrapes
 
-    def receive_timed() -> float:
+    def receive_timed() -> tuple[float, dict[str, float]]:
         path = RemoteWritePath()
         path.scrape(warm)
+        split = dict.fromkeys(("decode", "read + hold", "records"), 0.0)
         t0 = time.process_time()
         for scrape in timed:
-            path.scrape(scrape)
-        return time.process_time() - t0
+            path.scrape(scrape, split)
+        return time.process_time() - t0, split
 
-    ours = min(receive_timed() for _ in range(args.rounds))
+    ours, split = min((receive_timed() for _ in range(args.rounds)), key=lambda x: x[0])
     floor = best(lambda: remote_write_floor(timed), args.rounds)
     row("(d) remote write -> records", samples * args.scrapes, ours, "snappy + protobuf decode", floor)
     print(f"    remote write: {sum(map(len, timed))} requests of <= {MAX_SAMPLES_PER_SEND} samples, "
-          f"{sum(len(x) for b in timed for x in b) / 1e6:.1f} MB compressed in all")
+          f"{sum(len(x) for b in timed for x in b) / 1e6:.1f} MB compressed in all; per sample (best round): "
+          + ", ".join(f"{stage} {t / (samples * args.scrapes) * 1e6:.2f} us" for stage, t in split.items())
+          + f"; floor {floor / (samples * args.scrapes) * 1e6:.2f} us")
 
 
 if __name__ == "__main__":

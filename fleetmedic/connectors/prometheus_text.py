@@ -45,6 +45,7 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Final
 
 import msgspec
@@ -470,18 +471,16 @@ class ExpositionReader:
     # --- samples -> records -----------------------------------------------------------------
 
     def read_samples(
-        self, samples: Iterable[Sample], flush_lag_s: float = 120.0, series_cache: SeriesCache | None = None
+        self, samples: Iterable[Sample], flush_lag_s: float = 120.0
     ) -> Iterator[r.GpuTelemetry | r.PortTelemetry]:
-        """Records per node and scrape from samples (parsed text, or a Prometheus API answer).
-        ``series_cache``: what each series says, kept across calls by a caller whose label set
-        objects live on (the remote-write receiver's label cache); by default, one per call."""
+        """Records per node and scrape from samples (parsed text, or a Prometheus API answer)."""
         groups: dict[tuple[str, bool], list[_Group]] = {}  # (node, is GPU) -> open groups, oldest first
         tol = max(0.0, self.group_tolerance_s)
         newest, flushed_before = float("-inf"), float("-inf")
         skipped = self.skipped
         # what a series' name and labels say (node, GPU or port, target field...), worked out once per
         # series: exporters and range queries repeat the same label set object sample after sample
-        seen: SeriesCache = {} if series_cache is None else series_cache
+        seen: SeriesCache = {}
         for n, (raw_name, labels, value, ts) in enumerate(samples, 1):
             if n % 20_000 == 0 and newest - flush_lag_s > flushed_before:
                 flushed_before = newest - flush_lag_s
@@ -649,44 +648,45 @@ class ExpositionReader:
                  ) -> float | int | None:
         """``v`` as the record field takes it, or None (counted) when it is a DCGM blank or out of
         the field's range: the value is dropped, the record kept."""
-        integral, lo, hi = bounds
-        if v >= DCGM_INT64_BLANK or (not integral and v >= DCGM_FP64_BLANK):
-            count(self.skipped, f"{series}: DCGM blank value (not supported by the GPU)")
-            return None
-        if not lo <= v <= hi:
-            count(self.skipped, f"{series}: value out of range")
-            return None
-        return int(v) if integral else v
+        checked, reason = _verdict(v, bounds)
+        if reason:
+            count(self.skipped, f"{series}: {reason}")
+        return checked
 
     def gpu_record(
         self, key: tuple[str, float], by_gpu: dict[int, dict[str, float]], info: dict[str, str]
     ) -> r.GpuTelemetry | None:
         node, ts = key
         gpus = sorted(by_gpu)
-        columns: dict[str, list[float | int | None]] = {}
-        present: set[str] = set()
-        for values in by_gpu.values():
-            present.update(values)
         per_gpu = [by_gpu[g] for g in gpus]
+        present = set().union(*per_gpu)
+        columns: dict[str, list[float | int | None]] = {}
         for metric in r.GPU_METRICS:
             if metric not in present:
                 continue
-            bounds = _GPU_BOUNDS.get(metric, (False, -math.inf, math.inf))
-            integral, lo, hi = bounds
-            blank = DCGM_INT64_BLANK if integral else min(DCGM_INT64_BLANK, DCGM_FP64_BLANK)
-            col: list[float | int | None] = []
-            for values in per_gpu:
-                v = values.get(metric)
-                if v is None:
-                    col.append(None)
-                elif lo <= v <= hi and v < blank:  # the common case of _checked, inline
-                    col.append(int(v) if integral else v)
-                else:
-                    col.append(self._checked(metric, v, bounds, r.DCGM_NAMES[metric]))
+            raw: list[float | None] = list(map(dict.get, per_gpu, repeat(metric)))  # None where a GPU did not report it
+            integral, lo, top, series = _GPU_CHECKS[metric]
+            if None not in raw and lo <= min(raw) and max(raw) <= top:  # type: ignore[type-var,operator]
+                # the common case, checked by column (values are finite: every caller checks)
+                columns[metric] = list(map(int, raw)) if integral else raw  # type: ignore[arg-type]
+                continue
+            bad = [v for v in raw if v is not None and not lo <= v <= top]
+            col: list[float | int | None] = [
+                None if v is None or not lo <= v <= top else int(v) if integral else v for v in raw]
+            blank = sum(1 for v in bad if v >= DCGM_INT64_BLANK or (not integral and v >= DCGM_FP64_BLANK))
+            # counted as _checked counts them, once per column (the first reason met first)
+            reasons = [(f"{series}: DCGM blank value (not supported by the GPU)", blank),
+                       (f"{series}: value out of range", len(bad) - blank)]
+            if bad and _verdict(bad[0], _GPU_BOUNDS.get(metric, _UNBOUNDED))[1] != _BLANK:
+                reasons.reverse()
+            for reason, k in reasons:
+                if k:
+                    count(self.skipped, reason, k)
             if any(v is not None for v in col):
                 columns[metric] = col
         if not columns:  # every value was bad: nothing to say about this node (the reasons are counted)
             return None
+        uuid_keys = [_UUID_KEYS[g] if g < len(_UUID_KEYS) else f"uuid{g}" for g in gpus]
         doc = {
             "node": node,
             "ts": ts,
@@ -695,7 +695,7 @@ class ExpositionReader:
             "sku": info.get("sku", ""),
             "driver_version": info.get("driver", ""),
             "source": self.source,
-            "uuids": [info.get(f"uuid{g}", "") for g in gpus] if any(f"uuid{g}" in info for g in gpus) else [],
+            "uuids": [info.get(k, "") for k in uuid_keys] if any(k in info for k in uuid_keys) else [],
         }
         try:
             return r.convert(r.GpuTelemetry, doc)
@@ -732,6 +732,29 @@ class ExpositionReader:
         except r.InvalidRecord as exc:
             count(self.skipped, f"PortTelemetry {exc.path}: {exc.reason}")
             return None
+
+
+_UNBOUNDED: Final = (False, -math.inf, math.inf)
+#: the DCGM blank a float field's value must be under
+_FLOAT_BLANK: Final = min(DCGM_INT64_BLANK, DCGM_FP64_BLANK)
+_UUID_KEYS: Final = [f"uuid{g}" for g in range(256)]
+_BLANK: Final = "DCGM blank value (not supported by the GPU)"
+#: metric -> (integral, lowest, highest value kept: the field's highest, under the DCGM blanks, series)
+_GPU_CHECKS: Final = {
+    m: (integral, lo, min(hi, math.nextafter(DCGM_INT64_BLANK if integral else _FLOAT_BLANK, -math.inf)),
+        r.DCGM_NAMES[m])
+    for m, (integral, lo, hi) in ((m, _GPU_BOUNDS.get(m, _UNBOUNDED)) for m in r.GPU_METRICS)}
+
+
+def _verdict(v: float, bounds: tuple[bool, float, float]) -> tuple[float | int | None, str]:
+    """``v`` as a record field with ``bounds`` takes it and "", or None and why not (a DCGM blank,
+    out of range): the value is dropped, the record kept."""
+    integral, lo, hi = bounds
+    if v >= DCGM_INT64_BLANK or (not integral and v >= DCGM_FP64_BLANK):
+        return None, _BLANK
+    if not lo <= v <= hi:
+        return None, "value out of range"
+    return (int(v) if integral else v), ""
 
 
 def _group_for(groups: dict[tuple[str, bool], list[_Group]], key: tuple[str, bool], ts: float, tol: float) -> _Group:

@@ -24,20 +24,27 @@
   label bytes it then remembers when they were exactly the series' labels), so the label sets a
   sender repeats every request are decoded (and their UTF-8 checked) once. Both ways give the
   same samples: protobuf reads a message's bytes as the concatenation of its fields.
-- **Samples** (:func:`write_request_samples`): a series whose ``__name__`` fleetmedic reads
+- **Samples**: a series whose ``__name__`` fleetmedic reads
   (:func:`~fleetmedic.connectors.prometheus_text.known_name`, so OpenMetrics ``_total`` names too)
-  gives ``(name, labels, value, seconds)`` samples, as the exposition reader's parser does; other
-  series are counted as ignored. Prometheus's staleness markers (a NaN of its own bit pattern,
-  written when a series disappears) are counted apart and dropped; other NaNs, infinities, label
-  values over :data:`~fleetmedic.connectors.prometheus_text.MAX_LABEL_VALUE_CHARS` and
-  out-of-range timestamps are skipped and counted per reason.
+  gives samples (:func:`read_request`, :func:`write_request_samples` in the form of the exposition
+  reader's parser); other series are counted as ignored. Prometheus's staleness markers (a NaN of
+  its own bit pattern, written when a series disappears) are counted apart and dropped; other NaNs,
+  infinities, label values over :data:`~fleetmedic.connectors.prometheus_text.MAX_LABEL_VALUE_CHARS`
+  and out-of-range timestamps are skipped and counted per reason.
 - **Assembly** (:class:`Assembler`): Prometheus spreads the series of one scrape over several
   requests (queues are sharded by series, batches cut at ``max_samples_per_send``), so the samples
-  are held per scrape target (node, ``job``, ``instance``) and scrape time (within the reader's
-  ``group_tolerance_ms``) and released ``assemble_s`` after the first of them arrived; the released
-  samples go through :meth:`ExpositionReader.read_samples
-  <fleetmedic.connectors.prometheus_text.ExpositionReader.read_samples>`, the grouping and mapping
-  every other Prometheus path uses (node from ``node_labels``, GPU from ``ingest.gpu_label``...).
+  are held per node (its GPU series apart from its port series) and scrape time (within the
+  reader's ``group_tolerance_ms`` of the scrape's first sample, the grouping of
+  :meth:`ExpositionReader.read_samples
+  <fleetmedic.connectors.prometheus_text.ExpositionReader.read_samples>`), and released
+  ``assemble_s`` after the first of them arrived; the released scrapes become records through the
+  reader's own record making (``_flush``: range checks, DCGM blanks, XIDs, link states), with the
+  mapping every other Prometheus path uses (``ExpositionReader._series``: node from
+  ``node_labels``, GPU from ``ingest.gpu_label``...). :meth:`Assembler.take` does it in one pass
+  per request: what a label set says (series, node, GPU, target field) is worked out once and kept
+  on its :class:`LabelCache` entry, so a sample of a known series is its tail decoded, one lookup
+  of its label bytes and its value put into its node's open scrape. Series the reader cannot map
+  (no node label, a GPU label that is not an index) are skipped and counted when they arrive.
   A sample of a scrape already released (a retry of a request whose answer was lost, a WAL replay,
   a shard later than ``assemble_s``) is dropped and counted: a node never gets a second, partial
   record for a scrape time.
@@ -52,6 +59,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Final
 
 from fleetmedic.connectors.prometheus_text import (
@@ -60,7 +68,8 @@ from fleetmedic.connectors.prometheus_text import (
     TS_MIN,
     ExpositionReader,
     Sample,
-    SeriesCache,
+    _Group,
+    _Series,
     count,
     known_name,
 )
@@ -208,7 +217,7 @@ def is_stale_marker(value: float) -> bool:
 
 @dataclass
 class SampleCounts:
-    """What :func:`write_request_samples` made of a request's samples."""
+    """What :func:`read_request` / :meth:`Assembler.take` made of a request's samples."""
 
     read: int = 0  # samples of series fleetmedic reads, passed on
     ignored: int = 0  # samples of series fleetmedic does not read
@@ -216,18 +225,40 @@ class SampleCounts:
     skipped: int = 0  # bad samples (reasons in the reader's ``skipped``)
 
 
-_LabelSet = tuple[str | None, dict[str, str], str]  # known series name (None: not read), labels, problem
+class _LabelSet:
+    """One label set of a :class:`LabelCache`: the series fleetmedic reads (None: not one), its
+    labels without ``__name__`` and why its samples cannot be used ("" when they can). Once an
+    :class:`Assembler` (``owner``) has held one of its samples, also what it resolved: the reader's
+    :class:`~fleetmedic.connectors.prometheus_text._Series` (node, GPU, target field...), the
+    :class:`_Node` its samples are held under (None: the reader cannot map the series, e.g. it has
+    no node label) and, for a plain GPU series, ``(index, target field, uuid key, uuid)`` (the
+    uuid only where the series of its GPU disagree on it: :attr:`_Node.uuids`)."""
+
+    __slots__ = ("gpu", "labels", "name", "node", "owner", "problem", "series", "usable")
+
+    def __init__(self, name: str | None, labels: dict[str, str], problem: str) -> None:
+        self.name = name
+        self.labels = labels
+        self.problem = problem
+        self.usable = name is not None and not problem  # its finite, in-range samples are read
+        self.owner: Assembler | None = None
+        self.series: _Series | None = None
+        self.node: _Node | None = None
+        self.gpu: tuple[int, str, str, str] | None = None
+
+    def forget(self) -> None:
+        self.owner = self.series = self.node = self.gpu = None
 
 
 class LabelCache:
-    """Encoded label sets -> (the series fleetmedic reads or None, labels without ``__name__``,
-    why its samples cannot be used or ""). The labels dict of a set is the same object every time
-    it is seen (the mapping's per-series caches key on it). Cleared when ``max_entries`` or
-    ``max_bytes`` (of encoded labels) are reached."""
+    """Encoded label sets -> :class:`_LabelSet`. The labels dict of a set is the same object every
+    time it is seen. Cleared when ``max_entries`` or ``max_bytes`` (of encoded labels) are reached.
+    ``owner``: the :class:`Assembler` whose resolutions its sets hold."""
 
     def __init__(self, max_entries: int = 200_000, max_bytes: int = 64 << 20) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
+        self.owner: Assembler | None = None
         self._sets: dict[tuple[bytes, ...], _LabelSet] = {}
         #: a series' encoded labels (the bytes before its samples, containing nothing else) -> its set
         self._prefixes: dict[bytes, _LabelSet] = {}
@@ -249,11 +280,21 @@ class LabelCache:
 
     def remember_prefix(self, prefix: bytes, hit: _LabelSet) -> None:
         """``prefix``: the encoded labels of a series whose label set is ``hit`` (checked by the
-        caller: parsed, it holds those labels and no sample)."""
+        caller: parsed, it holds those labels and no sample). An empty one (no labels, so no
+        name: not a series fleetmedic reads) is not kept."""
+        if not prefix:
+            return
         if len(self._prefixes) >= self.max_entries or self._bytes + len(prefix) > self.max_bytes:
             self._clear()
         self._prefixes[prefix] = hit
         self._bytes += len(prefix)
+
+    def adopt(self, owner: Assembler) -> None:
+        """From now on ``owner`` resolves the sets (those another one resolved are forgotten)."""
+        if self.owner is not None:
+            for hit in self._sets.values():
+                hit.forget()
+        self.owner = owner
 
     def _clear(self) -> None:
         self._sets.clear()
@@ -281,7 +322,7 @@ class LabelCache:
         too_long = next((k for k, v in labels.items() if len(v) > MAX_LABEL_VALUE_CHARS), None)
         problem = "" if known is None or too_long is None else (
             f"{known}: label {too_long[:64]} longer than {MAX_LABEL_VALUE_CHARS} characters")
-        return known, labels, problem
+        return _LabelSet(known, labels, problem)
 
 
 def _tail_sample(raw: bytes, times: dict[bytes, int]) -> tuple[int, float, int] | None:
@@ -315,6 +356,12 @@ def _tail_sample(raw: bytes, times: dict[bytes, int]) -> tuple[int, float, int] 
 
 
 _DOUBLE = struct.Struct("<d")
+#: the last 18 bytes of a series whose one sample has a value: ``0x12 16 0x09``, the double, then
+#: ``0x10`` and a 6-byte timestamp varint
+_VALUED_TAIL = struct.Struct("<3sd7s")
+_VALUED_HEAD: Final = b"\x12\x10\x09"
+#: the last 9 bytes of one whose value is 0.0 (left out): ``0x12 7``, then ``0x10`` and the varint
+_ZERO_HEAD: Final = b"\x12\x07"
 
 
 def _parse_series(raw: bytes, cache: LabelCache, tail: tuple[int, float, int] | None
@@ -341,82 +388,196 @@ def _parse_series(raw: bytes, cache: LabelCache, tail: tuple[int, float, int] | 
     return hit, [(point.value, point.timestamp) for point in series.samples]
 
 
+@dataclass(slots=True)
+class Points:
+    """Samples of series fleetmedic reads, column by column: label set, value, timestamp (Unix
+    seconds); ``cache``: the :class:`LabelCache` the label sets are from (None: none)."""
+
+    sets: list[_LabelSet] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    cache: LabelCache | None = None
+
+    def __len__(self) -> int:
+        return len(self.sets)
+
+    def samples(self) -> Iterator[Sample]:
+        """As the exposition reader's parser yields them: (name, labels, value, seconds)."""
+        for labels, value, ts in zip(self.sets, self.values, self.times, strict=True):
+            assert labels.name is not None
+            yield labels.name, labels.labels, value, ts
+
+
+def _read(request: Any, skipped: Counter[str], counts: SampleCounts, cache: LabelCache,
+          into: Assembler | None, out: Points) -> int:
+    """Reads the series of a (:func:`decode_request`) WriteRequest (see the module docstring): the
+    samples of series fleetmedic reads are held by ``into`` or, without one, collected in ``out``;
+    the others are counted. Returns how many were read (with ``into``: how many it took; the others
+    were late or of series the reader cannot map). A series or label that cannot be read (not
+    UTF-8...) raises :class:`BadRequest`."""
+    prefixes = cache._prefixes.get
+    #: ``0x10`` + a 6-byte timestamp varint (2004-2109 in ms) -> seconds, for those decoded in this
+    #: request (so checked: in range, and a whole varint)
+    stamps: dict[bytes, float] = {}
+    stamps_get = stamps.get
+    varints: dict[bytes, int] = {}  # for _tail_sample
+    valued_tail = _VALUED_TAIL.unpack_from
+    hold = into._hold if into is not None else None
+    now = into.clock() if into is not None else 0.0
+    add_set, add_value, add_time = out.sets.append, out.values.append, out.times.append
+    read = ignored = held = late = other = 0  # other: series not held inline
+    value = ts = 0.0
+    for raw in request.timeseries:
+        # the commonest layout first, inline: the label bytes of a label set seen before, then one
+        # sample after a value (``0x12 16 0x09 double 0x10 varint``) or none (``0x12 7 0x10 varint``:
+        # 0.0), its timestamp one already read in this request. Anything else goes below
+        hit = None
+        if raw[-16:-15] == b"\x09":
+            hit = prefixes(raw[:-18])
+            if hit is not None:
+                head, value, tail = valued_tail(raw, -18)  # a hit: raw[:-18] is not empty
+                ts = stamps_get(tail)  # type: ignore[assignment]
+                if ts is None or head != _VALUED_HEAD:
+                    hit = None
+        if hit is None and raw[-9:-7] == _ZERO_HEAD:
+            hit = prefixes(raw[:-9])
+            if hit is not None:
+                value, ts = 0.0, stamps_get(raw[-7:])  # type: ignore[assignment]
+                if ts is None:
+                    hit = None
+        if hit is not None:
+            node = hit.node  # set once ``into`` resolved the set: fleetmedic reads it and the reader maps it
+            if node is not None and node.ts == ts and value - value == 0.0 and hit.gpu is not None \
+                    and hold is not None:  # _hold's commonest case (finite value, its node's current scrape), inline
+                rows = node.rows
+                if rows is None:  # that scrape was released: late
+                    late += 1
+                    continue
+                index, target, uuid_key, uuid = hit.gpu
+                row = rows.get(index)
+                if row is not None:
+                    row[target] = value
+                    if uuid:  # only where the series of this GPU disagree on its UUID
+                        node.meta[uuid_key] = uuid  # type: ignore[index]
+                    continue
+            other += 1
+            if hit.name is None:
+                ignored += 1
+                continue
+            points: list[tuple[float, float]] = [(value, ts)]
+        else:
+            other += 1
+            tail_sample = _tail_sample(raw, varints)
+            if tail_sample is not None:
+                start, value0, ms = tail_sample
+                hit = prefixes(raw[:start])
+                seconds = ms / 1000.0
+                if len(raw) - start in (9, 18) and TS_MIN <= seconds <= TS_MAX:  # a 6-byte varint
+                    stamps[raw[-7:]] = seconds
+                ms_points = [(value0, ms)]
+            if hit is None:
+                hit, ms_points = _parse_series(raw, cache, tail_sample)
+            points = [(v, ms / 1000.0) for v, ms in ms_points]
+        if hit.name is None:
+            ignored += len(points)
+            continue
+        if hit.problem:
+            count(skipped, hit.problem, len(points))
+            counts.skipped += len(points)
+            continue
+        known = hit.name
+        for value, ts in points:
+            if value - value == 0.0 and TS_MIN <= ts <= TS_MAX:
+                read += 1
+                if hold is None:
+                    add_set(hit)
+                    add_value(value)
+                    add_time(ts)
+                elif hold(hit, value, ts, now):
+                    held += 1
+            elif value - value != 0.0:
+                if value != value and is_stale_marker(value):
+                    counts.stale += 1
+                    continue
+                count(skipped, f"{known}: value is {'NaN' if math.isnan(value) else 'infinite'}")
+                counts.skipped += 1
+            else:
+                count(skipped, f"{known}: timestamp out of range")
+                counts.skipped += 1
+    inline = len(request.timeseries) - other  # samples held inline (or late)
+    counts.ignored += ignored
+    counts.read += read + inline
+    if into is not None:
+        into.late += late
+        held += inline - late
+        into.pending += held
+        return held
+    return read
+
+
+def read_request(request: Any, skipped: Counter[str], counts: SampleCounts, cache: LabelCache | None = None
+                 ) -> Points:
+    """The samples of a (:func:`decode_request`) WriteRequest's series fleetmedic reads; the rest
+    counted (see the module docstring)."""
+    cache = LabelCache() if cache is None else cache
+    out = Points(cache=cache)
+    _read(request, skipped, counts, cache, None, out)
+    return out
+
+
 def write_request_samples(request: Any, skipped: Counter[str], counts: SampleCounts,
                           cache: LabelCache | None = None) -> Iterator[Sample]:
-    """The samples of a (:func:`decode_request`) WriteRequest's series fleetmedic reads (labels
-    without ``__name__``, one dict per label set; timestamps in seconds); the rest counted. A
-    series or label that cannot be read (not UTF-8...) raises :class:`BadRequest`."""
-    cache = LabelCache() if cache is None else cache
-    prefixes = cache._prefixes
-    times: dict[bytes, int] = {}
-    unpack_double = _DOUBLE.unpack_from
-    isfinite = math.isfinite
-    read = 0
-    try:
-        for raw in request.timeseries:
-            # the commonest tail first, inline: a 6-byte timestamp varint (2004-2109 in ms) already
-            # decoded in this request (so checked), after a value (``0x12 16 0x09 double 0x10``) or
-            # none (``0x12 7 0x10``: 0.0); _tail_sample reads any other
-            n = len(raw)
-            ms = times.get(raw[-6:]) if n >= 9 else None
-            hit = None
-            if ms is not None and raw[-7] == 0x10:
-                if n >= 18 and raw[-16] == 0x09 and raw[-17] == 16 and raw[-18] == 0x12:
-                    hit, point = prefixes.get(raw[:-18]), (unpack_double(raw, n - 15)[0], ms)
-                elif raw[-8] == 7 and raw[-9] == 0x12:
-                    hit, point = prefixes.get(raw[:-9]), (0.0, ms)
-            if hit is None:
-                tail = _tail_sample(raw, times)
-                if tail is not None:
-                    hit, point = prefixes.get(raw[:tail[0]]), (tail[1], tail[2])
-            if hit is not None:
-                (known, labels, problem), points = hit, (point,)
-            else:
-                (known, labels, problem), points = _parse_series(raw, cache, tail)  # type: ignore[assignment]
-            if known is None:
-                counts.ignored += len(points)
-                continue
-            if problem:
-                count(skipped, problem, len(points))
-                counts.skipped += len(points)
-                continue
-            for value, ms in points:
-                ts = ms / 1000.0
-                if isfinite(value) and TS_MIN <= ts <= TS_MAX:
-                    read += 1
-                    yield known, labels, value, ts
-                elif not isfinite(value):
-                    if value != value and is_stale_marker(value):
-                        counts.stale += 1
-                        continue
-                    count(skipped, f"{known}: value is {'NaN' if math.isnan(value) else 'infinite'}")
-                    counts.skipped += 1
-                else:
-                    count(skipped, f"{known}: timestamp out of range")
-                    counts.skipped += 1
-    finally:
-        counts.read += read
+    """:func:`read_request` as samples (labels without ``__name__``, one dict per label set;
+    timestamps in seconds), the form of the exposition reader's parser."""
+    return read_request(request, skipped, counts, cache).samples()
 
 
 # --- assembly -------------------------------------------------------------------------------------
 
 
-@dataclass
-class _Scrape:
-    """The samples of one target's scrape received so far."""
+@dataclass(eq=False)
+class _Scrape(_Group):
+    """One node's samples of one scrape (its GPU or its port series) held so far."""
 
-    anchor: float  # the first sample's timestamp: later ones within the tolerance of it join
-    arrived: float  # when the first arrived (monotonic): released ``assemble_s`` later
-    samples: list[Sample] = field(default_factory=list)
+    arrived: float = 0.0  # when the first arrived (monotonic): released ``assemble_s`` later
+    newest: float = 0.0  # the newest sample's timestamp
+
+    def size(self) -> int:
+        """The values held."""
+        return sum(map(len, self.gpu.values())) + sum(map(len, self.xid_counts.values())) \
+            + sum(map(len, self.ports.values()))
 
 
-_Target = tuple[str, str, str]  # node ("" = none found: the reader counts it), job, instance
+_NodeKey = tuple[str, bool]  # (node, GPU series)
+_UNSEEN: Final = object()
+
+
+@dataclass(slots=True, eq=False)
+class _Node:
+    """What is held of one node's GPU (or port) series: its open scrapes, the newest time released,
+    and the scrape its last sample went to (``ts``; None: none yet, or forgotten at a release)."""
+
+    key: _NodeKey
+    scrapes: list[_Scrape] = field(default_factory=list)  # open, oldest first
+    released: float = -math.inf  # the newest timestamp released: samples up to it (+ tolerance) are late
+    ts: float | None = None  # the last sample's timestamp, then its scrape (None: it was late)
+    scrape: _Scrape | None = None
+    rows: dict[int, dict[str, float]] | None = None  # the scrape's ``gpu`` and ``meta``
+    meta: dict[str, str] | None = None
+    #: GPU index -> the UUID all its series have (then it is written once, when the GPU's row is
+    #: made), None when they disagree (then it is written with each value: the last one wins)
+    uuids: dict[int, str | None] = field(default_factory=dict)
+    dead: bool = False  # forgotten (``max_targets``): a label set pointing here looks its node up again
+
+    def settle(self) -> None:
+        """Forgets the scrape its last sample went to."""
+        self.ts = self.scrape = self.rows = self.meta = None
 
 
 @dataclass
 class Assembler:
-    """Holds samples per scrape until the whole scrape is likely in (see the module docstring);
-    ``clock`` is monotonic seconds."""
+    """Holds samples per node and scrape until the whole scrape is likely in (see the module
+    docstring); ``clock`` is monotonic seconds."""
 
     reader: ExpositionReader
     assemble_s: float
@@ -426,87 +587,187 @@ class Assembler:
     pending: int = 0
     #: samples dropped because their scrape was already released
     late: int = 0
-    _open: dict[_Target, list[_Scrape]] = field(default_factory=dict)
-    _released: OrderedDict[_Target, float] = field(default_factory=OrderedDict)
-    _targets: dict[int, tuple[dict[str, str], _Target]] = field(default_factory=dict)  # id(labels) -> target
-    #: what each series says, kept across releases: with one sample per series a scrape, a cache
-    #: per release would work every series out again each scrape
-    _series: SeriesCache = field(default_factory=dict)
+    _nodes: dict[_NodeKey, _Node] = field(default_factory=dict)
+    _open: dict[_NodeKey, _Node] = field(default_factory=dict)  # those holding scrapes, in first-held order
+    _released: OrderedDict[_NodeKey, None] = field(default_factory=OrderedDict)  # most recently released last
 
     def room_for(self, n: int) -> bool:
         return self.pending + n <= self.max_pending
 
-    def add(self, samples: Iterable[Sample]) -> int:
-        """Hold ``samples``; returns how many were taken (the others were late)."""
-        tol = max(0.0, self.reader.group_tolerance_s)
+    def take(self, request: Any, skipped: Counter[str], counts: SampleCounts, cache: LabelCache) -> int | None:
+        """Reads a (:func:`decode_request`) WriteRequest and holds its samples; returns how many
+        were taken (the others were late, or of series the reader cannot map), or None when they
+        would take the samples held past ``max_pending`` (nothing is held). A request with room
+        for as many samples as it has series (Prometheus writes one sample per series) is read and
+        held in one pass; otherwise it is read, then held if its samples fit (a sender writing
+        several samples per series can take the samples held past ``max_pending`` by those of one
+        request)."""
+        if cache.owner is not self:
+            cache.adopt(self)
+        if self.room_for(len(request.timeseries)):
+            return _read(request, skipped, counts, cache, self, Points())
+        points = read_request(request, skipped, counts, cache)
+        return self.add(points) if self.room_for(len(points)) else None
+
+    def add(self, points: Points | Iterable[Sample]) -> int:
+        """Hold ``points`` (:func:`read_request`'s, or samples); returns how many were taken (the
+        others were late, counted in :attr:`late`, or of a series the reader cannot map, e.g.
+        without a node label, counted in the reader's ``skipped``)."""
+        if not isinstance(points, Points):
+            points = _points_of(points)
+        elif points.cache is not None and points.cache.owner is not self:
+            points.cache.adopt(self)
         now = self.clock()
-        taken = 0
-        last_labels: dict[str, str] | None = None
-        target: _Target = ("", "", "")
-        released = -math.inf
-        targets = self._targets
-        for sample in samples:
-            labels = sample[1]
-            if labels is not last_labels:  # the samples of one series share their labels dict
-                last_labels = labels
-                hit = targets.get(id(labels))
-                if hit is None or hit[0] is not labels:  # the entry holds the dict: its id is not reused meanwhile
-                    if len(targets) >= 200_000:
-                        targets.clear()
-                    hit = targets[id(labels)] = (labels, (self.reader.node_of(labels) or "", labels.get("job", ""),
-                                                          labels.get("instance", "")))
-                target = hit[1]
-                released = self._released.get(target, -math.inf)
-            ts = sample[3]
-            assert ts is not None
-            if ts <= released + tol:
-                self.late += 1
-                continue
-            scrapes = self._open.get(target)
-            if scrapes is None:
-                scrapes = self._open[target] = []
-            for scrape in reversed(scrapes):
-                if abs(ts - scrape.anchor) <= tol:
-                    break
-            else:
-                scrape = _Scrape(ts, now)
-                scrapes.append(scrape)
-            scrape.samples.append(sample)
-            taken += 1
+        hold = self._hold
+        taken = sum(map(hold, points.sets, points.values, points.times, repeat(now)))
         self.pending += taken
         return taken
 
-    def release(self, everything: bool = False) -> list[Sample]:
-        """The samples of the scrapes held for ``assemble_s`` (all with ``everything``), oldest
-        scrape first; their targets are marked released up to their newest scrape time."""
+    def _hold(self, labels: _LabelSet, value: float, ts: float, now: float) -> bool:
+        """Holds one sample in its node's scrape (True), or counts it: late, or of a series the
+        reader cannot map (False)."""
+        if labels.owner is not self:
+            self._resolve(labels)
+        node = labels.node
+        if node is None:
+            assert labels.series is not None
+            count(self.reader.skipped, labels.series.problem)
+            return False
+        if node.dead:
+            self._resolve(labels)
+            node = labels.node
+            assert node is not None
+        if ts != node.ts:
+            self._place(node, labels, ts, now)
+        scrape = node.scrape
+        if scrape is None:
+            self.late += 1
+            return False
+        if labels.gpu is not None:  # _put's GPU branch
+            assert labels.series is not None
+            index, target, uuid_key, _ = labels.gpu
+            scrape.gpu[index][target] = value
+            if labels.series.uuid:
+                scrape.meta[uuid_key] = labels.series.uuid
+        else:
+            assert labels.series is not None
+            self.reader._put(scrape, labels.series, value)
+        return True
+
+    def _resolve(self, labels: _LabelSet) -> None:
+        """What ``labels`` says to the reader, and the node its samples are held under."""
+        assert labels.name is not None
+        series = labels.series = self.reader._series(labels.name, labels.labels)
+        labels.owner = self
+        if series.problem:
+            labels.node = labels.gpu = None
+            return
+        key = (series.node, series.index >= 0)
+        node = self._nodes.get(key)
+        if node is None:
+            node = self._nodes[key] = _Node(key)
+        labels.gpu = None
+        if series.index >= 0:
+            index = series.index
+            seen = node.uuids.get(index, _UNSEEN)
+            if seen is _UNSEEN:
+                node.uuids[index] = series.uuid
+            elif seen is not None and seen != series.uuid:  # the series of this GPU disagree on its UUID
+                node.uuids[index] = None
+                node = self._renew(node)
+            if series.xid < 0:  # the UUID is written with each value only where they disagree
+                labels.gpu = (index, series.target, f"uuid{index}", "" if node.uuids[index] is not None
+                              else series.uuid)
+        labels.node = node
+
+    def _renew(self, node: _Node) -> _Node:
+        """A new :class:`_Node` in place of ``node`` (with what it holds), which is marked dead:
+        the label sets resolved to it resolve again (so that they take what changed)."""
+        new = _Node(node.key, scrapes=node.scrapes, released=node.released, uuids=node.uuids)
+        node.settle()
+        node.dead = True
+        self._nodes[node.key] = new
+        if node.key in self._open:
+            self._open[node.key] = new
+        return new
+
+    def _place(self, node: _Node, labels: _LabelSet, ts: float, now: float) -> None:
+        """Points ``node`` at the open scrape a sample at ``ts`` joins (one within the reader's
+        tolerance of its first sample, the newest first, as the reader groups), at a new one, or
+        at none (late)."""
+        node.settle()
+        node.ts = ts
+        tol = max(0.0, self.reader.group_tolerance_s)
+        if ts <= node.released + tol:
+            return
+        for scrape in reversed(node.scrapes):
+            if abs(ts - scrape.anchor) <= tol:
+                if ts < scrape.ts:
+                    scrape.ts = ts
+                if ts > scrape.newest:
+                    scrape.newest = ts
+                break
+        else:
+            scrape = _Scrape(anchor=ts, ts=ts, arrived=now, newest=ts)
+            series = labels.series
+            assert series is not None
+            if series.index >= 0:  # the first GPU series of a scrape gives the record's sku and driver
+                scrape.meta["sku"], scrape.meta["driver"] = series.sku, series.driver
+            if not node.scrapes:
+                self._open[node.key] = node
+            node.scrapes.append(scrape)
+        node.scrape, node.rows, node.meta = scrape, scrape.gpu, scrape.meta
+
+    def release(self, everything: bool = False) -> dict[_NodeKey, list[_Scrape]]:
+        """The scrapes held for ``assemble_s`` (all with ``everything``), per node; their nodes are
+        marked released up to their newest timestamp."""
         cutoff = math.inf if everything else self.clock() - self.assemble_s
-        out: list[tuple[float, list[Sample]]] = []
-        for target in list(self._open):
-            scrapes = self._open[target]
-            due = [s for s in scrapes if s.arrived <= cutoff]
-            if not due:
+        due: dict[_NodeKey, list[_Scrape]] = {}
+        for key, node in list(self._open.items()):
+            scrapes = node.scrapes
+            k = 0
+            while k < len(scrapes) and scrapes[k].arrived <= cutoff:  # oldest first: the due ones lead
+                k += 1
+            if not k:
                 continue
-            keep = [s for s in scrapes if s.arrived > cutoff]
-            if keep:
-                self._open[target] = keep
-            else:
-                del self._open[target]
-            newest = max(max(x[3] or 0.0 for x in s.samples) for s in due)
-            mark = max(self._released.pop(target, -math.inf), newest)
-            self._released[target] = mark  # most recently released last: the oldest are forgotten first
-            out += [(s.anchor, s.samples) for s in due]
+            node.settle()
+            due[key], node.scrapes = scrapes[:k], scrapes[k:]
+            if not node.scrapes:
+                del self._open[key]
+            node.released = max(node.released, max(s.newest for s in due[key]))
+            self._released.pop(key, None)
+            self._released[key] = None
+        if due:  # the values held now (a sample that replaced one of its series' counted once)
+            self.pending = sum(s.size() for node in self._open.values() for s in node.scrapes)
         while len(self._released) > self.max_targets:
-            self._released.popitem(last=False)
-        out.sort(key=lambda x: x[0])
-        samples = [x for _, batch in out for x in batch]
-        self.pending -= len(samples)
-        return samples
+            key, _ = self._released.popitem(last=False)
+            node = self._nodes[key]
+            node.released = -math.inf
+            node.settle()
+            if not node.scrapes:
+                del self._nodes[key]
+                node.dead = True
+        return due
 
     def records(self, everything: bool = False) -> list[GpuTelemetry | PortTelemetry]:
-        """The records of the released scrapes, mapped by the reader."""
-        samples = self.release(everything)
-        return list(self.reader.read_samples(samples, flush_lag_s=math.inf, series_cache=self._series)) if samples \
-            else []
+        """The records of the released scrapes, made by the reader."""
+        due = self.release(everything)
+        return list(self.reader._flush(due, before=math.inf)) if due else []  # type: ignore[arg-type]
+
+
+def _points_of(samples: Iterable[Sample]) -> Points:
+    """Samples (the exposition reader's form) as :class:`Points`: one label set per series."""
+    out = Points()
+    sets: dict[tuple[str, int], _LabelSet] = {}  # each holds its labels: their id is not reused meanwhile
+    for name, labels, value, ts in samples:
+        hit = sets.get((name, id(labels)))
+        if hit is None:
+            hit = sets[(name, id(labels))] = _LabelSet(known_name(name), labels, "")
+        assert ts is not None and hit.usable
+        out.sets.append(hit)
+        out.values.append(value)
+        out.times.append(ts)
+    return out
 
 
 # --- the listen address -----------------------------------------------------------------------------

@@ -45,7 +45,6 @@ from fleetmedic.connectors.remote_write import (
     SampleCounts,
     decode_request,
     parse_listen,
-    write_request_samples,
 )
 from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox, Outgoing, Sink, telemetry_outgoing
 
@@ -186,7 +185,8 @@ class RemoteWriteReceiver:
             body = await _read_capped(request, rw.max_body_bytes)
             message = decode_request(body, request.headers, rw.max_body_bytes, rw.max_decompressed_bytes)
             counts = SampleCounts()
-            samples = list(write_request_samples(message, self.reader.skipped, counts, self.label_cache))
+            late = self.assembler.late
+            taken = self.assembler.take(message, self.reader.skipped, counts, self.label_cache)
         except BadRequest as exc:
             self.rw_metrics.rejected.labels(exc.kind).inc()
             self._warn(exc.kind, f"remote-write: refused a request from {request.remote} ({exc.status}): {exc}")
@@ -197,13 +197,14 @@ class RemoteWriteReceiver:
             self.metrics.error(kind)
             log.exception("remote-write: reading a request failed; answered 400 so that it is not retried")
             return web.Response(status=400, text=f"the request could not be read ({type(exc).__name__})\n")
-        if not self.assembler.room_for(len(samples)):
+        if taken is None:
             return web.Response(status=503, text="too many samples waiting for their scrape to complete; "
                                                  "retry later\n")
-        taken = self.assembler.add(samples)
+        late = self.assembler.late - late
+        unmapped = counts.read - taken - late  # of series the reader cannot map (no node label...): skipped
         m = self.rw_metrics.samples
-        for outcome, n in (("read", taken), ("late", len(samples) - taken), ("ignored", counts.ignored),
-                           ("stale", counts.stale), ("skipped", counts.skipped)):
+        for outcome, n in (("read", taken), ("late", late), ("ignored", counts.ignored),
+                           ("stale", counts.stale), ("skipped", counts.skipped + unmapped)):
             if n:
                 m.labels(outcome).inc(n)
         self.rw_metrics.pending.set(self.assembler.pending)
