@@ -1,8 +1,9 @@
-"""The one thing pyproject.toml cannot yet say without an experimental table: stage 1's C loops,
+"""The one thing pyproject.toml cannot yet say without an experimental table: the C loops of stage 1,
 the metric columns (fleetmedic/models/_columns.c) and the GPU detector's signals and baseline
-step (fleetmedic/models/_baselines.c). Optional: without a C compiler the package installs and
+step (fleetmedic/models/_baselines.c), and of the remote-write receiver
+(fleetmedic/connectors/_remote_write.c). Optional: without a C compiler the package installs and
 runs the same pure-Python / numpy paths (fleetmedic.models.sample_columns,
-fleetmedic.models.gpu_signals), slower."""
+fleetmedic.models.gpu_signals, fleetmedic.connectors.remote_write), slower."""
 
 from setuptools import Extension, setup
 
@@ -11,4 +12,6 @@ setup(ext_modules=[
     # no FMA contraction: numpy rounds a * b + c twice, and the loop's results must equal numpy's
     Extension("fleetmedic.models._baselines", ["fleetmedic/models/_baselines.c"], optional=True,
               extra_compile_args=["-ffp-contract=off"]),
+    # the remote-write receiver's commonest series (fleetmedic/connectors/_remote_write.c)
+    Extension("fleetmedic.connectors._remote_write", ["fleetmedic/connectors/_remote_write.c"], optional=True),
 ])

@@ -43,7 +43,9 @@
   ``node_labels``, GPU from ``ingest.gpu_label``...). :meth:`Assembler.take` does it in one pass
   per request: what a label set says (series, node, GPU, target field) is worked out once and kept
   on its :class:`LabelCache` entry, so a sample of a known series is its tail decoded, one lookup
-  of its label bytes and its value put into its node's open scrape. Series the reader cannot map
+  of its label bytes and its value put into its node's open scrape (that commonest case is a C
+  loop, :mod:`fleetmedic.connectors._remote_write`, where the package was built with a C compiler;
+  the Python loop does the same, slower, with equal results). Series the reader cannot map
   (no node label, a GPU label that is not an index) are skipped and counted when they arrive.
   A sample of a scrape already released (a retry of a request whose answer was lost, a WAL replay,
   a shard later than ``assemble_s``) is dropped and counted: a node never gets a second, partial
@@ -74,6 +76,13 @@ from fleetmedic.connectors.prometheus_text import (
     known_name,
 )
 from fleetmedic.records import GpuTelemetry, PortTelemetry
+
+_HoldInline = Callable[[Iterator[bytes], dict[bytes, Any], dict[bytes, float]], tuple[bytes | None, int, int, int]]
+_native_hold_inline: _HoldInline | None
+try:  # _read's commonest case in C (_remote_write.c), built with the package where a C compiler is found
+    from fleetmedic.connectors._remote_write import hold_inline as _native_hold_inline
+except ImportError:  # pragma: no cover - the Python loop does the same, slower
+    _native_hold_inline = None
 
 #: Prometheus's staleness marker (model/value/value.go StaleNaN): a NaN with this bit pattern
 STALE_NAN_BITS: Final = 0x7FF0000000000002
@@ -427,7 +436,11 @@ def _read(request: Any, skipped: Counter[str], counts: SampleCounts, cache: Labe
     add_set, add_value, add_time = out.sets.append, out.values.append, out.times.append
     read = ignored = held = late = other = 0  # other: series not held inline
     value = ts = 0.0
-    for raw in request.timeseries:
+    series: Iterable[bytes] = request.timeseries
+    native = [0, 0]  # late, ignored: of the series held in C
+    if hold is not None and _native_hold_inline is not None:  # the inline case in C, the rest below
+        series = _leftovers(_native_hold_inline, iter(series), cache._prefixes, stamps, native)
+    for raw in series:
         # the commonest layout first, inline: the label bytes of a label set seen before, then one
         # sample after a value (``0x12 16 0x09 double 0x10 varint``) or none (``0x12 7 0x10 varint``:
         # 0.0), its timestamp one already read in this request. Anything else goes below
@@ -504,7 +517,10 @@ def _read(request: Any, skipped: Counter[str], counts: SampleCounts, cache: Labe
             else:
                 count(skipped, f"{known}: timestamp out of range")
                 counts.skipped += 1
+    other += native[1]
+    ignored += native[1]
     inline = len(request.timeseries) - other  # samples held inline (or late)
+    late += native[0]
     counts.ignored += ignored
     counts.read += read + inline
     if into is not None:
@@ -513,6 +529,20 @@ def _read(request: Any, skipped: Counter[str], counts: SampleCounts, cache: Labe
         into.pending += held
         return held
     return read
+
+
+def _leftovers(hold_inline: _HoldInline, series: Iterator[bytes], prefixes: dict[bytes, Any],
+               stamps: dict[bytes, float], counted: list[int]) -> Iterator[bytes]:
+    """The series ``hold_inline`` (:mod:`fleetmedic.connectors._remote_write`) hands back: those
+    that are not ``_read``'s inline case; the late and ignored series it counted are added to
+    ``counted``."""
+    while True:
+        raw, _, late, ignored = hold_inline(series, prefixes, stamps)
+        counted[0] += late
+        counted[1] += ignored
+        if raw is None:
+            return
+        yield raw
 
 
 def read_request(request: Any, skipped: Counter[str], counts: SampleCounts, cache: LabelCache | None = None

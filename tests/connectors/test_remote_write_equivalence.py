@@ -2,16 +2,20 @@
 straight into their node's open scrape) against the general path it replaced: every sample decoded
 plainly by the protobuf runtime, filtered as remote write filters them, then grouped and mapped by
 :meth:`ExpositionReader.read_samples`. For random request sets the records, the skip reasons and
-the sample counts are the same."""
+the sample counts are the same, with the commonest series held by the C loop
+(``fleetmedic/connectors/_remote_write.c``) and without it."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import struct
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import cramjam
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -149,16 +153,31 @@ def _one_pass(bodies: list[bytes], cache: LabelCache) -> tuple[list[Any], Counte
     return records, reader.skipped, (counts.ignored, counts.stale, counts.skipped)
 
 
+@contextlib.contextmanager
+def _native(on: bool) -> Iterator[None]:
+    """With (the default) or without the C loop of the inline hold."""
+    import fleetmedic.connectors.remote_write as rw
+
+    saved = rw._native_hold_inline
+    rw._native_hold_inline = saved if on else None
+    try:
+        yield
+    finally:
+        rw._native_hold_inline = saved
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["with the C loop", "Python only"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(series_sets(), st.randoms(use_true_random=False), st.integers(1, 60))
-def test_the_one_pass_path_gives_the_general_paths_records(series: Any, rng: Any, batch: int) -> None:
+def test_the_one_pass_path_gives_the_general_paths_records(native: bool, series: Any, rng: Any, batch: int) -> None:
     rng.shuffle(series)  # Prometheus shards series over queues: any series in any request, in any order
     bodies = [_encode(series[i:i + batch]) for i in range(0, len(series), batch)]
     cache = LabelCache()
     # twice through one cache: the second time every label set is known, so the tail fast path
     # and the inline hold do the work (the first time, series are parsed whole)
     for _ in range(2):
-        got, got_skipped, got_counts = _one_pass(bodies, cache)
+        with _native(native):
+            got, got_skipped, got_counts = _one_pass(bodies, cache)
         want, want_skipped, want_counts = _reference(bodies)
         assert [r.encode(x) for x in got] == [r.encode(x) for x in want]
         assert got_skipped == want_skipped
@@ -190,6 +209,41 @@ def test_the_fast_path_is_what_reads_a_repeated_request() -> None:
         rw._parse_series = original  # type: ignore[assignment]
     assert parsed == 0 and len(got) == 1 and len(got[0].gpus) == 8
     assert [r.encode(x) for x in got] == [r.encode(x) for x in _reference([body])[0]]
+
+
+def test_the_c_loop_is_built_and_holds_a_repeated_request() -> None:
+    """The package builds the C loop wherever a C compiler is found (scripts/test installs with
+    one); a machine without one runs the Python loop, slower, and fails this test to say so. With
+    a warm cache, it holds a Prometheus-shaped request but what must be resolved or opened first."""
+    import fleetmedic.connectors.remote_write as rw
+
+    native = rw._native_hold_inline
+    assert native is not None, "fleetmedic.connectors._remote_write is not built: pip install -e . with a C compiler"
+    series = [([("__name__", n), ("Hostname", "a"), ("gpu", str(g))], [(v, T0_MS + 15_000 * k)])
+              for k in range(2) for n in [*GPU_SERIES[:3], "up"] for g in range(8) for v in (0.0, 41.0)]
+    bodies = [_encode(series[:64]), _encode(series[64:])]
+    cache = LabelCache()
+    _one_pass(bodies, cache)
+    held = ignored = 0
+
+    def counting(*args: Any) -> Any:
+        nonlocal held, ignored
+        out = native(*args)
+        held, ignored = held + out[1], ignored + out[3]
+        return out
+
+    rw._native_hold_inline = counting
+    try:
+        got, _, counts = _one_pass(bodies, cache)
+    finally:
+        rw._native_hold_inline = native
+    # 96 GPU series and 32 "up" series. In Python: the first series of each of the 24 GPU label sets
+    # (a new Assembler resolves them again; scrape 0's rows are made there too) and the first series
+    # of each GPU in scrape 1 (which opens the node's new scrape and makes the GPU's row): 32. The
+    # other 64 are held in C, and every "up" series is ignored there (nothing to resolve)
+    assert (held, ignored) == (64, 32)
+    assert [r.encode(x) for x in got] == [r.encode(x) for x in _reference(bodies)[0]]
+    assert counts[0] == 2 * 16
 
 
 def _gpu_record_per_value(reader: ExpositionReader, by_gpu: dict[int, dict[str, float]], info: dict[str, str]
