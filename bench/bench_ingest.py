@@ -15,7 +15,8 @@ same run on the same bytes.
     decompressed, the WriteRequest decoded, then ``Assembler.take`` (samples read with the
     receiver's label cache and held per node and scrape) and ``Assembler.records`` (the scrapes
     mapped to records). Also prints the CPU time per sample of each stage (decode, read + hold,
-    records) of the best round. The bodies are what Prometheus sends for the
+    records) of the best round, and the same path with the Python loop only (without the C loop
+    of ``fleetmedic/connectors/_remote_write.c``), in interleaved rounds. The bodies are what Prometheus sends for the
     same dcgm-exporter series with its target labels (``instance``, ``job``) added: ``--scrapes``
     scrapes of the fleet, each cut into requests of ``max_samples_per_send`` (2,000) samples; the
     first scrape fills the label cache, as the first seconds of a running receiver do.
@@ -266,13 +267,33 @@ def remote_write_case(args: argparse.Namespace, samples: int) -> None:
             path.scrape(scrape, split)
         return time.process_time() - t0, split
 
-    ours, split = min((receive_timed() for _ in range(args.rounds)), key=lambda x: x[0])
-    floor = best(lambda: remote_write_floor(timed), args.rounds)
-    row("(d) remote write -> records", samples * args.scrapes, ours, "snappy + protobuf decode", floor)
+    import fleetmedic.connectors.remote_write as rw
+
+    native = rw._native_hold_inline
+    runs: dict[str, list[tuple[float, dict[str, float]]]] = {"c": [], "python": []}
+    floors = []
+    for _ in range(args.rounds):  # interleaved, so a busy spell hits each alike
+        for name, hold in (("c", native), ("python", None)):
+            if name == "c" and native is None:
+                continue
+            rw._native_hold_inline = hold
+            try:
+                runs[name].append(receive_timed())
+            finally:
+                rw._native_hold_inline = native
+        floors.append(best(lambda: remote_write_floor(timed), 1))
+    floor = min(floors)
+    n = samples * args.scrapes
+    for name, label in (("c", "(d) remote write -> records"), ("python", "    the same, Python loop only")):
+        if not runs[name]:
+            print(f"{label}: not measured (fleetmedic.connectors._remote_write is not built)")
+            continue
+        ours, split = min(runs[name], key=lambda x: x[0])
+        row(label, n, ours, "snappy + protobuf decode", floor)
+        stages = ", ".join(f"{stage} {t / n * 1e6:.2f} us" for stage, t in split.items())
+        print(f"      per sample (best round): {stages}; floor {floor / n * 1e6:.2f} us")
     print(f"    remote write: {sum(map(len, timed))} requests of <= {MAX_SAMPLES_PER_SEND} samples, "
-          f"{sum(len(x) for b in timed for x in b) / 1e6:.1f} MB compressed in all; per sample (best round): "
-          + ", ".join(f"{stage} {t / (samples * args.scrapes) * 1e6:.2f} us" for stage, t in split.items())
-          + f"; floor {floor / (samples * args.scrapes) * 1e6:.2f} us")
+          f"{sum(len(x) for b in timed for x in b) / 1e6:.1f} MB compressed in all")
 
 
 if __name__ == "__main__":

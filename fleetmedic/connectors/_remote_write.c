@@ -23,7 +23,8 @@
  *   - then: set.node None and set.name None: ignored (a series fleetmedic does not read);
  *     set.node is not None, node.ts == ts, the value finite, set.gpu is not None;
  *     node.rows None: late; else rows[index][target] = value (and node.meta[uuid key] = uuid when
- *     the set carries a uuid), when rows has that index.
+ *     the set carries a uuid); a row rows has not yet is made first, and the uuid of the set's
+ *     series written, as Assembler._hold does for a GPU's first value of a scrape.
  * Only borrowed references are kept across calls; the series handed back is a new reference.
  */
 #define PY_SSIZE_T_CLEAN
@@ -31,7 +32,7 @@
 #include <math.h>
 #include <string.h>
 
-static PyObject *s_node, *s_ts, *s_gpu, *s_rows, *s_meta, *s_name;
+static PyObject *s_node, *s_ts, *s_gpu, *s_rows, *s_meta, *s_name, *s_series, *s_uuid;
 
 /* dict lookup of a bytes key made from buf[0:n]: a borrowed reference, NULL if absent (or on error,
    with an exception set) */
@@ -43,8 +44,26 @@ static PyObject *lookup(PyObject *dict, const char *buf, Py_ssize_t n) {
     return hit;
 }
 
+/* The last stamp looked up in a call: the series of one scrape share their timestamp, so most
+   lookups are of the same 7 bytes. ``ts`` is borrowed from ``stamps``, which does not change
+   during a call. */
+typedef struct {
+    unsigned char tail[7];
+    PyObject *ts;
+} LastStamp;
+
+static PyObject *stamp_of(PyObject *stamps, const unsigned char *tail, LastStamp *last) {
+    if (last->ts != NULL && memcmp(last->tail, tail, 7) == 0) return last->ts;
+    PyObject *ts = lookup(stamps, (const char *)tail, 7);
+    if (ts != NULL) {
+        memcpy(last->tail, tail, 7);
+        last->ts = ts;
+    }
+    return ts;
+}
+
 /* 1: held (or late, *late incremented); 2: ignored; 0: not this loop's case (hand it back); -1: error */
-static int hold_one(PyObject *raw, PyObject *prefixes, PyObject *stamps, Py_ssize_t *late) {
+static int hold_one(PyObject *raw, PyObject *prefixes, PyObject *stamps, LastStamp *last, Py_ssize_t *late) {
     const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(raw);
     Py_ssize_t n = PyBytes_GET_SIZE(raw);
     PyObject *set = NULL, *ts = NULL;
@@ -67,7 +86,7 @@ static int hold_one(PyObject *raw, PyObject *prefixes, PyObject *stamps, Py_ssiz
                 }
 #endif
                 memcpy(&value, le, 8);
-                ts = lookup(stamps, (const char *)p + n - 7, 7);
+                ts = stamp_of(stamps, p + n - 7, last);
                 if (ts == NULL) {
                     if (PyErr_Occurred()) return -1;
                     set = NULL;
@@ -80,7 +99,7 @@ static int hold_one(PyObject *raw, PyObject *prefixes, PyObject *stamps, Py_ssiz
         if (set == NULL && PyErr_Occurred()) return -1;
         if (set != NULL) {
             value = 0.0;
-            ts = lookup(stamps, (const char *)p + n - 7, 7);
+            ts = stamp_of(stamps, p + n - 7, last);
             if (ts == NULL) {
                 if (PyErr_Occurred()) return -1;
                 set = NULL;
@@ -119,9 +138,23 @@ static int hold_one(PyObject *raw, PyObject *prefixes, PyObject *stamps, Py_ssiz
     }
     if (!PyDict_Check(rows)) goto done;
     PyObject *row = PyDict_GetItemWithError(rows, PyTuple_GET_ITEM(gpu, 0));
+    PyObject *uuid = PyTuple_GET_ITEM(gpu, 3);  /* written with each value where a GPU's series disagree */
+    PyObject *series = NULL;
     if (row == NULL) {
+        /* the GPU's first value of this scrape: its row is made, and its series' uuid written, as
+           Assembler._hold does (rows is the scrape's defaultdict(dict)) */
         if (PyErr_Occurred()) goto error;
-        goto done;
+        series = PyObject_GetAttr(set, s_series);
+        if (series == NULL) goto error;
+        uuid = PyObject_GetAttr(series, s_uuid);
+        Py_DECREF(series);
+        if (uuid == NULL) goto error;
+        Py_DECREF(uuid);  /* the series holds it; borrowed from here on */
+        row = PyDict_New();
+        if (row == NULL) goto error;
+        int added = PyDict_SetItem(rows, PyTuple_GET_ITEM(gpu, 0), row);
+        Py_DECREF(row);  /* rows holds it */
+        if (added < 0) goto error;
     }
     if (!PyDict_Check(row)) goto done;
     PyObject *boxed = PyFloat_FromDouble(value);
@@ -129,7 +162,6 @@ static int hold_one(PyObject *raw, PyObject *prefixes, PyObject *stamps, Py_ssiz
     int rc = PyDict_SetItem(row, PyTuple_GET_ITEM(gpu, 1), boxed);
     Py_DECREF(boxed);
     if (rc < 0) goto error;
-    PyObject *uuid = PyTuple_GET_ITEM(gpu, 3);
     int has_uuid = PyObject_IsTrue(uuid);
     if (has_uuid < 0) goto error;
     if (has_uuid) {
@@ -169,9 +201,10 @@ static PyObject *hold_inline(PyObject *Py_UNUSED(self), PyObject *args) {
         return NULL;
     }
     Py_ssize_t held = 0, late = 0, ignored = 0;
+    LastStamp last = {{0}, NULL};
     PyObject *raw;
     while ((raw = PyIter_Next(it)) != NULL) {
-        int r = PyBytes_CheckExact(raw) ? hold_one(raw, prefixes, stamps, &late) : 0;
+        int r = PyBytes_CheckExact(raw) ? hold_one(raw, prefixes, stamps, &last, &late) : 0;
         if (r < 0) {
             Py_DECREF(raw);
             return NULL;
@@ -202,7 +235,8 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__remote_write(void) {
     if (!(s_node = PyUnicode_InternFromString("node")) || !(s_ts = PyUnicode_InternFromString("ts")) ||
         !(s_gpu = PyUnicode_InternFromString("gpu")) || !(s_rows = PyUnicode_InternFromString("rows")) ||
-        !(s_meta = PyUnicode_InternFromString("meta")) || !(s_name = PyUnicode_InternFromString("name")))
+        !(s_meta = PyUnicode_InternFromString("meta")) || !(s_name = PyUnicode_InternFromString("name")) ||
+        !(s_series = PyUnicode_InternFromString("series")) || !(s_uuid = PyUnicode_InternFromString("uuid")))
         return NULL;
     return PyModule_Create(&module);
 }

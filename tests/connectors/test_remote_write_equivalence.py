@@ -238,10 +238,10 @@ def test_the_c_loop_is_built_and_holds_a_repeated_request() -> None:
     finally:
         rw._native_hold_inline = native
     # 96 GPU series and 32 "up" series. In Python: the first series of each of the 24 GPU label sets
-    # (a new Assembler resolves them again; scrape 0's rows are made there too) and the first series
-    # of each GPU in scrape 1 (which opens the node's new scrape and makes the GPU's row): 32. The
-    # other 64 are held in C, and every "up" series is ignored there (nothing to resolve)
-    assert (held, ignored) == (64, 32)
+    # (a new Assembler resolves them again) and the first series of scrape 1 (which opens the node's
+    # new scrape): 25. The other 71 are held in C (making the rows of scrape 1's GPUs but the first),
+    # and every "up" series is ignored there (nothing to resolve)
+    assert (held, ignored) == (71, 32)
     assert [r.encode(x) for x in got] == [r.encode(x) for x in _reference(bodies)[0]]
     assert counts[0] == 2 * 16
 
