@@ -9,6 +9,7 @@ from __future__ import annotations
 import calendar
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,7 @@ def corpus_line(source: str, contains: str) -> str:
 
 
 def utc(text: str) -> float:
-    return float(calendar.timegm(__import__("time").strptime(text, "%Y-%m-%dT%H:%M:%S")))
+    return float(calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%S")))
 
 
 @pytest.mark.parametrize(("source", "contains", "year", "ts", "host", "message"), [
