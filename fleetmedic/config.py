@@ -710,6 +710,9 @@ class JobWatchSettings(Section, frozen=True, kw_only=True):
     max_backoff_s: PosFloat = 30.0
     missing_kind_retry_s: PosFloat = 60.0
     queue_size: PosInt = 10_000
+    # a deleted workload's lingering pods (updated before the garbage collector deletes them) are
+    # not taken for a new job of that name for this long
+    deleted_memory_s: PosFloat = 600.0
     watch_nodes: bool = True  # Node watch -> cluster.nodes (topology, opt-outs, cordons for the decision stage)
 
 

@@ -186,7 +186,8 @@ class JobWatcher:
         self.api, self.settings, self.clock = api, settings, clock
         self.jw = settings.jobwatch
         self.metrics = JobWatchMetrics(registry)
-        self.tracker = JobTracker(gpu_only=self.jw.gpu_only, gpu_resource=self.jw.gpu_resource)
+        self.tracker = JobTracker(gpu_only=self.jw.gpu_only, gpu_resource=self.jw.gpu_resource,
+                                  tombstone_s=self.jw.deleted_memory_s)
         self.node_tracker = NodeTracker.of(settings)
         self.condition_tracker = ConditionTracker.of(settings)
         self.queue: queue.Queue[tuple[str, str, Any]] = queue.Queue(maxsize=self.jw.queue_size)

@@ -190,6 +190,11 @@ class JobTracker:
     pod_jobs: dict[str, str] = field(default_factory=dict)  # pod uid -> job
     skipped: Counter[tuple[str, str]] = field(default_factory=Counter)
     last_skip: str = ""
+    # workloads deleted in the last ``tombstone_s``: job -> (its uid, when). Their pods linger (the
+    # garbage collector deletes them after the workload; the Job controller first strips their
+    # finalizer, an update without a deletion mark): those updates must not start the job again
+    tombstone_s: float = 600.0
+    tombstones: dict[str, tuple[str, float]] = field(default_factory=dict)
 
     def observe_pod(self, event_type: str, pod: Mapping[str, Any], now: float) -> list[JobEvent]:
         try:
@@ -221,7 +226,7 @@ class JobTracker:
         if found is None or (self.gpu_only and gpu_request(pod, self.gpu_resource) <= 0):
             return self._forget_pod(uid, now) if uid in self.pod_jobs else []
         job, kind, order = found
-        if event_type == "DELETED" or meta.get("deletionTimestamp"):
+        if event_type == "DELETED" or meta.get("deletionTimestamp") or self._of_deleted(job, kind, meta, now):
             return self._forget_pod(uid, now)
         state = self.jobs.setdefault(job, JobState(kind))
         view = PodView(uid, str(meta["name"]), order, str((pod.get("spec") or {}).get("nodeName") or ""),
@@ -240,6 +245,32 @@ class JobTracker:
         state.index(uid, None)
         state.pods.pop(uid, None)
         return self._placement_and_start(job, state, now)
+
+    def _of_deleted(self, job: str, kind: str, meta: Mapping[str, Any], now: float) -> bool:
+        """Whether a pod of ``job`` belongs to a workload of that name deleted lately. A pod whose
+        controller is another Job or PyTorchJob belongs to one made again under the same name (the
+        tombstone goes); a JobSet's pod (its controller is a child Job) counts as the deleted one's
+        until the JobSet is seen again or the tombstone expires."""
+        tomb = self.tombstones.get(job)
+        if tomb is None:
+            return False
+        if now - tomb[1] > self.tombstone_s:
+            del self.tombstones[job]
+            return False
+        owner = next((str(r.get("uid") or "") for r in meta.get("ownerReferences") or []
+                      if isinstance(r, Mapping) and r.get("controller")), "")
+        if kind != "JobSet" and owner and owner != tomb[0]:
+            del self.tombstones[job]
+            return False
+        return True
+
+    def _bury(self, job: str, uid: str, now: float) -> None:
+        for old, (_, when) in list(self.tombstones.items()):  # oldest first: drop the expired
+            if now - when <= self.tombstone_s:
+                break
+            del self.tombstones[old]
+        self.tombstones.pop(job, None)
+        self.tombstones[job] = (uid, now)
 
     def _ranked(self, state: JobState) -> list[PodView]:
         """The live pods in rank order (sorted again only after a change of the order)."""
@@ -313,10 +344,12 @@ class JobTracker:
         if kind == "Job" and any(r.get("controller") and r.get("kind") == "JobSet"
                                  for r in meta.get("ownerReferences") or []):
             return []  # a JobSet's child: the JobSet is the training job
+        uid = str(meta.get("uid") or "")
         if event_type == "DELETED":
             state = self.jobs.pop(job, None)
-            for uid in list(state.pods) if state else []:
-                self.pod_jobs.pop(uid, None)
+            for pod_uid in list(state.pods) if state else []:
+                self.pod_jobs.pop(pod_uid, None)
+            self._bury(job, uid or (state.owner_uid if state else ""), now)
             if state is None or state.conditions & DONE_CONDITIONS or "Failed" in state.conditions:
                 return []
             # deleted before it finished (cancelled): it ends here; nothing else would tell the pipeline,
@@ -326,8 +359,12 @@ class JobTracker:
         spec, status = obj.get("spec") or {}, obj.get("status") or {}
         if not isinstance(spec, Mapping) or not isinstance(status, Mapping):
             raise BadObject("bad_spec", "spec or status is not an object")
+        tomb = self.tombstones.get(job)
+        if tomb is not None and (event_type == "ADDED" or tomb[0] != uid or not uid):
+            del self.tombstones[job]  # made again under the same name (or listed again: it is there)
+        elif tomb is not None:
+            return []  # a late event of the deleted one
         state = self.jobs.setdefault(job, JobState(kind))
-        uid = str(meta.get("uid") or "")
         if state.owner_uid and uid and uid != state.owner_uid:  # deleted and recreated under the same name
             state.reported.clear()
             state.conditions = frozenset()

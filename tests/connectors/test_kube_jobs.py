@@ -100,11 +100,25 @@ def test_watcher_publishes_placement_start_and_failure_of_a_gpu_job_to_kafka(
             victim = next(p for p in pods.items if p.metadata.annotations[INDEX] == "2")
             await asyncio.to_thread(_fail_pod_like_a_kubelet, core, namespace, victim)
             await read_until(consumer, got, lambda: any(e.job == job and e.event == "failure" for e in got))
-            # a job deleted while it runs (cancelled) ends with a completion saying so
+            # a job deleted while it runs (cancelled) ends with a completion saying so. Its pods linger
+            # and are updated before they go (the Job controller strips their finalizer, the garbage
+            # collector their owner): none of that may start it again. Orphaning them makes those
+            # updates certain (in CI once, a background deletion's pods were updated first too)
             await asyncio.to_thread(batch.delete_namespaced_job, "early", namespace,
-                                    body=client.V1DeleteOptions(propagation_policy="Background"))
+                                    body=client.V1DeleteOptions(propagation_policy="Orphan"))
             early = f"{namespace}/early"
             await read_until(consumer, got, lambda: any(e.job == early and e.event == "completion" for e in got))
+            deadline = time.monotonic() + 60
+            while any(p.metadata.owner_references or p.metadata.finalizers for p in (await asyncio.to_thread(
+                    core.list_namespaced_pod, namespace, label_selector="job-name=early")).items):
+                assert time.monotonic() < deadline, "the deleted job's pods kept their owner"
+                await asyncio.sleep(0.5)
+            for p in (await asyncio.to_thread(core.list_namespaced_pod, namespace,
+                                              label_selector="job-name=early")).items:  # as a kubelet would
+                await asyncio.to_thread(core.patch_namespaced_pod, p.metadata.name, namespace,
+                                        {"metadata": {"annotations": {"example.invalid/beat": "1"}}})
+            settle = time.monotonic() + 3.0
+            await read_until(consumer, got, lambda: time.monotonic() > settle)
         finally:
             until.set()
             await task

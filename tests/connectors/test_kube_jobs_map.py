@@ -170,6 +170,46 @@ def test_a_job_deleted_before_it_finished_ends_with_a_completion_and_a_finished_
         assert t.observe_workload("Job", "DELETED", workload({"parallelism": 1}, status), 6.0) == []
 
 
+def owned(p: dict[str, Any], uid: str, kind: str = "Job") -> dict[str, Any]:
+    p["metadata"]["ownerReferences"] = [{"kind": kind, "name": "train", "uid": uid, "controller": True}]
+    return p
+
+
+def test_the_pods_of_a_deleted_job_updated_before_they_go_do_not_start_it_again() -> None:
+    """After a Job is deleted its pods linger until the garbage collector deletes them, and the Job
+    controller first strips their tracking finalizer: an update without a deletion mark (the real
+    control plane did exactly this; the watcher then announced a new 1-rank placement and start)."""
+    t = JobTracker(tombstone_s=60.0)
+    t.observe_workload("Job", "ADDED", workload({"parallelism": 2}), 0.0)
+    for i in range(2):
+        t.observe_pod("ADDED", owned(job_pod(i, f"n{i}", "Running"), "w1"), 1.0)
+    assert kinds(t.observe_workload("Job", "DELETED", workload({"parallelism": 2}), 2.0)) == ["completion"]
+    assert t.observe_pod("MODIFIED", owned(job_pod(0, "n0", "Running"), "w1"), 3.0) == []
+    assert t.observe_pod("MODIFIED", job_pod(1, "n1", "Running"), 3.0) == []  # no owner to tell: still the old one
+    assert t.observe_workload("Job", "MODIFIED", workload({"parallelism": 2}), 3.5) == []  # a late event of it
+    assert not t.jobs and not t.pod_jobs
+    # made again under the same name: its pods (another controller uid) are a new job at once
+    placed = t.observe_pod("ADDED", owned(job_pod(0, "n5", "Running", uid="p-new"), "w2"), 4.0)
+    assert kinds(placed) == ["placement", "start"] and placed[0].world_size == 1
+    assert "ml/train" not in t.tombstones
+    # the workload seen again (ADDED) clears its tombstone too, and a tombstone expires
+    t.observe_workload("Job", "DELETED", workload({"parallelism": 1}, uid="w2"), 5.0)
+    t.observe_workload("Job", "ADDED", workload({"parallelism": 1}, uid="w3"), 6.0)
+    assert "ml/train" not in t.tombstones
+    t.observe_workload("Job", "DELETED", workload({"parallelism": 1}, uid="w3"), 7.0)
+    assert t.observe_pod("MODIFIED", job_pod(0, "n5", "Running", uid="p-x"), 60.0) == []
+    assert kinds(t.observe_pod("MODIFIED", job_pod(0, "n5", "Running", uid="p-x"), 68.0)) == ["placement", "start"]
+
+
+def test_tombstones_stay_bounded_by_their_age() -> None:
+    t = JobTracker(tombstone_s=10.0)
+    for i in range(1000):
+        w = workload({"parallelism": 1}, uid=f"w{i}")
+        w["metadata"]["name"] = f"j{i}"
+        t.observe_workload("Job", "DELETED", w, float(i))
+    assert len(t.tombstones) <= 11
+
+
 def test_what_the_watch_keeps_of_each_object_still_reports_its_deletion_after_a_relist() -> None:
     """The job watcher keeps a stub of every object (to report those deleted while it was not
     watching); the stubs are smaller than the objects, yet each deletion still lands."""
