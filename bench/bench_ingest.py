@@ -15,8 +15,9 @@ same run on the same bytes.
     decompressed, the WriteRequest decoded, then ``Assembler.take`` (samples read with the
     receiver's label cache and held per node and scrape) and ``Assembler.records`` (the scrapes
     mapped to records). Also prints the CPU time per sample of each stage (decode, read + hold,
-    records) of the best round, and the same path with the Python loop only (without the C loop
-    of ``fleetmedic/connectors/_remote_write.c``), in interleaved rounds. The bodies are what Prometheus sends for the
+    records) of the best round, and the same path in Python only (without the C loop of
+    ``fleetmedic/connectors/_remote_write.c`` and the C columns of ``_gpu_record.c``), in
+    interleaved rounds. The bodies are what Prometheus sends for the
     same dcgm-exporter series with its target labels (``instance``, ``job``) added: ``--scrapes``
     scrapes of the fleet, each cut into requests of ``max_samples_per_send`` (2,000) samples; the
     first scrape fills the label cache, as the first seconds of a running receiver do.
@@ -267,9 +268,10 @@ def remote_write_case(args: argparse.Namespace, samples: int) -> None:
             path.scrape(scrape, split)
         return time.process_time() - t0, split
 
+    import fleetmedic.connectors.prometheus_text as pt
     import fleetmedic.connectors.remote_write as rw
 
-    native = rw._native_hold_inline
+    native, columns = rw._native_hold_inline, pt._native_common_columns
     runs: dict[str, list[tuple[float, dict[str, float]]]] = {"c": [], "python": []}
     floors = []
     for _ in range(args.rounds):  # interleaved, so a busy spell hits each alike
@@ -277,14 +279,15 @@ def remote_write_case(args: argparse.Namespace, samples: int) -> None:
             if name == "c" and native is None:
                 continue
             rw._native_hold_inline = hold
+            pt._native_common_columns = columns if name == "c" else None
             try:
                 runs[name].append(receive_timed())
             finally:
-                rw._native_hold_inline = native
+                rw._native_hold_inline, pt._native_common_columns = native, columns
         floors.append(best(lambda: remote_write_floor(timed), 1))
     floor = min(floors)
     n = samples * args.scrapes
-    for name, label in (("c", "(d) remote write -> records"), ("python", "    the same, Python loop only")):
+    for name, label in (("c", "(d) remote write -> records"), ("python", "    the same, Python only")):
         if not runs[name]:
             print(f"{label}: not measured (fleetmedic.connectors._remote_write is not built)")
             continue

@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, Final
@@ -52,6 +52,14 @@ import msgspec
 
 from fleetmedic import records as r
 from fleetmedic.config import IngestSettings, PrometheusExporterSettings, Settings
+
+_CommonColumns = Callable[[list[dict[str, float]], dict[str, tuple[bool, float, float, str]]],
+                          tuple[dict[str, list[float | int | None]], list[str]]]
+_native_common_columns: _CommonColumns | None
+try:  # gpu_record's common columns in C (_gpu_record.c), built with the package where a compiler is found
+    from fleetmedic.connectors._gpu_record import common_columns as _native_common_columns
+except ImportError:  # pragma: no cover - the Python loop does the same, slower
+    _native_common_columns = None
 
 #: the longest exposition line read (dcgm-exporter's are ~300 characters); longer ones are skipped
 MAX_LINE_CHARS: Final = 65_536
@@ -659,11 +667,15 @@ class ExpositionReader:
         node, ts = key
         gpus = sorted(by_gpu)
         per_gpu = [by_gpu[g] for g in gpus]
-        present = set().union(*per_gpu)
-        columns: dict[str, list[float | int | None]] = {}
-        for metric in r.GPU_METRICS:
-            if metric not in present:
-                continue
+        columns: dict[str, list[float | int | None]]
+        if _native_common_columns is not None:  # the common columns in C; the rest below, the same way
+            columns, rest = _native_common_columns(per_gpu, _GPU_CHECKS)
+            if len(rest) > 1:  # reasons are counted in the fields' order, as below
+                rest.sort(key=_GPU_ORDER.__getitem__)
+        else:
+            columns, present = {}, set().union(*per_gpu)
+            rest = [metric for metric in r.GPU_METRICS if metric in present]
+        for metric in rest:
             raw: list[float | None] = list(map(dict.get, per_gpu, repeat(metric)))  # None where a GPU did not report it
             integral, lo, top, series = _GPU_CHECKS[metric]
             if None not in raw and lo <= min(raw) and max(raw) <= top:  # type: ignore[type-var,operator]
@@ -744,6 +756,7 @@ _GPU_CHECKS: Final = {
     m: (integral, lo, min(hi, math.nextafter(DCGM_INT64_BLANK if integral else _FLOAT_BLANK, -math.inf)),
         r.DCGM_NAMES[m])
     for m, (integral, lo, hi) in ((m, _GPU_BOUNDS.get(m, _UNBOUNDED)) for m in r.GPU_METRICS)}
+_GPU_ORDER: Final = {m: k for k, m in enumerate(r.GPU_METRICS)}
 
 
 def _verdict(v: float, bounds: tuple[bool, float, float]) -> tuple[float | int | None, str]:
