@@ -17,11 +17,17 @@
 Lines of severity ``info`` (corrected errors, a slower PCIe link) make no finding: they stay on the
 ``kernel.events`` topic for dashboards. A condition (node, signal, device) is reported once, then
 again only after ``detection.reassert_s`` of event time: an AER storm is one finding. That memory
-is kept per node in the worker (not in the saved state: a restarted worker may report a condition
-once more). Pure: no I/O, no clock.
+is kept per node and saved with the node's state (:class:`~fleetmedic.models.state.NodeState`:
+``node_bytes`` / ``load_node``), so a restarted worker, or the one its partition moves to, does not
+report a condition again; a node keeps the :data:`MAX_CONDITIONS` latest conditions (a log naming
+ever new devices cannot grow it without bound). Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
+
+from typing import Final
+
+import msgspec
 
 from fleetmedic.config import DetectionSettings
 from fleetmedic.models.event_dedup import KERNEL
@@ -30,6 +36,9 @@ from fleetmedic.records import Evidence, Finding, FindingKind, KernelEvent, XidE
 
 DETECTOR = "kernel_log"
 _KINDS: dict[str, FindingKind] = {"hardware": "hard_fault", "degradation": "degradation", "network": "network"}
+#: conditions remembered per node; past it, the least recently reported half is forgotten
+MAX_CONDITIONS: Final = 512
+_decode_seen = msgspec.msgpack.Decoder(dict[str, float]).decode
 
 
 class KernelEventDetector:
@@ -51,6 +60,10 @@ class KernelEventDetector:
         if last is not None and ev.ts - last < self.settings.reassert_s and ev.ts >= last:
             return []
         seen[key] = float(ev.ts)
+        if len(seen) > MAX_CONDITIONS:
+            keep = sorted(seen.items(), key=lambda kv: kv[1])[len(seen) - MAX_CONDITIONS // 2:]
+            seen.clear()
+            seen.update(keep)
         code = f" {ev.code}" if ev.code else ""
         what = {"sxid": f"SXid{code}", "pcie": "PCIe uncorrected (AER) error"}.get(ev.signal, f"{ev.signal}{code}")
         if ev.signal == "pcie" and ev.severity == "critical":
@@ -67,6 +80,21 @@ class KernelEventDetector:
 
     def forget(self, node: str) -> None:
         self._reported.pop(node, None)
+
+    def node_bytes(self, node: str) -> bytes | None:
+        """The conditions ``node`` reported and when (msgpack), None if none."""
+        seen = self._reported.get(node)
+        return msgspec.msgpack.encode(seen) if seen else None
+
+    def load_node(self, node: str, data: bytes) -> None:
+        """Load what :meth:`node_bytes` wrote (the node's memory replaced)."""
+        seen = _decode_seen(data)
+        if len(seen) > MAX_CONDITIONS:
+            seen = dict(sorted(seen.items(), key=lambda kv: kv[1])[-MAX_CONDITIONS:])
+        if seen:
+            self._reported[node] = seen
+        else:
+            self._reported.pop(node, None)
 
 
 def _subject(ev: KernelEvent) -> tuple[str, str]:

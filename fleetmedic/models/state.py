@@ -18,8 +18,9 @@ protocols, one per kind of state:
   its nodes move between workers with their partitions). ``node_bytes(node)`` writes the node's
   part (None: nothing kept for it); ``load_node(node, data)`` loads it into this object, whatever
   it keeps for other nodes staying as it is. :class:`~fleetmedic.models.gpu_detector.GpuDetector`,
-  :class:`~fleetmedic.models.port_detector.PortDetector` (a host's NIC ports) and
-  :class:`~fleetmedic.models.multivariate.NodeWindowFeatures` (the node's open window).
+  :class:`~fleetmedic.models.port_detector.PortDetector` (a host's NIC ports),
+  :class:`~fleetmedic.models.kernel_events.KernelEventDetector` (the kernel-log conditions it
+  reported) and :class:`~fleetmedic.models.multivariate.NodeWindowFeatures` (the node's open window).
 
 Other saved parts are named the same way, ``<part>_bytes`` / ``load_<part>``: the multivariate
 model's rows of some nodes (``MultivariateModel.state_bytes(keep)``, several merged with

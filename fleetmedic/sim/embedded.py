@@ -79,6 +79,14 @@ class EmbeddedPipeline:
         stage = self.node_stage.on_port if msg.device_kind == "host" else self.fleet_stage.on_port
         return self._findings(stage(msg), now)
 
+    def kernel(self, ev: r.KernelEvent, now: float) -> list[r.RemediationCommand]:
+        """A classified kernel-log line (``kernel.events``), as stage 1 reads it: an XID joins the
+        node's telemetry's as one event, an SXid, AER error or machine check is a finding."""
+        if self._ahead("kernel.events", ev, now):
+            return []
+        self.engine.nodes_seen((ev.node,), now)
+        return self._findings(self.node_stage.on_kernel(ev), now)
+
     def job(self, event: r.JobEvent, now: float) -> list[r.RemediationCommand]:
         if self._ahead("jobs.events", event, now):
             return []

@@ -318,7 +318,8 @@ class DetectStage:
             value = _encode(NodeStageState(gpu=self.node_stage.gpu.node_bytes(node),
                                            ports=self.node_stage.ports.node_bytes(node), written_at=now,
                                            multivariate=self.node_stage.multivariate_bytes(node),
-                                           seen_at=self.node_stage.last_seen(node)))
+                                           seen_at=self.node_stage.last_seen(node),
+                                           kernel=self.node_stage.kernel.node_bytes(node)))
             await self.outputs.send_raw(self.state_topic, node.encode(), value, partition=partition)
             written += len(value) + len(node)
         self.dirty -= nodes
@@ -434,6 +435,8 @@ class DetectStage:
             self.node_stage.ports.load_node(node, st.ports)
             if st.multivariate is not None:
                 self.node_stage.load_multivariate(node, st.multivariate)
+            if st.kernel is not None:
+                self.node_stage.kernel.load_node(node, st.kernel)
         except Exception as exc:  # undecodable or inconsistent bytes: the node's baselines relearn
             self.node_stage.forget([node])
             self.metrics.state_unreadable.labels("detect", "node").inc()

@@ -72,6 +72,7 @@ class NodeStageState(msgspec.Struct, kw_only=True, array_like=True):
     written_at: float
     multivariate: bytes | None = None  # the node's open window and outlier streak
     seen_at: float | None = None  # stage 1's event-time clock when the node was last seen (None: not known)
+    kernel: bytes | None = None  # the kernel-log conditions it reported and when (None: none, or an older writer)
 
 
 def decode_snapshot(data: bytes) -> DecideSnapshot:

@@ -19,6 +19,7 @@ from fleetmedic import records as r
 from fleetmedic.config import Settings
 from fleetmedic.models.baseline import EwmaBaseline
 from fleetmedic.models.gpu_detector import GpuDetector
+from fleetmedic.models.kernel_events import KernelEventDetector
 from fleetmedic.models.multivariate import FEATURES, MultivariateModel, NodeWindowFeatures
 from fleetmedic.models.peers import PeerComparison, node_summary
 from fleetmedic.models.port_detector import PortDetector
@@ -111,6 +112,23 @@ def peer_stream(seed: int, fault: bool) -> list[list[r.GpuTelemetry]]:
              for i in range(8)] for k in range(30)]
 
 
+def kernel_stream(seed: int, fault: bool) -> list[r.KernelEvent]:
+    """A node's kernel log: corrected errors and slower links (info: no finding) and, with a fault,
+    a storm of one device's uncorrected AER errors (reported once: the storm crosses the save)."""
+    rng = np.random.default_rng(seed)
+    bad = f"0000:{int(rng.integers(16, 250)):02x}:00.0"
+    out = []
+    for k in range(80):
+        pci = f"0000:{int(rng.integers(16, 250)):02x}:00.0"
+        out.append(r.KernelEvent(node="n0", ts=1000.0 + 10 * k, signal="pcie", incident_class="hardware",
+                                 severity="info", message=f"pcieport {pci}: AER: Corrected error received", pci=pci))
+        if fault and k > 30 and k % 3 == 0:
+            out.append(r.KernelEvent(node="n0", ts=1000.0 + 10 * k + 1, signal="pcie", incident_class="hardware",
+                                     severity="critical", pci=bad,
+                                     message=f"pcieport {bad}: AER: Uncorrected (Fatal) error received"))
+    return out
+
+
 def feed_peers(det: PeerComparison, tick: list[r.GpuTelemetry]) -> list[r.Finding]:
     for m in tick:
         det.observe(m.node, m.ts, node_summary(m))
@@ -123,6 +141,13 @@ def gpu_factory() -> GpuDetector:
 
 def port_factory() -> PortDetector:
     return PortDetector(S)
+
+
+def kernel_factory() -> KernelEventDetector:
+    return KernelEventDetector(S)
+
+
+_NO_GPU = GpuDetector(S)  # what an XID line would go to (none in the kernel stream)
 
 
 def straggler_factory() -> StragglerDetector:
@@ -139,6 +164,7 @@ CASES = [
     Case("host_ports", port_factory, lambda seed, fault: port_stream(seed, fault, "n1"), lambda d, m: d.observe(m),
          node="n1"),
     Case("straggler", straggler_factory, straggler_stream, lambda d, m: d.observe(m)),
+    Case("kernel", kernel_factory, kernel_stream, lambda d, ev: d.observe(ev, _NO_GPU), node="n0"),
     Case("peers", peer_factory, peer_stream, feed_peers),
 ]
 
