@@ -223,11 +223,7 @@ class KafkaCluster:
         all in one JVM (:data:`ACL_BATCH`: a JVM start each cost 3 s of CPU); return the seconds.
         A command that fails ends the JVM and raises with its output."""
         conn = {"--bootstrap-server": self.bootstrap, "--command-config": str(self.admin_properties())}
-        tools = self.dir / "tools"
-        tools.mkdir(parents=True, exist_ok=True)
-        (tools / "log4j.properties").write_text(
-            "log4j.rootLogger=ERROR, stderr\nlog4j.appender.stderr=org.apache.log4j.ConsoleAppender\n"
-            "log4j.appender.stderr.Target=System.err\nlog4j.appender.stderr.layout=org.apache.log4j.PatternLayout\n")
+        tools = self._tools()
         (tools / "AclBatch.java").write_text(ACL_BATCH)
         lines = []
         for line in commands:
@@ -248,6 +244,31 @@ class KafkaCluster:
             raise proc.ServiceError(f"kafka-acls failed (exit {done.returncode}):\n"
                                     f"{(done.stdout + done.stderr)[-3000:]}")
         return time.monotonic() - t0
+
+    def elect_preferred_leaders(self, timeout: float = 120.0) -> int:
+        """Give every partition back to its preferred replica (what ``kafka-leader-election.sh
+        --election-type PREFERRED --all-topic-partitions`` does, through the Admin API in one JVM:
+        :data:`ELECT_PREFERRED`). After a fault, a broker can lead nothing, ``__consumer_offsets``
+        included (so it coordinates no group), until the controller's imbalance check, which waits
+        for 10 % of a broker's partitions to be led elsewhere. Returns how many leaders moved."""
+        tools = self._tools()
+        (tools / "ElectPreferred.java").write_text(ELECT_PREFERRED)
+        done = subprocess.run([*java_argv("256m", tools / "log4j.properties"), str(tools / "ElectPreferred.java"),
+                               self.bootstrap, str(self.admin_properties())],
+                              capture_output=True, text=True, timeout=timeout, check=False)
+        if done.returncode != 0:
+            raise proc.ServiceError(f"electing the preferred leaders failed (exit {done.returncode}):\n"
+                                    f"{(done.stdout + done.stderr)[-3000:]}")
+        return int(done.stdout.split()[-1])
+
+    def _tools(self) -> Path:
+        """Where the command-line tools' sources and log configuration are written."""
+        tools = self.dir / "tools"
+        tools.mkdir(parents=True, exist_ok=True)
+        (tools / "log4j.properties").write_text(
+            "log4j.rootLogger=ERROR, stderr\nlog4j.appender.stderr=org.apache.log4j.ConsoleAppender\n"
+            "log4j.appender.stderr.Target=System.err\nlog4j.appender.stderr.layout=org.apache.log4j.PatternLayout\n")
+        return tools
 
     # --- broker configuration ---------------------------------------------------------------------
 
@@ -538,6 +559,48 @@ public class AclBatch {
             if (!line.isBlank()) {
                 kafka.admin.AclCommand.main(line.split("\\t"));
             }
+        }
+    }
+}
+"""
+
+
+#: Elects every partition's preferred replica as its leader (``java ElectPreferred.java BOOTSTRAP
+#: PROPERTIES``): prints how many leaders moved; a partition that needs no election is not an error,
+#: another failure is printed to stderr and ends the JVM with status 1.
+ELECT_PREFERRED = """\
+import java.io.FileInputStream;
+import java.util.Map;
+import java.util.Optional;
+import java.util.Properties;
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.common.ElectionType;
+import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.errors.ElectionNotNeededException;
+
+public class ElectPreferred {
+    public static void main(String[] args) throws Exception {
+        Properties props = new Properties();
+        try (FileInputStream in = new FileInputStream(args[1])) {
+            props.load(in);
+        }
+        props.put("bootstrap.servers", args[0]);
+        int moved = 0, failed = 0;
+        try (Admin admin = Admin.create(props)) {
+            Map<TopicPartition, Optional<Throwable>> out =
+                admin.electLeaders(ElectionType.PREFERRED, null).partitions().get();
+            for (Map.Entry<TopicPartition, Optional<Throwable>> e : out.entrySet()) {
+                if (e.getValue().isEmpty()) {
+                    moved++;
+                } else if (!(e.getValue().get() instanceof ElectionNotNeededException)) {
+                    failed++;
+                    System.err.println(e.getKey() + ": " + e.getValue().get());
+                }
+            }
+        }
+        System.out.println(moved);
+        if (failed > 0) {
+            System.exit(1);
         }
     }
 }

@@ -268,19 +268,39 @@ async def _coordinators(run: Run, groups: dict[str, str] | None = None) -> dict[
         await admin.close()
 
 
+def _settled_coordinators(run: Run, groups: dict[str, str], timeout: float = 60.0) -> dict[str, int]:
+    """:func:`_coordinators`, asked again while a coordinator is not available: the first question
+    creates ``__consumer_offsets`` on a new cluster, and a leader just elected loads its groups."""
+    from aiokafka.errors import GroupCoordinatorNotAvailableError
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return asyncio.run(_coordinators(run, groups))
+        except GroupCoordinatorNotAvailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+
+
 def _stage1_coordinated_by_the_commands_leader(cluster: KafkaCluster, run: Run, tries: int = 6) -> Run:
     """A run whose commands leader coordinates its stage-1 group (``<group>-detect``): candidate
     group names are asked about (FindCoordinator creates no group). When that broker coordinates
     no group at all (it leads no partition of ``__consumer_offsets``: leadership left it in an
     earlier fault and the controller moves it back only every 5 min), the topics are made again
-    under a new prefix, whose commands partition may be led by another broker."""
+    under a new prefix, whose commands partition may be led by another broker. First every partition
+    goes back to its preferred leader: after the earlier faults a broker may lead no partition of
+    ``__consumer_offsets`` (3 of them here), and the controller moves leaders back only once 10 % of a
+    broker's are led elsewhere (CI once drew such a broker 6 times in a row)."""
+    cluster.wait_in_sync(timeout=120)
+    cluster.elect_preferred_leaders()
     for _ in range(tries):
         topic = run.topic("remediation.commands")
         deadline = time.monotonic() + 30
         while (leader := cluster.leader(topic)) == -1 and time.monotonic() < deadline:
             time.sleep(0.2)
         names = {str(i): f"{run.settings.kafka.consumer_group}x{i}" for i in range(24)}
-        found = asyncio.run(_coordinators(run, {i: f"{g}-detect" for i, g in names.items()}))
+        found = _settled_coordinators(run, {i: f"{g}-detect" for i, g in names.items()})
         group = next((names[i] for i, node in found.items() if node == leader), None)
         if group is not None:
             doc = yaml.safe_load(run.config.read_text())
