@@ -29,10 +29,56 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <math.h>
 #include <string.h>
 
 static PyObject *s_node, *s_ts, *s_gpu, *s_rows, *s_meta, *s_name, *s_series, *s_uuid;
+
+/* An attribute of one of the receiver's slotted classes (remote_write._LabelSet, _Node), read at
+   its slot's offset: about a fifth of PyObject_GetAttr's cost, which was a fifth of this loop's.
+   The offset is found once per (type, name) from the class's member descriptor; an attribute that
+   is not a plain object slot (a property, a subclass overriding it...) takes PyObject_GetAttr.
+   A new reference; NULL with an exception set if it cannot be read. */
+#define SLOT_CACHE 16
+static struct {
+    PyTypeObject *type;  /* a strong reference: its address cannot be reused while cached */
+    PyObject *name;      /* an interned name of this module */
+    Py_ssize_t offset;   /* -1: not a plain object slot */
+} slots[SLOT_CACHE];
+static int slots_used;
+
+static Py_ssize_t slot_offset(PyTypeObject *type, PyObject *name) {
+    for (int i = 0; i < slots_used; i++)
+        if (slots[i].type == type && slots[i].name == name) return slots[i].offset;
+    Py_ssize_t offset = -1;
+    PyObject *descr = PyObject_GetAttr((PyObject *)type, name);
+    if (descr == NULL) {
+        PyErr_Clear();  /* PyObject_GetAttr on the instance says why */
+    } else {
+        if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+            PyMemberDef *def = ((PyMemberDescrObject *)descr)->d_member;
+            if (def->type == T_OBJECT_EX && !(def->flags & READONLY)) offset = def->offset;
+        }
+        Py_DECREF(descr);
+    }
+    if (slots_used < SLOT_CACHE) {
+        Py_INCREF(type);
+        slots[slots_used].type = type;
+        slots[slots_used].name = name;
+        slots[slots_used].offset = offset;
+        slots_used++;
+    }
+    return offset;
+}
+
+static PyObject *attr(PyObject *obj, PyObject *name) {
+    Py_ssize_t offset = slot_offset(Py_TYPE(obj), name);
+    if (offset < 0) return PyObject_GetAttr(obj, name);
+    PyObject *value = *(PyObject **)((char *)obj + offset);
+    if (value == NULL) return PyObject_GetAttr(obj, name);  /* unset: raises as Python would */
+    return Py_NewRef(value);
+}
 
 /* dict lookup of a bytes key made from buf[0:n]: a borrowed reference, NULL if absent (or on error,
    with an exception set) */
@@ -110,26 +156,26 @@ static int hold_one(PyObject *raw, PyObject *prefixes, PyObject *stamps, LastSta
 
     int ok = 0;
     PyObject *node = NULL, *node_ts = NULL, *gpu = NULL, *rows = NULL;
-    node = PyObject_GetAttr(set, s_node);
+    node = attr(set, s_node);
     if (node == NULL) goto error;
     if (node == Py_None) {
-        PyObject *name = PyObject_GetAttr(set, s_name);
+        PyObject *name = attr(set, s_name);
         if (name == NULL) goto error;
         ok = name == Py_None ? 2 : 0;
         Py_DECREF(name);
         goto done;
     }
     if (!isfinite(value)) goto done;
-    node_ts = PyObject_GetAttr(node, s_ts);
+    node_ts = attr(node, s_ts);
     if (node_ts == NULL) goto error;
     int same = PyObject_RichCompareBool(node_ts, ts, Py_EQ);
     if (same < 0) goto error;
     if (!same) goto done;
-    gpu = PyObject_GetAttr(set, s_gpu);
+    gpu = attr(set, s_gpu);
     if (gpu == NULL) goto error;
     if (gpu == Py_None) goto done;
     if (!PyTuple_CheckExact(gpu) || PyTuple_GET_SIZE(gpu) != 4) goto done;
-    rows = PyObject_GetAttr(node, s_rows);
+    rows = attr(node, s_rows);
     if (rows == NULL) goto error;
     if (rows == Py_None) {
         (*late)++;
@@ -144,7 +190,7 @@ static int hold_one(PyObject *raw, PyObject *prefixes, PyObject *stamps, LastSta
         /* the GPU's first value of this scrape: its row is made, and its series' uuid written, as
            Assembler._hold does (rows is the scrape's defaultdict(dict)) */
         if (PyErr_Occurred()) goto error;
-        series = PyObject_GetAttr(set, s_series);
+        series = attr(set, s_series);
         if (series == NULL) goto error;
         uuid = PyObject_GetAttr(series, s_uuid);
         Py_DECREF(series);
@@ -165,7 +211,7 @@ static int hold_one(PyObject *raw, PyObject *prefixes, PyObject *stamps, LastSta
     int has_uuid = PyObject_IsTrue(uuid);
     if (has_uuid < 0) goto error;
     if (has_uuid) {
-        PyObject *meta = PyObject_GetAttr(node, s_meta);
+        PyObject *meta = attr(node, s_meta);
         if (meta == NULL) goto error;
         rc = PyObject_SetItem(meta, PyTuple_GET_ITEM(gpu, 2), uuid);
         Py_DECREF(meta);
