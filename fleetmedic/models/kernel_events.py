@@ -61,9 +61,7 @@ class KernelEventDetector:
             return []
         seen[key] = float(ev.ts)
         if len(seen) > MAX_CONDITIONS:
-            keep = sorted(seen.items(), key=lambda kv: kv[1])[len(seen) - MAX_CONDITIONS // 2:]
-            seen.clear()
-            seen.update(keep)
+            self._reported[ev.node] = _latest(seen, MAX_CONDITIONS // 2)
         code = f" {ev.code}" if ev.code else ""
         what = {"sxid": f"SXid{code}", "pcie": "PCIe uncorrected (AER) error"}.get(ev.signal, f"{ev.signal}{code}")
         if ev.signal == "pcie" and ev.severity == "critical":
@@ -88,13 +86,16 @@ class KernelEventDetector:
 
     def load_node(self, node: str, data: bytes) -> None:
         """Load what :meth:`node_bytes` wrote (the node's memory replaced)."""
-        seen = _decode_seen(data)
-        if len(seen) > MAX_CONDITIONS:
-            seen = dict(sorted(seen.items(), key=lambda kv: kv[1])[-MAX_CONDITIONS:])
+        seen = _latest(_decode_seen(data), MAX_CONDITIONS)
         if seen:
             self._reported[node] = seen
         else:
             self._reported.pop(node, None)
+
+
+def _latest(seen: dict[str, float], n: int) -> dict[str, float]:
+    """The ``n`` conditions of ``seen`` reported last (``seen`` itself when it has no more)."""
+    return seen if len(seen) <= n else dict(sorted(seen.items(), key=lambda kv: kv[1])[-n:])
 
 
 def _subject(ev: KernelEvent) -> tuple[str, str]:
