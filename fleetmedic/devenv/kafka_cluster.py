@@ -245,21 +245,26 @@ class KafkaCluster:
                                     f"{(done.stdout + done.stderr)[-3000:]}")
         return time.monotonic() - t0
 
-    def elect_preferred_leaders(self, timeout: float = 120.0) -> int:
-        """Give every partition back to its preferred replica (what ``kafka-leader-election.sh
-        --election-type PREFERRED --all-topic-partitions`` does, through the Admin API in one JVM:
-        :data:`ELECT_PREFERRED`). After a fault, a broker can lead nothing, ``__consumer_offsets``
-        included (so it coordinates no group), until the controller's imbalance check, which waits
-        for 10 % of a broker's partitions to be led elsewhere. Returns how many leaders moved."""
+    def move_leader(self, topic: str, partition: int, node: int, timeout: float = 120.0) -> float:
+        """Make ``node`` (one of the partition's replicas, in sync) the preferred replica of
+        ``topic``'s ``partition`` (a reassignment that only reorders its replicas, what
+        ``kafka-reassign-partitions.sh`` does), elect it leader, and wait until every running broker's
+        metadata says so (the election's answer comes before it: :meth:`leaders_seen`); the
+        controller's own rebalance then keeps it there. Returns the seconds taken."""
+        t0 = time.monotonic()
         tools = self._tools()
-        (tools / "ElectPreferred.java").write_text(ELECT_PREFERRED)
-        done = subprocess.run([*java_argv("256m", tools / "log4j.properties"), str(tools / "ElectPreferred.java"),
-                               self.bootstrap, str(self.admin_properties())],
+        (tools / "MoveLeader.java").write_text(MOVE_LEADER)
+        done = subprocess.run([*java_argv("256m", tools / "log4j.properties"), str(tools / "MoveLeader.java"),
+                               self.bootstrap, str(self.admin_properties()), topic, str(partition), str(node)],
                               capture_output=True, text=True, timeout=timeout, check=False)
         if done.returncode != 0:
-            raise proc.ServiceError(f"electing the preferred leaders failed (exit {done.returncode}):\n"
-                                    f"{(done.stdout + done.stderr)[-3000:]}")
-        return int(done.stdout.split()[-1])
+            raise proc.ServiceError(f"moving {topic}-{partition}'s leader to node {node} failed "
+                                    f"(exit {done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
+        left = max(1.0, timeout - (time.monotonic() - t0))
+        proc.wait_until(lambda: set(self.leaders_seen(topic, partition).values()) == {node}, timeout=left,
+                        what=f"every broker seeing node {node} lead {topic}-{partition}", log=self.log(node),
+                        interval=0.5)
+        return time.monotonic() - t0
 
     def _tools(self) -> Path:
         """Where the command-line tools' sources and log configuration are written."""
@@ -524,6 +529,28 @@ class KafkaCluster:
                     return int(p["leader"])
         return -1
 
+    def leaders_seen(self, topic: str, partition: int = 0) -> dict[int, int]:
+        """The leader of ``topic``'s ``partition`` as each running broker's metadata has it (-1: none
+        known). A broker answers from its own copy of the metadata, which reaches each at its own
+        pace: :meth:`leader` asks one broker chosen at random."""
+        from aiokafka.protocol.metadata import MetadataRequest
+
+        async def ask() -> dict[int, int]:
+            admin = await self.admin()
+            try:
+                seen = {}
+                for node in self.running():
+                    # the admin client's one way to ask a given broker (its public calls pick one)
+                    meta = (await admin._send_request(MetadataRequest([topic]), node)).to_object()
+                    seen[node] = next((int(p["leader"]) for t in meta["topics"] if t["topic"] == topic
+                                       for p in t["partitions"] if p["partition"] == partition), -1)
+                return seen
+            finally:
+                await admin.close()
+
+        with quiet_aiokafka():
+            return asyncio.run(ask())
+
     def under_replicated(self) -> list[tuple[str, int]]:
         """Partitions whose in-sync replicas are fewer than their replicas, or that have no leader."""
         with quiet_aiokafka():
@@ -565,42 +592,59 @@ public class AclBatch {
 """
 
 
-#: Elects every partition's preferred replica as its leader (``java ElectPreferred.java BOOTSTRAP
-#: PROPERTIES``): prints how many leaders moved; a partition that needs no election is not an error,
-#: another failure is printed to stderr and ends the JVM with status 1.
-ELECT_PREFERRED = """\
+#: Makes NODE the leader of TOPIC's PARTITION (``java MoveLeader.java BOOTSTRAP PROPERTIES TOPIC
+#: PARTITION NODE``): reorders the partition's replicas so that NODE comes first (a reassignment with
+#: the same replicas: nothing is copied), waits for the reassignment to end, elects the preferred
+#: replica of that partition alone. NODE not among the replicas is status 2; a failed election (NODE
+#: not in sync, say) is printed to stderr, status 1.
+MOVE_LEADER = """\
 import java.io.FileInputStream;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.Map;
 import java.util.Optional;
 import java.util.Properties;
+import java.util.Set;
 import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.NewPartitionReassignment;
+import org.apache.kafka.clients.admin.TopicDescription;
 import org.apache.kafka.common.ElectionType;
+import org.apache.kafka.common.Node;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.errors.ElectionNotNeededException;
 
-public class ElectPreferred {
+public class MoveLeader {
     public static void main(String[] args) throws Exception {
         Properties props = new Properties();
         try (FileInputStream in = new FileInputStream(args[1])) {
             props.load(in);
         }
         props.put("bootstrap.servers", args[0]);
-        int moved = 0, failed = 0;
+        TopicPartition tp = new TopicPartition(args[2], Integer.parseInt(args[3]));
+        int node = Integer.parseInt(args[4]);
         try (Admin admin = Admin.create(props)) {
-            Map<TopicPartition, Optional<Throwable>> out =
-                admin.electLeaders(ElectionType.PREFERRED, null).partitions().get();
-            for (Map.Entry<TopicPartition, Optional<Throwable>> e : out.entrySet()) {
-                if (e.getValue().isEmpty()) {
-                    moved++;
-                } else if (!(e.getValue().get() instanceof ElectionNotNeededException)) {
-                    failed++;
-                    System.err.println(e.getKey() + ": " + e.getValue().get());
+            TopicDescription d = admin.describeTopics(List.of(tp.topic())).allTopicNames().get().get(tp.topic());
+            List<Node> replicas = d.partitions().get(tp.partition()).replicas();
+            List<Integer> order = new ArrayList<>(List.of(node));
+            for (Node r : replicas) {
+                if (r.id() != node) {
+                    order.add(r.id());
                 }
             }
-        }
-        System.out.println(moved);
-        if (failed > 0) {
-            System.exit(1);
+            if (order.size() != replicas.size()) {
+                System.err.println(tp + ": node " + node + " is not among its replicas " + replicas);
+                System.exit(2);
+            }
+            admin.alterPartitionReassignments(Map.of(tp, Optional.of(new NewPartitionReassignment(order)))).all().get();
+            while (!admin.listPartitionReassignments(Set.of(tp)).reassignments().get().isEmpty()) {
+                Thread.sleep(100);
+            }
+            Optional<Throwable> failed =
+                admin.electLeaders(ElectionType.PREFERRED, Set.of(tp)).partitions().get().get(tp);
+            if (failed != null && failed.isPresent() && !(failed.get() instanceof ElectionNotNeededException)) {
+                System.err.println(tp + ": " + failed.get());
+                System.exit(1);
+            }
         }
     }
 }

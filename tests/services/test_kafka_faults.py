@@ -34,12 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from aiokafka.admin import AIOKafkaAdminClient
 
 from fleetmedic import records as r
 from fleetmedic.bus import detect_group, state_topic
-from fleetmedic.config import parse_config
 from fleetmedic.devenv.kafka_cluster import KafkaCluster, stalled
 from fleetmedic.devenv.proc import tail
 from fleetmedic.streams.app import ensure_topics
@@ -176,17 +174,16 @@ def _only_deliberate_exits(w: Supervised, when: str) -> None:
 
 def _scenario(cluster: KafkaCluster, tmp: Path, faults: dict[str, Fault], wait_s: float = 120.0,
               exits: Callable[[Supervised, str], None] = _no_exit,
-              regroup: Callable[[KafkaCluster, Run], Run] | None = None) -> None:
+              prepare: Callable[[KafkaCluster, Run], None] | None = None) -> None:
     """One worker under load through ``faults`` in turn (each leaves the cluster whole), then the
     checks; ``exits`` says which exits of the worker (each restarted as the kubelet would) are
-    allowed; ``regroup`` may give the run another consumer group once its topics exist."""
+    allowed; ``prepare`` may arrange the cluster once the run's topics exist."""
     assert len(cluster.running()) == 3 and not cluster.under_replicated(), "the cluster is not whole"
     run = secure_run(cluster, tmp, extra=EXTRA)
     t_start = time.monotonic()
     asyncio.run(ensure_topics(run.settings))
-    if regroup is not None:
-        run = regroup(cluster, run)
-        asyncio.run(ensure_topics(run.settings))  # the group's own topics
+    if prepare is not None:
+        prepare(cluster, run)
     asyncio.run(produce(run, job_events(run)))
     w = Supervised(run)
     try:
@@ -283,36 +280,21 @@ def _settled_coordinators(run: Run, groups: dict[str, str], timeout: float = 60.
             time.sleep(1.0)
 
 
-def _stage1_coordinated_by_the_commands_leader(cluster: KafkaCluster, run: Run, tries: int = 6) -> Run:
-    """A run whose commands leader coordinates its stage-1 group (``<group>-detect``): candidate
-    group names are asked about (FindCoordinator creates no group). When that broker coordinates
-    no group at all (it leads no partition of ``__consumer_offsets``: leadership left it in an
-    earlier fault and the controller moves it back only every 5 min), the topics are made again
-    under a new prefix, whose commands partition may be led by another broker. First every partition
-    goes back to its preferred leader: after the earlier faults a broker may lead no partition of
-    ``__consumer_offsets`` (3 of them here), and the controller moves leaders back only once 10 % of a
-    broker's are led elsewhere (CI once drew such a broker 6 times in a row)."""
+def _commands_led_by(cluster: KafkaCluster, run: Run, node: int) -> None:
+    """Move the leadership of the run's commands partition to ``node`` (its preferred replica from
+    then on, so the controller's rebalance keeps it there)."""
     cluster.wait_in_sync(timeout=120)
-    cluster.elect_preferred_leaders()
-    for _ in range(tries):
-        topic = run.topic("remediation.commands")
-        deadline = time.monotonic() + 30
-        while (leader := cluster.leader(topic)) == -1 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        names = {str(i): f"{run.settings.kafka.consumer_group}x{i}" for i in range(24)}
-        found = _settled_coordinators(run, {i: f"{g}-detect" for i, g in names.items()})
-        group = next((names[i] for i, node in found.items() if node == leader), None)
-        if group is not None:
-            doc = yaml.safe_load(run.config.read_text())
-            doc["kafka"]["consumer_group"] = group
-            text = yaml.safe_dump(doc, sort_keys=False)
-            run.config.write_text(text)
-            again = Run(parse_config(text, env={}), run.config, run.log, run.tmp)
-            assert detect_group(again.settings) == f"{group}-detect"
-            return again
-        run = secure_run(cluster, run.tmp, extra=EXTRA)
-        asyncio.run(ensure_topics(run.settings))
-    raise AssertionError(f"in {tries} tries, the commands leader coordinated none of the groups asked about")
+    cluster.move_leader(run.topic("remediation.commands"), 0, node)
+
+
+def _stage1_coordinated_by_the_commands_leader(cluster: KafkaCluster, run: Run) -> None:
+    """The run's commands partition led by the broker that coordinates its stage-1 group
+    (``<group>-detect``; FindCoordinator creates no group). Earlier sessions chose instead among
+    candidate group names the one coordinated by the commands leader; CI once drew a broker that
+    led no partition of ``__consumer_offsets`` after the earlier faults, and once saw the leader
+    move between the choice and the fault. Moving the leader is deterministic."""
+    coordinator = _settled_coordinators(run, {"detect": detect_group(run.settings)})["detect"]
+    _commands_led_by(cluster, run, coordinator)
 
 
 # Found by this test. Before kafka.metadata_max_age_ms (5 min, aiokafka's default), in 2 runs of 3
@@ -330,9 +312,11 @@ def test_a_stalled_commands_leader_loses_and_duplicates_no_command(kafka_secure_
                                                                  tmp_path: Path) -> None:
     def fault(ctx: Ctx) -> dict[str, Any]:
         topic = ctx.run.topic("remediation.commands")
-        node = ctx.cluster.leader(topic)
-        coordinators = asyncio.run(_coordinators(ctx.run))
-        assert coordinators["detect"] == node, f"stage 1's group is not coordinated by node {node}: {coordinators}"
+        coordinators = _settled_coordinators(ctx.run, {"decide": ctx.run.settings.kafka.consumer_group,
+                                                        "detect": detect_group(ctx.run.settings)})
+        node = coordinators["detect"]
+        if set(ctx.cluster.leaders_seen(topic).values()) != {node}:  # moved since the run began: back to it
+            _commands_led_by(ctx.cluster, ctx.run, node)
         t0 = time.time()
         with stalled(ctx.cluster, node):
             probe = ctx.load.xid()
@@ -344,7 +328,7 @@ def test_a_stalled_commands_leader_loses_and_duplicates_no_command(kafka_secure_
                 "stall_s": STALL_S, "leader_moved_s": round(moved_s, 1), "recover_s": round(recover_s, 1)}
 
     _scenario(kafka_secure_cluster, tmp_path, {"SIGSTOP commands leader": fault}, wait_s=180.0,
-              exits=_only_deliberate_exits, regroup=_stage1_coordinated_by_the_commands_leader)
+              exits=_only_deliberate_exits, prepare=_stage1_coordinated_by_the_commands_leader)
 
 
 def test_a_rolling_restart_of_all_three_brokers_loses_and_duplicates_no_command(kafka_secure_cluster: KafkaCluster,
