@@ -92,7 +92,7 @@ from fleetmedic.models.gpu_signals import (
     signals_at,
     step_baselines_at,
 )
-from fleetmedic.models.sample_columns import MetricBatch, columns
+from fleetmedic.models.sample_columns import MetricBatch, bit_fields, columns
 from fleetmedic.models.xid_catalog import XidCatalog, default_catalog
 from fleetmedic.records import (
     DetectionMetrics,
@@ -496,7 +496,7 @@ class GpuDetector:
         gap = seen & (dt > s.max_sample_gap_s)  # the node was silent: reported as missing data
         throttle = np.where(stale[:, None], 0.0, slab.throttle[idx])
         reasons = x[:, M["clocks_event_reasons"], :]
-        bits = np.nan_to_num(reasons).astype(np.int64)
+        bits = bit_fields(reasons)
         slowed = (bits & THROTTLE_MASK) != 0
         if s.hw_thermal_is_hard:
             hard["hw_thermal"] = (bits & HW_THERMAL) != 0

@@ -237,10 +237,19 @@ def nanmedian(x: F64) -> F64:
     return out
 
 
+def bit_fields(x: F64) -> NDArray[np.int64]:
+    """Bit masks carried in floats (``clocks_event_reasons``) as integers. What is not finite, or
+    below 0, or at or past 2^63 (a record's largest mask, 2^63 - 1, is 2^63 as a float) is 0: no
+    bit rather than an undefined cast. A float that large has no bit below 2^11 set, so every mask
+    the detectors test reads as Python's ``int(v) & mask`` does."""
+    ok = np.isfinite(x) & (x >= 0) & (x < 2.0**63)
+    return np.where(ok, x, 0).astype(np.int64)
+
+
 def share_with_bits(x: F64, mask: int) -> F64:
     """Share of the reported values (integers in floats) with any bit of ``mask`` set (NaN: none)."""
     finite = np.isfinite(x)
-    hits = ((np.where(finite, x, 0).astype(np.int64) & mask) != 0) & finite
+    hits = ((bit_fields(x) & mask) != 0) & finite
     n = finite.sum(axis=-1)
     with np.errstate(invalid="ignore", divide="ignore"):
         out: F64 = np.where(n > 0, hits.sum(axis=-1) / np.maximum(n, 1), np.nan)

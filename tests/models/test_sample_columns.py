@@ -220,3 +220,33 @@ def test_summary_columns_round_trip_and_a_malformed_batch_is_refused() -> None:
                                      [False, False]))
     with pytest.raises(msgspec.ValidationError, match="`ts` has 1 entries for 2 nodes"):
         msgspec.msgpack.decode(uneven, type=SummaryColumns)
+
+
+def test_bit_masks_at_the_records_bounds_read_as_python_reads_them_and_warn_nothing() -> None:
+    """A record's largest mask (2^63 - 1) is 2^63 as a float, past int64: the cast once warned
+    ("invalid value encountered in cast") and gave INT64_MIN. Now it, a non-finite value and a
+    negative one read as no bit, and the share still counts every finite value, as the
+    one-message definition (``int(v) & mask``) does."""
+    import warnings
+
+    from fleetmedic.models.sample_columns import bit_fields, share_with_bits
+
+    values = [0.0, float(0x40), float(0x40 | 0x1), float(2**63 - 1), 2.0**64, math.inf, -math.inf, math.nan, -8.0]
+    x = np.array([values])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bits = bit_fields(x)
+        share = share_with_bits(x, THROTTLE_MASK)
+    assert bits.tolist() == [[0, 0x40, 0x41, 0, 0, 0, 0, 0, 0]]
+    finite = [v for v in values if math.isfinite(v) and v >= 0]
+    assert share[0] == sum(1 for v in finite if int(v) & THROTTLE_MASK) / len([v for v in values if math.isfinite(v)])
+    msg = r.GpuTelemetry(node="n0", ts=1000.0, gpus=[0, 1, 2],
+                         metrics=r.GpuMetrics(clocks_event_reasons=[2**63 - 1, 0x40, 0]))
+    ref_row, _, _ = _reference(msg)
+    assert ref_row[-1] == 1 / 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for batch in (None, stage1_batch([msg])):
+            rows, _, _ = _sample_features([msg], batch)
+            assert all(_same(a, b) for a, b in zip(rows[0].tolist(), ref_row, strict=True)), (rows[0], ref_row)
+        assert summarise_batch([msg]) == [summarise(msg)]
