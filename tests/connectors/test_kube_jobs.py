@@ -187,6 +187,31 @@ def test_a_watch_from_a_compacted_version_is_gone_and_the_loop_lists_again(
     assert registry.get_sample_value(relists, {"kind": "Pod", "cause": "start"}) is None  # renewals: no list
 
 
+def test_a_list_again_reports_the_objects_gone_meanwhile_by_name_namespace_and_uid(
+    kube_api: client.ApiClient, namespace: str
+) -> None:
+    """What a watch missed while it was down: a pod deleted then is reported DELETED by the next
+    list, from the stub kept of it (name, namespace, uid: the tracker finds the pod's job by uid)."""
+    seen: list[tuple[str, str, Any]] = []
+    w = ResourceWatch(kube_api, "Pod", namespace, "", lambda *a: seen.append(a), JobWatchMetrics(CollectorRegistry()),
+                      JobWatchSettings(), threading.Event())
+    core = client.CoreV1Api(kube_api)
+    made = {name: core.create_namespaced_pod(namespace, client.V1Pod.from_dict({
+        "metadata": {"name": name, "labels": {"app": "x"}},
+        "spec": {"containers": [{"name": "c", "image": "i"}], "nodeSelector": {"none": "none"}}}))
+        for name in ("stays", "goes")}
+    known: dict[str, Any] = {}
+    path = resource_path("Pod", namespace)
+    w._relist(path, known, "start")
+    assert sorted(obj["metadata"]["name"] for _, etype, obj in seen if etype == "ADDED") == ["goes", "stays"]
+    core.delete_namespaced_pod("goes", namespace, grace_period_seconds=0)
+    seen.clear()
+    w._relist(path, known, "gone")
+    assert [(etype, obj) for _, etype, obj in seen if etype == "DELETED"] == [
+        ("DELETED", {"metadata": {"name": "goes", "namespace": namespace, "uid": made["goes"].metadata.uid}})]
+    assert sorted(known) == [f"{namespace}/stays"]
+
+
 def test_watch_jobs_cli_serves_metrics_and_stops_cleanly_on_sigterm(
     kafka_bootstrap: str, kube_config: Any, namespace: str, tmp_path: Any
 ) -> None:
@@ -323,3 +348,16 @@ def test_watcher_publishes_node_observations_for_foreign_cordons_and_label_chang
     assert (registry.get_sample_value("fleetmedic_jobwatch_node_observations_total") or 0) >= len(mine)
     assert [(key, f.node, f.detector, f.evidence[0].metric) for key, f in found] == [
         (b.encode(), b, "node_condition", "uncertain:KernelDeadlock")]
+
+
+def test_a_stub_keeps_what_a_deletion_is_reported_with_and_nothing_else() -> None:
+    from fleetmedic.connectors.kube_jobs import _stub, _unstub
+
+    node = {"metadata": {"name": "n1", "uid": "u1", "labels": {LABEL_RACK: "r1"}, "annotations": {"a": "b"},
+                         "resourceVersion": "7"}, "spec": {"unschedulable": True}, "status": {}}
+    kept = {"metadata": {"name": "n1", "uid": "u1", "labels": {LABEL_RACK: "r1"}}}
+    assert _unstub("Node", _stub("Node", node)) == kept
+    pod = {"metadata": {"name": "p", "uid": "u2", "labels": {"x": "y"}}, "spec": {"nodeName": "n1"}}
+    assert _unstub("Pod", _stub("Pod", pod)) == {"metadata": {"name": "p", "uid": "u2"}}  # no namespace: left out
+    a, b = (_stub("Pod", {"metadata": {"name": n, "namespace": "".join(["team", "-a"]), "uid": n}}) for n in "ab")
+    assert a[1] is b[1]  # one copy of a namespace, however many pods
