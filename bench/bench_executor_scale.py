@@ -52,6 +52,7 @@ import logging
 import os
 import queue
 import random
+import re
 import shutil
 import statistics
 import sys
@@ -71,13 +72,14 @@ from prometheus_client import CollectorRegistry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fleetmedic import kube_watch
 from fleetmedic import records as r
 from fleetmedic.config import Settings, parse_config
 from fleetmedic.connectors.kube_jobs import JobWatcher
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv import settings as dev_settings
 from fleetmedic.devenv.kube import Kube, Ports
-from fleetmedic.executor.cache import ClusterCache
+from fleetmedic.executor.cache import ClusterCache, cached_pod, node_state
 from fleetmedic.executor.kube import Cluster
 from fleetmedic.executor.node.apply import CommandExecutor
 from fleetmedic.k8s_keys import LABEL_FLEET
@@ -88,6 +90,7 @@ FLEET = "scale"
 NS = "scale-bench"
 GPUS_PER_POD = 4
 RANKS = 8
+CONTINUE = re.compile(rb'"continue":"([^"]*)"')
 
 
 # --- the API, raw ------------------------------------------------------------------------------
@@ -319,6 +322,54 @@ def start_cache(api: client.ApiClient) -> tuple[ClusterCache, float]:
     return cache, time.monotonic() - t0
 
 
+def raw_list(api: client.ApiClient, path: str) -> list[bytes]:
+    """The pages of a list as the cache's first list reads them (``kube_watch``'s pages of 500),
+    read but not decoded: the continue token is taken from the page's head, where the API server
+    writes the list's metadata."""
+    pages: list[bytes] = []
+    query = {"limit": str(kube_watch.PAGE)}
+    while True:
+        resp = kube_watch.get(api, path, query, kube_watch.LIST_READ_TIMEOUT_S)
+        pages.append(must((resp.status, resp.read())))
+        token = CONTINUE.search(pages[-1][:4096])
+        if token is None or not token.group(1):
+            return pages
+        query["continue"] = token.group(1).decode()
+
+
+def decode_pages(nodes: list[bytes], pods: list[bytes]) -> int:
+    """What the cache makes of those pages: JSON, then its node states and cached pods."""
+    n = 0
+    for page in nodes:
+        for item in json.loads(page)["items"]:
+            node_state(item, "nvidia.com/gpu")
+            n += 1
+    for page in pods:
+        for item in json.loads(page)["items"]:
+            cached_pod(item, "nvidia.com/gpu")
+            n += 1
+    return n
+
+
+def sync_parts(api: client.ApiClient, size: Size) -> None:
+    """The cache's sync taken apart: the API server's lists (wall time until the last byte, pages
+    read one after another) and our decode of the same bytes (process CPU time), medians of 3."""
+    f = size.figures
+    read: list[tuple[list[bytes], list[bytes]]] = []
+    f["list_server_s"] = median_s(lambda: read.append((raw_list(api, "/api/v1/nodes"),
+                                                       raw_list(api, "/api/v1/pods"))), 3)
+    nodes, pods = read[-1]
+    f["list_kib"] = sum(map(len, nodes + pods)) / 1024
+    times = []
+    for _ in range(3):
+        t0 = time.process_time()
+        got = decode_pages(nodes, pods)
+        times.append(time.process_time() - t0)
+    if got < size.nodes + size.pods:
+        raise RuntimeError(f"the raw lists held {got} objects, not {size.nodes + size.pods}")
+    f["list_decode_s"] = statistics.median(times)
+
+
 def held(build: Callable[[], Any]) -> tuple[Any, int]:
     """What ``build()`` returns and the bytes it still holds after (tracemalloc, after a collection)."""
     gc.collect()
@@ -408,6 +459,7 @@ def measure(kubeconfig: Path, size: Size, first_node: int, args: argparse.Namesp
     cache, f["cache_sync_s"] = start_cache(capi)
     f["cache_rss_kib"] = rss_kib() - rss0
     cache.close()
+    sync_parts(capi, size)
     # memory pass: what each holds once it has the fleet
     mapi = make_api(kubeconfig)
     w2: RunningWatcher | None = None
@@ -494,6 +546,9 @@ def report(base: Size, target: Size) -> None:
     row("job watcher: memory held (tracemalloc)", "watcher_bytes", "KiB", 1 / 1024)
     row("job watcher: RSS growth", "watcher_rss_kib", "KiB")
     row("executor cache: list+watch until synced", "cache_sync_s", "s")
+    row("  of it: the server's lists, read, not decoded", "list_server_s", "s")
+    row("  of it: our decode of those bytes (CPU)", "list_decode_s", "s")
+    row("  the lists' bytes", "list_kib", "KiB")
     row("executor cache: memory held (tracemalloc)", "cache_bytes", "KiB", 1 / 1024)
     row("executor cache: RSS growth", "cache_rss_kib", "KiB")
     row("restart placement, old lists (pods+nodes)", "restart_lists_s", "ms", 1e3)
