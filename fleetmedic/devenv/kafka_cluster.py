@@ -224,7 +224,6 @@ class KafkaCluster:
         A command that fails ends the JVM and raises with its output."""
         conn = {"--bootstrap-server": self.bootstrap, "--command-config": str(self.admin_properties())}
         tools = self._tools()
-        (tools / "AclBatch.java").write_text(ACL_BATCH)
         lines = []
         for line in commands:
             args = list(line[1:])
@@ -238,11 +237,7 @@ class KafkaCluster:
             lines.append("\t".join(args))
         (tools / "acls.txt").write_text("\n".join(lines) + "\n")
         t0 = time.monotonic()
-        done = subprocess.run([*java_argv("256m", tools / "log4j.properties"), str(tools / "AclBatch.java"),
-                               str(tools / "acls.txt")], capture_output=True, text=True, timeout=timeout, check=False)
-        if done.returncode != 0:
-            raise proc.ServiceError(f"kafka-acls failed (exit {done.returncode}):\n"
-                                    f"{(done.stdout + done.stderr)[-3000:]}")
+        self._java("AclBatch", ACL_BATCH, [str(tools / "acls.txt")], timeout=timeout, what="kafka-acls")
         return time.monotonic() - t0
 
     def move_leader(self, topic: str, partition: int, node: int, timeout: float = 120.0) -> float:
@@ -252,19 +247,25 @@ class KafkaCluster:
         metadata says so (the election's answer comes before it: :meth:`leaders_seen`); the
         controller's own rebalance then keeps it there. Returns the seconds taken."""
         t0 = time.monotonic()
-        tools = self._tools()
-        (tools / "MoveLeader.java").write_text(MOVE_LEADER)
-        done = subprocess.run([*java_argv("256m", tools / "log4j.properties"), str(tools / "MoveLeader.java"),
-                               self.bootstrap, str(self.admin_properties()), topic, str(partition), str(node)],
-                              capture_output=True, text=True, timeout=timeout, check=False)
-        if done.returncode != 0:
-            raise proc.ServiceError(f"moving {topic}-{partition}'s leader to node {node} failed "
-                                    f"(exit {done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
+        self._java("MoveLeader", MOVE_LEADER, [self.bootstrap, str(self.admin_properties()), topic, str(partition),
+                                               str(node)], timeout=timeout,
+                   what=f"moving {topic}-{partition}'s leader to node {node}")
         left = max(1.0, timeout - (time.monotonic() - t0))
         proc.wait_until(lambda: set(self.leaders_seen(topic, partition).values()) == {node}, timeout=left,
                         what=f"every broker seeing node {node} lead {topic}-{partition}", log=self.log(node),
                         interval=0.5)
         return time.monotonic() - t0
+
+    def _java(self, name: str, source: str, args: Sequence[str], *, timeout: float, what: str) -> str:
+        """Run the single Java source ``source`` (class ``name``) with the broker's jars, in one JVM;
+        its standard output, or :class:`~.proc.ServiceError` with the output's tail if it fails."""
+        tools = self._tools()
+        (tools / f"{name}.java").write_text(source)
+        done = subprocess.run([*java_argv("256m", tools / "log4j.properties"), str(tools / f"{name}.java"), *args],
+                              capture_output=True, text=True, timeout=timeout, check=False)
+        if done.returncode != 0:
+            raise proc.ServiceError(f"{what} failed (exit {done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
+        return done.stdout
 
     def _tools(self) -> Path:
         """Where the command-line tools' sources and log configuration are written."""

@@ -265,7 +265,7 @@ async def _coordinators(run: Run, groups: dict[str, str] | None = None) -> dict[
         await admin.close()
 
 
-def _settled_coordinators(run: Run, groups: dict[str, str], timeout: float = 60.0) -> dict[str, int]:
+def _settled_coordinators(run: Run, groups: dict[str, str] | None = None, timeout: float = 60.0) -> dict[str, int]:
     """:func:`_coordinators`, asked again while a coordinator is not available: the first question
     creates ``__consumer_offsets`` on a new cluster, and a leader just elected loads its groups."""
     from aiokafka.errors import GroupCoordinatorNotAvailableError
@@ -312,8 +312,7 @@ def test_a_stalled_commands_leader_loses_and_duplicates_no_command(kafka_secure_
                                                                  tmp_path: Path) -> None:
     def fault(ctx: Ctx) -> dict[str, Any]:
         topic = ctx.run.topic("remediation.commands")
-        coordinators = _settled_coordinators(ctx.run, {"decide": ctx.run.settings.kafka.consumer_group,
-                                                        "detect": detect_group(ctx.run.settings)})
+        coordinators = _settled_coordinators(ctx.run)
         node = coordinators["detect"]
         if set(ctx.cluster.leaders_seen(topic).values()) != {node}:  # moved since the run began: back to it
             _commands_led_by(ctx.cluster, ctx.run, node)
