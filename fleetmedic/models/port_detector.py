@@ -8,7 +8,9 @@ NICs) into ``network`` findings:
   ``sample_interval_s`` when samples arrive further apart), with reset detection (a counter that
   goes down or a new ``boot_id`` starts a new series);
 - an effective bit-error rate above ``effective_ber_threshold``;
-- a link that went down (state change), or link-down counter increments (flaps);
+- a link that went down (state change), reported again every ``reassert_s`` while it stays down
+  (a node returned to service with its link still down is found again), or link-down counter
+  increments (flaps);
 - a link that is up but trained below its expected speed or width (``link_speed_min_ratio`` of the
   best speed the port has reported, or of its device's other ports now; narrower than its best
   width): a NIC that came up at 200 Gb/s on a 400 Gb/s fabric halves that rail's bandwidth.
@@ -41,6 +43,7 @@ class _PortState(msgspec.Struct, kw_only=True):
     active: dict[str, float] = {}
     best_speed: float = 0.0
     best_width: int = 0
+    down_since: float | None = None  # when a link seen up went down (None: up, or never seen up)
 
 
 class PortDetector:
@@ -103,11 +106,14 @@ class PortDetector:
                 self._devices.setdefault(msg.device, {})[key] = None
             values = self._values(port)
             counters = {c: v for c, v in zip(names, values, strict=True) if v is not None}
+            down_since = None
+            if port.link_state == "down" and prev is not None and prev.boot_id == msg.boot_id:
+                down_since = prev.down_since if prev.link_state == "down" else (ts if prev.link_state == "up" else None)
             state = _PortState(ts=ts, boot_id=msg.boot_id, link_state=port.link_state, counters=counters,
                                active=prev.active if prev else {}, best_speed=prev.best_speed if prev else 0.0,
-                               best_width=prev.best_width if prev else 0)
+                               best_width=prev.best_width if prev else 0, down_since=down_since)
             self._ports[key] = state
-            conditions = self._conditions(msg, port, key, prev, counters)
+            conditions = self._conditions(msg, port, key, prev, counters, down_since)
             if port.link_state == "up":
                 conditions += self._trained(port, key, state, ts, device_speed[bool(port.node)])
             if conditions or state.active:
@@ -115,7 +121,8 @@ class PortDetector:
         return out
 
     def _conditions(
-        self, msg: PortTelemetry, port: PortSample, key: str, prev: _PortState | None, counters: dict[str, int]
+        self, msg: PortTelemetry, port: PortSample, key: str, prev: _PortState | None, counters: dict[str, int],
+        down_since: float | None = None,
     ) -> list[tuple[str, str, Evidence]]:
         s = self.settings
         found: list[tuple[str, str, Evidence]] = []
@@ -132,9 +139,11 @@ class PortDetector:
                     ev = Evidence(detector="ib_counters", metric=name, value=float(value - before),
                                   threshold=float(limit), window_s=dt, port=key, ts=msg.ts)
                     found.append((f"counter:{name}", f"{name} rose by {value - before} on {key}", ev))
-            if prev.link_state == "up" and port.link_state == "down":
-                ev = Evidence(detector="link_state", metric="link_state", port=key, ts=msg.ts, note="up -> down")
-                found.append(("link_down", f"link {key} went down", ev))
+        if down_since is not None:  # went down now, or stays down (reported again after reassert_s)
+            down_s = float(msg.ts) - down_since
+            ev = Evidence(detector="link_state", metric="link_state", port=key, ts=msg.ts, value=down_s,
+                          note="up -> down" if down_s == 0 else f"down for {down_s:.0f} s")
+            found.append(("link_down", f"link {key} went down" if down_s == 0 else f"link {key} is still down", ev))
         if port.effective_ber is not None and port.effective_ber > s.effective_ber_threshold:
             ev = Evidence(detector="ber", metric="effective_ber", value=port.effective_ber,
                           threshold=s.effective_ber_threshold, port=key, ts=msg.ts)

@@ -79,6 +79,24 @@ class TestPorts:
         assert [(f.node, [(e.detector, e.port) for e in f.evidence]) for f in down] == [
             ("spine-0", [("link_state", "spine-0/swp2"), ("link_peer", "leaf-1/swp33")])]
 
+    def test_a_link_that_stays_down_is_reported_again_after_reassert_s(self) -> None:
+        # a node returned to service with its link still down must be found again, not forgotten
+        det = PortDetector(S)
+        det.observe(port_msg(0, 0))
+        first = det.observe(port_msg(10, 0, state="down"))
+        assert [(f.detector, f.summary) for f in first] == [("link_state", "link leaf-01/swp3 went down")]
+        assert det.observe(port_msg(20, 0, state="down")) == []  # once per reassert_s
+        again = det.observe(port_msg(10 + S.reassert_s, 0, state="down"))
+        assert [(f.severity, f.summary, f.evidence[0].value) for f in again] == [
+            ("critical", "link leaf-01/swp3 is still down", S.reassert_s)]
+        assert det.observe(port_msg(20 + S.reassert_s, 0)) == []  # up again: nothing
+        assert det.observe(port_msg(30 + 2 * S.reassert_s, 0, state="down", boot="b2")) == []  # a reboot's down
+
+    def test_a_port_never_seen_up_is_not_reported_down(self) -> None:
+        det = PortDetector(S)
+        assert det.observe(port_msg(0, 0, state="down")) == []
+        assert det.observe(port_msg(10 + S.reassert_s, 0, state="down")) == []
+
     def test_state_round_trips(self) -> None:
         det = PortDetector(S)
         det.observe(port_msg(0, 100))
