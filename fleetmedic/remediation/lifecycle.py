@@ -22,7 +22,7 @@
   repair escalation with ``details.repair: completed``) is validated by diagnostics too. Then the
   node spends ``probation_s`` on probation, where policy is stricter.
 - **Flap hysteresis.** A node returned ``flap_max_returns`` times within ``flap_window_s`` goes to
-  ``repair_needed`` instead of back to service.
+  ``repair_needed`` instead of back to service; a repair starts its count afresh.
 - **Ownership.** fleetmedic only lifts what it put there: ``return_to_service`` asks to uncordon only
   when fleetmedic made the cordon; a node someone else cordoned stays cordoned.
 
@@ -309,10 +309,12 @@ class Lifecycle:
 
     def repaired(self, rec: NodeRecord, now: float, busy: bool, issue: Issue, actor: str,
                  reason: str) -> list[LifecycleEvent]:
-        """A human repaired the node: validate it (diagnostics) before it may return."""
+        """A human repaired the node: validate it (diagnostics) before it may return. A repaired node
+        starts a new flap history: the returns before it were the fault the repair fixed."""
         rec.plan = [PlanStep(action="run_diagnostics")]
         rec.done = [a for a in rec.done if a in ISOLATING]
         rec.escalations = []
+        rec.returns = []
         events = [LifecycleEvent("cleared", rec.name, f"repair reported by {actor}: {reason}; validating")]
         events += self._move(rec, "quarantined", now, f"repaired by {actor}")
         return events + self.advance(rec, now, busy, issue)

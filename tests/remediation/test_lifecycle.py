@@ -142,6 +142,21 @@ def test_a_flapping_node_goes_to_repair_instead_of_back_to_service() -> None:
     assert any("flapping" in a.explanation for a in w.decisions("escalated"))
 
 
+def test_a_repaired_flapping_node_returns_after_passing_diagnostics() -> None:
+    # the returns before the repair were the fault the repair fixed: they must not send the repaired
+    # node straight back to repair (a loop of repairs for flap_window_s)
+    w = World(config="safety: {node_cooldown_s: 0}")
+    for _ in range(3):
+        hardware(w)
+        w.advance(60)
+    assert w.engine.node_state("node-3") == "repair_needed"
+    repair = [c for c in w.cmds("escalate", node="node-3") if c.params["escalation"] == "repair"]
+    answer(w, repair[-1], "applied", repair="completed")
+    w.advance(60)
+    assert w.engine.node_state("node-3") == "probation"
+    assert len(w.cmds("return_to_service", node="node-3")) == 3
+
+
 def test_a_cordon_someone_else_made_is_never_lifted() -> None:
     w = World(auto_execute=False)
     w.observe("node-3", cordoned=True, by_fleetmedic=False)
