@@ -111,11 +111,11 @@ async def serving(settings: Settings, sink: Any, batch: int = 500) -> AsyncItera
         await pumping
 
 
-async def until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    """Polls ``condition`` until it holds (fails after ``timeout``)."""
+async def until(condition: Callable[[], bool], timeout: float = 30.0, state: Callable[[], str] = str) -> None:
+    """Polls ``condition`` until it holds (fails after ``timeout``, saying ``state()``)."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, "the condition did not hold in time"
+        assert time.monotonic() < deadline, f"the condition did not hold in time {state()}"
         await asyncio.sleep(0.01)
 
 
@@ -135,7 +135,7 @@ def test_one_request_of_more_nodes_than_the_outbox_holds_is_kept_whole() -> None
         async with serving(settings, sink) as s, aiohttp.ClientSession() as http:
             async with http.post(s.url + "/api/v1/write", data=_request(nodes, TS_MS), headers=HEADERS) as resp:
                 assert resp.status == 204
-            await until(lambda: len(sink.records) >= 300)
+            await until(lambda: len(sink.records) >= 300, state=lambda: f"({len(sink.records)} of 300 published)")
             assert s.value("fleetmedic_connector_dropped_total", connector="remote-write") == 0
 
     asyncio.run(main())
@@ -167,7 +167,8 @@ def test_concurrent_senders_through_a_slow_kafka_lose_nothing_they_were_answered
     async def main() -> None:
         async with serving(settings, sink, batch=50) as s, aiohttp.ClientSession() as http:
             await asyncio.gather(*(sender(s, http, k) for k in range(16)))
-            await until(lambda: len(sink.records) >= 16_000, timeout=120)
+            await until(lambda: len(sink.records) >= 16_000, timeout=60,
+                        state=lambda: f"({len(sink.records)} of 16,000 records published; answers {dict(answers)})")
             assert s.value("fleetmedic_connector_dropped_total", connector="remote-write") == 0
             assert s.value("fleetmedic_remote_write_rejected_total", reason="outbox_full") == answers[503]
 
