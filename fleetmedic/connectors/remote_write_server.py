@@ -24,8 +24,8 @@ Prometheus (or any remote-write 1.0 sender) posts to ``exporters.remote_write.pa
 
 A connection whose request headers are not complete ``header_timeout_s`` after it opened or after
 its last answer is closed (aiohttp's keep-alive timer, which runs until a request's headers are
-in). A sender that goes away mid-body is counted (``client_disconnect``) and logged at most once
-a minute.
+in). A sender that goes away mid-body is counted (``client_disconnect``, and code 499 in
+``requests_total``) and logged at most once a minute.
 
 Metrics (besides the ``fleetmedic_connector_*`` ones, whose ``records_out`` counts the records
 Kafka took): ``fleetmedic_remote_write_requests_total{code}``,
@@ -98,6 +98,11 @@ class RemoteWriteMetrics:
         self.records = Counter(f"{p}records", "Records made from the samples and queued for Kafka", registry=registry)
         self.pending = Gauge(f"{p}pending_samples", "Samples held until their scrape is complete", registry=registry)
         self.inflight = Gauge(f"{p}inflight_bytes", "Bytes of request bodies being received", registry=registry)
+
+
+#: the status counted for a request whose sender went away before its body was in (nginx's "client
+#: closed request"; never received by anyone)
+CLIENT_CLOSED = 499
 
 
 class Busy(Exception):
@@ -262,10 +267,10 @@ class RemoteWriteReceiver:
             await resp.write_eof()
             request.protocol.force_close()
             return resp
-        except ConnectionError:  # the sender went away mid-body: nothing to answer
+        except ConnectionError:  # the sender went away mid-body: nobody reads the answer
             self._refuse("client_disconnect", f"remote-write: {request.remote} closed the connection before its "
                                               "body was in (counted as client_disconnect)")
-            return web.Response(status=400, text="the connection was closed before the body was in\n")
+            return web.Response(status=CLIENT_CLOSED)
         except BadRequest as exc:
             self._refuse(exc.kind, f"remote-write: refused a request from {request.remote} ({exc.status}): {exc}")
             return web.Response(status=exc.status, text=f"{exc}\n")

@@ -284,6 +284,8 @@ def test_a_sender_that_goes_away_mid_body_is_counted_apart_and_logged_once(caplo
             await until(lambda: s.value("fleetmedic_remote_write_rejected_total", reason="client_disconnect") == 10)
             assert not [k for k in ("internal_ConnectionResetError", "internal_ClientConnectionResetError")
                         if s.value("fleetmedic_remote_write_rejected_total", reason=k)]
+            assert s.value("fleetmedic_remote_write_requests_total", code="499") == 10
+            assert s.value("fleetmedic_remote_write_requests_total", code="400") == 0
             await until(lambda: s.receiver.inflight.used == 0)
 
     with caplog.at_level(logging.INFO, logger="fleetmedic"):
