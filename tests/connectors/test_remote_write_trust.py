@@ -486,3 +486,15 @@ def test_series_whose_labels_a_record_cannot_carry_are_refused_and_counted(nativ
 def _samples(registry: CollectorRegistry, name: str) -> list[tuple[str, dict[str, str], float]]:
     return [(s.name, s.labels, s.value) for m in registry.collect() for s in m.samples if s.name == name]
 
+
+
+def test_the_cli_refuses_to_start_an_unauthenticated_receiver_beyond_loopback() -> None:
+    import subprocess
+    import sys
+
+    from fleetmedic.cli.common import EXIT_INVALID
+
+    out = subprocess.run([sys.executable, "-m", "fleetmedic.cli.main", "exporter", "remote-write", "--listen",
+                          "0.0.0.0:0", "--metrics-port", "-1", "--output", "/dev/null"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == EXIT_INVALID and "allow_unauthenticated" in out.stderr, out.stderr[-2000:]
