@@ -584,6 +584,32 @@ class PodDiscoverySettings(Section, frozen=True, kw_only=True):
             raise ValueError(f"discovery.node_label: not a Prometheus label name ({self.node_label[:64]!r})")
 
 
+class RemoteWriteTlsSettings(Section, frozen=True, kw_only=True):
+    """The receiver's HTTPS (what a sender's ``tls_config`` talks to); the files are read again
+    when they change (connectors/remote_write_auth.py)."""
+
+    cert_file: str = ""  # PEM certificate chain; with key_file the receiver serves HTTPS only
+    key_file: str = ""  # its private key (PEM)
+    client_ca_file: str = ""  # set: senders must present a certificate this CA signed (mutual TLS)
+    min_version: Literal["TLS1.2", "TLS1.3"] = "TLS1.2"
+
+    def __post_init__(self) -> None:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("tls: cert_file and key_file go together (both set, or neither)")
+        if self.client_ca_file and not self.cert_file:
+            raise ValueError("tls.client_ca_file: client certificates need TLS (set cert_file and key_file)")
+
+
+class RemoteWriteAuthSettings(Section, frozen=True, kw_only=True):
+    """Credentials a sender must present (either kind, when both are set); the files are read
+    again when they change, so a rotation needs no restart."""
+
+    # one accepted token per line (a sender's `authorization: {credentials_file}`, type Bearer)
+    bearer_tokens_file: str = ""
+    # one accepted `user:password` per line (a sender's `basic_auth`)
+    basic_auth_file: str = ""
+
+
 class RemoteWriteSettings(Section, frozen=True, kw_only=True):
     """``fleetmedic exporter remote-write``: Prometheus remote write 1.0 (connectors/remote_write*.py)."""
 
@@ -596,10 +622,31 @@ class RemoteWriteSettings(Section, frozen=True, kw_only=True):
     assemble_s: Annotated[float, Meta(gt=0, le=300)] = 10.0
     max_pending_samples: PosInt = 2_000_000  # samples held for assembly; beyond them requests get 503
     max_nodes_tracked: PosInt = 100_000  # per-node "already published" marks kept (oldest forgotten)
+    # bodies being received, all requests together; a request that would pass it gets 503
+    max_inflight_bytes: Annotated[int, Meta(ge=1024, le=1 << 34)] = 64 << 20
+    # a connection that has not sent a whole request's headers this long after it opened or after
+    # its last answer is closed (idle keep-alive connections too: the sender opens another)
+    header_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 60.0
+    # a body not received this long after its headers: 503 and the connection is closed
+    # (Prometheus gives up on a request after its remote_timeout, 30 s by default)
+    body_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 60.0
+    # the Retry-After of a 503 (whole seconds; 0: none), which Prometheus waits before retrying
+    retry_after_s: Annotated[int, Meta(ge=0, le=3600)] = 1
+    tls: RemoteWriteTlsSettings = RemoteWriteTlsSettings()
+    auth: RemoteWriteAuthSettings = RemoteWriteAuthSettings()
+    # listen on an address beyond loopback with no client certificates and no credentials
+    allow_unauthenticated: bool = False
+    # how often the TLS and credential files are checked for a change (their stat)
+    files_check_s: Annotated[float, Meta(gt=0, le=3600)] = 1.0
 
     def __post_init__(self) -> None:
         if not self.path.startswith("/"):
             raise ValueError(f"path: must start with / (got {self.path[:64]!r})")
+
+    @property
+    def authenticated(self) -> bool:
+        """Senders must prove who they are (a client certificate or credentials)."""
+        return bool(self.tls.client_ca_file or self.auth.bearer_tokens_file or self.auth.basic_auth_file)
 
 
 class PrometheusExporterSettings(Section, frozen=True, kw_only=True):

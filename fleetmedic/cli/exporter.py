@@ -121,8 +121,10 @@ async def _run(connector: str, settings: Settings, output: str | None, duration:
 
     if connector == "remote-write":
         from fleetmedic.connectors.remote_write import parse_listen
+        from fleetmedic.connectors.remote_write_auth import check_exposure
 
-        parse_listen(getattr(options, "listen", "") or settings.exporters.remote_write.listen)  # before anything starts
+        rw = settings.exporters.remote_write  # before anything starts
+        check_exposure(parse_listen(getattr(options, "listen", "") or rw.listen)[0], rw)
 
     registry = CollectorRegistry()
     metrics = ConnectorMetrics(registry, connector)

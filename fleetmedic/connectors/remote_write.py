@@ -30,7 +30,10 @@
   reader's parser); other series are counted as ignored. Prometheus's staleness markers (a NaN of
   its own bit pattern, written when a series disappears) are counted apart and dropped; other NaNs,
   infinities, label values over :data:`~fleetmedic.connectors.prometheus_text.MAX_LABEL_VALUE_CHARS`
-  and out-of-range timestamps are skipped and counted per reason.
+  and out-of-range timestamps are skipped and counted per reason. So are the samples of a series
+  fleetmedic reads whose labels a record cannot carry: a label name given twice (never "the last
+  one wins"), a control character (NUL, C0, DEL, C1) in a label name or value, a node longer than
+  a record's ``node`` (:data:`NODE_NAME_MAX`) or a port longer than a record's port name.
 - **Assembly** (:class:`Assembler`): Prometheus spreads the series of one scrape over several
   requests (queues are sharded by series, batches cut at ``max_samples_per_send``), so the samples
   are held per node (its GPU series apart from its port series) and scrape time (within the
@@ -60,9 +63,9 @@ import struct
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import repeat
-from typing import Any, Final
+from typing import Any, Final, get_args
 
 from fleetmedic.connectors.prometheus_text import (
     MAX_LABEL_VALUE_CHARS,
@@ -75,7 +78,7 @@ from fleetmedic.connectors.prometheus_text import (
     count,
     known_name,
 )
-from fleetmedic.records import GpuTelemetry, PortTelemetry
+from fleetmedic.records import GpuTelemetry, Name, NodeName, PortTelemetry
 
 _HoldInline = Callable[[Iterator[bytes], dict[bytes, Any], dict[bytes, float]], tuple[bytes | None, int, int, int]]
 _native_hold_inline: _HoldInline | None
@@ -87,6 +90,11 @@ except ImportError:  # pragma: no cover - the Python loop does the same, slower
 #: Prometheus's staleness marker (model/value/value.go StaleNaN): a NaN with this bit pattern
 STALE_NAN_BITS: Final = 0x7FF0000000000002
 _STALE_BYTES: Final = struct.pack("<Q", STALE_NAN_BITS)
+#: characters no label of a series fleetmedic reads may hold: C0 and C1 controls, DEL
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+#: the longest node (a record's ``node`` or ``device``) and port (``PortSample.port``) a record takes
+NODE_NAME_MAX: Final[int] = get_args(NodeName)[1].max_length
+PORT_NAME_MAX: Final[int] = get_args(Name)[1].max_length
 #: the Content-Type of remote write 1.0 (a ``proto`` parameter may name the message)
 CONTENT_TYPE: Final = "application/x-protobuf"
 WRITE_REQUEST_V1: Final = "prometheus.WriteRequest"
@@ -317,20 +325,28 @@ class LabelCache:
         label = Label()
         name = ""
         labels: dict[str, str] = {}
+        duplicate = control = False
         for encoded in key:
             try:
                 label.ParseFromString(encoded)
             except DecodeError as exc:
                 raise BadRequest("protobuf", f"a label is not a prometheus.Label: {str(exc)[:200]}") from None
             if label.name == "__name__":
+                duplicate |= bool(name)
                 name = label.value
             else:
+                duplicate |= label.name in labels
                 labels[label.name] = label.value
+            control = control or bool(_CONTROL.search(label.name) or _CONTROL.search(label.value))
             label.Clear()
         known = known_name(name)
+        if known is None:
+            return _LabelSet(None, labels, "")
         too_long = next((k for k, v in labels.items() if len(v) > MAX_LABEL_VALUE_CHARS), None)
-        problem = "" if known is None or too_long is None else (
-            f"{known}: label {too_long[:64]} longer than {MAX_LABEL_VALUE_CHARS} characters")
+        problem = (f"{known}: a label name or value has a control character" if control
+                   else f"{known}: duplicate label name" if duplicate
+                   else f"{known}: label {too_long[:64]} longer than {MAX_LABEL_VALUE_CHARS} characters"
+                   if too_long is not None else "")
         return _LabelSet(known, labels, problem)
 
 
@@ -687,7 +703,12 @@ class Assembler:
     def _resolve(self, labels: _LabelSet) -> None:
         """What ``labels`` says to the reader, and the node its samples are held under."""
         assert labels.name is not None
-        series = labels.series = self.reader._series(labels.name, labels.labels)
+        series = self.reader._series(labels.name, labels.labels)
+        if not series.problem and len(series.node) > NODE_NAME_MAX:
+            series = replace(series, problem=f"{series.name}: node label longer than {NODE_NAME_MAX} characters")
+        elif not series.problem and series.index < 0 and len(series.port) > PORT_NAME_MAX:
+            series = replace(series, problem=f"{series.name}: port labels longer than {PORT_NAME_MAX} characters")
+        labels.series = series
         labels.owner = self
         if series.problem:
             labels.node = labels.gpu = None

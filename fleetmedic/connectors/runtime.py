@@ -7,7 +7,9 @@ A connector is a *source* (sampling on an interval, or consuming a Kafka topic) 
 - **Backpressure.** The outbox is bounded (``exporters.queue_max``). Telemetry sources *offer*: when
   it is full the oldest record is dropped and counted (``fleetmedic_connector_dropped_total``), so
   a slow broker never grows memory and never blocks sampling. Consuming sources *put*, which waits
-  for room: they simply stop reading their topic until Kafka catches up.
+  for room: they simply stop reading their topic until Kafka catches up. A source that has already
+  acknowledged its records to their sender (the remote-write receiver) *keeps* them: they are
+  never dropped, and the source bounds the outbox itself by refusing new input while it is full.
 - **Reconnects.** A failed send is retried after :class:`Backoff` delays (doubling, capped); the
   record stays at the head of the outbox meanwhile.
 - **Metrics** (``fleetmedic_connector_*``, label ``connector``) on an injected ``CollectorRegistry``:
@@ -171,6 +173,11 @@ class Outbox:
         if len(self._items) >= self.maxlen:
             self._items.popleft()
             self.metrics.dropped()
+        self._append(item)
+
+    def keep(self, item: Outgoing) -> None:
+        """Add without waiting and without dropping anything, past ``maxlen`` if need be: for records
+        whose sender was told they are taken. The caller refuses new input while the outbox is full."""
         self._append(item)
 
     async def put(self, item: Outgoing) -> None:

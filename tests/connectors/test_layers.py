@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 PURE = ["prometheus_text", "prometheus_api", "kafka_telemetry_map", "log_failures", "perfquery", "nvml_record",
-        "nvml_seam", "errors", "remote_write", "node_conditions", "kmsg_map", "kube_jobs_map", "kube_nodes_map"]
+        "nvml_seam", "errors", "remote_write", "remote_write_auth", "node_conditions", "kmsg_map", "kube_jobs_map",
+        "kube_nodes_map"]
 ADAPTERS = ["prometheus_client", "aiokafka", "aiohttp", "faust", "kubernetes", "pynvml"]
 
 

@@ -1,7 +1,9 @@
 """End to end: Debian's real Prometheus scrapes fixture exporters serving field-corpus text
 (tests/data/field: two gpu-operator dcgm-exporters and node-exporter's infiniband output) and
 remote-writes to ``fleetmedic exporter remote-write`` (the CLI, in its own process), which
-publishes to the real broker. The remote_write block is the one docs/operations.md shows."""
+publishes to the real broker. The remote_write block is the one docs/operations.md shows: HTTPS
+with a Bearer token (the test's own CA, certificate and token), so the receiver's TLS and
+credentials are checked by the real sender."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import pytest
 from fleetmedic import records as r
 from fleetmedic.config import Settings
 from fleetmedic.connectors.prometheus_text import ExpositionReader
-from fleetmedic.devenv import proc
+from fleetmedic.devenv import proc, tls
 from tests.conftest import unavailable
 from tests.connectors.conftest import PROMETHEUS
 from tests.streams.harness import collect_sync
@@ -71,10 +73,20 @@ def test_prometheus_remote_writes_field_corpus_scrapes_that_arrive_on_kafka_one_
     kops, lke, ib = (fixture_exporter(lambda n, t=t: t) for t in (KOPS, LKE, IB))
     rx_port, metrics_port, prom_port = proc.free_ports(3)
     prefix = f"t{uuid.uuid4().hex[:8]}."
+    ca = tls.make_ca(tmp_path / "ca")
+    server = tls.issue(ca, tmp_path / "ca", "receiver")
+    secrets = tmp_path / "prometheus-secrets"
+    secrets.mkdir()
+    token = uuid.uuid4().hex
+    (secrets / "token").write_text(token + "\n")
+    (secrets / "ca.crt").write_text(ca.cert.read_text())
+    (tmp_path / "tokens").write_text(f"an-older-token\n{token}\n")
     config = tmp_path / "fleetmedic.yaml"
     config.write_text(f"kafka: {{bootstrap_servers: '{kafka_bootstrap}', client_id: rw-{prefix}}}\n"
                       f"topics: {{prefix: '{prefix}'}}\n"
-                      "exporters: {remote_write: {assemble_s: 4.0}}\n")
+                      "exporters: {remote_write: {assemble_s: 4.0, "
+                      f"tls: {{cert_file: '{server.cert}', key_file: '{server.key}'}}, "
+                      f"auth: {{bearer_tokens_file: '{tmp_path / 'tokens'}'}}}}}}\n")
     rx_log = tmp_path / "receiver.log"
     with rx_log.open("wb") as out:
         rx = subprocess.Popen([sys.executable, "-m", "fleetmedic.cli.main", "exporter", "remote-write", "--config",
@@ -86,6 +98,8 @@ def test_prometheus_remote_writes_field_corpus_scrapes_that_arrive_on_kafka_one_
         hostport = {name: url.split("//", 1)[1].split("/", 1)[0] for name, url in
                     (("kops", kops), ("lke", lke), ("ib", ib))}
         block = documented_remote_write_block().replace("fleetmedic-remote-write:9201", f"127.0.0.1:{rx_port}")
+        block = block.replace("/etc/prometheus/secrets/fleetmedic-remote-write/", f"{secrets}/")
+        assert "https://" in block and "credentials_file" in block
         prom_config = tmp_path / "prometheus.yml"
         prom_config.write_text(
             "global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
@@ -155,6 +169,7 @@ def test_prometheus_remote_writes_field_corpus_scrapes_that_arrive_on_kafka_one_
     requests = float(re.search(r'fleetmedic_remote_write_requests_total\{code="204"\} (\S+)', metrics).group(1))  # type: ignore[union-attr]
     assert requests > len(gpu) + len(ports)
     assert 'fleetmedic_remote_write_requests_total{code="400"}' not in metrics
+    assert 'fleetmedic_remote_write_requests_total{code="401"}' not in metrics  # the documented credentials
     # write_relabel_configs kept only the series fleetmedic reads (those dcgm-exporter serves but
     # fleetmedic does not map, e.g. DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION, pass it and are ignored)
     assert re.search(r'fleetmedic_remote_write_samples_total\{outcome="ignored"\} [1-9]', metrics)

@@ -58,7 +58,7 @@ def render_error(*sets: str, required: tuple[str, ...] = REQUIRED) -> str:
 #: every component and every monitoring object on (what the server-side apply test renders)
 EVERYTHING = ("connectors.prometheus.enabled=true", "connectors.kafka.enabled=true", "connectors.logs.enabled=true",
               "connectors.infiniband.enabled=true", "connectors.kmsg.enabled=true",
-              "connectors.remoteWrite.enabled=true",
+              "connectors.remoteWrite.enabled=true", "connectors.remoteWrite.auth.existingSecret=remote-write-auth",
               "connectors.prometheus.egress[0].to[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=monitoring",
               "connectors.prometheus.egress[0].ports[0].port=9400",
               "connectors.remoteWrite.ingressFrom[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=monitoring",

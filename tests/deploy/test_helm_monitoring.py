@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from fleetmedic.cli import main as cli
+from fleetmedic.config import parse_config
 from tests.deploy.helm import CHART, EVERYTHING, helm, render, render_error
 
 DEPLOY = CHART.parents[1]
@@ -172,7 +173,8 @@ def test_connectors_get_egress_only_to_what_they_read() -> None:
                                              [{"port": "remote-write", "protocol": "TCP"}]]
     prometheus_on = ("connectors.prometheus.enabled=true",)
     assert "connectors.prometheus.egress is empty" in render_error(*prometheus_on)
-    assert "connectors.remoteWrite.ingressFrom is empty" in render_error("connectors.remoteWrite.enabled=true")
+    assert "connectors.remoteWrite.ingressFrom is empty" in render_error(
+        "connectors.remoteWrite.enabled=true", "connectors.remoteWrite.auth.existingSecret=remote-write-auth")
     # an egress rule without peers would open egress to any address: the schema refuses it
     assert "missing property 'to'" in render_error(*prometheus_on, "connectors.prometheus.egress[0].ports[0].port=9400")
     assert "/connectors/prometheus/egress/0/to" in render_error(*prometheus_on, "connectors.prometheus.egress[0].to={}")
@@ -184,6 +186,40 @@ def test_the_remote_write_receiver_is_off_by_default_and_listens_where_its_servi
     args = container["args"]
     assert args[:3] == ["exporter", "remote-write", "--listen"] and args[3] == "0.0.0.0:9201"
     assert {"name": "remote-write", "containerPort": 9201} in container["ports"]
+
+
+def test_the_remote_write_receiver_takes_only_senders_with_the_secrets_credentials_by_default() -> None:
+    """HTTPS and Bearer tokens from a Secret mounted as a folder (so a rotation reaches the files the
+    receiver reads again); no Secret is a render error unless allowUnauthenticated says so."""
+    pod, container = _container(_everything(), "remote-write")
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "remote-write-auth"]
+    assert mount == {"name": "remote-write-auth", "mountPath": "/etc/fleetmedic/remote-write", "readOnly": True}
+    assert "subPath" not in mount
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "remote-write-auth"]
+    assert volume["secret"] == {"secretName": "remote-write-auth", "defaultMode": 0o400}
+    config = _config_of(_everything())
+    rw = config["exporters"]["remote_write"]
+    assert rw["tls"] == {"cert_file": "/etc/fleetmedic/remote-write/tls.crt",
+                         "key_file": "/etc/fleetmedic/remote-write/tls.key"}
+    assert rw["auth"] == {"bearer_tokens_file": "/etc/fleetmedic/remote-write/tokens"}
+    assert rw["allow_unauthenticated"] is False
+    assert parse_config(yaml.safe_dump(config)).exporters.remote_write.authenticated
+    on = ("connectors.remoteWrite.enabled=true",
+          "connectors.remoteWrite.ingressFrom[0].podSelector.matchLabels.app=prometheus")
+    assert "connectors.remoteWrite.auth.existingSecret is empty" in render_error(*on)
+    mtls = _config_of(render("fleetmedic-system", *on, "connectors.remoteWrite.auth.existingSecret=s",
+                             "connectors.remoteWrite.auth.clientCertificates=true"))
+    assert mtls["exporters"]["remote_write"]["tls"]["client_ca_file"] == "/etc/fleetmedic/remote-write/ca.crt"
+    open_ = render("fleetmedic-system", *on, "connectors.remoteWrite.allowUnauthenticated=true")
+    assert _config_of(open_)["exporters"]["remote_write"] == {"allow_unauthenticated": True}
+    _, plain = _container(open_, "remote-write")
+    assert not [m for m in plain["volumeMounts"] if m["name"] == "remote-write-auth"]
+
+
+def _config_of(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    (cm,) = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-config")]
+    config: dict[str, Any] = yaml.safe_load(cm["data"]["fleetmedic.yaml"])
+    return config
 
 
 def test_the_remote_write_receiver_runs_a_real_subcommand() -> None:

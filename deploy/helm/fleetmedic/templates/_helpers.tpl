@@ -46,6 +46,20 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- $defaults := dict
       "signing" $signing
       "executor" (dict "lease_namespace" .Release.Namespace "diagnostics_namespace" .Release.Namespace) -}}
+{{- $rw := .Values.connectors.remoteWrite -}}
+{{- if $rw.enabled -}}
+{{- $receiver := dict "allow_unauthenticated" (and $rw.allowUnauthenticated (not $rw.auth.existingSecret)) -}}
+{{- if $rw.auth.existingSecret -}}
+{{- $dir := "/etc/fleetmedic/remote-write/" -}}
+{{- $tls := dict "cert_file" (print $dir "tls.crt") "key_file" (print $dir "tls.key") -}}
+{{- if $rw.auth.clientCertificates -}}
+{{- $_ := set $tls "client_ca_file" (print $dir "ca.crt") -}}
+{{- end -}}
+{{- $_ := set $receiver "tls" $tls -}}
+{{- $_ := set $receiver "auth" (dict "bearer_tokens_file" (print $dir "tokens")) -}}
+{{- end -}}
+{{- $_ := set $defaults "exporters" (dict "remote_write" $receiver) -}}
+{{- end -}}
 {{- toYaml (mustMergeOverwrite $defaults (deepCopy .Values.config)) -}}
 {{- end -}}
 
