@@ -116,6 +116,9 @@ def parse_kmsg(raw: bytes | str, boot_time: float | None) -> KernelRecord:
 
 def parse_journal(raw: bytes | str) -> KernelRecord:
     """One ``journalctl -o json`` line."""
+    refused = r.json_limit_error(raw)
+    if refused is not None:
+        raise BadRecord(f"journal: {refused}")
     try:
         doc = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):

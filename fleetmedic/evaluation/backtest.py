@@ -214,6 +214,10 @@ class InputReader:
         for line in self._raw_lines(fh, report, MAX_JSONL_LINE_BYTES):
             if not line.strip():
                 continue
+            refused = r.json_limit_error(line, MAX_JSONL_LINE_BYTES)
+            if refused is not None:
+                report.problem(f"refused: {refused}")
+                continue
             try:
                 yield _INPUT_DECODER.decode(line)
             except msgspec.ValidationError as exc:
