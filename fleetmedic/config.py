@@ -680,6 +680,13 @@ class LogExporterSettings(Section, frozen=True, kw_only=True):
     patterns_file: str = ""
 
 
+class KmsgExporterSettings(Section, frozen=True, kw_only=True):
+    """``fleetmedic exporter kmsg``: the node's kernel log -> ``kernel.events`` (connectors/kmsg.py)."""
+
+    # an event equal to one published less than this before it (kernel time) is counted, not published
+    coalesce_s: NonNegFloat = 60.0
+
+
 class ExporterSettings(Section, frozen=True, kw_only=True):
     queue_max: PosInt = 10_000
     reconnect_min_s: PosFloat = 0.5
@@ -691,6 +698,7 @@ class ExporterSettings(Section, frozen=True, kw_only=True):
     kafka: KafkaTelemetrySettings = KafkaTelemetrySettings()
     infiniband: InfinibandExporterSettings = InfinibandExporterSettings()
     logs: LogExporterSettings = LogExporterSettings()
+    kmsg: KmsgExporterSettings = KmsgExporterSettings()
 
 
 class JobWatchSettings(Section, frozen=True, kw_only=True):
