@@ -35,6 +35,7 @@ import msgspec
 from fleetmedic.config import DetectionSettings
 from fleetmedic.models.event_dedup import KERNEL
 from fleetmedic.models.gpu_detector import GpuDetector
+from fleetmedic.models.state import require_finite
 from fleetmedic.records import Evidence, Finding, FindingKind, KernelEvent, Severity, XidEvent
 
 DETECTOR = "kernel_log"
@@ -112,7 +113,9 @@ class KernelEventDetector:
 
     def load_node(self, node: str, data: bytes) -> None:
         """Load what :meth:`node_bytes` wrote (the node's memory replaced)."""
-        seen = _latest(_decode_seen(data), MAX_CONDITIONS)
+        seen = _decode_seen(data)
+        require_finite("kernel conditions", seen.values())
+        seen = _latest(seen, MAX_CONDITIONS)
         if seen:
             self._reported[node] = seen
         else:
