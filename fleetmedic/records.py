@@ -673,9 +673,12 @@ class RecordDecoder(Generic[R]):
         self._decode = msgspec.json.Decoder(record_type).decode
 
     def decode(self, data: bytes | bytearray | memoryview | str) -> R:
-        refused = json_limit_error(data)
-        if refused is not None:
-            raise InvalidRecord(self.record_type.__name__, "$", f"refused: {refused}")
+        # the common case inline (a message with few brackets), the rest in json_limit_error
+        if not (type(data) is bytes and len(data) <= MAX_RECORD_BYTES
+                and data.count(b"[") + data.count(b"{") <= MAX_NESTING):
+            refused = json_limit_error(data)
+            if refused is not None:
+                raise InvalidRecord(self.record_type.__name__, "$", f"refused: {refused}")
         try:
             return self._decode(data)
         except msgspec.ValidationError as exc:
