@@ -159,3 +159,18 @@ def test_a_flipped_bit_in_the_body_names_the_checksum() -> None:
     flipped[-5] ^= 0x10
     with pytest.raises(SnapshotCorrupt, match="do not match the SHA-256 they were written with"):
         decode_snapshot(bytes(flipped))
+
+
+def test_the_fleet_stages_states_with_non_finite_times_or_baselines_are_refused() -> None:
+    from fleetmedic.models.peers import PeerComparison
+    from fleetmedic.models.straggler import StragglerDetector
+
+    jobs = {"ml/a": {"mean": float("nan"), "times": {0: 1.0}}}
+    with pytest.raises(ValueError, match="straggler step times"):
+        StragglerDetector(Settings().detection.straggler).load_state(msgspec.msgpack.encode(jobs))
+    peers = [{"n0": {"ts": float("inf"), "values": {"gpu_temp": 50.0}}}, {}, {}, {}]
+    with pytest.raises(ValueError, match="peer comparison times"):
+        PeerComparison(Settings().detection.peers).load_state(msgspec.msgpack.encode(peers))
+    peers = [{"n0": {"ts": 1.0, "values": {"gpu_temp": float("nan")}}}, {}, {}, {}]
+    # a value not reported: NaN stands for none
+    PeerComparison(Settings().detection.peers).load_state(msgspec.msgpack.encode(peers))
