@@ -40,10 +40,10 @@ def _deep(levels: int, head: bytes = HEAD) -> bytes:
 
 
 def _nesting(text: bytes) -> int:
-    """The deepest nesting of a JSON text's arrays and objects, read as a parser reads it, up to the
-    first byte that cannot be JSON."""
+    """The deepest nesting of a JSON text's arrays and objects, read as a parser reads it: up to
+    an unpaired closing bracket, or to what follows the text's one value (where a parser stops)."""
     depth = deepest = 0
-    in_string = escaped = False
+    in_string = escaped = done = False
     for byte in text:
         c = chr(byte)
         if in_string:
@@ -53,6 +53,11 @@ def _nesting(text: bytes) -> int:
                 escaped = True
             elif c == '"':
                 in_string = False
+                done = depth == 0
+        elif c in " \t\r\n":
+            continue
+        elif done:
+            break
         elif c == '"':
             in_string = True
         elif c in "[{":
@@ -62,6 +67,9 @@ def _nesting(text: bytes) -> int:
             if depth == 0:
                 break
             depth -= 1
+            done = depth == 0
+        elif depth == 0 and not c.isalnum() and c not in ".-+":
+            break
     return deepest
 
 
@@ -182,13 +190,14 @@ def _json(max_depth: int) -> st.SearchStrategy[Any]:
 
 @st.composite
 def _texts(draw: st.DrawFn) -> bytes:
-    """A JSON text nested up to ~100 levels (a chain, with siblings), sometimes cut or garbled."""
+    """A JSON text nested up to ~100 levels (a chain, with siblings), sometimes cut, garbled, an
+    unknown field of a record, or past the size bound."""
     depth = draw(st.integers(0, 100))
     doc: Any = draw(_json(4))
     for _ in range(depth):
         doc = [doc, draw(_SCALAR)] if draw(st.booleans()) else {draw(_TEXT): doc}
     text = json.dumps(doc, ensure_ascii=draw(st.booleans())).encode()
-    match draw(st.sampled_from(["whole", "whole", "cut", "garbled", "unknown field"])):
+    match draw(st.sampled_from(["whole", "whole", "cut", "garbled", "unknown field", "oversize"])):
         case "cut":
             text = text[: draw(st.integers(0, len(text)))]
         case "garbled":
@@ -196,6 +205,8 @@ def _texts(draw: st.DrawFn) -> bytes:
             text = text[:at] + draw(st.sampled_from([b"[", b"]", b"{", b'"', b"\\", b"\xff"])) + text[at:]
         case "unknown field":
             text = HEAD + text + b"}"
+        case "oversize":  # valid JSON, padded past the size bound
+            text = text + b" " * (r.MAX_RECORD_BYTES + 1 - len(text) + draw(st.integers(0, 10)))
     return text
 
 
@@ -203,6 +214,9 @@ def _texts(draw: st.DrawFn) -> bytes:
 @given(_texts())
 def test_the_nesting_read_without_parsing_is_that_of_a_scanner(text: bytes) -> None:
     refused = r.json_limit_error(text)
+    if len(text) > r.MAX_RECORD_BYTES:
+        assert refused == f"the message is {len(text)} bytes, above the limit of {r.MAX_RECORD_BYTES}"
+        return
     if refused is None:
         assert _nesting(text) <= r.MAX_NESTING  # let through: a parser nests no deeper
     try:
