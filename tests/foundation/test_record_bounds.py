@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from fleetmedic import records as r
 from fleetmedic.config import KafkaTelemetrySettings, Settings
 from fleetmedic.connectors.kafka_telemetry_map import BadMessage, PointMapper
 from fleetmedic.connectors.kmsg_map import BadRecord, parse_journal
+from fleetmedic.connectors.prometheus_history import matrix_columns
 from fleetmedic.streams.decide import DecideStage
 from fleetmedic.streams.detect import DetectStage
 from fleetmedic.streams.outputs import Source
@@ -174,6 +176,8 @@ def test_the_connectors_refuse_a_deep_message_by_the_same_bound() -> None:
         PointMapper(KafkaTelemetrySettings()).points(_deep(1000, b'{"name":"x","x":'))
     with pytest.raises(BadRecord, match="nest deeper than 64"):
         parse_journal(_deep(1000, b'{"MESSAGE":"x","x":'))
+    with pytest.raises(ValueError, match="the answer is refused: arrays and objects nest deeper than 64"):
+        matrix_columns(_deep(1000, b'{"status":"success","x":'), Counter())
 
 
 # --- fuzz -----------------------------------------------------------------------------------------
