@@ -727,6 +727,13 @@ class LogExporterSettings(Section, frozen=True, kw_only=True):
     patterns_file: str = ""
 
 
+class KmsgExporterSettings(Section, frozen=True, kw_only=True):
+    """``fleetmedic exporter kmsg``: the node's kernel log -> ``kernel.events`` (connectors/kmsg.py)."""
+
+    # an event equal to one published less than this before it (kernel time) is counted, not published
+    coalesce_s: NonNegFloat = 60.0
+
+
 class ExporterSettings(Section, frozen=True, kw_only=True):
     queue_max: PosInt = 10_000
     reconnect_min_s: PosFloat = 0.5
@@ -738,6 +745,7 @@ class ExporterSettings(Section, frozen=True, kw_only=True):
     kafka: KafkaTelemetrySettings = KafkaTelemetrySettings()
     infiniband: InfinibandExporterSettings = InfinibandExporterSettings()
     logs: LogExporterSettings = LogExporterSettings()
+    kmsg: KmsgExporterSettings = KmsgExporterSettings()
 
 
 class JobWatchSettings(Section, frozen=True, kw_only=True):
@@ -1036,6 +1044,10 @@ class _LimitError(Exception):
     """The YAML document is over one of the limits (raised by :class:`_Loader`)."""
 
 
+class _DuplicateKey(_LimitError):
+    """A mapping of the YAML document gives one key twice (raised by :class:`_Loader`)."""
+
+
 def _at(mark: Any) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "somewhere"
 
@@ -1043,7 +1055,10 @@ def _at(mark: Any) -> str:
 class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader with limits: nesting depth and aliases counted while composing, the
     alias expansion measured on the composed graph before any object is built, and a value that
-    cannot be built (an integer of 5,000 digits, a bad date) a load error naming its line."""
+    cannot be built (an integer of 5,000 digits, a bad date) a load error naming its line. A key
+    given twice in one mapping is an error naming both lines (PyYAML keeps the last one silently:
+    ``safety: {dry_run: true}`` then ``safety: {dry_run: false}`` would run live); a key a merge
+    (``<<: *defaults``) brings in may still be given."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
@@ -1077,6 +1092,22 @@ class _Loader(yaml.SafeLoader):
             return super().construct_object(node, deep)
         except (ValueError, OverflowError, TypeError) as exc:
             raise _LimitError(f"cannot read the value at {_at(node.start_mark)}: {exc}") from None
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key = self.construct_object(key_node)
+                try:
+                    earlier = first.setdefault(key, key_node)
+                except TypeError:  # an unhashable key: the constructor names it
+                    continue
+                if earlier is not key_node:
+                    raise _DuplicateKey(f"the key {key!r} is given twice in one mapping ({_at(earlier.start_mark)} "
+                                        f"and {_at(key_node.start_mark)}): keep one")
+        return super().construct_mapping(node, deep)
 
 
 def _check_expansion(root: yaml.Node) -> None:
@@ -1121,7 +1152,8 @@ def _check_expansion(root: yaml.Node) -> None:
 
 def load_yaml(text: str) -> Any:
     """``yaml.safe_load`` within the limits above: raises ``yaml.YAMLError`` for invalid YAML and
-    :class:`_LimitError` for a document over a limit. ``None`` for an empty document."""
+    :class:`_LimitError` for a document over a limit or with a key given twice in one mapping.
+    ``None`` for an empty document."""
     loader = _Loader(text)
     try:
         node = loader.get_single_node()

@@ -8,6 +8,9 @@ Rules that other systems can rely on:
 - unknown fields are tolerated (a newer producer may add fields);
 - an invalid message raises :class:`InvalidRecord`, which names the field path (``$.gpus[3].gpu``)
   and the reason;
+- a message is at most :data:`MAX_RECORD_BYTES` long and nests at most :data:`MAX_NESTING` levels
+  (unknown fields included); a longer or deeper one is an :class:`InvalidRecord` before it is
+  parsed, the same in every stage whatever its call stack;
 - timestamps are Unix epoch seconds (float), gauges are floats, cumulative counters are
   non-negative ints that reset to zero when a node reboots or the driver reloads (``boot_id``
   changes when that happens, where the producer knows it).
@@ -20,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import re
 import traceback
-from typing import Annotated, Any, Final, Literal, TypeVar
+from typing import Annotated, Any, Final, Generic, Literal, TypeVar
 
 import msgspec
 from msgspec import Meta, Struct, field
@@ -592,8 +595,56 @@ def _plain(obj: Any) -> Any:
 
 
 _ENCODER = msgspec.json.Encoder(enc_hook=_plain)
-_DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {}
 _PATH = re.compile(r"^(?P<reason>.*?)(?: - at `(?P<path>[^`]*)`)?$", re.DOTALL)
+
+#: the longest message any stage decodes: Kafka's default ``max.message.bytes`` (1 MiB)
+MAX_RECORD_BYTES: Final = 1 << 20
+#: the deepest nesting of arrays and objects a message may have, unknown fields included. The
+#: records themselves nest 4 levels at most; the rest is room for a newer producer's fields. Far
+#: below the interpreter's recursion limit, so a message decodes or is refused the same way however
+#: deep the call stack of the stage that reads it.
+MAX_NESTING: Final = 64
+
+#: keeps the quotes and brackets of a JSON text, every bracket as ``[`` or ``]``: the depth of a
+#: text is that of its brackets whatever their kinds
+_BRACKETS = bytes.maketrans(b"{}", b"[]"), bytes(b for b in range(256) if b not in b'[]{}"')
+
+
+def json_limit_error(data: bytes | bytearray | memoryview | str, max_bytes: int = MAX_RECORD_BYTES,
+                     max_nesting: int = MAX_NESTING) -> str | None:
+    """Why the JSON text ``data`` is refused before it is parsed (longer than ``max_bytes``, or
+    arrays and objects nested deeper than ``max_nesting``), or ``None`` when it is within both.
+
+    The nesting is read without parsing and without recursion: a text with at most ``max_nesting``
+    brackets is within it; otherwise its strings are taken out and the brackets left are paired,
+    innermost first, one level a round. A text whose brackets do not pair is let through only when
+    it cannot nest deeper than the bound either (the parser then names what is wrong with it)."""
+    if len(data) > max_bytes:
+        return f"the message is {len(data)} bytes, above the limit of {max_bytes}"
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogatepass")
+    elif isinstance(data, memoryview):
+        data = data.tobytes()
+    if data.count(b"[") + data.count(b"{") <= max_nesting:
+        return None
+    if b"\\" in data:  # escaped backslashes, then escaped quotes: neither is a string's boundary
+        data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    brackets = data.translate(*_BRACKETS)
+    if b'"' in brackets:
+        # a string without brackets is now an adjacent pair of quotes; when they all are, taking
+        # the pairs out takes the strings out. Otherwise the strings are cut out one by one
+        unquoted = brackets.replace(b'""', b"")
+        brackets = unquoted if b'"' not in unquoted else b"".join(brackets.split(b'"')[::2])
+    for level in range(max_nesting):
+        inner = brackets.replace(b"[]", b"")  # one pass: the pairs innermost now, one level
+        if not inner:
+            return None
+        if inner == brackets:  # brackets that do not pair: at most this deep
+            if level + len(inner) <= max_nesting:
+                return None
+            return f"brackets do not pair, or nest deeper than {max_nesting} levels"
+        brackets = inner
+    return f"arrays and objects nest deeper than {max_nesting} levels"
 
 
 class InvalidRecord(ValueError):
@@ -610,21 +661,47 @@ def encode(record: Record) -> bytes:
     return _ENCODER.encode(record)
 
 
-def decoder_for(record_type: type[R]) -> msgspec.json.Decoder[R]:
+class RecordDecoder(Generic[R]):
+    """Decodes and validates messages of one record type: :meth:`decode` returns the record or
+    raises :class:`InvalidRecord`, for a message over :data:`MAX_RECORD_BYTES` or
+    :data:`MAX_NESTING` as for one that does not match the schema."""
+
+    __slots__ = ("_decode", "record_type")
+
+    def __init__(self, record_type: type[R]) -> None:
+        self.record_type = record_type
+        self._decode = msgspec.json.Decoder(record_type).decode
+
+    def decode(self, data: bytes | bytearray | memoryview | str) -> R:
+        # the common case inline (a message with few brackets), the rest in json_limit_error
+        if not (type(data) is bytes and len(data) <= MAX_RECORD_BYTES
+                and data.count(b"[") + data.count(b"{") <= MAX_NESTING):
+            refused = json_limit_error(data)
+            if refused is not None:
+                raise InvalidRecord(self.record_type.__name__, "$", f"refused: {refused}")
+        try:
+            return self._decode(data)
+        except msgspec.ValidationError as exc:
+            raise _invalid(self.record_type, exc) from None
+        except msgspec.DecodeError as exc:
+            raise InvalidRecord(self.record_type.__name__, "$", f"not valid JSON ({exc})") from None
+        except RecursionError:  # pragma: no cover - the nesting limit comes first
+            raise InvalidRecord(self.record_type.__name__, "$", "refused: nested too deeply") from None
+
+
+_DECODERS: dict[type[Any], RecordDecoder[Any]] = {}
+
+
+def decoder_for(record_type: type[R]) -> RecordDecoder[R]:
     dec = _DECODERS.get(record_type)
     if dec is None:
-        dec = _DECODERS[record_type] = msgspec.json.Decoder(record_type)
+        dec = _DECODERS[record_type] = RecordDecoder(record_type)
     return dec
 
 
 def decode(record_type: type[R], data: bytes | bytearray | memoryview | str) -> R:
     """Decode and validate one message, or raise :class:`InvalidRecord` naming field and reason."""
-    try:
-        return decoder_for(record_type).decode(data)
-    except msgspec.ValidationError as exc:
-        raise _invalid(record_type, exc) from None
-    except msgspec.DecodeError as exc:
-        raise InvalidRecord(record_type.__name__, "$", f"not valid JSON ({exc})") from None
+    return decoder_for(record_type).decode(data)
 
 
 def convert(record_type: type[R], obj: Any) -> R:

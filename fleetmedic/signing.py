@@ -424,7 +424,9 @@ def operator_keys(source: OperatorKeySource, environ: Mapping[str, str], *, comm
     bookkeeping of a mounted Secret is), and each variable of ``operator_key_env`` (id -> variable
     name) that is set. Raises :class:`UnusableKey` naming the key for a missing file, an unusable key,
     an id given twice, an id that is a command key id (``signing.key_id``, ``signing.command_keys``),
-    or an operator key equal to ``command_key`` (the roles would collapse)."""
+    or an operator key equal to ``command_key`` or to any key of ``signing.command_keys`` this
+    machine can read (the roles would collapse: a retired command key the executor still accepts
+    would let an operator sign a drain)."""
     texts: dict[str, tuple[str, bytes]] = {}
     command_ids = {source.key_id, *(k.id for k in source.command_keys)}
 
@@ -451,12 +453,29 @@ def operator_keys(source: OperatorKeySource, environ: Mapping[str, str], *, comm
             add(kid, f"${var}", environ[var].encode())
     keys = {kid: load_key(text, allow_demo=source.allow_demo_keys, what=f"operator key {kid!r} ({where})")
             for kid, (where, text) in texts.items()}
-    if command_key:
-        for kid, key in keys.items():
-            if hmac.compare_digest(key, command_key):
-                raise UnusableKey(f"operator key {kid!r} ({texts[kid][0]}) is the command key: operators could "
-                                  f"sign commands for the executor. Give operators keys of their own")
+    commands = ([("the command key", command_key)] if command_key else []) + _readable_command_keys(source, environ)
+    for kid, key in keys.items():
+        for name, other in commands:
+            if hmac.compare_digest(key, other):
+                raise UnusableKey(f"operator key {kid!r} ({texts[kid][0]}) is {name}: operators could sign "
+                                  f"commands for the executor. Give operators keys of their own")
     return KeySet(keys, source.operator_key_id)
+
+
+def _readable_command_keys(source: OperatorKeySource, environ: Mapping[str, str]) -> list[tuple[str, bytes]]:
+    """The keys of ``signing.command_keys`` this machine holds, named for an error (an entry whose
+    file or variable is not here is the executor's: not this machine's to compare)."""
+    out: list[tuple[str, bytes]] = []
+    for i, entry in enumerate(source.command_keys):
+        try:
+            text = (Path(entry.key_file).read_bytes() if entry.key_file
+                    else environ[entry.key_env].encode() if environ.get(entry.key_env) else None)
+            if text is not None:
+                out.append((f"the command key signing.command_keys[{i}] (id {entry.id!r})",
+                            load_key(text, allow_demo=True, what="command key")))
+        except (OSError, UnusableKey):
+            continue
+    return out
 
 
 def _read(path: Path, kid: str) -> bytes:

@@ -139,12 +139,13 @@ class PointMapper:
         """The points of one message; :class:`BadMessage` (only) when it cannot be read."""
         if len(message) > MAX_MESSAGE_BYTES:
             raise BadMessage(f"message longer than {MAX_MESSAGE_BYTES} bytes")
+        refused = r.json_limit_error(message, MAX_MESSAGE_BYTES)
+        if refused is not None:
+            raise BadMessage(f"refused: {refused}", "nested too deeply")
         try:
             return self._points(message)
         except BadMessage:
             raise
-        except RecursionError:
-            raise BadMessage("nested too deeply") from None
         except Exception as exc:  # a mapping bug must cost this message, not the consumer
             name = type(exc).__name__
             raise BadMessage(f"unreadable ({name}: {str(exc)[:200]})", f"unreadable ({name})") from None

@@ -251,7 +251,7 @@ class KmsgSource:
             nics = {} if options.input else nic_map_from_sysfs()
         kind = "file" if options.input else options.source
         self.mapper = KmsgMapper(self.node, library, self._gpu_map(nvml), nics, self.boot_id, options.xid_window_s,
-                                 source=kind)
+                                 source=kind, coalesce_s=settings.exporters.kmsg.coalesce_s)
         state = load_state(options.state_file)
         same_boot = not state.get("boot_id") or not self.boot_id or state.get("boot_id") == self.boot_id
         resumed = state.get("source") == kind and same_boot
@@ -293,7 +293,7 @@ class KmsgSource:
                 nvml = import_pynvml()
             gpus = gpu_map_from_nvml(nvml)
         except SourceUnavailable as exc:
-            log.warning("no GPU map from NVML (%s): XID lines are classified but not published; "
+            log.warning("no GPU map from NVML (%s): XIDs are published with their PCI address and no GPU index; "
                         "give --pci-map to map PCI addresses to GPU indices", exc)
             return {}
         log.info("GPU map from NVML: %s", gpus)
@@ -303,7 +303,8 @@ class KmsgSource:
 
     async def run(self, stop: asyncio.Event) -> None:
         if not self.mapper.gpus:
-            log.warning("%s: no GPU map (NVML or --pci-map): XID lines will not be published", self.node)
+            log.warning("%s: no GPU map (NVML or --pci-map): XIDs are published with their PCI address and no GPU "
+                        "index", self.node)
         try:
             if self.opt.input:
                 await self._run_file(stop)

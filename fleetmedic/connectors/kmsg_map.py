@@ -72,12 +72,15 @@ class BadRecord(ValueError):
 class KernelRecord:
     """One kernel log message. ``seq`` is the kernel's sequence number (kmsg), ``cursor`` the
     journal's; ``ts`` Unix seconds (``None`` when the input had no time); ``message`` unescaped, a
-    multi-line message's lines joined by newlines."""
+    multi-line message's lines joined by newlines. ``facility`` is the syslog facility the record
+    came with: 0 for the kernel's own messages, another (1, user, for ``logger --kmsg``) for what a
+    process wrote into the kernel's log; ``None`` when the input does not say (a plain line)."""
 
     message: str
     seq: int | None = None
     ts: float | None = None
     level: int | None = None
+    facility: int | None = None
     fields: tuple[tuple[str, str], ...] = ()
     cursor: str = ""
     boot_id: str = ""
@@ -111,11 +114,14 @@ def parse_kmsg(raw: bytes | str, boot_time: float | None) -> KernelRecord:
     pri, seq, usec = int(m.group("pri")), int(m.group("seq")), int(m.group("ts"))
     return KernelRecord(message=unescape(m.group("msg"))[:MAX_MESSAGE], seq=seq,
                         ts=None if boot_time is None else boot_time + usec / 1e6,
-                        level=pri & 7, fields=tuple(fields))
+                        level=pri & 7, facility=pri >> 3, fields=tuple(fields))
 
 
 def parse_journal(raw: bytes | str) -> KernelRecord:
     """One ``journalctl -o json`` line."""
+    refused = r.json_limit_error(raw)
+    if refused is not None:
+        raise BadRecord(f"journal: {refused}")
     try:
         doc = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -134,9 +140,22 @@ def parse_journal(raw: bytes | str) -> KernelRecord:
     fields = tuple((k, str(doc[k])) for k in ("_KERNEL_SUBSYSTEM", "_KERNEL_DEVICE") if isinstance(doc.get(k), str))
     host = doc.get("_HOSTNAME")
     return KernelRecord(message=msg[:MAX_MESSAGE], ts=ts,
-                        level=int(level) if isinstance(level, str) and level.isdigit() else None, fields=fields,
+                        level=int(level) if isinstance(level, str) and level.isdigit() else None,
+                        facility=_journal_facility(doc), fields=fields,
                         cursor=str(doc.get("__CURSOR") or ""), boot_id=journal_boot_id(str(doc.get("_BOOT_ID") or "")),
                         host=host[:253] if isinstance(host, str) else "")
+
+
+def _journal_facility(doc: dict[str, Any]) -> int | None:
+    """The facility of a journal entry: 0 where journald read it from the kernel (``_TRANSPORT``,
+    which journald sets and a sender cannot), else ``SYSLOG_FACILITY`` (1 when the entry has none);
+    ``None`` when the entry names neither."""
+    transport, facility = doc.get("_TRANSPORT"), doc.get("SYSLOG_FACILITY")
+    if transport == "kernel":
+        return 0
+    if isinstance(transport, str):
+        return int(facility) if isinstance(facility, str) and facility.isdigit() and facility != "0" else 1
+    return int(facility) if isinstance(facility, str) and facility.isdigit() else None
 
 
 def journal_boot_id(value: str) -> str:
@@ -336,21 +355,26 @@ class Mapped:
 class XidJoiner:
     """An XID the driver reports in its own words (a GPU fallen off the bus without its Xid line)
     and the Xid line itself are one event: a words-XID waits ``window_s`` (by the caller's clock)
-    and is dropped if an Xid line with the same GPU and code comes within ``window_s`` of it (by
-    the kernel's time); Xid lines always pass."""
+    and is dropped if an Xid line with the same GPU (its index, or its PCI address where no map
+    gives the index) and code comes within ``window_s`` of it (by the kernel's time); Xid lines
+    always pass."""
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
-        self._real: dict[tuple[int, int], float] = {}
+        self._real: dict[tuple[int | str, int], float] = {}
         self._pending: list[tuple[float, KernelEvent]] = []
 
+    @staticmethod
+    def _key(ev: KernelEvent) -> tuple[int | str, int]:
+        assert ev.xid is not None
+        return (ev.gpu if ev.gpu is not None else pci_key(ev.pci), ev.xid)
+
     def add(self, ev: KernelEvent, now: float) -> list[KernelEvent]:
-        assert ev.gpu is not None and ev.xid is not None
-        key = (ev.gpu, ev.xid)
+        key = self._key(ev)
         if ev.xid_line:
             self._real[key] = ev.ts
             self._pending = [(t, p) for t, p in self._pending
-                             if (p.gpu, p.xid) != key or abs(p.ts - ev.ts) > self.window_s]
+                             if self._key(p) != key or abs(p.ts - ev.ts) > self.window_s]
             return [ev]
         seen = self._real.get(key)
         if seen is not None and abs(seen - ev.ts) <= self.window_s:
@@ -368,16 +392,17 @@ class XidJoiner:
     def __len__(self) -> int:
         return len(self._pending)
 
-    def recent(self) -> list[list[float]]:
-        """The Xid lines seen lately, ``[gpu, xid, ts]``: kept in the state file, so that a words-XID
-        read after a restart still joins the Xid line read before it."""
-        return [[gpu, xid, ts] for (gpu, xid), ts in sorted(self._real.items())]
+    def recent(self) -> list[list[Any]]:
+        """The Xid lines seen lately, ``[gpu, xid, ts]`` (``gpu`` the PCI address where no map gives
+        the index): kept in the state file, so that a words-XID read after a restart still joins the
+        Xid line read before it."""
+        return [[gpu, xid, ts] for (gpu, xid), ts in sorted(self._real.items(), key=lambda kv: str(kv[0]))]
 
     def restore(self, recent: Iterable[Any]) -> None:
         for item in recent:
             with contextlib.suppress(TypeError, ValueError):
                 gpu, xid, ts = item
-                self._real[(int(gpu), int(xid))] = float(ts)
+                self._real[(gpu if isinstance(gpu, str) else int(gpu), int(xid))] = float(ts)
 
     def earliest_seq(self) -> int | None:
         """The lowest sequence number of the events held (what a checkpoint must not pass)."""
@@ -387,12 +412,20 @@ class XidJoiner:
 class KmsgMapper:
     """Classifies kernel records and builds the node's records (see the module docstring).
 
-    ``gpus``: PCI address (:func:`pci_key`) -> GPU index, from NVML or ``--pci-map``; ``nics``: a
-    NIC's PCI address (``dddd:bb:dd.f``) -> its port as the port connectors name it (``mlx5_0/1``)."""
+    ``gpus``: PCI address (:func:`pci_key`) -> GPU index, from NVML or ``--pci-map``; an XID on a
+    GPU the map does not know is published with its PCI address and no index (the node is what is
+    isolated). ``nics``: a NIC's PCI address (``dddd:bb:dd.f``) -> its port as the port connectors
+    name it (``mlx5_0/1``).
+
+    Only the kernel's own records (facility 0) are device evidence: a record a process wrote into
+    the kernel log (``logger --kmsg``: facility user) is counted as refused, whatever it reads. An
+    event equal to one published less than ``coalesce_s`` before it (by the kernel's time: the
+    same signal, device, PCI address, GPU, XID and code) is counted as coalesced, not published
+    again: a storm of one XID is one event a window."""
 
     def __init__(self, node: str, library: PatternLibrary, gpus: Mapping[str, int] | None = None,
                  nics: Mapping[str, str] | None = None, boot_id: str = "", xid_window_s: float = 30.0,
-                 source: str = SOURCE) -> None:
+                 source: str = SOURCE, coalesce_s: float = 60.0) -> None:
         self.node = node
         self.source = source
         self.library = library
@@ -400,6 +433,8 @@ class KmsgMapper:
         self.nics = dict(nics or {})
         self.boot_id = boot_id
         self.joiner = XidJoiner(xid_window_s)
+        self.coalesce_s = coalesce_s
+        self._published: dict[tuple[Any, ...], float] = {}  # an event's identity -> kernel time last published
 
     def map(self, recs: Iterable[KernelRecord], now: float) -> Mapped:
         """Classify ``recs`` (already accepted by the sequence tracker) into records and events."""
@@ -408,6 +443,9 @@ class KmsgMapper:
         others: list[KernelEvent] = []
         ports: list[PortChange] = []
         for rec in recs:
+            if rec.facility not in (None, 0):
+                out.unpublished[f"not from the kernel (facility {rec.facility}): no device evidence"] += 1
+                continue
             ts = rec.ts if rec.ts is not None else now
             text = rec.text
             link = _LINK.search(text)
@@ -419,9 +457,8 @@ class KmsgMapper:
             ev = KernelEvent.of(rec, m, ts, self.gpus)
             out.events.append(ev)
             if ev.xid is not None and ev.device == "gpu":
-                if ev.gpu is None:
-                    out.unpublished["xid: no GPU for its PCI address (no --pci-map or NVML entry)" if ev.pci
-                                    else "xid: the line names no PCI address"] += 1
+                if ev.gpu is None and not ev.pci:
+                    out.unpublished["xid: the line names no PCI address"] += 1
                     continue
                 xids += self.joiner.add(ev, now)
             elif link is not None:
@@ -430,8 +467,9 @@ class KmsgMapper:
                 out.unpublished[f"{ev.signal} ({ev.incident_class}): not a device fault"] += 1
             else:
                 others.append(ev)
-        xids += self.joiner.due(now)
-        out.records += (self._event_records(sorted(xids, key=lambda e: e.ts), out.unpublished)
+        xids = self._coalesced(sorted(xids + self.joiner.due(now), key=lambda e: e.ts), out.unpublished)
+        others = self._coalesced(others, out.unpublished)
+        out.records += (self._event_records(xids, out.unpublished)
                         + self._event_records(others, out.unpublished) + self._port_records(ports, out.unpublished))
         out.first_seq = _first_seq([ev.seq for ev in xids + others] + [ch.seq for ch in ports])
         return out
@@ -440,9 +478,26 @@ class KmsgMapper:
         """Records of the words-XIDs whose wait is over (all of them with ``flush``: at the end of a
         recorded log, or on stopping)."""
         out = Mapped()
-        xids = self.joiner.due(now, flush)
+        xids = self._coalesced(self.joiner.due(now, flush), out.unpublished)
         out.records += self._event_records(xids, out.unpublished)
         out.first_seq = _first_seq([ev.seq for ev in xids])
+        return out
+
+    def _coalesced(self, events: list[KernelEvent], unpublished: Counter[str]) -> list[KernelEvent]:
+        """``events`` less those equal to one published within ``coalesce_s`` (counted)."""
+        out: list[KernelEvent] = []
+        seen = self._published
+        for ev in events:
+            key = (ev.signal, ev.device, ev.pci, ev.gpu, ev.xid, ev.code)
+            last = seen.get(key)
+            if last is not None and 0.0 <= ev.ts - last < self.coalesce_s:
+                unpublished[f"{ev.signal}: coalesced (the same event within {self.coalesce_s:g} s)"] += 1
+                continue
+            seen[key] = ev.ts
+            out.append(ev)
+        if len(seen) > 4096:  # forget what no longer coalesces anything
+            horizon = max(seen.values()) - self.coalesce_s
+            self._published = {k: t for k, t in seen.items() if t >= horizon}
         return out
 
     def _event_records(self, events: list[KernelEvent], unpublished: Counter[str]) -> list[r.Record]:

@@ -48,12 +48,13 @@ def parse_log_message(message: bytes, cfg: LogExporterSettings, now: float) -> L
     """The log line of one message; :class:`BadLogLine` (only) when it is not one."""
     if len(message) > MAX_MESSAGE_BYTES:
         raise BadLogLine(f"message longer than {MAX_MESSAGE_BYTES} bytes")
+    refused = r.json_limit_error(message, MAX_MESSAGE_BYTES)
+    if refused is not None:
+        raise BadLogLine(f"refused: {refused}")
     try:
         return _parse(message, cfg, now)
     except BadLogLine:
         raise
-    except RecursionError:
-        raise BadLogLine("not valid JSON (nested too deeply)") from None
     except Exception as exc:  # a parsing bug must cost this message, not the consumer
         raise BadLogLine(f"unreadable ({type(exc).__name__})") from None
 

@@ -45,7 +45,7 @@ from fleetmedic.connectors.prometheus_text import (
     count,
     is_known_series,
 )
-from fleetmedic.records import GpuTelemetry, PortTelemetry
+from fleetmedic.records import GpuTelemetry, PortTelemetry, json_limit_error
 
 log = logging.getLogger("fleetmedic.connectors.prometheus")
 RETRIES = 4
@@ -82,6 +82,9 @@ def matrix_columns(body: bytes, skipped: Counter[str]) -> list[Column]:
     counted in ``skipped`` as :func:`~fleetmedic.connectors.prometheus_api.api_samples` counts
     them. Raises :class:`ApiAnswerError` for an answer that is not a query result, and
     ``ValueError`` for one that is not JSON."""
+    refused = json_limit_error(body, len(body))  # its size is bounded where it is read
+    if refused is not None:
+        raise ValueError(f"the answer is refused: {refused}")
     columns = _typed_columns(body, skipped)
     if columns is not None:
         return columns

@@ -50,7 +50,7 @@ from fleetmedic.connectors.prometheus_api import (
 )
 from fleetmedic.connectors.prometheus_text import ExpositionReader, Sample, is_known_series
 from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox, sleep_or_stop, telemetry_outgoing
-from fleetmedic.records import GpuTelemetry, PortTelemetry
+from fleetmedic.records import GpuTelemetry, PortTelemetry, json_limit_error
 
 log = logging.getLogger("fleetmedic.connectors.prometheus")
 
@@ -286,7 +286,11 @@ class PrometheusSource:
                 if resp.status != 200:
                     self._failed(self.p.api_url, f"http_{resp.status}")
                     return None
-                return json.loads(await read_capped(resp))
+                body = await read_capped(resp)
+                refused = json_limit_error(body, MAX_ANSWER_BYTES)
+                if refused is not None:
+                    raise ValueError(f"the answer is refused: {refused}")
+                return json.loads(body)
         except Exception as exc:  # connection refused, timeout, bad JSON, too large: try next interval
             self._failed(self.p.api_url, type(exc).__name__, exc)
             return None

@@ -76,6 +76,19 @@ MAX_REASONS: Final = 200
 OTHER_REASON: Final = "other reasons (too many distinct reasons to list)"
 #: the timestamps a record may carry (:data:`fleetmedic.records.Timestamp`)
 TS_MIN, TS_MAX = 0.0, 4.0e9
+#: a timestamp in milliseconds between these (the seconds of 2001-09-09 to 2096-10-02) was written
+#: in seconds: read as milliseconds it would date its record in January 1970
+SECONDS_AS_MS_MIN, SECONDS_AS_MS_MAX = 1.0e9, 4.0e9
+
+
+def seconds_as_ms(ms: float) -> bool:
+    """Whether the millisecond timestamp ``ms`` is a time in seconds (a sender's unit mistake)."""
+    return SECONDS_AS_MS_MIN <= ms <= SECONDS_AS_MS_MAX
+
+
+SECONDS_AS_MS_REASON: Final = "timestamp in seconds where milliseconds are expected"
+#: the times (in seconds) a timestamp in seconds read as milliseconds gives
+SECONDS_AS_MS_LOW, SECONDS_AS_MS_HIGH = SECONDS_AS_MS_MIN / 1000.0, SECONDS_AS_MS_MAX / 1000.0
 #: DCGM writes "blank" sentinels for a field a GPU does not support: int64 ones from 0x7ffffffffffffff0
 #: (as a float: 2**63) and float ones from 2**47 (dcgm_structs.h, DCGM_INT64_BLANK / DCGM_FP64_BLANK)
 DCGM_INT64_BLANK: Final = float(0x7FFFFFFFFFFFFFF0)
@@ -431,7 +444,12 @@ class ExpositionReader:
             else:
                 raise _Skip(f"{name}: timestamp has more than {MAX_TS_DIGITS} digits")
         if text.isascii() and (text.isdigit() or (text[0] == "-" and text[1:].isdigit())):
-            return int(text) / (1.0 if self._openmetrics else 1000.0)
+            if self._openmetrics:
+                return float(int(text))
+            ms = int(text)
+            if seconds_as_ms(ms):
+                raise _Skip(f"{name}: {SECONDS_AS_MS_REASON}")
+            return ms / 1000.0
         try:
             ts = float(text)  # float seconds: OpenMetrics
         except ValueError:

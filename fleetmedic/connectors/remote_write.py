@@ -69,6 +69,9 @@ from typing import Any, Final, get_args
 
 from fleetmedic.connectors.prometheus_text import (
     MAX_LABEL_VALUE_CHARS,
+    SECONDS_AS_MS_HIGH,
+    SECONDS_AS_MS_LOW,
+    SECONDS_AS_MS_REASON,
     TS_MAX,
     TS_MIN,
     ExpositionReader,
@@ -516,7 +519,8 @@ def _read(request: Any, skipped: Counter[str], counts: SampleCounts, cache: Labe
             continue
         known = hit.name
         for value, ts in points:
-            if value - value == 0.0 and TS_MIN <= ts <= TS_MAX:
+            # in range, and not a time in seconds read as milliseconds (January 1970)
+            if value - value == 0.0 and (SECONDS_AS_MS_HIGH < ts <= TS_MAX or TS_MIN <= ts < SECONDS_AS_MS_LOW):
                 read += 1
                 if hold is None:
                     add_set(hit)
@@ -531,7 +535,9 @@ def _read(request: Any, skipped: Counter[str], counts: SampleCounts, cache: Labe
                 count(skipped, f"{known}: value is {'NaN' if math.isnan(value) else 'infinite'}")
                 counts.skipped += 1
             else:
-                count(skipped, f"{known}: timestamp out of range")
+                seconds = SECONDS_AS_MS_LOW <= ts <= SECONDS_AS_MS_HIGH
+                why = SECONDS_AS_MS_REASON if seconds else "timestamp out of range"
+                count(skipped, f"{known}: {why}")
                 counts.skipped += 1
     other += native[1]
     ignored += native[1]

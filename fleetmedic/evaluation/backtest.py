@@ -46,7 +46,7 @@ import struct
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol, TextIO
@@ -57,6 +57,7 @@ from fleetmedic import records as r
 from fleetmedic.config import Settings
 from fleetmedic.connectors.prometheus_text import MAX_LINE_CHARS, ExpositionReader, Sample, count
 from fleetmedic.evaluation.kernel_logs import KERNEL_SUFFIXES, KernelLogOptions, kernel_log_records
+from fleetmedic.models.event_time import refuse_future
 
 if TYPE_CHECKING:
     from fleetmedic.models.stages import FleetDetection, NodeDetection
@@ -214,6 +215,10 @@ class InputReader:
         for line in self._raw_lines(fh, report, MAX_JSONL_LINE_BYTES):
             if not line.strip():
                 continue
+            refused = r.json_limit_error(line, MAX_JSONL_LINE_BYTES)
+            if refused is not None:
+                report.problem(f"refused: {refused}")
+                continue
             try:
                 yield _INPUT_DECODER.decode(line)
             except msgspec.ValidationError as exc:
@@ -328,9 +333,17 @@ def _ts(rec: Telemetry) -> float:
 
 @dataclass
 class Backtest:
+    """The pipeline in one process over recorded telemetry, in the records' time. A record stamped
+    more than ``streams.max_future_skew_s`` ahead of the wall clock (``clock``) is refused and
+    counted in :attr:`ahead` (:func:`~fleetmedic.models.event_time.refuse_future`, as the live
+    stages refuse it): it moves no clock, so one sample stamped in 2096 cannot make every command
+    expire in 2096."""
+
     settings: Settings
     topology: dict[str, dict[str, Any]] = field(default_factory=dict)
     batch_size: int = 256
+    clock: Callable[[], float] = time.time
+    ahead: Counter[str] = field(default_factory=Counter)  # refused records per reason
     findings: list[r.Finding] = field(default_factory=list)
     incidents: list[r.Incident] = field(default_factory=list)
     commands: list[r.RemediationCommand] = field(default_factory=list)
@@ -350,7 +363,13 @@ class Backtest:
         self._next_tick = float("-inf")
         self._now = 0.0
 
-    def feed(self, rec: Telemetry) -> None:
+    def feed(self, rec: Telemetry) -> bool:
+        """Take one record; False (counted in :attr:`ahead`) when it is stamped ahead of the clock."""
+        bound = self.settings.streams.max_future_skew_s
+        if refuse_future(rec, self.clock(), bound) is not None:
+            self.ahead[f"{type(rec).__name__}: stamped more than streams.max_future_skew_s ({bound:g} s) ahead of "
+                       "the wall clock"] += 1
+            return False
         self.counts[type(rec).__name__] += 1
         ts = float(rec.ts)
         self._now = max(self._now, ts)
@@ -373,6 +392,7 @@ class Backtest:
         else:
             self._emit(self.fleet.on_job(rec))
             self._decided(self.engine.on_job_event(rec, self._now))
+        return True
 
     def finish(self) -> None:
         self._flush()
@@ -518,7 +538,8 @@ def run(settings: Settings, inputs: list[str], out: Path, progress: Progress | N
     if progress:
         progress.start("backtest", reader.total_bytes(inputs))
     for rec in reader.records(inputs, *more):
-        bt.feed(rec)
+        if not bt.feed(rec):
+            continue
         n += 1
         last = float(rec.ts)
         first = last if first is None else first
@@ -534,7 +555,7 @@ def run(settings: Settings, inputs: list[str], out: Path, progress: Progress | N
     _write_jsonl(out / "incidents.jsonl", bt.incidents)
     _write_jsonl(out / "commands.jsonl", bt.commands)
     _write_jsonl(out / "audit.jsonl", bt.audit)
-    skipped = Counter(reader.skipped)
+    skipped = Counter(reader.skipped) + bt.ahead
     if history is not None:
         for reason, k in history.skipped.items():
             skipped[f"prometheus: {reason}"] += k

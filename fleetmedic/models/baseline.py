@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from fleetmedic.models.state import require_finite
+
 F64 = NDArray[np.float64]
 
 
@@ -77,6 +79,7 @@ class EwmaBaseline:
     def load_state(self, data: bytes) -> None:
         """Replace the arrays with what :meth:`state_bytes` wrote (their shape with them)."""
         arr = np.load(io.BytesIO(data), allow_pickle=False).astype(np.float64)
+        require_finite("baseline", arr)
         self.count, self.mean, self.var = arr[0].copy(), arr[1].copy(), arr[2].copy()
 
 

@@ -93,6 +93,7 @@ from fleetmedic.models.gpu_signals import (
     step_baselines_at,
 )
 from fleetmedic.models.sample_columns import MetricBatch, bit_fields, columns
+from fleetmedic.models.state import require_finite, require_finite_time
 from fleetmedic.models.xid_catalog import XidCatalog, default_catalog
 from fleetmedic.records import (
     DetectionMetrics,
@@ -141,6 +142,21 @@ class NodeGpuState(msgspec.Struct, kw_only=True):
 
 _encode_node = msgspec.msgpack.Encoder().encode
 _decode_node = msgspec.msgpack.Decoder(NodeGpuState).decode
+
+
+def _check_finite(st: NodeGpuState) -> None:
+    """Refuse a saved node state no detector could have written: baselines, throttle counts and
+    smoothed rates are finite; a previous sample and the widest link may be NaN (none yet), never
+    infinite; every time is finite."""
+    for part in ("planes", "throttle", "siblings"):
+        require_finite(part, np.frombuffer(getattr(st, part), dtype=np.float64))
+    for part in ("prev", "max_width"):
+        require_finite(part, np.frombuffer(getattr(st, part), dtype=np.float64), nan_is_none=True)
+    require_finite_time("prev_ts", st.prev_ts)
+    require_finite("active", [t for v in st.active.values() for t in v])
+    require_finite("xid_log", [e[0] for e in st.xid_log])
+    require_finite("absent", [t for v in st.absent.values() for t in v])
+    require_finite("xid_seen", [e[0] for e in st.xid_seen])
 
 
 class _Slab:
@@ -317,8 +333,10 @@ class GpuDetector:
         ))
 
     def load_node(self, node: str, data: bytes) -> None:
-        """Replace the node's state with what :meth:`node_bytes` wrote."""
+        """Replace the node's state with what :meth:`node_bytes` wrote; :class:`ValueError` (the
+        node's state left as it was) for a baseline, counter or time that is not finite."""
         st = _decode_node(data)
+        _check_finite(st)
         g = len(st.gpus)
         self.forget(node)
         live = self._nodes[node] = self._new_live(st.gpus)

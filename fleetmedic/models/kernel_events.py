@@ -3,7 +3,10 @@
 - **XIDs** (an ``NVRM: Xid`` line, or an XID in the driver's own words, on a GPU the node's map
   knows) go to the GPU detector's XID rules (:meth:`~fleetmedic.models.gpu_detector.GpuDetector.observe_events`):
   the same XID from NVML or dcgm within ``detection.xid_dedup_window_s`` is one event, not two
-  (:mod:`fleetmedic.models.event_dedup`), and nothing of the node's metric state moves.
+  (:mod:`fleetmedic.models.event_dedup`), and nothing of the node's metric state moves. An XID on
+  a GPU the exporter could not map to an index (no NVML, no ``--pci-map``) is judged by the XID
+  catalog alone: a finding of detector ``xid_rules`` naming the GPU by its PCI address, without an
+  index (an XID that isolates isolates the node, which needs none), once per ``reassert_s``.
 - **SXids** point at the NVSwitch: the finding names the switch (``nvidia-nvswitch3``) and its
   PCI address, in its summary and as the evidence's ``port`` (``nvswitch:<pci>``); a fatal SXid is
   a critical hard fault that isolates the node (its NVLink fabric is broken), a non-fatal one a
@@ -32,7 +35,8 @@ import msgspec
 from fleetmedic.config import DetectionSettings
 from fleetmedic.models.event_dedup import KERNEL
 from fleetmedic.models.gpu_detector import GpuDetector
-from fleetmedic.records import Evidence, Finding, FindingKind, KernelEvent, XidEvent
+from fleetmedic.models.state import require_finite
+from fleetmedic.records import Evidence, Finding, FindingKind, KernelEvent, Severity, XidEvent
 
 DETECTOR = "kernel_log"
 _KINDS: dict[str, FindingKind] = {"hardware": "hard_fault", "degradation": "degradation", "network": "network"}
@@ -50,18 +54,15 @@ class KernelEventDetector:
         if ev.xid is not None and ev.gpu is not None:
             xid = XidEvent(gpu=ev.gpu, xid=ev.xid, ts=ev.ts, message=f"kernel log: {ev.message}"[:4096])
             return gpu.observe_events(ev.node, float(ev.ts), [xid], ev.gpus, KERNEL)
+        if ev.xid is not None and ev.device == "gpu":
+            return self._unmapped_xid(ev, ev.xid, gpu)
         kind = _KINDS.get(ev.incident_class)
         if kind is None or ev.severity == "info":
             return []
         where, subject = _subject(ev)
         key = f"{ev.signal}:{subject}"
-        seen = self._reported.setdefault(ev.node, {})
-        last = seen.get(key)
-        if last is not None and ev.ts - last < self.settings.reassert_s and ev.ts >= last:
+        if not self._reassert(ev, key):
             return []
-        seen[key] = float(ev.ts)
-        if len(seen) > MAX_CONDITIONS:
-            self._reported[ev.node] = _latest(seen, MAX_CONDITIONS // 2)
         code = f" {ev.code}" if ev.code else ""
         what = {"sxid": f"SXid{code}", "pcie": "PCIe uncorrected (AER) error"}.get(ev.signal, f"{ev.signal}{code}")
         if ev.signal == "pcie" and ev.severity == "critical":
@@ -76,6 +77,32 @@ class KernelEventDetector:
                         summary=f"{what} on {where} (kernel log)"[:4096], evidence=[evidence], gpu=ev.gpu,
                         port=ev.port, action_hint=hint)]
 
+    def _unmapped_xid(self, ev: KernelEvent, code: int, gpu: GpuDetector) -> list[Finding]:
+        """An XID on a GPU known by its PCI address only: the catalog's verdict, without an index."""
+        info = gpu.catalog.lookup(code)
+        if info.action == "ignore" or not self._reassert(ev, f"xid:{code}:pci:{ev.pci}"):
+            return []
+        severity: Severity = "critical" if info.isolates else "warning" if info.action == "investigate" else "info"
+        where = f"the GPU at PCI {ev.pci or 'address not logged'} (index unknown)"
+        note = f"{info.mnemonic} ({info.bucket or 'not in catalog'}): kernel log: {ev.message}"
+        evidence = Evidence(detector="xid_rules", metric="xid", value=float(code), ts=ev.ts, note=note[:4000])
+        return [Finding(id=f"{ev.node}:xid_rules:{code}:pci:{ev.pci}:{ev.ts:.3f}", ts=ev.ts, node=ev.node,
+                        detector="xid_rules", kind="hard_fault", severity=severity,
+                        summary=f"XID {code} ({info.mnemonic}) on {where}"[:4096], evidence=[evidence],
+                        action_hint=info.action)]
+
+    def _reassert(self, ev: KernelEvent, key: str) -> bool:
+        """Whether the condition ``key`` of ``ev``'s node is reported now (first, or ``reassert_s``
+        after it was last)."""
+        seen = self._reported.setdefault(ev.node, {})
+        last = seen.get(key)
+        if last is not None and ev.ts - last < self.settings.reassert_s and ev.ts >= last:
+            return False
+        seen[key] = float(ev.ts)
+        if len(seen) > MAX_CONDITIONS:
+            self._reported[ev.node] = _latest(seen, MAX_CONDITIONS // 2)
+        return True
+
     def forget(self, node: str) -> None:
         self._reported.pop(node, None)
 
@@ -86,7 +113,9 @@ class KernelEventDetector:
 
     def load_node(self, node: str, data: bytes) -> None:
         """Load what :meth:`node_bytes` wrote (the node's memory replaced)."""
-        seen = _latest(_decode_seen(data), MAX_CONDITIONS)
+        seen = _decode_seen(data)
+        require_finite("kernel conditions", seen.values())
+        seen = _latest(seen, MAX_CONDITIONS)
         if seen:
             self._reported[node] = seen
         else:

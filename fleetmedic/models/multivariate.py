@@ -61,6 +61,7 @@ from fleetmedic.models.multivariate_state import (
     raw,
     unpack_rows,
 )
+from fleetmedic.models.state import require_finite
 from fleetmedic.records import DetectionTelemetry, Evidence, Finding
 
 FEATURES: tuple[str, ...] = (
@@ -259,6 +260,9 @@ class NodeWindowFeatures:
         w = _decode_window(data)
         if len(w.sums) != N_GAUGES or len(w.finite) != N_GAUGES:
             raise ValueError(f"multivariate window of {node}: {len(w.sums)} gauges, not {N_GAUGES}")
+        require_finite(f"multivariate window of {node}", [w.start, w.last_ts, *w.sums])
+        require_finite(f"multivariate counters of {node}", [*w.first_counters.values(), *w.last_counters.values()],
+                       nan_is_none=True)
         slot = self._slot_of(node)
         self._open[slot], self._start[slot], self._last_ts[slot] = True, w.start, w.last_ts
         self._rows[slot], self._samples[slot] = w.rows, w.samples

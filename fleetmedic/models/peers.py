@@ -42,6 +42,7 @@ import numpy as np
 
 from fleetmedic.config import PeerSettings
 from fleetmedic.models.gpu_signals import median, nanmedian_last_axis, reported
+from fleetmedic.models.state import require_finite
 from fleetmedic.records import DetectionTelemetry, Evidence, Finding
 
 SUMMARY_METRICS: tuple[str, ...] = ("gpu_temp", "memory_temp", "power_usage", "sm_clock", "mem_clock")
@@ -91,10 +92,16 @@ class PeerComparison:
         parts = msgspec.msgpack.decode(data, type=list[msgspec.Raw])
         if len(parts) not in (3, 4):
             raise ValueError(f"peer comparison state: {len(parts)} parts, not 3 or 4")
-        self._latest = msgspec.msgpack.decode(parts[0], type=dict[str, _Seen])
-        self._since = msgspec.msgpack.decode(parts[1], type=dict[str, float])
-        self._reported = msgspec.msgpack.decode(parts[2], type=dict[str, float])
-        self._offsets = msgspec.msgpack.decode(parts[3], type=dict[str, _Offset]) if len(parts) == 4 else {}
+        latest = msgspec.msgpack.decode(parts[0], type=dict[str, _Seen])
+        since = msgspec.msgpack.decode(parts[1], type=dict[str, float])
+        reported_at = msgspec.msgpack.decode(parts[2], type=dict[str, float])
+        offsets = msgspec.msgpack.decode(parts[3], type=dict[str, _Offset]) if len(parts) == 4 else {}
+        require_finite("peer comparison times", [*since.values(), *reported_at.values(),
+                                                 *(s.ts for s in latest.values()), *(o.ts for o in offsets.values())])
+        values = [v for s in latest.values() for v in s.values.values()]
+        values += [v for o in offsets.values() for v in o.values.values()]
+        require_finite("peer comparison values", values, nan_is_none=True)
+        self._latest, self._since, self._reported, self._offsets = latest, since, reported_at, offsets
 
     def observe(self, node: str, ts: float, summary: Mapping[str, float]) -> None:
         self._latest[node] = _Seen(float(ts), dict(summary))

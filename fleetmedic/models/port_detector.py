@@ -32,6 +32,7 @@ from operator import attrgetter
 import msgspec
 
 from fleetmedic.config import DetectionSettings
+from fleetmedic.models.state import require_finite
 from fleetmedic.records import Evidence, Finding, PortSample, PortTelemetry, Severity
 
 
@@ -64,8 +65,11 @@ class PortDetector:
         return msgspec.msgpack.encode(self._ports)
 
     def load_state(self, data: bytes) -> None:
-        """Replace the state with what :meth:`state_bytes` wrote."""
-        self._ports = msgspec.msgpack.decode(data, type=dict[str, _PortState])
+        """Replace the state with what :meth:`state_bytes` wrote (:class:`ValueError` for a value that
+        is not finite)."""
+        ports = msgspec.msgpack.decode(data, type=dict[str, _PortState])
+        _check_finite(ports)
+        self._ports = ports
         self._devices = {}
         for key in self._ports:
             self._devices.setdefault(_device(key), {})[key] = None
@@ -78,6 +82,7 @@ class PortDetector:
     def load_node(self, node: str, data: bytes) -> None:
         """Add the ports :meth:`node_bytes` wrote (other ports are kept)."""
         loaded = msgspec.msgpack.decode(data, type=dict[str, _PortState])
+        _check_finite(loaded)
         self._ports.update(loaded)
         for key in loaded:
             self._devices.setdefault(_device(key), {})[key] = None
@@ -216,3 +221,8 @@ def _device(key: str) -> str:
 def _median(values: list[float | None]) -> float:
     xs = sorted(v for v in values if v)
     return xs[len(xs) // 2] if xs else 0.0
+
+
+def _check_finite(ports: dict[str, _PortState]) -> None:
+    for key, st in ports.items():
+        require_finite(f"ports[{key}]", [st.ts, st.best_speed, *st.active.values()])

@@ -27,6 +27,11 @@ model's rows of some nodes (``MultivariateModel.state_bytes(keep)``, several mer
 ``load_parts``) and :class:`~fleetmedic.models.stages.NodeDetection`'s per-node multivariate memory
 (open window, outlier streak: ``multivariate_bytes`` / ``load_multivariate``).
 
+Loading refuses a value no running detector can hold (:func:`require_finite`): a baseline, a
+count or a time that is NaN or infinite raises :class:`ValueError` naming the part, and stage 1
+starts that node fresh (counted in ``fleetmedic_state_unreadable_total``) rather than load
+baselines that would blind it (every comparison with a NaN is false: no finding, ever).
+
 The bytes are a stable format (msgpack; a ``.npy`` array for the
 :class:`~fleetmedic.models.baseline.EwmaBaseline`): what an older worker wrote loads into a newer
 one. ``tests/models/test_conformance.py`` runs every implementation through the round trip, the
@@ -35,7 +40,12 @@ detectors mid-stream.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
+
+import numpy as np
+from numpy.typing import ArrayLike
 
 
 @runtime_checkable
@@ -54,3 +64,19 @@ class NodeState(Protocol):
     def node_bytes(self, node: str) -> bytes | None: ...
 
     def load_node(self, node: str, data: bytes) -> None: ...
+
+
+def require_finite(part: str, values: ArrayLike | Iterable[float], nan_is_none: bool = False) -> None:
+    """Raise :class:`ValueError` naming ``part`` if ``values`` hold an infinity, or a NaN (unless
+    ``nan_is_none``: parts where NaN stands for "no value yet", such as a previous sample)."""
+    arr = values if isinstance(values, np.ndarray) else np.asarray(list(values), dtype=np.float64)  # type: ignore[arg-type]
+    bad = np.isinf(arr) if nan_is_none else ~np.isfinite(arr)
+    if bad.any():
+        raise ValueError(f"{part}: {int(bad.sum())} of {bad.size} values are "
+                         f"{'infinite' if nan_is_none else 'NaN or infinite'}; saved state must be finite")
+
+
+def require_finite_time(part: str, value: float | None) -> None:
+    """Raise :class:`ValueError` naming ``part`` if the time ``value`` is infinite (NaN: not known)."""
+    if value is not None and math.isinf(value):
+        raise ValueError(f"{part}: {value} is no time; saved state must be finite")

@@ -21,6 +21,7 @@ import msgspec
 import numpy as np
 
 from fleetmedic.config import StragglerSettings
+from fleetmedic.models.state import require_finite
 from fleetmedic.records import Evidence, Finding, JobEvent
 
 
@@ -49,7 +50,10 @@ class StragglerDetector:
 
     def load_state(self, data: bytes) -> None:
         """Replace the state with what :meth:`state_bytes` wrote."""
-        self._jobs = msgspec.msgpack.decode(data, type=dict[str, _JobSteps])
+        jobs = msgspec.msgpack.decode(data, type=dict[str, _JobSteps])
+        require_finite("straggler step times", [v for j in jobs.values() for v in (j.mean, j.var, j.cusum,
+                                                                                   *j.times.values())])
+        self._jobs = jobs
 
     def observe(self, event: JobEvent) -> list[Finding]:
         if event.event in ("completion", "restart", "failure"):

@@ -93,7 +93,7 @@ from fleetmedic.streams.metrics import PipelineMetrics
 from fleetmedic.streams.outputs import Outputs, Source, describe
 from fleetmedic.streams.replay import Tick, TickRecord, decode_tick, encode_tick, read_ranges, replay_order
 from fleetmedic.streams.snapshot_parts import SnapshotUnreadable, part_key, split
-from fleetmedic.streams.state import SNAPSHOT_KEY, SNAPSHOT_LIMIT, DecideSnapshot, decode_snapshot
+from fleetmedic.streams.state import SNAPSHOT_KEY, SNAPSHOT_LIMIT, DecideSnapshot, decode_snapshot, encode_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -520,7 +520,7 @@ class DecideStage:
         if audit_acks:
             self.audit_from = max(self.audit_from, 1 + max(a.result().offset for a in audit_acks))
         snap.commands_from, snap.audit_from = self.commands_from, self.audit_from
-        value = msgspec.msgpack.encode(snap)
+        value = encode_snapshot(snap)
         part_bytes = min(self.settings.streams.snapshot_part_bytes, self.max_snapshot_bytes)
         self.metrics.snapshot_size.set(len(value))
         self.metrics.snapshot_limit.set(part_bytes)

@@ -218,9 +218,8 @@ class DetectStage:
         for partition, rec in records:
             try:
                 msg = decode(rec.value or b"")
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                # the reason, dead-lettered
-                await self.outputs.decode(r.DetectionTelemetry, Source.of_record(rec), "detect")
+            except r.InvalidRecord as exc:
+                await self.outputs.dead_letter(Source.of_record(rec), "detect", f"{exc.path}: {exc.reason}")
                 continue
             if (event_time(msg) > reference_clock(wall, rec.timestamp) + bound
                     and await self.outputs.ahead_of_clock(msg, Source.of_record(rec), "detect")):

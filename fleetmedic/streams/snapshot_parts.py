@@ -13,8 +13,9 @@ writer that dies halfway leaves the previous snapshot whole, even after compacti
 only the latest value of each key). A manifest whose parts are missing or do not add up to its
 hash is *unreadable* and the stage falls back to the snapshot before it, as with a corrupt one.
 
-The value under ``engine`` is a manifest when it starts with :data:`MANIFEST_MAGIC` (a msgpack
-snapshot starts with a map header, never with ``F``), else a whole snapshot.
+The value under ``engine`` is a manifest when it starts with :data:`MANIFEST_MAGIC`, else a whole
+snapshot (which starts with ``FMSNAP1``, or with a msgpack map header when written without a
+checksum).
 """
 
 from __future__ import annotations

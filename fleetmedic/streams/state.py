@@ -22,16 +22,22 @@ Corrupt state (issue #22) starts fresh for what cannot be read, never silently a
 crash: :func:`load_snapshots` hands the decision stage its latest few snapshots, newest first, so
 that one that does not decode is passed over (``decide.restore``); a stage-1 node state that does
 not decode is left out and named (:class:`DetectPartition`), and stage 1 counts it and starts that
-node fresh.
+node fresh. A snapshot carries the SHA-256 of its bytes (:func:`encode_snapshot`): one whose bytes
+changed since is refused (:class:`SnapshotCorrupt`) and passed over like one that does not decode,
+however plausible the values it would decode to. A node state whose baselines, counts or times are
+not finite is refused by the models (:func:`~fleetmedic.models.state.require_finite`): that node
+starts fresh, counted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Final
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -75,7 +81,33 @@ class NodeStageState(msgspec.Struct, kw_only=True, array_like=True):
     kernel: bytes | None = None  # the kernel-log conditions it reported and when (None: none, or an older writer)
 
 
+#: a snapshot as written: this, the SHA-256 of the msgpack that follows, then the msgpack
+CHECKSUMMED_MAGIC: Final = b"FMSNAP1\n"
+_DIGEST = 32
+
+
+class SnapshotCorrupt(ValueError):
+    """A snapshot whose bytes do not match the checksum it was written with."""
+
+
+def encode_snapshot(snap: DecideSnapshot) -> bytes:
+    """The snapshot as the state topic holds it: :data:`CHECKSUMMED_MAGIC`, the SHA-256 of its
+    msgpack, the msgpack."""
+    body = msgspec.msgpack.encode(snap)
+    return CHECKSUMMED_MAGIC + hashlib.sha256(body).digest() + body
+
+
 def decode_snapshot(data: bytes) -> DecideSnapshot:
+    """What :func:`encode_snapshot` wrote; :class:`SnapshotCorrupt` when its bytes do not match
+    its checksum (a flipped bit anywhere: engine, fleet, offsets). A snapshot of a writer that
+    wrote no checksum (plain msgpack) is read as it is."""
+    if data.startswith(CHECKSUMMED_MAGIC):
+        head = len(CHECKSUMMED_MAGIC)
+        digest, body = data[head:head + _DIGEST], data[head + _DIGEST:]
+        if hashlib.sha256(body).digest() != digest:
+            raise SnapshotCorrupt(f"the snapshot's {len(data)} bytes do not match the SHA-256 they were written "
+                                  "with (corrupted since)")
+        data = body
     return msgspec.msgpack.decode(data, type=DecideSnapshot)
 
 

@@ -177,9 +177,9 @@ def test_hostile_kafka_telemetry_is_a_bad_message_naming_the_field(message: dict
 
 def test_deeply_nested_kafka_and_log_messages_are_bad_messages() -> None:
     deep = b'{"a":' * 100_000 + b"1" + b"}" * 100_000
-    with pytest.raises(BadMessage, match="nested too deeply"):
+    with pytest.raises(BadMessage, match="nest deeper than 64 levels"):
         PointMapper(KafkaTelemetrySettings()).points(deep)
-    with pytest.raises(BadLogLine, match="nested too deeply"):
+    with pytest.raises(BadLogLine, match="nest deeper than 64 levels"):
         parse_log_message(deep, LogExporterSettings(), now=0)
 
 

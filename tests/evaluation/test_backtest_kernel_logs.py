@@ -107,7 +107,8 @@ def test_a_kern_log_and_a_dmesg_capture_backtest_a_dbe_as_hardware_and_an_applic
     assert main(["backtest", "--input", str(logs), "--out", str(out), "--pci-map", str(_pci_map(tmp_path)),
                  "--log-year", "2024"]) == 0
     s = _summary(out)
-    assert s["records"] == {"KernelEvent": 3}
+    assert s["records"] == {"KernelEvent": 2}  # gpu-node-3's two XID 13 lines, a second apart: one event
+    assert s["kernel_lines_not_published"] == {"xid:13: coalesced (the same event within 60 s)": 1}
     findings = _jsonl(out / "findings.jsonl")
     hard = [f for f in findings if f["node"] == "worker4"]
     assert [(f["kind"], f["gpu"], f["severity"], f["evidence"][0]["value"]) for f in hard] == [
@@ -144,13 +145,16 @@ def test_a_journal_export_names_its_host_and_time_and_jsonl_kernel_events_are_re
     assert found == {("worker4", 0), ("gpu-node-9", 1)}
 
 
-def test_without_a_pci_map_xid_lines_are_counted_and_without_stamps_the_run_says_why(
+def test_without_a_pci_map_an_xid_names_its_pci_address_and_without_stamps_the_run_says_why(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     f = tmp_path / "worker4.log"
     f.write_text(corpus_line("H02", "double bit") + "\n")
     out = tmp_path / "out"
-    assert main(["backtest", "--input", str(f), "--out", str(out), "--log-year", "2024"]) == 1
-    assert "no --pci-map" in " ".join(_summary(out)["kernel_lines_not_published"])
+    assert main(["backtest", "--input", str(f), "--out", str(out), "--log-year", "2024"]) == 0
+    (finding,) = _jsonl(out / "findings.jsonl")
+    assert (finding["gpu"], finding["severity"], finding["detector"]) == (None, "critical", "xid_rules")
+    assert "index unknown" in finding["summary"]
+    assert {c["node"] for c in _jsonl(out / "commands.jsonl") if c["action"] == "cordon"} == {"worker4"}
     # lines whose stamps cannot be placed: an exit 1 naming the reason, counted for the file
     g = tmp_path / "node.dmesg"
     g.write_text(corpus_line("D09", "Correctable error message").split("kernel: ", 1)[1] + "\n")  # uptime only

@@ -18,6 +18,7 @@ from fleetmedic.config import (
     ConfigError,
     Settings,
     config_warnings,
+    load_yaml,
     parse_config,
     read_config,
     to_builtins,
@@ -359,3 +360,31 @@ def test_demo_keys_allowed_outside_the_demo_is_a_warning() -> None:
     warnings = config_warnings(parse_config("signing:\n  allow_demo_keys: true\n", env={}))
     assert any(w.startswith("signing.allow_demo_keys") for w in warnings)
     assert not any("allow_demo_keys" in w for w in config_warnings(parse_config("", env={})))
+
+
+# --- a key given twice ---------------------------------------------------------------------------
+
+DRY_THEN_LIVE = "safety:\n  dry_run: true\ndetection:\n  sample_interval_s: 10\nsafety:\n  dry_run: false\n"
+
+
+def test_a_key_given_twice_is_a_config_error_naming_both_lines() -> None:
+    """YAML readers keep the last of two equal keys: here the second ``safety`` would run live."""
+    with pytest.raises(ConfigError, match=r"the key 'safety' is given twice in one mapping \(line 1, column 1 and "
+                                          r"line 5, column 1\)"):
+        parse_config(DRY_THEN_LIVE, env={})
+    with pytest.raises(ConfigError, match="'dry_run' is given twice"):
+        parse_config("safety: {dry_run: true, dry_run: false}", env={})
+    with pytest.raises(ConfigError, match="'max_per_rack' is given twice"):  # in an override's value too
+        parse_config("", env={"FLEETMEDIC__SAFETY": "{max_per_rack: 1, max_per_rack: 9}"})
+
+
+def test_config_check_strict_exits_2_for_a_key_given_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(DRY_THEN_LIVE)
+    assert main(["config", "check", "--strict", "--quiet", str(f)]) == 2
+    assert "given twice" in capsys.readouterr().err
+
+
+def test_a_merged_key_may_still_be_given() -> None:
+    doc = load_yaml("defaults: &d {dry_run: true, max_per_rack: 3}\nsafety:\n  <<: *d\n  max_per_rack: 5\n")
+    assert doc["safety"] == {"dry_run": True, "max_per_rack": 5}

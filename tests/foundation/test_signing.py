@@ -604,3 +604,21 @@ def test_the_executor_refuses_to_start_with_a_command_key_it_cannot_load(
     config.write_text(f"signing: {{command_keys: [{{id: '2026-11', key_file: {tmp_path / 'gone'}}}]}}\n")
     assert main(["executor", "--config", str(config)]) == 2
     assert "signing.command_keys[0] (id '2026-11'): cannot read" in capsys.readouterr().err
+
+
+def test_an_operator_key_equal_to_a_retired_command_key_is_refused(tmp_path: Path) -> None:
+    """A retired command key the executor still accepts (``signing.command_keys``) signs drains: an
+    operator holding it could send one straight to the executor."""
+    retired = tmp_path / "retired"
+    retired.write_bytes(OPERATOR_KEY)
+    source = parse_config("signing: {key_id: k2, command_keys: [{id: k1, key_file: " + str(retired) + "}], "
+                          "operator_key_env: {ops-1: OPS}}", env={}).signing
+    with pytest.raises(UnusableKey, match=r"operator key 'ops-1' \(\$OPS\) is the command key "
+                                          r"signing.command_keys\[0\] \(id 'k1'\)"):
+        operator_keys(source, {"OPS": OPERATOR_KEY.decode()}, command_key=KEY)
+    env_source = parse_config("signing: {key_id: k2, command_keys: [{id: k1, key_env: OLD}], "
+                              "operator_key_env: {ops-1: OPS}}", env={}).signing
+    with pytest.raises(UnusableKey, match="id 'k1'"):
+        operator_keys(env_source, {"OPS": OPERATOR_KEY.decode(), "OLD": OPERATOR_KEY.decode()}, command_key=KEY)
+    # a retired key this machine does not hold is not compared; another operator key is fine
+    assert list(operator_keys(env_source, {"OPS": OPERATOR_KEY.decode()}, command_key=KEY).keys) == ["ops-1"]

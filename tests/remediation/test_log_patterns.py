@@ -38,6 +38,8 @@ REAL_LINES = [
     ("NVRM: Xid (PCI:0000:b3:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has "
      "been detected on GPU in the framebuffer at partition 6, subpartition 0.", "xid_48", "hardware"),
     ("OOMKilled", "host_oom_killed", "transient_software"),
+    ("NVRM: kgspRcAndNotifyAllChannels_IMPL: RC all channels for critical error 79.", "gpu_rc_all_channels_lost",
+     "hardware"),
     ("2024-05-01 10:00:00 INFO step 1200 loss 2.31", None, "unknown"),
 ]
 
@@ -50,6 +52,13 @@ def test_the_default_library_classifies_real_lines(line: str, pattern: str | Non
 
 def test_every_shipped_example_classifies_as_its_own_pattern() -> None:
     assert default_library().self_check() == []
+
+
+def test_the_gsp_drivers_recovery_after_critical_error_79_reports_a_lost_gpu() -> None:
+    m = default_library().classify("NVRM: kgspRcAndNotifyAllChannels_IMPL: RC all channels for critical error 79.")
+    assert (m.signal, m.incident_class, m.xid, m.symptom) == ("gpu_lost", "hardware", 79, False)
+    other = default_library().classify("NVRM: kgspRcAndNotifyAllChannels_IMPL: RC all channels for critical error 13.")
+    assert other.signal != "gpu_lost"
 
 
 def test_timeouts_and_launcher_wrappers_are_symptoms_that_never_outrank_a_cause() -> None:
