@@ -25,8 +25,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "backtest", help="run detection over recorded telemetry (JSONL, Prometheus text, a Prometheus server)",
         description="Run detection, triage and policy over recorded telemetry: JSONL records, Prometheus text or "
                     "OpenMetrics files (exporter scrapes, promtool tsdb dump), kernel logs (*.kmsg, *.dmesg, "
-                    "*.journal, *.log: kern.log, dmesg -T, journalctl -k -o json), and/or the history a Prometheus "
-                    "server holds. Times (T) are RFC 3339 (2024-05-01T12:00:00Z) or Unix seconds.")
+                    "*.journal, *.log: kern.log, dmesg -T, journalctl -k -o json), each also gzip-compressed (*.gz), "
+                    "and/or the history a Prometheus server holds. A directory's other files are ignored and "
+                    "counted. Times (T) are RFC 3339 (2024-05-01T12:00:00Z) or Unix seconds.")
     p.add_argument("--config", help="YAML config (default: built-in defaults + FLEETMEDIC__* env)")
     p.add_argument("--input", action="append", default=[], help="file or directory; repeatable")
     p.add_argument("--out", required=True, help="output directory")
@@ -101,10 +102,16 @@ def _main(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID
+    ignored = summary["ignored_files"]
+    if ignored["count"]:
+        print(f"note: {ignored['count']} file(s) of the input directories ignored: " + "; ".join(
+            f"{v['files']} with {reason} (e.g. {v['examples'][0]})" for reason, v in ignored["by_reason"].items()),
+            file=sys.stderr)
     keys = ("records", "findings", "findings_by_kind", "incidents", "incidents_by_class", "commands_by_action",
-            "skipped_total", "skipped_by_file", "input_problems", "timestamps", "kernel_lines_not_published",
-            "prometheus", "elapsed_s", "score")
-    print(json.dumps({k: summary[k] for k in keys if k in summary and summary[k] not in ({}, None)}, sort_keys=True))
+            "skipped_total", "skipped_by_file", "ignored_files", "input_problems", "timestamps",
+            "kernel_lines_not_published", "prometheus", "elapsed_s", "score")
+    empty: tuple[object, ...] = ({}, None, {"count": 0, "by_reason": {}})
+    print(json.dumps({k: summary[k] for k in keys if k in summary and summary[k] not in empty}, sort_keys=True))
     return 0
 
 

@@ -69,6 +69,17 @@ def add_bootstrap(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                                     f"{BOOTSTRAP_ENV} does)")
 
 
+DRY_RUN_ENV = "FLEETMEDIC__SAFETY__DRY_RUN"
+
+
+def add_dry_run(p: argparse.ArgumentParser) -> None:
+    """``--dry-run``: observe for this run whatever ``safety.dry_run`` says (``main`` sets
+    ``FLEETMEDIC__SAFETY__DRY_RUN=true``, so the one config loader reads it like any override)."""
+    p.add_argument("--dry-run", action="store_true",
+                   help="decide and report, change nothing, whatever safety.dry_run says (as the variable "
+                        f"{DRY_RUN_ENV}=true does)")
+
+
 def add_loglevel(p: argparse.ArgumentParser) -> None:
     """``--loglevel``, the same on every long-running subcommand."""
     p.add_argument("--loglevel", default="info", choices=LOG_LEVELS, help="log level (default: info)")

@@ -19,7 +19,13 @@ import os
 import signal
 import socket
 
-from fleetmedic.cli.common import EXIT_INVALID, add_loglevel, settings_and_command_keys, setup_logging
+from fleetmedic.cli.common import (
+    EXIT_INVALID,
+    add_dry_run,
+    add_loglevel,
+    settings_and_command_keys,
+    setup_logging,
+)
 from fleetmedic.config import Settings
 from fleetmedic.signing import KeySet
 
@@ -30,6 +36,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                                    "drain, diagnostics, job restarts, return to service; leader-elected.")
     p.add_argument("--config", metavar="FILE", help="YAML config (defaults when omitted)")
     p.add_argument("--identity", help="leader-election identity (default: executor.identity, else hostname-pid)")
+    add_dry_run(p)
     add_loglevel(p)
     p.set_defaults(handler=run_executor)
 

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from fleetmedic import __version__
-from fleetmedic.cli.common import BOOTSTRAP_ENV, add_bootstrap, plain_help
+from fleetmedic.cli.common import BOOTSTRAP_ENV, DRY_RUN_ENV, add_bootstrap, plain_help
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a tool killed by the closed pipe exits with
 
@@ -61,6 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "bootstrap", None):  # read by every command's one config loader, as the variable is
         os.environ[BOOTSTRAP_ENV] = args.bootstrap
+    if getattr(args, "dry_run", False) is True:
+        os.environ[DRY_RUN_ENV] = "true"
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)

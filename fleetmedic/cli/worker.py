@@ -23,6 +23,7 @@ import tempfile
 from fleetmedic.cli.common import (
     EXIT_INVALID,
     EXIT_KAFKA,
+    add_dry_run,
     add_loglevel,
     kafka_check,
     kafka_failure,
@@ -38,6 +39,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                                    "Kafka in this process, until SIGINT or SIGTERM.")
     p.add_argument("--config", metavar="FILE", help="YAML config (defaults when omitted)")
     p.add_argument("--datadir", metavar="DIR", help="faust's data directory (default: a temporary one)")
+    add_dry_run(p)
     add_loglevel(p)
     p.add_argument("--role", default="all", choices=["detect", "decide", "all"],
                    help="detect: stage 1 only (run several; they share the telemetry partitions); decide: the "

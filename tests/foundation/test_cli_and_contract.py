@@ -149,3 +149,30 @@ def test_every_option_of_every_subcommand_says_what_it_does() -> None:
         for action in parser._actions:
             if action.option_strings and action.dest != "help":
                 assert action.help, f"{parser.prog} {'/'.join(action.option_strings)} has no help"
+
+
+@pytest.mark.parametrize("command", ["worker", "executor"])
+def test_dry_run_on_worker_and_executor_observes_whatever_the_file_says(
+        command: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import importlib
+
+    from fleetmedic.cli.common import DRY_RUN_ENV, settings_or_none
+
+    config = tmp_path / "c.yaml"
+    config.write_text("safety:\n  dry_run: false\n")
+    seen: list[bool] = []
+    module = importlib.import_module(f"fleetmedic.cli.{command}")
+    handler = "run_worker" if command == "worker" else "run_executor"
+
+    def record(args: object) -> int:
+        settings = settings_or_none(str(config))
+        assert settings is not None
+        seen.append(settings.safety.dry_run)
+        return 0
+
+    monkeypatch.setattr(module, handler, record)
+    monkeypatch.delenv(DRY_RUN_ENV, raising=False)
+    assert main([command, "--config", str(config)]) == 0
+    assert main([command, "--config", str(config), "--dry-run"]) == 0
+    monkeypatch.delenv(DRY_RUN_ENV, raising=False)
+    assert seen == [False, True]
