@@ -95,7 +95,8 @@ def test_every_command_reads_its_config_the_same_way(monkeypatch: pytest.MonkeyP
 
     cli_dir = Path(__file__).resolve().parents[2] / "fleetmedic" / "cli"
     for path in sorted(cli_dir.glob("*.py")):
-        if path.name in ("common.py", "config.py"):  # the loader itself; `config check` reads what it is given
+        # the loader itself; `config check` reads what it is given; the reference documents the defaults
+        if path.name in ("common.py", "config.py", "config_reference.py"):
             continue
         calls = {n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", "")
                  for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)}
