@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from fleetmedic.cli.common import EXIT_INVALID
+from fleetmedic.cli.common import EXIT_INVALID, examples
 from fleetmedic.config import ConfigError, config_warnings, read_config, to_yaml
 
 #: ``config check --strict`` with a dangerous-but-valid setting (:func:`fleetmedic.config.config_warnings`)
@@ -16,7 +16,9 @@ EXIT_WARNINGS = 1
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    config = sub.add_parser("config", help="validate and print configuration")
+    config = sub.add_parser("config", help="validate and print configuration; the reference of every setting",
+                            epilog=examples("fleetmedic config check --config my.yaml",
+                                            "fleetmedic config reference --out docs/config-reference.md"))
     config_sub = config.add_subparsers(dest="config_command", metavar="ACTION")
     config_sub.required = True
     check = config_sub.add_parser(
@@ -25,8 +27,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description="Validate FILE with FLEETMEDIC__* environment overrides and print the effective config. "
         "Every error is listed (exit 2). Valid but dangerous settings are printed as warnings on stderr "
         "(exit 0, or 1 with --strict).",
+        epilog=examples("fleetmedic config check --config my.yaml",
+                        "fleetmedic config check --strict --quiet --config my.yaml",
+                        "FLEETMEDIC__SAFETY__DRY_RUN=false fleetmedic config check --config my.yaml"),
     )
-    check.add_argument("file", help="YAML config file")
+    check.add_argument("file", nargs="?", metavar="FILE", help="YAML config file (or --config FILE)")
+    check.add_argument("--config", metavar="FILE", dest="config_file", help="YAML config file")
     check.add_argument("--quiet", action="store_true", help="print nothing when valid (warnings still go to stderr)")
     check.add_argument("--strict", action="store_true",
                        help=f"exit {EXIT_WARNINGS} when a valid setting is dangerous (a warning)")
@@ -38,12 +44,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                     "types, what it does from the comments of the shipped example config. With --check, compare "
                     "instead and exit 1 when a file differs (CI). With --chart-schema, also write (or check) the "
                     "config part of the Helm chart's values.schema.json, generated from the same types.",
-        epilog="examples:\n"
-               "  fleetmedic config reference --out docs/config-reference.md "
-               "--chart-schema deploy/helm/fleetmedic/values.schema.json\n"
-               "  fleetmedic config reference --check --out docs/config-reference.md "
-               "--chart-schema deploy/helm/fleetmedic/values.schema.json",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=examples("fleetmedic config reference --out docs/config-reference.md "
+                        "--chart-schema deploy/helm/fleetmedic/values.schema.json",
+                        "fleetmedic config reference --check --out docs/config-reference.md "
+                        "--chart-schema deploy/helm/fleetmedic/values.schema.json"),
     )
     ref.add_argument("--out", metavar="FILE", help="the Markdown file to write (default: standard output)")
     ref.add_argument("--example", metavar="FILE",
@@ -57,6 +61,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run_check(args: argparse.Namespace) -> int:
+    if bool(args.file) == bool(args.config_file):
+        print("error: name one config file: --config FILE (or FILE)", file=sys.stderr)
+        return EXIT_INVALID
+    args.file = args.file or args.config_file
     try:
         settings = read_config(args.file, os.environ)
     except ConfigError as exc:

@@ -18,11 +18,15 @@ import logging
 import os
 import signal
 import socket
+import sys
 
 from fleetmedic.cli.common import (
     EXIT_INVALID,
     add_dry_run,
     add_loglevel,
+    examples,
+    kube_access_problem,
+    kubeconfig_path,
     settings_and_command_keys,
     setup_logging,
 )
@@ -33,7 +37,11 @@ from fleetmedic.signing import KeySet
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("executor", help="run the Kubernetes executor (acts on remediation commands)",
                        description="Carry out signed remediation commands on a Kubernetes cluster: cordon, taint, "
-                                   "drain, diagnostics, job restarts, return to service; leader-elected.")
+                                   "drain, diagnostics, job restarts, return to service; leader-elected.",
+                       epilog=examples("fleetmedic executor --config my.yaml",
+                                       "fleetmedic executor --config my.yaml --dry-run --identity executor-a",
+                                       "KUBECONFIG=~/.kube/prod fleetmedic executor --config my.yaml "
+                                       "--bootstrap broker-0:9092"))
     p.add_argument("--config", metavar="FILE", help="YAML config (defaults when omitted)")
     p.add_argument("--identity", help="leader-election identity (default: executor.identity, else hostname-pid)")
     add_dry_run(p)
@@ -50,6 +58,10 @@ def run_executor(args: argparse.Namespace) -> int:
     if loaded is None:
         return EXIT_INVALID
     settings, keys = loaded
+    why = kube_access_problem("executor", settings.executor.in_cluster, settings.executor.kubeconfig)
+    if why is not None:
+        print(f"error: {why}", file=sys.stderr)
+        return EXIT_INVALID
     setup_logging(args.loglevel)
     return asyncio.run(_serve(settings, keys, identity_of(settings, args.identity)))
 
@@ -68,8 +80,7 @@ async def _serve(settings: Settings, keys: KeySet, identity: str) -> int:
         config.load_incluster_config()  # type: ignore[no-untyped-call]
         api = client.ApiClient()
     else:
-        path = e.kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-        api = config.new_client_from_config(config_file=path)  # type: ignore[no-untyped-call]
+        api = config.new_client_from_config(config_file=kubeconfig_path(e.kubeconfig))  # type: ignore[no-untyped-call]
     registry = CollectorRegistry()
     metrics = ExecutorMetrics(registry)
     health = Health(settings.metrics.stall_after_s)

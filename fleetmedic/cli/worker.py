@@ -25,6 +25,7 @@ from fleetmedic.cli.common import (
     EXIT_KAFKA,
     add_dry_run,
     add_loglevel,
+    examples,
     kafka_check,
     kafka_failure,
     settings_and_key,
@@ -36,7 +37,11 @@ from fleetmedic.config import Settings
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("worker", help="run the streaming pipeline (detection, triage, policy) on Kafka",
                        description="Run the streaming pipeline (detection, triage, policy, signed commands) on "
-                                   "Kafka in this process, until SIGINT or SIGTERM.")
+                                   "Kafka in this process, until SIGINT or SIGTERM.",
+                       epilog=examples("fleetmedic worker --config my.yaml",
+                                       "fleetmedic worker --config my.yaml --role detect",
+                                       "fleetmedic worker --config my.yaml --role decide --dry-run",
+                                       "fleetmedic worker --config my.yaml --bootstrap broker-0:9092,broker-1:9092"))
     p.add_argument("--config", metavar="FILE", help="YAML config (defaults when omitted)")
     p.add_argument("--datadir", metavar="DIR", help="faust's data directory (default: a temporary one)")
     add_dry_run(p)
