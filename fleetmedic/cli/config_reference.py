@@ -267,8 +267,18 @@ def config_json_schema() -> dict[str, Any]:
     """The JSON Schema of the config file, self-contained (``$defs`` inlined), every section closed
     to unknown keys: what the Helm chart's ``values.schema.json`` holds under ``config``. Every key
     is optional (the chart's ``config`` lists only the settings that differ from the defaults)."""
+    from fleetmedic.config import _NAMES  # what the names under a map or list field must be
+
     schema = msgspec.json.schema(Settings)
     defs = schema.get("$defs", {})
+    for (section, name), names in _NAMES.items():  # the loader's name checks, as the schema can say them
+        node = defs.get(section.__name__, {}).get("properties", {}).get(name)
+        if node is None or not names.known or names.valid is not None:
+            continue
+        if names.of == "keys" and node.get("type") == "object":
+            node["propertyNames"] = {"enum": list(names.known)}
+        elif names.of == "values" and node.get("type") == "array":
+            node["items"] = {"enum": list(names.known)}
 
     def inline(node: Any) -> Any:
         if isinstance(node, dict):

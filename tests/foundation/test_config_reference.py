@@ -74,6 +74,9 @@ def test_the_chart_refuses_a_misspelt_config_key_as_the_config_does() -> None:
     assert safety["additionalProperties"] is False and safety["properties"]["dry_run"] == {"type": "boolean"}
     chart = json.loads(CHART_SCHEMA.read_text())
     assert chart["properties"]["config"]["properties"]["safety"]["additionalProperties"] is False
+    # names the loader checks are checked by the schema too: signals, topics
+    metrics = schema["properties"]["detection"]["properties"]["metrics"]
+    assert "sm_clock" in metrics["propertyNames"]["enum"] and "sm_clok" not in metrics["propertyNames"]["enum"]
     # every section of the types is in the schema, nothing else
     assert set(schema["properties"]) == {f.encode_name for f in msgspec.structs.fields(Settings)}
 
