@@ -167,9 +167,9 @@ def test_dcgm_exporter_with_the_operator_and_strimzi_applies_to_the_real_api_ser
     assert not [d for d in apps.list_namespaced_daemon_set(namespace).items if "nvml" in d.metadata.name]
     policy = client.NetworkingV1Api(kube_api).read_namespaced_network_policy(
         f"{release}-fleetmedic-detect", namespace)
-    kafka_peers = [p for rule in policy.spec.egress for p in (rule.to or []) if p.pod_selector]
-    assert kafka_peers and kafka_peers[0].pod_selector.match_labels == {"strimzi.io/cluster": "my-cluster",
-                                                                        "strimzi.io/kind": "Kafka"}
+    (kafka,) = [rule for rule in policy.spec.egress if any(port.port == 9092 for port in rule.ports)]
+    assert [(p.namespace_selector.match_labels, p.pod_selector.match_labels) for p in kafka.to] == [
+        ({"kubernetes.io/metadata.name": "kafka"}, {"strimzi.io/cluster": "my-cluster", "strimzi.io/kind": "Kafka"})]
 
     def allowed(verb: str, where: str, resource: str = "pods") -> bool:
         review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
@@ -182,9 +182,10 @@ def test_dcgm_exporter_with_the_operator_and_strimzi_applies_to_the_real_api_ser
     assert allowed("list", namespace) and allowed("watch", namespace) and allowed("get", namespace)
     assert not allowed("delete", namespace) and not allowed("list", "kube-system")
     assert not allowed("list", namespace, "secrets")
-    # the install notes say where the telemetry comes from and who may scrape
+    # the install notes (of a release beside, whose objects the applied ones do not own) say where the
+    # telemetry comes from and who may scrape
     sets = (*KEYS, *PEERS, *OPERATOR, "telemetry.source=dcgm-exporter", f"telemetry.dcgmExporter.namespace={namespace}")
-    notes = helm("install", release, str(CHART), "-n", namespace, "--dry-run=client", "--kubeconfig", str(kube_config),
+    notes = helm("install", f"{release}n", str(CHART), "-n", namespace, "--dry-run=client", "--kubeconfig", str(kube_config),
                  *[a for s in sets for a in ("--set", s)]).stdout.split("NOTES:", 1)[1]
     assert "GPU telemetry: dcgm-exporter (telemetry.source)" in notes and namespace in notes
     assert "The NetworkPolicies let these reach the metrics port" in notes and "app.kubernetes.io/name" in notes
