@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from fleetmedic.cli.common import duration
 from fleetmedic.devenv import build, proc, settings
 from fleetmedic.devenv.kafka import DEFAULT_PORT, Kafka
 from fleetmedic.devenv.kafka_cluster import SECURITY, KafkaCluster, replication, write_client_yaml
@@ -71,7 +72,8 @@ def _fill(parser: argparse.ArgumentParser) -> None:
                         "PLAIN over TLS); certificates and users are made at the first start")
     p.add_argument("--apiserver-port", type=int, default=Ports().apiserver, help="kube-apiserver port")
     p.add_argument("--crds", type=Path, default=Path("tests/data/crds"), help="install the CRDs in DIR")
-    p.add_argument("--timeout", type=float, default=180.0, help="seconds each service may take to start")
+    p.add_argument("--timeout", type=duration, default=180.0, metavar="DURATION",
+                   help="how long each service may take to start, e.g. 90s, 5m (default 3m)")
     p.set_defaults(handler=cmd_up)
 
     p = dev.add_parser("down", help="stop every service started from the run directory",
