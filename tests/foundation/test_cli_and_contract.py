@@ -294,3 +294,15 @@ def test_without_a_kubeconfig_one_line_and_exit_2(command: str, tmp_path: Path) 
     assert in_cluster.returncode == 2
     (line,) = in_cluster.stderr.strip().splitlines()
     assert "in_cluster is true, but this is not a pod" in line
+
+
+def test_every_duration_option_reads_90s_10m_2h() -> None:
+    """Options named for a span of time take the one shared duration type (plain seconds still work)."""
+    from fleetmedic.cli.common import duration
+
+    words = ("duration", "since", "timeout", "interval", "grace", "early", "every", "age", "window")
+    for prog, parser in _all_parsers():
+        for action in parser._actions:  # type: ignore[attr-defined]
+            names = " ".join(action.option_strings)
+            if any(w in names for w in words) and action.type is not None:
+                assert action.type is duration, f"{prog} {names}"
