@@ -86,8 +86,10 @@ async def _serve(settings: Settings, keys: KeySet, identity: str) -> int:
     health = Health(settings.metrics.stall_after_s)
     server = serve(registry, settings.metrics.port, settings.metrics.bind_address, health)
     log = logging.getLogger("fleetmedic.executor")
-    log.info("executor %s; metrics on http://%s:%d/metrics; command keys accepted: %s", identity,
-             *server.server_address[:2], ", ".join(sorted(keys.keys)))
+    log.info("executor %s; metrics on http://%s:%d/metrics; command keys accepted: %s%s", identity,
+             *server.server_address[:2], ", ".join(sorted(keys.keys)),
+             "; dry run (safety.dry_run): every command is reported, nothing is changed" if settings.safety.dry_run
+             else "")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

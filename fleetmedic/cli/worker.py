@@ -17,6 +17,7 @@ to start (exit 2). ``detect`` needs no key. Prometheus metrics are served on
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import tempfile
 
@@ -62,6 +63,11 @@ def run_worker(args: argparse.Namespace) -> int:
     if why is not None:
         print(f"error: {why}", file=sys.stderr)
         return EXIT_KAFKA
+    if args.role != "detect":
+        logging.getLogger("fleetmedic.worker").info(
+            "safety.dry_run is %s: %s", str(settings.safety.dry_run).lower(),
+            "commands are decided and published as dry runs; executors change nothing" if settings.safety.dry_run
+            else "fleetmedic acts: executors carry out its commands")
     try:
         if args.datadir:
             return _run(settings, key, args.datadir, args.loglevel, args.role)
