@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from fleetmedic.cli.common import EXIT_INVALID, settings_or_none
+from fleetmedic.cli.common import EXIT_INVALID, examples, settings_or_none
 from fleetmedic.evaluation.backtest import NoRecords, Progress, load_topology, run
 
 EXIT_NO_RECORDS = 1
@@ -25,10 +25,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "backtest", help="run detection over recorded telemetry (JSONL, Prometheus text, a Prometheus server)",
         description="Run detection, triage and policy over recorded telemetry: JSONL records, Prometheus text or "
                     "OpenMetrics files (exporter scrapes, promtool tsdb dump), kernel logs (*.kmsg, *.dmesg, "
-                    "*.journal, *.log: kern.log, dmesg -T, journalctl -k -o json), and/or the history a Prometheus "
-                    "server holds. Times (T) are RFC 3339 (2024-05-01T12:00:00Z) or Unix seconds.")
-    p.add_argument("--config", help="YAML config (default: built-in defaults + FLEETMEDIC__* env)")
-    p.add_argument("--input", action="append", default=[], help="file or directory; repeatable")
+                    "*.journal, *.log: kern.log, dmesg -T, journalctl -k -o json), each also gzip-compressed (*.gz), "
+                    "and/or the history a Prometheus server holds. A directory's other files are ignored and "
+                    "counted. Times (T) are RFC 3339 (2024-05-01T12:00:00Z) or Unix seconds.",
+        epilog=examples("fleetmedic backtest --config my.yaml --input recorded/ --out results/ "
+                        "--report results/report.html",
+                        "fleetmedic backtest --input dcgm.prom.gz --label instance=gpu-node-1:9400 --out results/",
+                        "fleetmedic backtest --prometheus http://prometheus:9090 --start 2026-05-01T00:00:00Z "
+                        "--end 2026-05-02T00:00:00Z --out results/",
+                        "fleetmedic backtest --input sim/ --truth sim/truth.jsonl --topology sim/meta.json "
+                        "--out results/"))
+    p.add_argument("--config", metavar="FILE", help="YAML config (default: built-in defaults + FLEETMEDIC__* env)")
+    p.add_argument("--input", action="append", default=[], metavar="FILE|DIR",
+                   help="file or directory (files may be gzip-compressed); repeatable")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--report", metavar="HTML", help="also write a self-contained HTML report to this file")
     p.add_argument("--topology", help="node -> {rack, leaf, pool, rails} (YAML/JSON), or a simulator meta.json")
@@ -51,8 +60,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--prometheus", metavar="URL", help="read history from this Prometheus server (range queries)")
     p.add_argument("--start", metavar="T", help="with --prometheus: the first time")
     p.add_argument("--end", metavar="T", help="with --prometheus: the last time")
-    p.add_argument("--step", default="30s", metavar="S",
-                   help="with --prometheus: the resolution, in seconds or as 30s/1m (default: 30s)")
+    p.add_argument("--step", default="30s", metavar="DURATION",
+                   help="with --prometheus: the resolution, e.g. 30s, 1m (default: 30s)")
     p.add_argument("--match", metavar="SELECTOR",
                    help="with --prometheus: the series to read (default: exporters.prometheus.api_selector)")
     p.set_defaults(handler=_main)
@@ -101,10 +110,16 @@ def _main(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID
+    ignored = summary["ignored_files"]
+    if ignored["count"]:
+        print(f"note: {ignored['count']} file(s) of the input directories ignored: " + "; ".join(
+            f"{v['files']} with {reason} (e.g. {v['examples'][0]})" for reason, v in ignored["by_reason"].items()),
+            file=sys.stderr)
     keys = ("records", "findings", "findings_by_kind", "incidents", "incidents_by_class", "commands_by_action",
-            "skipped_total", "skipped_by_file", "input_problems", "timestamps", "kernel_lines_not_published",
-            "prometheus", "elapsed_s", "score")
-    print(json.dumps({k: summary[k] for k in keys if k in summary and summary[k] not in ({}, None)}, sort_keys=True))
+            "skipped_total", "skipped_by_file", "ignored_files", "input_problems", "timestamps",
+            "kernel_lines_not_published", "prometheus", "elapsed_s", "score")
+    empty: tuple[object, ...] = ({}, None, {"count": 0, "by_reason": {}})
+    print(json.dumps({k: summary[k] for k in keys if k in summary and summary[k] not in empty}, sort_keys=True))
     return 0
 
 

@@ -9,6 +9,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 from fleetmedic.config import ConfigError, KafkaSettings, Settings, config_warnings, read_config
 from fleetmedic.signing import KeySet, command_key, command_keys
@@ -35,12 +36,61 @@ def plain_text(doc: str) -> str:
 
 
 def plain_help(parser: argparse.ArgumentParser) -> None:
-    """Apply :func:`plain_text` to the description and epilog of ``parser`` and every subcommand's."""
+    """Apply :func:`plain_text` to the description and epilog of ``parser`` and every subcommand's,
+    and keep the lines of their examples as written (:class:`HelpFormatter`)."""
     for p in _parsers(parser):
         if p.description:
             p.description = plain_text(p.description)
         if p.epilog:
             p.epilog = plain_text(p.epilog)
+        if p.formatter_class is argparse.HelpFormatter:
+            p.formatter_class = HelpFormatter
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, except that a paragraph with an indented line (a list of examples, a
+    table) keeps its lines as written; other paragraphs are wrapped as usual."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        out = []
+        for para in re.split(r"\n\s*\n", text):
+            if any(line[:1].isspace() for line in para.splitlines()[1:]):
+                out.append("\n".join(indent + line for line in para.splitlines()))
+            else:
+                out.append(super()._fill_text(para, width, indent))
+        return "\n\n".join(out)
+
+
+def examples(*lines: str) -> str:
+    """The epilog every command's help ends with: ``examples:`` and one command line each."""
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def duration(text: str) -> float:
+    """An argparse type: a duration as ``90s``, ``10m``, ``2h``, ``1h30m``, ``2d`` or plain seconds."""
+    from fleetmedic.sim.units import parse_duration
+
+    try:
+        value = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"duration {text!r}: must not be negative")
+    return value
+
+
+def timestamp(text: str) -> float:
+    """An argparse type: a time as RFC 3339 (``2026-05-01T12:00:00Z``) or Unix seconds."""
+    from fleetmedic.connectors.prometheus_api import parse_time
+
+    try:
+        return parse_time(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+#: the same default seed for every command that simulates: the same run whichever command starts it
+DEFAULT_SEED = 7
 
 
 def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
@@ -63,10 +113,27 @@ def add_bootstrap(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     does (``main`` sets that variable, so the one config loader reads it like any override)."""
     for name in KAFKA_COMMANDS:
         for p in _parsers(sub.choices[name]):
-            if any("--config" in a.option_strings for a in p._actions):
+            options = {o for a in p._actions for o in a.option_strings}
+            if "--config" in options and "--bootstrap" not in options:
                 p.add_argument("--bootstrap", metavar="HOST:PORT[,HOST:PORT]",
                                help="Kafka brokers; overrides kafka.bootstrap_servers (as the variable "
                                     f"{BOOTSTRAP_ENV} does)")
+
+
+DRY_RUN_ENV = "FLEETMEDIC__SAFETY__DRY_RUN"
+
+
+def add_dry_run(p: argparse.ArgumentParser) -> None:
+    """``--dry-run``: observe for this run whatever ``safety.dry_run`` says (``main`` sets
+    ``FLEETMEDIC__SAFETY__DRY_RUN=true``, so the one config loader reads it like any override)."""
+    p.add_argument("--dry-run", action="store_true",
+                   help="decide and report, change nothing, whatever safety.dry_run says (as the variable "
+                        f"{DRY_RUN_ENV}=true does)")
+
+
+def add_deprecated_alias(p: argparse.ArgumentParser, option: str, dest: str, **kwargs: Any) -> None:
+    """An older spelling of an option, still accepted (scripts keep working) but left out of the help."""
+    p.add_argument(option, dest=dest, help=argparse.SUPPRESS, **kwargs)
 
 
 def add_loglevel(p: argparse.ArgumentParser) -> None:
@@ -125,6 +192,33 @@ def settings_and_command_keys(path: str | None) -> tuple[Settings, KeySet] | Non
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None
+
+
+# --- reaching the Kubernetes API: one line saying why not ----------------------------------------
+
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+
+def kubeconfig_path(kubeconfig: str) -> str:
+    """The kubeconfig a command outside the cluster reads: the config's, else the first of
+    ``$KUBECONFIG``, else ``~/.kube/config``."""
+    return kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or os.path.expanduser("~/.kube/config")
+
+
+def kube_access_problem(section: str, in_cluster: bool, kubeconfig: str) -> str | None:
+    """One line saying why a command configured by ``<section>.in_cluster`` / ``<section>.kubeconfig``
+    cannot reach the Kubernetes API (no kubeconfig file, not in a pod), or None when it can try."""
+    if in_cluster:
+        if os.environ.get("KUBERNETES_SERVICE_HOST") and os.path.exists(SERVICE_ACCOUNT_TOKEN):
+            return None
+        return (f"{section}.in_cluster is true, but this is not a pod with a ServiceAccount token "
+                f"({SERVICE_ACCOUNT_TOKEN}, $KUBERNETES_SERVICE_HOST); outside a cluster set {section}.in_cluster: "
+                f"false and {section}.kubeconfig")
+    path = kubeconfig_path(kubeconfig)
+    if os.path.isfile(path):
+        return None
+    return (f"no kubeconfig at {path}: set {section}.kubeconfig or $KUBECONFIG, or run in a pod with "
+            f"{section}.in_cluster: true")
 
 
 # --- connecting to Kafka: one line saying why not -------------------------------------------------

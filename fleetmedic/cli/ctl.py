@@ -1,23 +1,16 @@
 """``fleetmedic ctl``: a person steering the running pipeline, and reading what it decided.
 
-    fleetmedic ctl resume-breaker --reason "exporter rollout fixed"
-    fleetmedic ctl clear-node gpu-node-17 --reason "replaced the riser, ran dcgmi diag -r 4 by hand"
-    fleetmedic ctl node-repaired gpu-node-17 --reason "RMA done"       # validate with diagnostics first
-    fleetmedic ctl audit --node gpu-node-17                             # the decisions about one node
-    fleetmedic ctl get nodes                                            # what fleetmedic holds, and why
-    fleetmedic ctl get incidents | breaker                              # open incidents; the breaker
-
 The first three publish an :class:`~fleetmedic.records.OperatorCommand` on
 ``remediation.operator`` (key: the node, or ``fleet``), signed with an *operator key*
 (``signing.operator_key_files`` / ``operator_key_dir`` / ``operator_key_env``; with several, the one
 ``--key-id`` or ``signing.operator_key_id`` names), never with the command key the executor trusts.
-The decision stage verifies it against its operator keys and applies it once
-(:mod:`fleetmedic.remediation.operator`); the audit log then shows it with the actor
+The decision stage verifies it against its operator keys and applies it once; the audit log then shows it with the actor
 ``operator:<--actor>``. ``audit`` prints ``remediation.audit`` records, one line each (``--json``:
-the records), from the beginning or ``--since`` seconds ago, and keeps following with ``--follow``.
-``get nodes|incidents|breaker`` shows what the decision stage holds and why, folded from its topics
-(:mod:`fleetmedic.cli.ctl_get`).
+the records), from the beginning or those of the last ``--since`` (``90s``, ``10m``, ``2h``), and keeps
+following with ``--follow``. ``get nodes|incidents|breaker`` shows what the decision stage holds and
+why, folded from its topics.
 """
+
 
 from __future__ import annotations
 
@@ -36,6 +29,8 @@ from fleetmedic.cli import ctl_get
 from fleetmedic.cli.common import (
     EXIT_INVALID,
     EXIT_KAFKA,
+    duration,
+    examples,
     kafka_failure,
     quiet_kafka_logs,
     settings_or_none,
@@ -46,18 +41,27 @@ from fleetmedic.records import AuditRecord, InvalidRecord, OperatorCommand, deco
 from fleetmedic.signing import UnusableKey, operator_keys, sign, sign_bytes
 
 OPERATOR_TTL_S = 600.0
+EXAMPLES = (
+    'fleetmedic ctl resume-breaker --reason "exporter rollout fixed"',
+    'fleetmedic ctl clear-node gpu-node-17 --reason "replaced the riser, ran dcgmi diag -r 4 by hand"',
+    'fleetmedic ctl node-repaired gpu-node-17 --reason "RMA done"',
+    "fleetmedic ctl audit --node gpu-node-17 --since 2h",
+    "fleetmedic ctl get nodes",
+)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("ctl", help="operator commands to the running pipeline; read its audit log",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog=examples(*EXAMPLES))
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     for verb, needs_node, text in (
         ("resume-breaker", False, "close the open circuit breaker (isolation resumes)"),
         ("clear-node", True, "return a node to service now, without diagnostics (you vouch for it)"),
         ("node-repaired", True, "a node awaiting repair was repaired: validate it with diagnostics, then return it"),
     ):
-        v = verbs.add_parser(verb, help=text, description=text)
+        v = verbs.add_parser(verb, help=text, description=text,
+                             epilog=examples(*(e for e in EXAMPLES if e.startswith(f"fleetmedic ctl {verb} "))))
         if needs_node:
             v.add_argument("node")
         v.add_argument("--reason", required=True, help="why (kept in the audit log)")
@@ -66,10 +70,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                        "signing.operator_key_id, else the only one configured)")
         v.add_argument("--config", metavar="FILE", help="YAML config (defaults when omitted)")
         v.set_defaults(handler=run_operator_command, action=verb.replace("-", "_"))
-    a = verbs.add_parser("audit", help="print the decision stage's audit records")
+    a = verbs.add_parser("audit", help="print the decision stage's audit records",
+                         description="Print the decision stage's audit records, one line each: what it decided, "
+                                     "and why.",
+                         epilog=examples("fleetmedic ctl audit --since 1h",
+                                         "fleetmedic ctl audit --node gpu-node-17 --follow",
+                                         "fleetmedic ctl audit --since 24h --json"))
     a.add_argument("--config", metavar="FILE", help="YAML config (defaults when omitted)")
     a.add_argument("--node", help="only records about this node")
-    a.add_argument("--since", type=float, metavar="S", help="only records of the last S seconds")
+    a.add_argument("--since", type=duration, metavar="DURATION",
+                   help="only records of the last 90s, 10m, 2h (plain seconds also work)")
     a.add_argument("--follow", action="store_true", help="keep printing new records until interrupted")
     a.add_argument("--json", action="store_true", help="print the records as JSON lines")
     a.set_defaults(handler=run_audit)

@@ -31,7 +31,14 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from fleetmedic.cli.common import EXIT_INVALID, EXIT_KAFKA, kafka_failure, quiet_kafka_logs, settings_or_none
+from fleetmedic.cli.common import (
+    EXIT_INVALID,
+    EXIT_KAFKA,
+    examples,
+    kafka_failure,
+    quiet_kafka_logs,
+    settings_or_none,
+)
 from fleetmedic.config import Settings
 from fleetmedic.records import AuditRecord, Incident, InvalidRecord, decode
 
@@ -49,12 +56,15 @@ class TopicMissing(Exception):
 
 def add_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g = verbs.add_parser("get", help="show what the decision stage holds and why: nodes, incidents, the breaker",
-                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                         epilog=examples("fleetmedic ctl get nodes", "fleetmedic ctl get incidents --all",
+                                         "fleetmedic ctl get breaker --json"))
     what = g.add_subparsers(dest="what", metavar="WHAT", required=True)
     for name, text in (("nodes", "nodes fleetmedic holds (not healthy), their state, incident and why"),
                        ("incidents", "open and mitigating incidents: class, suspects, confidence, summary"),
                        ("breaker", "the circuit breaker (open or closed, why), the budget, refused isolations")):
-        w = what.add_parser(name, help=text, description=text)
+        w = what.add_parser(name, help=text, description=text,
+                            epilog=examples(f"fleetmedic ctl get {name}", f"fleetmedic ctl get {name} --json"))
         w.add_argument("--config", metavar="FILE", help="YAML config (defaults when omitted)")
         w.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
         if name != "breaker":

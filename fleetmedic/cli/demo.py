@@ -36,36 +36,44 @@ class Step:
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("demo", help="simulated fleet + full pipeline + closed loop, with a timeline and summary")
+    from fleetmedic.cli.common import DEFAULT_SEED, add_deprecated_alias, duration, examples
+
+    p = sub.add_parser("demo", help="simulated fleet + full pipeline + closed loop, with a timeline and summary",
+                       description="A simulated GPU fleet, the whole pipeline and the closed loop, in one process "
+                                   "(or through a Kafka broker with --bootstrap): the story of each injected fault "
+                                   "and a summary scored against the ground truth.",
+                       epilog=examples("fleetmedic demo",
+                                       "fleetmedic demo --nodes 16 --duration 90m --seed 3 --json out.json",
+                                       "fleetmedic demo --bootstrap 127.0.0.1:9092"))
     p.add_argument("--nodes", type=int, default=64, help="simulated GPU nodes, 8 GPUs each (default: 64)")
-    p.add_argument("--duration", default="3h", help="simulated time (e.g. 90m, 3h)")
-    p.add_argument("--seed", type=int, default=7, help="random seed; the same seed replays the same run (default: 7)")
+    p.add_argument("--duration", type=duration, default=3 * 3600.0, help="simulated time, e.g. 90m, 3h (default: 3h)")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                   help=f"random seed; the same seed replays the same run (default: {DEFAULT_SEED})")
     p.add_argument("--faults", default="mix", help="fault plan, as `fleetmedic simulate --faults` (default: mix)")
-    p.add_argument("--config", help="YAML config (default: built-in defaults + FLEETMEDIC__* env)")
+    p.add_argument("--config", metavar="FILE", help="YAML config (default: built-in defaults + FLEETMEDIC__* env)")
     p.add_argument("--json", metavar="FILE", help="also write timeline and summary as JSON ('-' for stdout)")
-    p.add_argument("--kafka", metavar="BOOTSTRAP",
-                   help="run the pipeline on this Kafka broker, in a `fleetmedic worker` process, not in-process")
+    p.add_argument("--bootstrap", metavar="HOST:PORT[,HOST:PORT]",
+                   help="run the pipeline through the Kafka brokers here, in a `fleetmedic worker` process, not "
+                        "in-process")
+    add_deprecated_alias(p, "--kafka", "bootstrap", metavar="BOOTSTRAP")
     p.set_defaults(handler=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
     from fleetmedic.cli.common import EXIT_INVALID, settings_or_none
-    from fleetmedic.sim.units import parse_duration
-
     settings = settings_or_none(args.config)
     if settings is None:
         return EXIT_INVALID
-    if args.kafka:
+    if args.bootstrap:
         from aiokafka.errors import KafkaError
 
         try:
-            result = run_demo_on_kafka(settings, args.nodes, parse_duration(args.duration), args.seed, args.faults,
-                                       args.kafka)
+            result = run_demo_on_kafka(settings, args.nodes, args.duration, args.seed, args.faults, args.bootstrap)
         except (KafkaError, OSError, RuntimeError, TimeoutError) as exc:
-            print(f"error: the demo on Kafka {args.kafka} failed: {exc}", file=sys.stderr)
+            print(f"error: the demo on Kafka {args.bootstrap} failed: {exc}", file=sys.stderr)
             return 1
     else:
-        result = run_demo(settings, args.nodes, parse_duration(args.duration), args.seed, args.faults)
+        result = run_demo(settings, args.nodes, args.duration, args.seed, args.faults)
     out = sys.stdout
     if args.json != "-":
         print_timeline(result, out)

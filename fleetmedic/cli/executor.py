@@ -18,8 +18,18 @@ import logging
 import os
 import signal
 import socket
+import sys
 
-from fleetmedic.cli.common import EXIT_INVALID, add_loglevel, settings_and_command_keys, setup_logging
+from fleetmedic.cli.common import (
+    EXIT_INVALID,
+    add_dry_run,
+    add_loglevel,
+    examples,
+    kube_access_problem,
+    kubeconfig_path,
+    settings_and_command_keys,
+    setup_logging,
+)
 from fleetmedic.config import Settings
 from fleetmedic.signing import KeySet
 
@@ -27,9 +37,14 @@ from fleetmedic.signing import KeySet
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("executor", help="run the Kubernetes executor (acts on remediation commands)",
                        description="Carry out signed remediation commands on a Kubernetes cluster: cordon, taint, "
-                                   "drain, diagnostics, job restarts, return to service; leader-elected.")
+                                   "drain, diagnostics, job restarts, return to service; leader-elected.",
+                       epilog=examples("fleetmedic executor --config my.yaml",
+                                       "fleetmedic executor --config my.yaml --dry-run --identity executor-a",
+                                       "KUBECONFIG=~/.kube/prod fleetmedic executor --config my.yaml "
+                                       "--bootstrap broker-0:9092"))
     p.add_argument("--config", metavar="FILE", help="YAML config (defaults when omitted)")
     p.add_argument("--identity", help="leader-election identity (default: executor.identity, else hostname-pid)")
+    add_dry_run(p)
     add_loglevel(p)
     p.set_defaults(handler=run_executor)
 
@@ -43,6 +58,10 @@ def run_executor(args: argparse.Namespace) -> int:
     if loaded is None:
         return EXIT_INVALID
     settings, keys = loaded
+    why = kube_access_problem("executor", settings.executor.in_cluster, settings.executor.kubeconfig)
+    if why is not None:
+        print(f"error: {why}", file=sys.stderr)
+        return EXIT_INVALID
     setup_logging(args.loglevel)
     return asyncio.run(_serve(settings, keys, identity_of(settings, args.identity)))
 
@@ -61,15 +80,16 @@ async def _serve(settings: Settings, keys: KeySet, identity: str) -> int:
         config.load_incluster_config()  # type: ignore[no-untyped-call]
         api = client.ApiClient()
     else:
-        path = e.kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-        api = config.new_client_from_config(config_file=path)  # type: ignore[no-untyped-call]
+        api = config.new_client_from_config(config_file=kubeconfig_path(e.kubeconfig))  # type: ignore[no-untyped-call]
     registry = CollectorRegistry()
     metrics = ExecutorMetrics(registry)
     health = Health(settings.metrics.stall_after_s)
     server = serve(registry, settings.metrics.port, settings.metrics.bind_address, health)
     log = logging.getLogger("fleetmedic.executor")
-    log.info("executor %s; metrics on http://%s:%d/metrics; command keys accepted: %s", identity,
-             *server.server_address[:2], ", ".join(sorted(keys.keys)))
+    log.info("executor %s; metrics on http://%s:%d/metrics; command keys accepted: %s%s", identity,
+             *server.server_address[:2], ", ".join(sorted(keys.keys)),
+             "; dry run (safety.dry_run): every command is reported, nothing is changed" if settings.safety.dry_run
+             else "")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

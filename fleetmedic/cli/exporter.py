@@ -4,7 +4,7 @@ Every connector reads the ``exporters`` section of the config (docs/connectors.m
 records to the topics of the ``topics`` section on Kafka — or, with ``--output FILE``, writes them
 as JSON lines (``-`` = stdout) for debugging — and serves its ``fleetmedic_connector_*`` metrics on
 ``metrics.bind_address:metrics.port`` (``--metrics-port 0``: an ephemeral port, logged; ``-1``: off).
-``--duration S`` stops it after S seconds (checks, demos). Exit codes: 0 after a clean stop, 2 for
+``--duration 10m`` stops it after that long (checks, demos). Exit codes: 0 after a clean stop, 2 for
 an invalid config, 3 when the source cannot be used at all (no NVIDIA driver, no permission).
 """
 
@@ -18,7 +18,15 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from fleetmedic.cli.common import EXIT_INVALID, add_loglevel, settings_or_none, setup_logging
+from fleetmedic.cli.common import (
+    EXIT_INVALID,
+    add_loglevel,
+    duration,
+    examples,
+    settings_or_none,
+    setup_logging,
+    timestamp,
+)
 from fleetmedic.config import Settings
 
 if TYPE_CHECKING:
@@ -37,20 +45,36 @@ CONNECTORS = {
     "kmsg": "read this node's kernel log (/dev/kmsg or the journal): XIDs, SXids, PCIe AER, mlx5, MCE/EDAC",
 }
 
+#: one or two command lines for each connector's help
+EXAMPLES = {
+    "nvml": ["fleetmedic exporter nvml --config my.yaml",
+             "fleetmedic exporter nvml --output - --duration 30s --metrics-port -1"],
+    "prometheus": ["fleetmedic exporter prometheus --config my.yaml",
+                   "fleetmedic exporter prometheus --config my.yaml --output - --duration 2m"],
+    "remote-write": ["fleetmedic exporter remote-write --config my.yaml --listen 0.0.0.0:9201"],
+    "kafka": ["fleetmedic exporter kafka --config my.yaml --bootstrap broker-0:9092"],
+    "infiniband": ["fleetmedic exporter infiniband --config my.yaml"],
+    "logs": ["fleetmedic exporter logs --config my.yaml"],
+    "kmsg": ["fleetmedic exporter kmsg --config my.yaml",
+             "fleetmedic exporter kmsg --input saved.dmesg --pci-map gpus.csv --output -"],
+}
+
 Source = Callable[[asyncio.Event], Awaitable[None]]
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("exporter", help="run a connector: NVML, Prometheus, Kafka telemetry, InfiniBand, logs",
+    p = sub.add_parser("exporter", help="run a connector: " + ", ".join(CONNECTORS),
                        description="Run one connector that turns an outside source into fleetmedic records on "
-                                   "Kafka, until SIGINT or SIGTERM.")
+                                   "Kafka, until SIGINT or SIGTERM. Connectors: "
+                                   + "; ".join(f"{name}: {text}" for name, text in CONNECTORS.items()) + ".",
+                       epilog=examples(*(EXAMPLES[name][0] for name in CONNECTORS)))
     kinds = p.add_subparsers(dest="connector", metavar="CONNECTOR")
     kinds.required = True
     for name, text in CONNECTORS.items():
-        k = kinds.add_parser(name, help=text, description=text)
+        k = kinds.add_parser(name, help=text, description=text, epilog=examples(*EXAMPLES[name]))
         k.add_argument("--config", metavar="FILE", help="YAML config (defaults when omitted)")
         k.add_argument("--output", metavar="FILE", help="write JSON lines here instead of Kafka (- = stdout)")
-        k.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+        k.add_argument("--duration", type=duration, metavar="DURATION", help="stop after this long, e.g. 90s, 10m, 2h")
         k.add_argument("--metrics-port", type=int, metavar="PORT", help="override metrics.port (-1: no endpoint)")
         add_loglevel(k)
         if name == "kmsg":
@@ -78,12 +102,14 @@ def _kmsg_arguments(k: argparse.ArgumentParser) -> None:
                         "--format=csv,noheader); default: from NVML")
     k.add_argument("--no-nvml", action="store_true", help="do not ask NVML for the PCI map")
     k.add_argument("--patterns", metavar="FILE", default="", help="log pattern library (default: the shipped one)")
-    k.add_argument("--backlog-max-age", type=float, metavar="S", default=3600.0,
-                   help="with no state (a first start), skip records older than S seconds (default 3600)")
-    k.add_argument("--xid-window", type=float, metavar="S", default=30.0,
-                   help="an XID reported in the driver's own words and its Xid line within S seconds are one")
-    k.add_argument("--boot-time", type=float, metavar="EPOCH", default=None,
-                   help="for kmsg records in --input: the Unix time their boot started (default: this host's)")
+    k.add_argument("--backlog-max-age", type=duration, metavar="DURATION", default=3600.0,
+                   help="with no state (a first start), skip records older than this (default 1h)")
+    k.add_argument("--xid-window", type=duration, metavar="DURATION", default=30.0,
+                   help="an XID reported in the driver's own words and its Xid line within this long are one "
+                        "(default 30s)")
+    k.add_argument("--boot-time", type=timestamp, metavar="T", default=None,
+                   help="for kmsg records in --input: when their boot started, RFC 3339 or Unix seconds "
+                        "(default: this host's)")
 
 
 def run_exporter(args: argparse.Namespace) -> int:

@@ -1,7 +1,7 @@
 """``fleetmedic kafka acls``: the ``kafka-acls`` commands that give each component what it needs.
 
 Prints, for the topic names and consumer groups of ``--config``, one ``kafka-acls.sh --add``
-command per grant of :mod:`fleetmedic.acls`, each component as its own principal
+command per grant each component as its own principal
 (``--principal-prefix`` followed by the component's name, or ``--principal COMPONENT=PRINCIPAL``).
 Run them as a Kafka admin (``--command-config`` names that client's properties file).
 """
@@ -12,24 +12,31 @@ import argparse
 import sys
 
 from fleetmedic import acls
-from fleetmedic.cli.common import EXIT_INVALID, settings_or_none
+from fleetmedic.cli.common import EXIT_INVALID, add_deprecated_alias, examples, settings_or_none
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("kafka", help="Kafka administration: the ACLs each component needs")
+    p = sub.add_parser("kafka", help="Kafka administration: the ACLs each component needs",
+                       epilog=examples("fleetmedic kafka acls --config my.yaml"))
     verbs = p.add_subparsers(dest="kafka_command", metavar="ACTION")
     verbs.required = True
     text = "print the kafka-acls commands that grant each component (workers, executor, connectors, ctl, " \
            "subscribers) the topics and consumer groups it reads, writes and creates"
-    a = verbs.add_parser("acls", help=text, description=text + ". Components: " + ", ".join(acls.COMPONENTS) + ".")
-    a.add_argument("--config", help="fleetmedic config (topic names, consumer groups, exporters' source topics)")
+    a = verbs.add_parser("acls", help=text, description=text + ". Components: " + ", ".join(acls.COMPONENTS) + ".",
+                         epilog=examples("fleetmedic kafka acls --config my.yaml",
+                                         "fleetmedic kafka acls --config my.yaml --bootstrap broker-0:9093 "
+                                         "--principal executor=User:CN=fleetmedic-executor"))
+    a.add_argument("--config", metavar="FILE",
+                   help="fleetmedic config (topic names, consumer groups, exporters' source topics)")
     a.add_argument("--principal-prefix", default=acls.DEFAULT_PRINCIPAL_PREFIX,
                    help="each component's principal is this followed by its name (default: %(default)s)")
     a.add_argument("--principal", action="append", default=[], metavar="COMPONENT=PRINCIPAL",
                    help="one component's principal, e.g. executor=User:CN=fleetmedic-executor (repeatable)")
     a.add_argument("--subscriber-group", default=acls.DEFAULT_SUBSCRIBER_GROUP,
                    help="the consumer group a subscriber reads in (default: %(default)s)")
-    a.add_argument("--bootstrap-server", default="$KAFKA", help="written into each command (default: %(default)s)")
+    a.add_argument("--bootstrap", dest="bootstrap_server", default="$KAFKA", metavar="HOST:PORT[,HOST:PORT]",
+                   help="the brokers written into each command (default: %(default)s)")
+    add_deprecated_alias(a, "--bootstrap-server", "bootstrap_server")
     a.add_argument("--command-config", default="admin.properties",
                    help="the admin client's properties file, written into each command ('' for none; "
                         "default: %(default)s)")

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from fleetmedic import __version__
-from fleetmedic.cli.common import BOOTSTRAP_ENV, add_bootstrap, plain_help
+from fleetmedic.cli.common import BOOTSTRAP_ENV, DRY_RUN_ENV, add_bootstrap, examples, plain_help
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a tool killed by the closed pipe exits with
 
@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fleetmedic",
         description="Detect sick GPU nodes, isolate them, recover jobs, return nodes to service.",
+        epilog=examples("fleetmedic demo", "fleetmedic config check --config my.yaml",
+                        "fleetmedic worker --config my.yaml --dry-run", "fleetmedic exporter --help"),
     )
     parser.add_argument("--version", action="version", version=f"fleetmedic {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -59,8 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "bootstrap", None):  # read by every command's one config loader, as the variable is
-        os.environ[BOOTSTRAP_ENV] = args.bootstrap
+    # options that override a setting are read by every command's one config loader, as the variable is;
+    # set for this command only (a caller that runs several in one process gets its environment back)
+    overrides = {}
+    if getattr(args, "bootstrap", None):
+        overrides[BOOTSTRAP_ENV] = args.bootstrap
+    if getattr(args, "dry_run", False) is True:
+        overrides[DRY_RUN_ENV] = "true"
+    saved = {name: os.environ.get(name) for name in overrides}
+    os.environ.update(overrides)
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)
@@ -68,6 +77,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not raise again
         return EXIT_BROKEN_PIPE
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import yaml
 
 from fleetmedic import __version__
 from fleetmedic.bus import SINGLE_PARTITION, TOPICS, TopicSpec
+from fleetmedic.cli.common import examples
 from fleetmedic.signing import KEY_ID, KEY_ID_HEADER, SIGNATURE_HEADER, SIGNATURE_PREFIX, SIGNED_TOPICS
 
 DEFAULT_PREFIX = "fleetmedic."
@@ -140,7 +141,10 @@ def render_asyncapi() -> str:
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    schema = sub.add_parser("schema", help="write the JSON Schema of every topic's messages")
+    schema = sub.add_parser("schema", help="write the JSON Schema of every topic's messages",
+                            epilog=examples("fleetmedic schema --out deploy/schemas --asyncapi deploy/asyncapi.yaml",
+                                            "fleetmedic schema --check --out deploy/schemas "
+                                            "--asyncapi deploy/asyncapi.yaml"))
     schema.add_argument("--out", default="deploy/schemas", help="directory (default: deploy/schemas)")
     schema.add_argument("--asyncapi", metavar="FILE", default="",
                         help="also write (or --check) the AsyncAPI 3.0 document of every topic to FILE "

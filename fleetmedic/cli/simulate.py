@@ -1,16 +1,11 @@
 """``fleetmedic simulate`` and ``fleetmedic score``: the fleet simulator and its scorer.
 
-::
+Simulate a GPU fleet with injected faults and write its telemetry and the ground truth, or produce
+the telemetry to Kafka (``--kafka``, or ``--bootstrap HOST:PORT``).
 
-    fleetmedic simulate --nodes 64 --duration 6h --seed 7 --faults mix --out out/sim
-    fleetmedic simulate --nodes 400 --duration 24h --faults trace:speedup=100 --format both --out out/trace
-    fleetmedic simulate --nodes 16 --duration 2h --faults 'xid79@30m,straggler:2,leaf_switch@1h+20m' --out out/x
-    fleetmedic score --truth out/sim/truth.jsonl --incidents incidents.jsonl --commands commands.jsonl --out out/score
-
-``--faults`` grammar (see :mod:`fleetmedic.sim.fault_spec`): ``none``, ``mix[:N]``, ``all``,
-``negatives``, ``trace[:speedup=X;offset=30d;scale=24;path=FILE]``, and
-``KIND[:COUNT][@AT[+DUR]][/NODE[/GPU]]`` items, comma-separated. ``fleetmedic simulate --list-kinds``
-prints the fault library.
+``--faults`` grammar: ``none``, ``mix[:N]``, ``all``, ``negatives``,
+``trace[:speedup=X;offset=30d;scale=24;path=FILE]``, and ``KIND[:COUNT][@AT[+DUR]][/NODE[/GPU]]``
+items, comma-separated. ``fleetmedic simulate --list-kinds`` prints the fault library.
 """
 
 from __future__ import annotations
@@ -23,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from fleetmedic.cli.common import DEFAULT_SEED, duration, examples, timestamp
 from fleetmedic.evaluation.scoring import ScoreParams, encode_report, format_report, score
 from fleetmedic.evaluation.truth import read_meta, read_truth
 from fleetmedic.records import Incident, RemediationCommand
@@ -31,55 +27,65 @@ from fleetmedic.sim.faults import KINDS
 from fleetmedic.sim.files import write_run
 from fleetmedic.sim.fleet import SKUS, FleetSpec
 from fleetmedic.sim.telemetry import NoiseSpec
-from fleetmedic.sim.units import format_duration, parse_duration
+from fleetmedic.sim.units import format_duration
 from fleetmedic.sim.workload import WorkloadSpec
 
 EXIT_USAGE = 2
 
 
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    sim = sub.add_parser("simulate", help="simulate a GPU fleet with injected faults; write telemetry and truth",
-                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sim = sub.add_parser(
+        "simulate", help="simulate a GPU fleet with injected faults; write telemetry and truth",
+        description=__doc__.split("\n", 2)[2] if __doc__ else None,
+        epilog=examples("fleetmedic simulate --nodes 64 --duration 6h --faults mix --out out/sim",
+                        "fleetmedic simulate --nodes 400 --duration 24h --faults trace:speedup=100 --format both "
+                        "--out out/trace",
+                        "fleetmedic simulate --nodes 16 --duration 2h "
+                        "--faults 'xid79@30m,straggler:2,leaf_switch@1h+20m' --out out/x",
+                        "fleetmedic simulate --nodes 16 --duration 1h --bootstrap 127.0.0.1:9092 --rate 500",
+                        "fleetmedic simulate --list-kinds"))
     sim.add_argument("--nodes", type=int, default=64, help="nodes (8 GPUs each; default 64)")
-    sim.add_argument("--duration", type=_duration, default=6 * 3600.0, help="simulated time, e.g. 6h, 90m (default 6h)")
-    sim.add_argument("--seed", type=int, default=0, help="random seed: same seed, same output (default 0)")
+    sim.add_argument("--duration", type=duration, default=6 * 3600.0, help="simulated time, e.g. 6h, 90m (default 6h)")
+    sim.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                     help=f"random seed: same seed, same output (default {DEFAULT_SEED})")
     sim.add_argument("--faults", default="mix", help="fault spec (default: mix); see above")
     sim.add_argument("--out", type=Path, help="output directory")
     sim.add_argument("--format", choices=("jsonl", "prom", "both"), default="jsonl",
                      help="jsonl records, Prometheus exposition (prom/), or both "
                           "(default jsonl; truth is always written)")
-    sim.add_argument("--prom-every", type=_duration, default=60.0,
+    sim.add_argument("--prom-every", type=duration, default=60.0,
                      help="exposition rounds every this much simulated time (default 60s)")
     sim.add_argument("--noise", choices=("none", "default", "heavy"), default="default",
                      help="delivery noise: missing, late, duplicate samples, clock skew (default: default)")
-    sim.add_argument("--gpu-interval", type=_duration, default=10.0, help="GPU sampling interval (default 10s)")
-    sim.add_argument("--port-interval", type=_duration, default=30.0, help="port counter interval (default 30s)")
+    sim.add_argument("--gpu-interval", type=duration, default=10.0, help="GPU sampling interval (default 10s)")
+    sim.add_argument("--port-interval", type=duration, default=30.0, help="port counter interval (default 30s)")
     sim.add_argument("--sku", default="h100", help=f"GPU SKU mix, e.g. h100 or h100=0.75,a100=0.25 ({', '.join(SKUS)})")
-    sim.add_argument("--start", type=float, default=None, help="start time, Unix seconds (default 2026-01-01T00:00Z)")
+    sim.add_argument("--start", type=timestamp, default=None, metavar="T",
+                     help="start time, RFC 3339 or Unix seconds (default 2026-01-01T00:00:00Z)")
     sim.add_argument("--commands", type=Path, default=None,
                      help="JSONL of RemediationCommand to replay at their issued_at (open-loop replay)")
     sim.add_argument("--no-native-restart", action="store_true",
                      help="the job controller does not restart failed jobs (only commands do)")
     sim.add_argument("--kafka", action="store_true",
                      help="produce the records to the Kafka telemetry topics instead of writing files "
-                          "(truth, meta and accounting still go to --out when given)")
+                          "(truth, meta and accounting still go to --out when given); --bootstrap implies it")
     sim.add_argument("--rate", type=float, default=0.0, help="with --kafka: messages per second (0 = unlimited)")
     sim.add_argument("--closed-loop", action="store_true",
                      help="with --kafka: apply RemediationCommands read from the commands topic")
-    sim.add_argument("--config", default=None, help="with --kafka: fleetmedic config file (brokers, topic names)")
+    sim.add_argument("--config", metavar="FILE", default=None,
+                     help="with --kafka: fleetmedic config file (brokers, topic names)")
     sim.add_argument("--progress", action="store_true",
                      help="show a progress bar on stderr even when it is not a terminal (simulated time, ETA)")
     sim.add_argument("--list-kinds", action="store_true", help="print the fault library and exit")
     sim.set_defaults(handler=run_simulate)
 
-    sc = sub.add_parser("score", help="score incidents and commands against a simulation's truth")
+    sc = sub.add_parser("score", help="score incidents and commands against a simulation's truth",
+                        description="Score incidents and commands against a simulation's ground truth: per fault "
+                                    "kind precision, recall, F1 and detection delay, attribution, isolations.",
+                        epilog=examples("fleetmedic score --truth out/sim/truth.jsonl --incidents incidents.jsonl "
+                                        "--commands commands.jsonl --out out/score",
+                                        "fleetmedic score --truth out/sim/truth.jsonl --incidents incidents.jsonl "
+                                        "--json"))
     sc.add_argument("--truth", type=Path, required=True, help="truth.jsonl from fleetmedic simulate")
     sc.add_argument("--incidents", type=Path, default=None, help="JSONL with Incident records (other lines ignored)")
     sc.add_argument("--commands", type=Path, default=None,
@@ -87,8 +93,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     sc.add_argument("--meta", type=Path, default=None, help="meta.json (default: next to --truth)")
     sc.add_argument("--accounting", type=Path, default=None,
                     help="accounting.json of a closed-loop run, for MTTR, ETTR and repeat failures")
-    sc.add_argument("--grace", type=_duration, default=600.0, help="matching grace after a fault's end (default 10m)")
-    sc.add_argument("--early", type=_duration, default=60.0,
+    sc.add_argument("--grace", type=duration, default=600.0, help="matching grace after a fault's end (default 10m)")
+    sc.add_argument("--early", type=duration, default=60.0,
                     help="tolerance before onset, for clock skew (default 60s)")
     sc.add_argument("--out", type=Path, default=None, help="directory for score.json")
     sc.add_argument("--json", action="store_true", help="print JSON instead of the table")
@@ -109,6 +115,8 @@ def run_simulate(args: argparse.Namespace) -> int:
             print(f"{name:22s} {k.fault_class:18s} {k.component:7s} {k.expected:15s} {k.description}")
         print("xid<N>                 (any XID code: by its catalog bucket, hardware or negative control)")
         return 0
+    if getattr(args, "bootstrap", None):
+        args.kafka = True
     if args.out is None and not args.kafka:
         print("error: --out is required (or --kafka)", file=sys.stderr)
         return EXIT_USAGE

@@ -23,17 +23,22 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from fleetmedic.cli.common import examples
 from fleetmedic.remediation.log_patterns import LineMatch, PatternError, PatternLibrary, load_library
 
 EXIT_INVALID = 2
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    triage = sub.add_parser("triage", help="test the triage rules' inputs (failure-log patterns)")
+    triage = sub.add_parser("triage", help="test the triage rules' inputs (failure-log patterns)",
+                            epilog=examples("kubectl logs job/train-7 | fleetmedic triage classify --summary"))
     triage_sub = triage.add_subparsers(dest="triage_command", metavar="ACTION")
     triage_sub.required = True
     classify = triage_sub.add_parser(
-        "classify", help="classify log lines read on stdin: per line, the class and the pattern that matched")
+        "classify", help="classify log lines read on stdin: per line, the class and the pattern that matched",
+        epilog=examples("kubectl logs job/train-7 | fleetmedic triage classify --only-matches --summary",
+                        "fleetmedic triage classify --check --patterns my-patterns.yaml",
+                        "fleetmedic triage classify --evaluate labelled.tsv --json"))
     classify.add_argument("--json", action="store_true", help="one JSON object per line")
     classify.add_argument("--patterns", default="", metavar="FILE",
                           help="pattern library (YAML); default: the shipped library")

@@ -12,8 +12,17 @@ import argparse
 import asyncio
 import logging
 import signal
+import sys
 
-from fleetmedic.cli.common import EXIT_INVALID, add_loglevel, settings_or_none, setup_logging
+from fleetmedic.cli.common import (
+    EXIT_INVALID,
+    add_loglevel,
+    examples,
+    kube_access_problem,
+    kubeconfig_path,
+    settings_or_none,
+    setup_logging,
+)
 from fleetmedic.config import Settings
 
 
@@ -21,7 +30,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser("watch-jobs", help="watch Jobs, PyTorchJobs, JobSets and their pods; publish jobs.events",
                        description="Watch training jobs (batch Jobs, Kubeflow PyTorchJobs, JobSets) and their "
                                    "pods, and publish placement, start, failure, completion and restart events "
-                                   "to the jobs.events topic, until SIGINT or SIGTERM.")
+                                   "to the jobs.events topic, until SIGINT or SIGTERM.",
+                       epilog=examples("fleetmedic watch-jobs --config my.yaml",
+                                       "KUBECONFIG=~/.kube/prod fleetmedic watch-jobs --config my.yaml "
+                                       "--bootstrap broker-0:9092"))
     p.add_argument("--config", metavar="FILE", help="YAML config (defaults when omitted)")
     add_loglevel(p)
     p.set_defaults(handler=run_watch_jobs)
@@ -30,6 +42,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run_watch_jobs(args: argparse.Namespace) -> int:
     settings = settings_or_none(args.config)
     if settings is None:
+        return EXIT_INVALID
+    why = kube_access_problem("jobwatch", settings.jobwatch.in_cluster, settings.jobwatch.kubeconfig)
+    if why is not None:
+        print(f"error: {why}", file=sys.stderr)
         return EXIT_INVALID
     setup_logging(args.loglevel)
     return asyncio.run(_serve(settings))
@@ -43,14 +59,7 @@ def kube_client(settings: Settings) -> object:
         return client.ApiClient()
     from fleetmedic.devenv.kclient import api_client
 
-    return api_client(settings.jobwatch.kubeconfig or _default_kubeconfig())
-
-
-def _default_kubeconfig() -> str:
-    import os
-    from pathlib import Path
-
-    return os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or str(Path.home() / ".kube" / "config")
+    return api_client(kubeconfig_path(settings.jobwatch.kubeconfig))
 
 
 async def _serve(settings: Settings) -> int:

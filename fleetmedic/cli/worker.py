@@ -17,13 +17,16 @@ to start (exit 2). ``detect`` needs no key. Prometheus metrics are served on
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import tempfile
 
 from fleetmedic.cli.common import (
     EXIT_INVALID,
     EXIT_KAFKA,
+    add_dry_run,
     add_loglevel,
+    examples,
     kafka_check,
     kafka_failure,
     settings_and_key,
@@ -35,9 +38,14 @@ from fleetmedic.config import Settings
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("worker", help="run the streaming pipeline (detection, triage, policy) on Kafka",
                        description="Run the streaming pipeline (detection, triage, policy, signed commands) on "
-                                   "Kafka in this process, until SIGINT or SIGTERM.")
+                                   "Kafka in this process, until SIGINT or SIGTERM.",
+                       epilog=examples("fleetmedic worker --config my.yaml",
+                                       "fleetmedic worker --config my.yaml --role detect",
+                                       "fleetmedic worker --config my.yaml --role decide --dry-run",
+                                       "fleetmedic worker --config my.yaml --bootstrap broker-0:9092,broker-1:9092"))
     p.add_argument("--config", metavar="FILE", help="YAML config (defaults when omitted)")
     p.add_argument("--datadir", metavar="DIR", help="faust's data directory (default: a temporary one)")
+    add_dry_run(p)
     add_loglevel(p)
     p.add_argument("--role", default="all", choices=["detect", "decide", "all"],
                    help="detect: stage 1 only (run several; they share the telemetry partitions); decide: the "
@@ -55,6 +63,11 @@ def run_worker(args: argparse.Namespace) -> int:
     if why is not None:
         print(f"error: {why}", file=sys.stderr)
         return EXIT_KAFKA
+    if args.role != "detect":
+        logging.getLogger("fleetmedic.worker").info(
+            "safety.dry_run is %s: %s", str(settings.safety.dry_run).lower(),
+            "commands are decided and published as dry runs; executors change nothing" if settings.safety.dry_run
+            else "fleetmedic acts: executors carry out its commands")
     try:
         if args.datadir:
             return _run(settings, key, args.datadir, args.loglevel, args.role)

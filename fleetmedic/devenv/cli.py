@@ -3,8 +3,8 @@
 ``up`` starts a broker and a control plane under ``$FLEETMEDIC_RUN_DIR`` (default
 ``/tmp/fleetmedic-dev``) and a fleet of kwok GPU nodes; ``down`` stops every service started from
 that directory (including ones a killed pytest session left behind). ``up --only kafka --brokers 3
---security sasl_ssl`` starts a production-shaped cluster instead of the single plaintext broker
-(:mod:`fleetmedic.devenv.kafka_cluster`); either way ``$FLEETMEDIC_RUN_DIR/kafka/client.yaml`` is
+--security sasl_ssl`` starts a production-shaped cluster (KRaft, TLS, SCRAM users) instead of the
+single plaintext broker; either way ``$FLEETMEDIC_RUN_DIR/kafka/client.yaml`` is
 the client side as a fleetmedic config.
 """
 
@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from fleetmedic.cli.common import duration
 from fleetmedic.devenv import build, proc, settings
 from fleetmedic.devenv.kafka import DEFAULT_PORT, Kafka
 from fleetmedic.devenv.kafka_cluster import SECURITY, KafkaCluster, replication, write_client_yaml
@@ -35,8 +36,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="build, start and stop the real Kafka and Kubernetes services used by tests",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_examples("fleetmedic dev build", "fleetmedic dev up --nodes 16", "fleetmedic dev status",
+                         "fleetmedic dev down --wipe"),
     )
     _fill(parser)
+
+
+def _examples(*lines: str) -> str:
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
 
 
 def _fill(parser: argparse.ArgumentParser) -> None:
@@ -46,11 +53,14 @@ def _fill(parser: argparse.ArgumentParser) -> None:
     def only(p: argparse.ArgumentParser) -> None:
         p.add_argument("--only", choices=SERVICES, help="act on this service only")
 
-    p = dev.add_parser("build", help="fetch the Kafka jars and build the Kubernetes binaries (once)")
+    p = dev.add_parser("build", help="fetch the Kafka jars and build the Kubernetes binaries (once)",
+                       epilog=_examples("fleetmedic dev build", "fleetmedic dev build --only kube"))
     only(p)
     p.set_defaults(handler=cmd_build)
 
-    p = dev.add_parser("up", help="start Kafka, the control plane and a kwok GPU fleet")
+    p = dev.add_parser("up", help="start Kafka, the control plane and a kwok GPU fleet",
+                       epilog=_examples("fleetmedic dev up",
+                                        "fleetmedic dev up --only kafka --brokers 3 --security ssl"))
     only(p)
     p.add_argument("--nodes", type=int, default=64, help="kwok GPU nodes in fleet 'dev' (default 64)")
     p.add_argument("--kafka-port", type=int, default=DEFAULT_PORT,
@@ -62,15 +72,18 @@ def _fill(parser: argparse.ArgumentParser) -> None:
                         "PLAIN over TLS); certificates and users are made at the first start")
     p.add_argument("--apiserver-port", type=int, default=Ports().apiserver, help="kube-apiserver port")
     p.add_argument("--crds", type=Path, default=Path("tests/data/crds"), help="install the CRDs in DIR")
-    p.add_argument("--timeout", type=float, default=180.0, help="seconds each service may take to start")
+    p.add_argument("--timeout", type=duration, default=180.0, metavar="DURATION",
+                   help="how long each service may take to start, e.g. 90s, 5m (default 3m)")
     p.set_defaults(handler=cmd_up)
 
-    p = dev.add_parser("down", help="stop every service started from the run directory")
+    p = dev.add_parser("down", help="stop every service started from the run directory",
+                       epilog=_examples("fleetmedic dev down", "fleetmedic dev down --wipe"))
     only(p)
     p.add_argument("--wipe", action="store_true", help="also delete their data and logs")
     p.set_defaults(handler=cmd_down)
 
-    p = dev.add_parser("status", help="show which services run and where they listen")
+    p = dev.add_parser("status", help="show which services run and where they listen",
+                       epilog=_examples("fleetmedic dev status"))
     p.set_defaults(handler=cmd_status)
 
 

@@ -17,6 +17,10 @@ Inputs (files or directories, mixed freely):
 - the history a Prometheus server holds (``prometheus=``: range queries, see
   :mod:`fleetmedic.connectors.prometheus_history`).
 
+Every file may be gzip-compressed (``*.jsonl.gz``, ``*.prom.gz``, ``*.dmesg.gz``, ...). A directory
+is searched for files of these kinds; the others in it are ignored, and the summary's
+``ignored_files`` says how many and why (per reason, with a few of their names).
+
 Records of all inputs are merged in timestamp order and fed through the same stage objects the
 pipeline runs: detection (:mod:`fleetmedic.models.stages`) and the decision engine (triage,
 policy, safety; open loop: nothing acts on the commands). ``--topology`` gives racks and leaf
@@ -36,6 +40,7 @@ with the most frequent reasons (``fleetmedic backtest`` exits 1).
 
 from __future__ import annotations
 
+import gzip
 import heapq
 import json
 import logging
@@ -114,9 +119,11 @@ class InputReader:
     kernel: KernelLogOptions = field(default_factory=KernelLogOptions)
     kernel_not_published: Counter[str] = field(default_factory=Counter)  # kernel lines read, no device fault
 
+    ignored: dict[str, list[str]] = field(default_factory=dict)  # reason -> files of a directory not read
+
     def total_bytes(self, paths: Iterable[str]) -> int:
-        """The size of the input files (what :attr:`bytes_read` reaches at the end)."""
-        return sum(f.stat().st_size for f in self.files(paths))
+        """The size of the input files, uncompressed (what :attr:`bytes_read` reaches at the end)."""
+        return sum(_content_size(f) for f in self.files(paths))
 
     def problems(self) -> dict[str, dict[str, Any]]:
         """The files with problems: path -> lines, records and problems per reason."""
@@ -125,11 +132,26 @@ class InputReader:
     def skipped_by_file(self) -> dict[str, int]:
         return {path: sum(rep.problems.values()) for path, rep in self.files_read.items() if rep.problems}
 
+    def ignored_files(self) -> dict[str, Any]:
+        """The files of input directories that were not read: how many, and per reason how many
+        with up to five of their names."""
+        return {"count": sum(len(v) for v in self.ignored.values()),
+                "by_reason": {reason: {"files": len(names), "examples": names[:5]}
+                              for reason, names in sorted(self.ignored.items())}}
+
     def files(self, paths: Iterable[str]) -> list[Path]:
+        """The files to read: each file named, and the files of each directory named whose kind
+        (:func:`input_kind`) is known; the other files of a directory are recorded in :attr:`ignored`."""
         out: list[Path] = []
+        self.ignored = {}
         for p in map(Path, paths):
             if p.is_dir():
-                out.extend(sorted(f for f in p.rglob("*") if f.suffix in (".jsonl", *TEXT_SUFFIXES, *KERNEL_SUFFIXES)))
+                for f in sorted(f for f in p.rglob("*") if f.is_file()):
+                    why = _why_ignored(f)
+                    if why is None:
+                        out.append(f)
+                    else:
+                        self.ignored.setdefault(why, []).append(str(f))
             elif p.exists():
                 out.append(p)
             else:
@@ -145,12 +167,13 @@ class InputReader:
         report = self.files_read[str(path)] = FileReport()
         exposition: ExpositionReader | None = None
         try:
-            with path.open("rb") as fh:
-                if path.suffix == ".jsonl":
+            kind = input_kind(path)
+            with _open(path) as fh:
+                if kind == ".jsonl":
                     for rec in self._jsonl(fh, report):
                         report.records += 1
                         yield rec
-                elif path.suffix in KERNEL_SUFFIXES:
+                elif kind in KERNEL_SUFFIXES:
                     kernel = kernel_log_records(path, self._text(fh, report), self.kernel, report.problems,
                                                 self.kernel_not_published)
                     report.records += len(kernel)
@@ -158,7 +181,7 @@ class InputReader:
                 else:
                     exposition = ExpositionReader.for_settings(self.settings, ignore_unknown=True)
                     default_ts = self.scrape_time if self.scrape_time is not None else path.stat().st_mtime
-                    openmetrics = path.suffix in (".om", ".openmetrics")
+                    openmetrics = kind in (".om", ".openmetrics")
                     lines = self._text(fh, report)
                     head = _head(lines, 64)
                     samples = exposition.parse(_chain(head, lines), default_ts, self.extra_labels or None,
@@ -230,6 +253,41 @@ class InputReader:
                 report.problem("not valid JSON")
 
 
+INPUT_SUFFIXES = (".jsonl", *TEXT_SUFFIXES, *KERNEL_SUFFIXES)
+
+
+def input_kind(path: Path) -> str:
+    """The suffix that says how a file is read, under a ``.gz``: ``a.prom.gz`` -> ``.prom``."""
+    name = path.name.removesuffix(".gz") if path.name.endswith(".gz") else path.name
+    return Path(name).suffix
+
+
+def _why_ignored(path: Path) -> str | None:
+    """Why a file found in an input directory is not read, or None when it is."""
+    kind = input_kind(path)
+    if kind in INPUT_SUFFIXES:
+        return None
+    return (f"suffix {kind!r} is no input kind ({', '.join(INPUT_SUFFIXES)}, each also as .gz)" if kind
+            else f"no suffix, so no input kind ({', '.join(INPUT_SUFFIXES)}, each also as .gz)")
+
+
+def _open(path: Path) -> IO[bytes]:
+    """The file's bytes, decompressed when its name ends in ``.gz``."""
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rb")  # type: ignore[return-value]  # a GzipFile reads as IO[bytes]
+    return path.open("rb")
+
+
+def _content_size(path: Path) -> int:
+    """The bytes a reader gets from the file: for gzip, the size its trailer records (modulo 4 GiB)."""
+    size = path.stat().st_size
+    if not path.name.endswith(".gz") or size < 18:
+        return size
+    with path.open("rb") as fh:
+        fh.seek(-4, 2)
+        return int.from_bytes(fh.read(4), "little") or size
+
+
 def _head(lines: Iterator[str], n: int) -> list[str]:
     out: list[str] = []
     for line in lines:
@@ -267,7 +325,7 @@ def _out_of_order(path: Path, openmetrics: bool, lag_s: float) -> bool:
     timestamps only; ``_series_by_series`` catches promtool's dumps from their first lines already."""
     newest = -math.inf
     scale = 1.0 if openmetrics else 1e-3  # OpenMetrics stamps in seconds, the text format in milliseconds
-    with path.open("rb") as fh:
+    with _open(path) as fh:
         while raw := fh.readline(MAX_LINE_CHARS + 1):
             if raw[:1] in (b"#", b"\n") or len(raw) > MAX_LINE_CHARS:
                 continue
@@ -569,6 +627,7 @@ def run(settings: Settings, inputs: list[str], out: Path, progress: Progress | N
         "skipped_total": sum(skipped.values()),
         "skipped_by_reason": dict(_by_kind(skipped).most_common(20)),
         "skipped_by_file": reader.skipped_by_file(),
+        "ignored_files": reader.ignored_files(),
         "input_problems": reader.problems(),
         "timestamps": reader.timestamps,
         "series_not_read": dict(reader.not_read.most_common(30)),

@@ -61,8 +61,9 @@ class KernelLogOptions:
 
 
 def node_of_file(path: Path) -> str:
-    """``gpu-node-7.dmesg`` -> ``gpu-node-7`` (every known suffix removed: ``a.kmsg.log`` -> ``a``)."""
-    name = path.name
+    """``gpu-node-7.dmesg`` -> ``gpu-node-7`` (every known suffix removed: ``a.kmsg.log`` -> ``a``,
+    ``a.dmesg.gz`` -> ``a``)."""
+    name = path.name.removesuffix(".gz")
     while (suffix := Path(name).suffix) in KERNEL_SUFFIXES and suffix:
         name = name[: -len(suffix)]
     return name

@@ -19,7 +19,7 @@ def test_compose_runs_the_tested_kafka_version_and_a_valid_demo_command() -> Non
     kafka, demo = doc["services"]["kafka"], doc["services"]["demo"]
     assert kafka["image"] == f"apache/kafka:{read_versions()['KAFKA_VERSION']}"
     args = cli.build_parser().parse_args(demo["command"])
-    assert args.command == "demo" and args.kafka == "kafka:9092"
+    assert args.command == "demo" and args.bootstrap == "kafka:9092"
     assert (ROOT / "deploy" / demo["build"]["context"] / demo["build"]["dockerfile"]).resolve() == ROOT / "Dockerfile"
     # no key of its own: the demo signs with its built-in demo keys, which nothing outside the demo accepts
     assert not [k for k in demo.get("environment") or {} if "KEY" in k]

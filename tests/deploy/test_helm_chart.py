@@ -225,8 +225,8 @@ def test_network_policies_allow_egress_only_to_the_addresses_given_and_metrics_o
 
 
 @pytest.mark.parametrize(("drop", "extra", "message"), [
-    ("kafkaCIDRs", (), "networkPolicy.kafkaCIDRs is empty"),
-    ("apiServerCIDRs", (), "networkPolicy.apiServerCIDRs is empty"),
+    ("kafkaCIDRs", (), "networkPolicy.kafkaCIDRs and networkPolicy.kafkaPeers are empty"),
+    ("apiServerCIDRs", (), "networkPolicy.apiServerCIDRs and networkPolicy.apiServerPeers are empty"),
     ("metricsFrom", ("networkPolicy.metricsFrom[0].namespaceSelector.x=null",), "admits every namespace"),
 ])
 def test_network_policies_refuse_to_render_with_empty_addresses_or_an_open_scraper(

@@ -133,7 +133,16 @@ def test_kmsg_runs_on_every_gpu_node_with_the_least_privilege_its_source_needs()
     (ds,) = [o for o in objs if o["kind"] == "DaemonSet" and _component(o) == "kmsg-exporter"]
     spec, container = _container(objs, "kmsg-exporter")
     assert {"operator": "Exists"} in spec["tolerations"]  # keeps reading on quarantined nodes
-    # the journal (the default): no privilege, no capability, the host's files read-only
+    assert ds["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    # /dev/kmsg (the default: the image has no journalctl): privileged (the device cgroup admits the
+    # device to privileged pods only), the device read-only
+    assert container["args"][:4] == ["exporter", "kmsg", "--source", "kmsg"]
+    assert container["securityContext"]["privileged"] is True
+    assert {"name": "kmsg", "mountPath": "/dev/kmsg", "readOnly": True} in container["volumeMounts"]
+    assert {"name": "kmsg", "hostPath": {"path": "/dev/kmsg", "type": "CharDevice"}} in spec["volumes"]
+    # the journal (for an image with journalctl): no privilege, no capability, the host's files read-only
+    spec, container = _container(render("fleetmedic-system", "connectors.kmsg.enabled=true",
+                                        "connectors.kmsg.source=journal"), "kmsg-exporter")
     assert container["args"][:4] == ["exporter", "kmsg", "--source", "journal"]
     sc = container["securityContext"]
     assert sc["capabilities"] == {"drop": ["ALL"]} and sc["allowPrivilegeEscalation"] is False
@@ -143,19 +152,11 @@ def test_kmsg_runs_on_every_gpu_node_with_the_least_privilege_its_source_needs()
                     "machine-id": "/etc/machine-id"}
     writable = {m["name"] for m in container["volumeMounts"] if not m.get("readOnly") and m["name"] in host}
     assert writable == {"state"}  # only its own position
-    assert ds["spec"]["updateStrategy"]["type"] == "RollingUpdate"
     # a non-root journal reader in the host's systemd-journal group
-    objs = render("fleetmedic-system", "connectors.kmsg.enabled=true", "connectors.kmsg.journal.runAsUser=65534",
-                  "connectors.kmsg.journal.supplementalGroups={190}")
+    objs = render("fleetmedic-system", "connectors.kmsg.enabled=true", "connectors.kmsg.source=journal",
+                  "connectors.kmsg.journal.runAsUser=65534", "connectors.kmsg.journal.supplementalGroups={190}")
     spec, _ = _container(objs, "kmsg-exporter")
     assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["supplementalGroups"] == [190]
-    # /dev/kmsg: privileged (the device cgroup admits the device to privileged pods only), the device read-only
-    spec, container = _container(render("fleetmedic-system", "connectors.kmsg.enabled=true",
-                                        "connectors.kmsg.source=kmsg"), "kmsg-exporter")
-    assert container["securityContext"]["privileged"] is True
-    assert {"name": "kmsg", "mountPath": "/dev/kmsg", "readOnly": True} in container["volumeMounts"]
-    assert {"name": "kmsg", "hostPath": {"path": "/dev/kmsg", "type": "CharDevice"}} in spec["volumes"]
-    assert container["args"][:4] == ["exporter", "kmsg", "--source", "kmsg"]
 
 
 def test_connectors_get_egress_only_to_what_they_read() -> None:

@@ -130,3 +130,18 @@ def test_the_scrape_config_keeps_fleetmedics_own_node_label() -> None:
     for job in doc["scrape_configs"]:
         assert job.get("honor_labels") is True, job["job_name"]
         assert "node" not in {r.get("target_label") for r in job["relabel_configs"]}, job["job_name"]
+
+
+def _operations_alert_table() -> set[str]:
+    text = (DEPLOY.parent / "docs" / "operations.md").read_text()
+    section = text.split("## 5. When an alert fires", 1)[1].split("\n### ", 1)[0]
+    return set(re.findall(r"^\| `(Fleetmedic[A-Za-z]+)` \|", section, flags=re.M))
+
+
+def test_the_operators_guide_has_one_row_per_alert_rule_and_no_other() -> None:
+    assert _operations_alert_table() == {name for name, _ in _alert_exprs()}
+
+
+def test_the_charts_alert_rules_are_the_shipped_ones() -> None:
+    shipped = (DEPLOY / "prometheus" / "alerts.yml").read_text()
+    assert (DEPLOY / "helm" / "fleetmedic" / "files" / "alerts.yml").read_text() == shipped

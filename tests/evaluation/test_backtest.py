@@ -103,6 +103,32 @@ def test_backtest_over_jsonl_and_prometheus_text_writes_findings_and_summary(tmp
         assert (out / name).exists()
 
 
+def test_gzip_inputs_give_the_same_findings_and_the_other_files_of_a_directory_are_counted_as_ignored(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import gzip
+
+    plain, packed = tmp_path / "plain", tmp_path / "packed"
+    plain.mkdir()
+    packed.mkdir()
+    write_jsonl(plain / "gpu.jsonl")
+    (plain / "dcgm.prom").write_text("\n".join(prom_lines()) + "\n")
+    for f in plain.iterdir():
+        (packed / (f.name + ".gz")).write_bytes(gzip.compress(f.read_bytes()))
+    (packed / "notes.csv").write_text("a,b\n")
+    (packed / "README").write_text("recorded on dgx-1\n")
+    for where in (plain, packed):
+        assert main(["backtest", "--input", str(where), "--out", str(tmp_path / f"out-{where.name}")]) == 0
+    read = {name: json.loads((tmp_path / f"out-{name}" / "summary.json").read_text()) for name in ("plain", "packed")}
+    assert read["packed"]["records"] == read["plain"]["records"]
+    assert read["packed"]["findings_by_detector"] == read["plain"]["findings_by_detector"]
+    assert read["plain"]["ignored_files"] == {"count": 0, "by_reason": {}}
+    ignored = read["packed"]["ignored_files"]
+    assert ignored["count"] == 2
+    reasons = " | ".join(ignored["by_reason"])
+    assert "suffix '.csv' is no input kind" in reasons and "no suffix" in reasons
+    assert "note: 2 file(s) of the input directories ignored" in capsys.readouterr().err
+
+
 def test_a_binary_or_non_utf8_file_among_good_ones_is_named_and_the_good_results_are_kept(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -91,8 +91,8 @@ def sim_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
     300 s (there is no executor in a backtest), so the engine re-issues them and gives up."""
     d = tmp_path_factory.mktemp("simreport")
     sim = d / "sim"
-    assert main(["simulate", "--nodes", "4", "--duration", "40m", "--faults", SIM_FAULTS, "--noise", "none",
-                 "--out", str(sim)]) == 0
+    assert main(["simulate", "--nodes", "4", "--duration", "40m", "--seed", "0", "--faults", SIM_FAULTS,
+                 "--noise", "none", "--out", str(sim)]) == 0
     page = d / "report.html"
     mp = pytest.MonkeyPatch()
     mp.setenv("FLEETMEDIC__POLICY__ACTION_TIMEOUT_S", "300")

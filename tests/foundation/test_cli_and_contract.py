@@ -95,7 +95,8 @@ def test_every_command_reads_its_config_the_same_way(monkeypatch: pytest.MonkeyP
 
     cli_dir = Path(__file__).resolve().parents[2] / "fleetmedic" / "cli"
     for path in sorted(cli_dir.glob("*.py")):
-        if path.name in ("common.py", "config.py"):  # the loader itself; `config check` reads what it is given
+        # the loader itself; `config check` reads what it is given; the reference documents the defaults
+        if path.name in ("common.py", "config.py", "config_reference.py"):
             continue
         calls = {n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", "")
                  for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)}
@@ -149,3 +150,159 @@ def test_every_option_of_every_subcommand_says_what_it_does() -> None:
         for action in parser._actions:
             if action.option_strings and action.dest != "help":
                 assert action.help, f"{parser.prog} {'/'.join(action.option_strings)} has no help"
+
+
+@pytest.mark.parametrize("command", ["worker", "executor"])
+def test_dry_run_on_worker_and_executor_observes_whatever_the_file_says(
+        command: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import importlib
+
+    from fleetmedic.cli.common import DRY_RUN_ENV, settings_or_none
+
+    config = tmp_path / "c.yaml"
+    config.write_text("safety:\n  dry_run: false\n")
+    seen: list[bool] = []
+    module = importlib.import_module(f"fleetmedic.cli.{command}")
+    handler = "run_worker" if command == "worker" else "run_executor"
+
+    def record(args: object) -> int:
+        settings = settings_or_none(str(config))
+        assert settings is not None
+        seen.append(settings.safety.dry_run)
+        return 0
+
+    monkeypatch.setattr(module, handler, record)
+    monkeypatch.delenv(DRY_RUN_ENV, raising=False)
+    assert main([command, "--config", str(config)]) == 0
+    assert main([command, "--config", str(config), "--dry-run"]) == 0
+    monkeypatch.delenv(DRY_RUN_ENV, raising=False)
+    assert seen == [False, True]
+
+
+# --- one grammar for every command -------------------------------------------------------------------
+
+
+def _all_parsers() -> list[tuple[str, object]]:
+    from fleetmedic.cli.common import _parsers
+
+    return [(p.prog, p) for p in _parsers(build_parser())]
+
+
+def test_every_help_page_ends_with_examples_that_parse_as_that_command() -> None:
+    import argparse
+    import shlex
+
+    for prog, parser in _all_parsers():
+        assert isinstance(parser, argparse.ArgumentParser)
+        text = parser.format_help()
+        assert "\nexamples:\n" in text, f"{prog}: no examples"
+        lines = text.rsplit("\nexamples:\n", 1)[1].strip().splitlines()
+        assert lines, prog
+        for line in lines:
+            command = line[line.index("fleetmedic "):].split(" | ")[0]
+            assert command.startswith(prog), f"{prog}: an example of another command: {line}"
+            if command.endswith("--help"):
+                continue
+            build_parser().parse_args(shlex.split(command)[1:])  # exits 2 on an option that does not exist
+
+
+def test_no_help_page_names_a_module() -> None:
+    import re
+
+    for prog, parser in _all_parsers():
+        text = parser.format_help()  # type: ignore[attr-defined]
+        found = re.findall(r"\bfleetmedic\.(?!io/|yaml\b)[a-z_]+\.[a-z_]+", text)
+        assert not found, f"{prog}: {found}"
+
+
+def test_every_config_option_is_spelt_config_file() -> None:
+    for prog, parser in _all_parsers():
+        for action in parser._actions:  # type: ignore[attr-defined]
+            if "--config" in action.option_strings:
+                assert action.metavar == "FILE", prog
+
+
+def test_config_check_takes_config_file_as_every_command_does(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("safety: {dry_run: true}\n")
+    assert main(["config", "check", "--quiet", "--config", str(config)]) == 0
+    assert main(["config", "check", "--quiet", str(config)]) == 0
+    assert main(["config", "check", "--quiet"]) == 2
+
+
+def test_the_older_spellings_still_work_and_are_not_shown() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["demo", "--kafka", "b:9092"]).bootstrap == "b:9092"
+    assert parser.parse_args(["demo", "--bootstrap", "b:9092"]).bootstrap == "b:9092"
+    assert parser.parse_args(["kafka", "acls", "--bootstrap-server", "b:9093"]).bootstrap_server == "b:9093"
+    assert parser.parse_args(["kafka", "acls", "--bootstrap", "b:9093"]).bootstrap_server == "b:9093"
+    for prog, p in _all_parsers():
+        text = p.format_help()  # type: ignore[attr-defined]
+        assert "--bootstrap-server" not in text and "--kafka BOOTSTRAP" not in text, prog
+
+
+def test_durations_read_90s_10m_2h_and_times_rfc3339_or_epoch_everywhere() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["exporter", "kmsg", "--duration", "10m", "--backlog-max-age", "2h",
+                              "--boot-time", "2026-05-01T00:00:00Z"]).duration == 600.0
+    args = parser.parse_args(["exporter", "kmsg", "--duration", "90", "--backlog-max-age", "2h",
+                              "--boot-time", "1777593600"])
+    assert (args.duration, args.backlog_max_age, args.boot_time) == (90.0, 7200.0, 1777593600.0)
+    assert parser.parse_args(["ctl", "audit", "--since", "2h"]).since == 7200.0
+    assert parser.parse_args(["demo", "--duration", "90m"]).duration == 5400.0
+    assert parser.parse_args(["simulate", "--start", "2026-05-01T00:00:00Z"]).start == 1777593600.0
+    with pytest.raises(SystemExit):
+        parser.parse_args(["exporter", "nvml", "--duration", "soon"])
+
+
+def test_every_seed_has_the_same_default() -> None:
+    from fleetmedic.cli.common import DEFAULT_SEED
+
+    seeds = {prog: a.default for prog, p in _all_parsers() for a in p._actions  # type: ignore[attr-defined]
+             if "--seed" in a.option_strings}
+    assert set(seeds) >= {"fleetmedic demo", "fleetmedic simulate"}
+    assert set(seeds.values()) == {DEFAULT_SEED}
+
+
+def test_exporter_help_lists_all_seven_connectors(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["exporter", "--help"])
+    text = capsys.readouterr().out
+    for name in ("nvml", "prometheus", "remote-write", "kafka", "infiniband", "logs", "kmsg"):
+        assert f"fleetmedic exporter {name} " in text and f"\n    {name}" in text, name
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    top = capsys.readouterr().out
+    assert "nvml, prometheus, remote-write, kafka, infiniband, logs, kmsg" in " ".join(top.split())
+
+
+@pytest.mark.parametrize("command", ["executor", "watch-jobs"])
+def test_without_a_kubeconfig_one_line_and_exit_2(command: str, tmp_path: Path) -> None:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETMEDIC", "KUBE"))}
+    env.update(HOME=str(tmp_path), KUBECONFIG=str(tmp_path / "nowhere"),
+               FLEETMEDIC_SIGNING_KEY="k" * 40)
+    run = subprocess.run([sys.executable, "-m", "fleetmedic.cli", command], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert run.returncode == 2, run.stderr
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith("error: no kubeconfig at ") and str(tmp_path / "nowhere") in line
+    in_cluster = subprocess.run([sys.executable, "-m", "fleetmedic.cli", command], capture_output=True, text=True,
+                                timeout=120, env={**env, "FLEETMEDIC__EXECUTOR__IN_CLUSTER": "true",
+                                                  "FLEETMEDIC__JOBWATCH__IN_CLUSTER": "true"})
+    assert in_cluster.returncode == 2
+    (line,) = in_cluster.stderr.strip().splitlines()
+    assert "in_cluster is true, but this is not a pod" in line
+
+
+def test_every_duration_option_reads_90s_10m_2h() -> None:
+    """Options named for a span of time take the one shared duration type (plain seconds still work)."""
+    from fleetmedic.cli.common import duration
+
+    words = ("duration", "since", "timeout", "interval", "grace", "early", "every", "age", "window")
+    for prog, parser in _all_parsers():
+        for action in parser._actions:  # type: ignore[attr-defined]
+            names = " ".join(action.option_strings)
+            if any(w in names for w in words) and action.type is not None:
+                assert action.type is duration, f"{prog} {names}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from fleetmedic.cli.main import main
@@ -38,8 +39,18 @@ def _paths(doc: Any, prefix: str = "") -> set[str]:
     return out
 
 
-def test_the_example_config_is_valid_and_equals_the_defaults() -> None:
-    assert read_config(str(EXAMPLE), {}) == Settings()
+def test_the_example_config_is_valid_and_equals_the_defaults_but_starts_in_dry_run() -> None:
+    example = read_config(str(EXAMPLE), {})
+    assert example.safety.dry_run is True
+    assert example == msgspec.structs.replace(Settings(), safety=msgspec.structs.replace(Settings().safety,
+                                                                                           dry_run=True))
+
+
+def test_the_example_config_and_the_chart_state_one_dry_run_default() -> None:
+    import yaml
+
+    values = yaml.safe_load((EXAMPLE.parents[1] / "helm" / "fleetmedic" / "values.yaml").read_text())
+    assert values["config"]["safety"]["dry_run"] is read_config(str(EXAMPLE), {}).safety.dry_run is True
 
 
 def test_the_example_config_spells_out_every_option() -> None:

@@ -1,4 +1,4 @@
-"""``fleetmedic demo --kafka``: the demo's simulated fleet through the real broker and a worker
+"""``fleetmedic demo --bootstrap``: the demo's simulated fleet through the real broker and a worker
 subprocess; the simulator applies the commands it reads from the commands topic (closed loop)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from fleetmedic.cli.main import main
 def test_the_demo_runs_through_kafka_and_a_worker(kafka_bootstrap: str, tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "demo.json"
-    code = main(["demo", "--nodes", "16", "--duration", "90m", "--seed", "3", "--kafka", kafka_bootstrap,
+    code = main(["demo", "--nodes", "16", "--duration", "90m", "--seed", "3", "--bootstrap", kafka_bootstrap,
                  "--faults", "xid79@30m,job_bug@40m", "--json", str(out)])
     assert code == 0
     text = capsys.readouterr().out

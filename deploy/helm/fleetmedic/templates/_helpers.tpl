@@ -47,7 +47,7 @@ app.kubernetes.io/component: {{ index . 1 }}
       "signing" $signing
       "executor" (dict "lease_namespace" .Release.Namespace "diagnostics_namespace" .Release.Namespace) -}}
 {{- $rw := .Values.connectors.remoteWrite -}}
-{{- if $rw.enabled -}}
+{{- if include "fleetmedic.runs" (list . "remoteWrite") -}}
 {{- $receiver := dict "allow_unauthenticated" (and $rw.allowUnauthenticated (not $rw.auth.existingSecret)) -}}
 {{- if $rw.auth.existingSecret -}}
 {{- $dir := "/etc/fleetmedic/remote-write/" -}}
@@ -60,6 +60,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 {{- $_ := set $defaults "exporters" (dict "remote_write" $receiver) -}}
 {{- end -}}
+{{- $defaults = mustMergeOverwrite $defaults (include "fleetmedic.sourceConfig" . | fromJson) -}}
 {{- toYaml (mustMergeOverwrite $defaults (deepCopy .Values.config)) -}}
 {{- end -}}
 
@@ -154,10 +155,10 @@ imagePullSecrets: {{- toYaml . | nindent 2 }}
 {{- define "fleetmedic.components" -}}
 {{- $c := list "detect" "decide" -}}
 {{- if .Values.executor.enabled }}{{ $c = append $c "executor" }}{{ end -}}
-{{- if .Values.nvmlExporter.enabled }}{{ $c = append $c "nvml-exporter" }}{{ end -}}
+{{- if include "fleetmedic.runs" (list . "nvml") }}{{ $c = append $c "nvml-exporter" }}{{ end -}}
 {{- if .Values.jobWatcher.enabled }}{{ $c = append $c "job-watcher" }}{{ end -}}
 {{- range $key, $component := include "fleetmedic.connectorComponents" . | fromJson }}
-{{- if (index $.Values.connectors $key).enabled }}{{ $c = append $c $component }}{{ end -}}
+{{- if include "fleetmedic.runs" (list $ $key) }}{{ $c = append $c $component }}{{ end -}}
 {{- end -}}
 {{- toJson $c -}}
 {{- end -}}
@@ -166,4 +167,60 @@ imagePullSecrets: {{- toYaml . | nindent 2 }}
 {{- define "fleetmedic.connectorComponents" -}}
 {{- toJson (dict "prometheus" "prometheus-exporter" "kafka" "kafka-exporter" "logs" "logs-exporter"
                  "infiniband" "infiniband-exporter" "kmsg" "kmsg-exporter" "remoteWrite" "remote-write") -}}
+{{- end -}}
+
+{{/* --- where GPU telemetry comes from (telemetry.source) ------------------------------------------
+     One switch turns on what each source needs:
+       nvml           the NVML exporter DaemonSet (nvmlExporter)
+       dcgm-exporter  the Prometheus connector scraping the dcgm-exporter pods it discovers through
+                      the API server (a ServiceAccount that may list and watch pods, egress to the
+                      API server and to those pods)
+       remote-write   the remote-write receiver (connectors.remoteWrite)
+       kafka          the Kafka telemetry connector (connectors.kafka)
+     connectors.<name>.enabled still turns a connector on beside the source. */}}
+{{- define "fleetmedic.telemetrySources" -}}
+{{- toJson (list "nvml" "dcgm-exporter" "remote-write" "kafka") -}}
+{{- end -}}
+
+{{/* Whether a component runs: include "fleetmedic.runs" (list . "prometheus") is "true" or "".
+     The key is "nvml" or a key of connectors. */}}
+{{- define "fleetmedic.runs" -}}
+{{- $top := index . 0 -}}
+{{- $key := index . 1 -}}
+{{- $source := ($top.Values.telemetry | default dict).source | default "nvml" -}}
+{{- if not (has $source (include "fleetmedic.telemetrySources" $top | fromJsonArray)) -}}
+{{- fail (printf "telemetry.source: %q is none of nvml, dcgm-exporter, remote-write, kafka" $source) -}}
+{{- end -}}
+{{- if eq $key "nvml" -}}
+{{- if and $top.Values.nvmlExporter.enabled (eq $source "nvml") }}true{{ end -}}
+{{- else -}}
+{{- $bySource := dict "prometheus" "dcgm-exporter" "remoteWrite" "remote-write" "kafka" "kafka" -}}
+{{- if or (index $top.Values.connectors $key).enabled (eq $source (get $bySource $key)) }}true{{ end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether the Prometheus connector finds its targets through the API server (pod discovery):
+     telemetry.source dcgm-exporter, or config.exporters.prometheus.discovery.enabled. */}}
+{{- define "fleetmedic.discovers" -}}
+{{- if include "fleetmedic.runs" (list . "prometheus") -}}
+{{- $exporters := .Values.config.exporters | default dict -}}
+{{- $prom := $exporters.prometheus | default dict -}}
+{{- $discovery := $prom.discovery | default dict -}}
+{{- if or (eq (.Values.telemetry.source | default "nvml") "dcgm-exporter") $discovery.enabled }}true{{ end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The config the telemetry source needs (the user's `config` overrides it): for dcgm-exporter,
+     the Prometheus connector in scrape mode with pod discovery of the dcgm-exporter pods. */}}
+{{- define "fleetmedic.sourceConfig" -}}
+{{- $d := .Values.telemetry.dcgmExporter -}}
+{{- if eq (.Values.telemetry.source | default "nvml") "dcgm-exporter" -}}
+{{- $selector := list -}}
+{{- range $k, $v := $d.podLabels }}{{ $selector = append $selector (printf "%s=%s" $k $v) }}{{ end -}}
+{{- $discovery := dict "enabled" true "in_cluster" true "namespace" $d.namespace
+      "label_selector" (join "," $selector) "port_name" $d.portName -}}
+{{- toJson (dict "exporters" (dict "prometheus" (dict "mode" "scrape" "discovery" $discovery))) -}}
+{{- else -}}
+{{- toJson dict -}}
+{{- end -}}
 {{- end -}}
