@@ -32,13 +32,14 @@ def _registrars() -> list[Registrar]:
         simulate,
         triage,
         watch_jobs,
+        whatif,
         worker,
     )
     from fleetmedic.devenv import cli as dev
 
     return [demo.add_parser, config.add_parser, schema.add_parser, backtest.add_parser, triage.add_parser,
             dev.add_parser, simulate.add_parser, worker.add_parser, exporter.add_parser,
-            executor.add_parser, watch_jobs.add_parser, ctl.add_parser, kafka.add_parser]
+            executor.add_parser, watch_jobs.add_parser, ctl.add_parser, kafka.add_parser, whatif.add_parser]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,628 @@
+"""The replayed cluster: nodes, the faults of a history, a workload, and the time lost, event by event.
+
+:class:`World` keeps a heap of timed events and the state a policy acts on:
+
+- **Nodes** are schedulable unless cordoned (by a policy or for planned work), NotReady (a node
+  condition of a host that is down: Kubernetes stops placing there whatever the policy), or busy
+  with diagnostics, a GPU reset, a reboot or a repair.
+- **Faults** start at the history's ``start``. What they do comes from the mapping's entry:
+  ``crash`` fails a job running on the node at once and every job placed there later
+  (``crash_after_s`` into its start); ``slow`` slows a lock-step job by ``slowdown`` while it runs
+  there; a degradation left in service turns into its ``then`` entry after ``then_after_s``. A fault
+  ends only by a repair: it starts when a policy sends the node to repair and lasts the history's
+  ``end - start`` (a fault without an end is not repaired within the history).
+- **The workload**: one lock-step job on ``big_job_fraction`` of the nodes and single-node jobs on
+  ``small_job_fraction``, the rest spare. A failure loses the work since the job's last checkpoint
+  (every ``checkpoint_s`` of running); the job's controller restarts it after
+  ``controller_restart_s`` (at most ``backoff_limit`` times in a row; a policy may restart it
+  sooner, excluding nodes); a restart needs free schedulable nodes (the big job may preempt small
+  ones) and costs ``restart_overhead_s`` before it runs again.
+
+Time lost is accounted per job in GPU-seconds and per node in node-seconds (:class:`Tally`), as
+each state changes, so a run costs O(events), not O(time x nodes).
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import itertools
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from fleetmedic.sim.whatif.history import History, HistoryFault
+from fleetmedic.sim.whatif.mapping import Entry, Mapping
+
+if TYPE_CHECKING:
+    from fleetmedic.sim.whatif.policies import Policy
+
+SAMPLE_S: Final = 3600.0  # the capacity timeline's interval
+JobState = Literal["running", "waiting_to_detect", "waiting_for_capacity", "restart_overhead"]
+#: where a job's GPU time goes
+JOB_BUCKETS: Final = ("useful", "running_degraded", "lost_since_checkpoint", "waiting_to_detect",
+                      "waiting_for_capacity", "restart_overhead")
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """Every assumption of a replay (printed with its results; each is a ``whatif`` flag)."""
+
+    nodes: int
+    gpus_per_node: int = 8
+    big_job_fraction: float = 0.9
+    small_job_fraction: float = 0.05
+    preempt_small: bool = True
+    checkpoint_s: float = 1800.0
+    restart_overhead_s: float = 600.0
+    controller_restart_s: float = 30.0
+    backoff_limit: int = 6
+    crash_after_s: float = 60.0
+    human_delay_s: float = 1800.0
+    human_spread: float = 0.5  # sigma of the lognormal spread around human_delay_s
+    human_suspect_after: int = 2  # failures on one node before a person suspects it without device evidence
+    npd_delay_s: float = 30.0  # node-problem-detector's condition + draino's cordon and drain
+    not_ready_after_s: float = 40.0  # Kubernetes' node-monitor-grace-period
+    executor_latency_s: float = 2.0
+    drain_grace_s: float = 30.0
+    diagnostics_s: tuple[float, float, float, float] = (90.0, 600.0, 1500.0, 7200.0)
+    diag_false_fail: float = 0.01
+    diag_false_pass: float = 0.05
+    reset_gpu_s: float = 90.0
+    reboot_s: float = 600.0
+    repair_no_fault_s: float = 7200.0  # a technician who finds nothing returns the node after this
+    nodes_per_leaf: int = 32
+    nodes_per_rack: int = 4
+    tick_s: float = 10.0
+    seed: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+
+@dataclass
+class Fault:
+    """A history fault as it plays out: its current entry (a degradation may turn hard)."""
+
+    id: int
+    source: HistoryFault
+    entry: Entry
+    node: int
+    onset: float
+    active: bool = True
+    turned_at: float | None = None
+    evidence_at: float = 0.0  # when the current evidence becomes observable
+    confirmable_at: float = 0.0  # when it could first be acted on
+    repaired_at: float | None = None
+
+    @property
+    def harmful(self) -> bool:
+        return self.entry.effect in ("crash", "slow") or self.entry.evidence == "planned"
+
+    @property
+    def visible(self) -> bool:
+        return self.entry.kind.visible
+
+
+@dataclass
+class Node:
+    name: str
+    index: int
+    cordoned_by: str = ""  # "" | policy name | "planned"
+    not_ready: bool = False
+    busy: str = ""  # "" | diagnostics | reset_gpu | reboot | repair
+    busy_until: float = 0.0
+    validating: bool = False  # repaired after a real fault, held until it returns to service
+    job: Job | None = None
+    faults: list[Fault] = field(default_factory=list)
+    since: float = 0.0  # when the accounted state below began
+    acct: tuple[bool, bool, str, bool, float, str, str] = (True, False, "", False, 0.0, "", "")
+    # (schedulable, held without a harmful fault, the harmful fault's effect, visible, confirmable_at, evidence)
+
+    @property
+    def schedulable(self) -> bool:
+        return not (self.cordoned_by or self.not_ready or self.busy)
+
+    def fault(self) -> Fault | None:
+        """The active fault (the most harmful first: crash, then slow)."""
+        live = [f for f in self.faults if f.active]
+        if not live:
+            return None
+        return min(live, key=lambda f: ({"crash": 0, "slow": 1, "none": 2}[f.entry.effect], f.onset))
+
+
+@dataclass
+class Job:
+    name: str
+    index: int
+    size: int
+    gpus_per_node: int
+    big: bool
+    nodes: list[int] = field(default_factory=list)
+    state: JobState = "running"
+    since: float = 0.0
+    run_since: float = 0.0  # start of the current running stretch (checkpoints count from it)
+    slow: float = 0.0
+    attempt: int = 0
+    failures_in_a_row: int = 0
+    restart_requested: bool = False
+    exclude: set[int] = field(default_factory=set)
+    prev_nodes: list[int] = field(default_factory=list)  # where its last attempt ran
+    started_at: float = 0.0  # when its current attempt was placed
+    buckets: dict[str, float] = field(default_factory=lambda: dict.fromkeys(JOB_BUCKETS, 0.0))
+    interruptions: int = 0
+
+    @property
+    def ref(self) -> str:
+        return f"default/{self.name}"
+
+    @property
+    def gpus(self) -> int:
+        return self.size * self.gpus_per_node
+
+
+@dataclass
+class Tally:
+    """What a replay counts besides the jobs' time."""
+
+    dangerous_s: float = 0.0  # node-seconds: a crash fault on a schedulable node
+    degraded_s: float = 0.0  # node-seconds: a slow fault on a schedulable node
+    dangerous_past_decision_s: float = 0.0  # of those, past the confirmable evidence plus one decision interval
+    degraded_past_decision_s: float = 0.0
+    schedulable_by_evidence: dict[str, list[float]] = field(default_factory=dict)  # [all, past decision]
+    silent_schedulable_s: float = 0.0  # harmful faults without visible evidence, schedulable
+    false_held_s: float = 0.0  # node-seconds: held by the policy without a harmful fault
+    validation_held_s: float = 0.0  # node-seconds: held after a real fault's repair until back in service
+    unschedulable_by: dict[str, float] = field(default_factory=dict)  # "who|busy|fault?" -> node-seconds
+    placements_on_faulty: int = 0
+    placements_on_suspected: int = 0
+    placements_on_undetected: dict[str, int] = field(default_factory=dict)
+    isolations: int = 0
+    false_isolations: int = 0
+    repairs: int = 0
+    diagnostics: int = 0
+    mttr_phases: dict[str, list[float]] = field(default_factory=lambda: {
+        "detect": [], "wait_for_capacity": [], "restart": [], "total": []})
+
+
+class World:
+    def __init__(self, history: History, mapping: Mapping, assumptions: Assumptions, policy: Policy,
+                 decision_interval_s: float, confirm_s: float = 600.0) -> None:
+        self.a = a = assumptions
+        self.history = history
+        self.mapping = mapping
+        self.policy = policy
+        self.decision_interval_s = decision_interval_s
+        self.confirm_s = confirm_s
+        self.t = history.start
+        self.end = history.end
+        self._heap: list[tuple[float, int, Callable[[float], object]]] = []
+        self._seq = itertools.count()
+        names = list(history.nodes)
+        names += [f"spare-{i:05d}" for i in range(max(0, a.nodes - len(names)))]
+        self.nodes = [Node(n, i, since=self.t) for i, n in enumerate(names)]
+        self.index = {n.name: n.index for n in self.nodes}
+        self.unmapped: dict[str, int] = {}
+        self.faults: list[Fault] = []
+        self.tally = Tally()
+        self.jobs: list[Job] = []
+        self._outage: dict[int, dict[str, float]] = {}
+        self.schedulable_count = len(self.nodes)
+        #: (time, schedulable nodes, GPUs doing useful work): the capacity plot's points, hourly
+        self.timeline: list[tuple[float, int, float]] = []
+        self._place_initial(random.Random(f"{a.seed}:placement"))
+        self.at(self.t, self._sample)
+        for hf in history.faults:
+            entry = mapping.lookup(hf.category)
+            if entry is None:
+                self.unmapped[hf.category] = self.unmapped.get(hf.category, 0) + 1
+                continue
+            self.at(hf.start, functools.partial(self._onset, hf, entry))
+
+    # --- the event loop ---------------------------------------------------------------------------
+
+    def at(self, t: float, fn: Callable[[float], object]) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), fn))
+
+    def run(self, progress: Callable[[float], None] | None = None) -> None:
+        self.policy.start(self, self.t)
+        span = max(1.0, self.end - self.history.start)
+        shown = -1
+        while self._heap and self._heap[0][0] <= self.end:
+            t, _, fn = heapq.heappop(self._heap)
+            self.t = max(self.t, t)
+            fn(self.t)
+            if progress is not None:
+                pct = int(100 * (self.t - self.history.start) / span)
+                if pct != shown:
+                    shown = pct
+                    progress(pct / 100)
+        self.t = self.end
+        for job in self.jobs:
+            self._job_state(job, job.state, self.end)
+        for node in self.nodes:
+            self._account_node(node, self.end)
+
+    def _sample(self, t: float) -> None:
+        useful = sum(j.gpus * (1 - j.slow) for j in self.jobs if j.state == "running")
+        self.timeline.append((t, self.schedulable_count, useful))
+        self.at(t + SAMPLE_S, self._sample)
+
+    def rng(self, *key: object) -> random.Random:
+        return random.Random(":".join(map(str, (self.a.seed, *key))))
+
+    def human_delay(self, *key: object) -> float:
+        z = self.rng("human", *key).gauss(0.0, 1.0)
+        return self.a.human_delay_s * math.exp(self.a.human_spread * z - self.a.human_spread ** 2 / 2)
+
+    # --- workload ---------------------------------------------------------------------------------
+
+    def _place_initial(self, rng: random.Random) -> None:
+        a = self.a
+        order = list(range(len(self.nodes)))
+        rng.shuffle(order)
+        big = max(1, round(a.big_job_fraction * len(self.nodes)))
+        small = max(0, min(len(self.nodes) - big, round(a.small_job_fraction * len(self.nodes))))
+        job = Job("big", 0, big, a.gpus_per_node, True, since=self.t, run_since=self.t)
+        self.jobs.append(job)
+        self._assign(job, order[:big])
+        for k, n in enumerate(order[big:big + small]):
+            j = Job(f"small-{k:05d}", k + 1, 1, a.gpus_per_node, False, since=self.t, run_since=self.t)
+            self.jobs.append(j)
+            self._assign(j, [n])
+
+    def _assign(self, job: Job, nodes: list[int]) -> None:
+        job.nodes = nodes
+        for n in nodes:
+            self.nodes[n].job = job
+
+    def _release(self, job: Job) -> None:
+        for n in job.nodes:
+            if self.nodes[n].job is job:
+                self.nodes[n].job = None
+        job.nodes = []
+
+    def _job_state(self, job: Job, state: JobState, t: float) -> None:
+        """Account the job's time since its last change, then enter ``state``."""
+        o = self._outage.get(job.index)
+        if o is not None and job.state != "running":
+            o[job.state] = o.get(job.state, 0.0) + max(0.0, t - job.since)
+        dt = max(0.0, t - job.since) * job.gpus
+        if job.state == "running":
+            job.buckets["useful"] += dt * (1 - job.slow)
+            job.buckets["running_degraded"] += dt * job.slow
+        else:
+            job.buckets[job.state] += dt
+        job.state, job.since = state, t
+
+    def _update_slow(self, job: Job, t: float) -> None:
+        slow = 0.0
+        for n in job.nodes:
+            f = self.nodes[n].fault()
+            if f is not None and f.entry.effect == "slow":
+                slow = max(slow, f.entry.slowdown)
+        if slow != job.slow:
+            self._job_state(job, job.state, t)
+            job.slow = slow
+
+    def fail_job(self, job: Job, node: int, t: float, why: str) -> None:
+        """The job's attempt dies on ``node``: work since its checkpoint is lost, its nodes freed."""
+        if job.state not in ("running", "restart_overhead"):
+            return
+        if job.state == "running":
+            ran = t - job.run_since
+            since_ckpt = ran - self.a.checkpoint_s * math.floor(ran / self.a.checkpoint_s)
+            lost = min(since_ckpt, t - job.since) * job.gpus * (1 - job.slow)
+            self._job_state(job, "waiting_to_detect", t)
+            moved = min(lost, job.buckets["useful"])
+            job.buckets["useful"] -= moved
+            job.buckets["lost_since_checkpoint"] += moved
+        else:
+            self._job_state(job, "waiting_to_detect", t)
+        if job.index not in self._outage:
+            job.interruptions += 1
+            self._outage[job.index] = {"failed": t}
+        job.failures_in_a_row += 1
+        job.restart_requested = False
+        job.exclude = set()
+        was_on = list(job.nodes)
+        job.prev_nodes = was_on or job.prev_nodes
+        self._release(job)
+        job.slow = 0.0
+        attempt = job.attempt
+        self.policy.job_failed(self, job, node, was_on, t, why)
+        if job.failures_in_a_row <= self.a.backoff_limit:
+            self.at(t + self.a.controller_restart_s,
+                    lambda at: self.request_restart(job, set(), at, "controller", attempt))
+
+    def request_restart(self, job: Job, exclude: set[int], t: float, by: str, attempt: int | None = None) -> bool:
+        """Restart a failed job (``attempt``: only if it is still that attempt's failure); a running job
+        is stopped first (its ranks killed). False when there is nothing to restart."""
+        if attempt is not None and (job.attempt != attempt or job.state != "waiting_to_detect"):
+            return False
+        if job.state in ("running", "restart_overhead"):
+            self.fail_job(job, job.nodes[0] if job.nodes else -1, t, f"stopped by {by}")
+        if job.state == "waiting_to_detect":
+            self._job_state(job, "waiting_for_capacity", t)
+        job.restart_requested = True
+        job.exclude |= exclude
+        job.last_restart_by = by  # type: ignore[attr-defined]
+        self.try_place(t)
+        return True
+
+    def try_place(self, t: float) -> None:
+        """Place waiting jobs, the big job first (it may preempt small ones)."""
+        waiting = [j for j in self.jobs if j.state == "waiting_for_capacity"]
+        if not waiting:
+            return
+        for job in sorted(waiting, key=lambda j: (not j.big, j.index)):
+            self._place(job, t)
+
+    def _place(self, job: Job, t: float) -> None:
+        free = [n.index for n in self.nodes if n.job is None and n.schedulable and n.index not in job.exclude]
+        if len(free) < job.size and job.big and self.a.preempt_small:
+            victims = [n.index for n in self.nodes if n.job is not None and not n.job.big and n.schedulable
+                       and n.index not in job.exclude]
+            if len(free) + len(victims) >= job.size:
+                for n in victims[: job.size - len(free)]:
+                    small = self.nodes[n].job
+                    assert small is not None
+                    self.fail_job(small, n, t, "preempted by the big job")
+                    free.append(n)
+        if len(free) < job.size:
+            return
+        # the scheduler puts the pods back where they ran when it may (images cached, the gang's
+        # topology kept), and takes the rest from the free nodes in random order
+        again = set(job.prev_nodes)
+        rng = self.rng("place", job.name, job.attempt, round(t))
+        rng.shuffle(free)
+        free.sort(key=lambda n: n not in again)
+        chosen = sorted(free[: job.size])
+        job.attempt += 1
+        job.restart_requested = False
+        job.started_at = t
+        self._assign(job, chosen)
+        self._job_state(job, "restart_overhead", t)
+        attempt = job.attempt
+        self.policy.job_placed(self, job, t)
+        for n in chosen:
+            f = self.nodes[n].fault()
+            if f is not None and f.entry.effect == "crash":
+                self.tally.placements_on_faulty += 1
+                if self.policy.suspected(self, n, t):
+                    self.tally.placements_on_suspected += 1
+                else:
+                    k = f.entry.evidence
+                    self.tally.placements_on_undetected[k] = self.tally.placements_on_undetected.get(k, 0) + 1
+                self.at(t + self.a.crash_after_s, functools.partial(self._crash_if, job, attempt, n))
+        self.at(t + self.a.restart_overhead_s, lambda at: self._resume(job, attempt, at))
+
+    def _crash_if(self, job: Job, attempt: int, node: int, t: float) -> None:
+        f = self.nodes[node].fault()
+        if job.attempt == attempt and node in job.nodes and f is not None and f.entry.effect == "crash":
+            self.fail_job(job, node, t, f"{f.entry.category} on {self.nodes[node].name}")
+
+    def _resume(self, job: Job, attempt: int, t: float) -> None:
+        if job.attempt != attempt or job.state != "restart_overhead":
+            return
+        self._job_state(job, "running", t)
+        job.run_since = t
+        job.failures_in_a_row = 0
+        o = self._outage.pop(job.index, None)
+        if o is not None:
+            ph = self.tally.mttr_phases
+            ph["detect"].append(o.get("waiting_to_detect", 0.0))
+            ph["wait_for_capacity"].append(o.get("waiting_for_capacity", 0.0))
+            ph["restart"].append(o.get("restart_overhead", 0.0))
+            ph["total"].append(t - o["failed"])
+        self._update_slow(job, t)
+
+    # --- faults -----------------------------------------------------------------------------------
+
+    def _onset(self, hf: HistoryFault, entry: Entry, t: float) -> None:
+        node = self.nodes[self.index[hf.node]]
+        self._account_node(node, t)
+        f = Fault(len(self.faults), hf, entry, node.index, t, evidence_at=t + entry.detection_delay_s)
+        self._confirmable(f)
+        self.faults.append(f)
+        node.faults.append(f)
+        self._account_node(node, t)
+        if entry.evidence == "software":  # the job fails; the node is fine
+            f.active = False
+            if node.job is not None:
+                self.fail_job(node.job, node.index, t, entry.category)
+            return
+        if entry.evidence == "planned":
+            self.cordon(node.index, t, "planned")
+            if node.job is not None:
+                self.at(t + self.a.drain_grace_s, lambda at: self._evict(node.index, at, "planned maintenance"))
+            self._start_repair(node, f, t, by="planned")
+            return
+        if entry.evidence.startswith("node_condition:Ready"):
+            self.at(t + self.a.not_ready_after_s, lambda at: self._not_ready(node, f, at))
+        self._effect(node, f, t)
+        self.policy.fault_started(self, f, t)
+        then = entry.then_entry()
+        if then is not None:
+            self.at(t + entry.then_after_s, lambda at: self._turn_hard(f, then, at))
+
+    def _confirmable(self, f: Fault) -> None:
+        """``f.confirmable_at``: when its evidence could first be acted on; a degradation needs the
+        detector's second report (``confirm_s`` later) before triage confirms it."""
+        f.confirmable_at = f.evidence_at + (0.0 if f.entry.kind.hard else self.confirm_s)
+
+    def _effect(self, node: Node, f: Fault, t: float) -> None:
+        if node.job is not None:
+            if f.entry.effect == "crash":
+                self.fail_job(node.job, node.index, t, f"{f.entry.category} on {node.name}")
+            elif f.entry.effect == "slow":
+                self._update_slow(node.job, t)
+
+    def _not_ready(self, node: Node, f: Fault, t: float) -> None:
+        if f.active:
+            self._account_node(node, t)
+            node.not_ready = True
+            self._account_node(node, t)
+
+    def _turn_hard(self, f: Fault, then: Entry, t: float) -> None:
+        node = self.nodes[f.node]
+        if not f.active or node.busy == "repair":
+            return
+        self._account_node(node, t)
+        f.entry, f.turned_at, f.evidence_at = then, t, t + then.detection_delay_s
+        self._confirmable(f)
+        self._account_node(node, t)
+        self._effect(node, f, t)
+        if then.evidence.startswith("node_condition:Ready"):
+            self.at(t + self.a.not_ready_after_s, lambda at: self._not_ready(node, f, at))
+        self.policy.fault_started(self, f, t)
+
+    # --- actions a policy takes -------------------------------------------------------------------
+
+    def cordon(self, n: int, t: float, by: str) -> None:
+        node = self.nodes[n]
+        if node.cordoned_by:
+            return
+        self._account_node(node, t)
+        node.cordoned_by = by
+        self._account_node(node, t)
+        if by != "planned":
+            self.tally.isolations += 1
+            f = node.fault()
+            if f is None or not f.harmful:
+                self.tally.false_isolations += 1
+
+    def uncordon(self, n: int, t: float) -> None:
+        node = self.nodes[n]
+        self._account_node(node, t)
+        node.cordoned_by = ""
+        node.validating = False
+        self._account_node(node, t)
+        for job in self.jobs:  # back in service: no restart keeps excluding it
+            job.exclude.discard(n)
+        self.try_place(t)
+
+    def drain(self, n: int, t: float, why: str) -> list[str]:
+        """Evict the node's job now (the grace period is the caller's)."""
+        return self._evict(n, t, why)
+
+    def _evict(self, n: int, t: float, why: str) -> list[str]:
+        job = self.nodes[n].job
+        if job is None or job.state not in ("running", "restart_overhead"):
+            return []
+        self.fail_job(job, n, t, why)
+        return [job.ref]
+
+    def start_busy(self, n: int, what: str, until: float, t: float, done: Callable[[float], None]) -> None:
+        node = self.nodes[n]
+        self._account_node(node, t)
+        if what == "reboot" and node.job is not None:
+            self._evict(n, t, "rebooting")
+        node.busy, node.busy_until = what, until
+        self._account_node(node, t)
+        if what == "diagnostics":
+            self.tally.diagnostics += 1
+
+        def finish(at: float) -> None:
+            self._account_node(node, at)
+            node.busy = ""
+            done(at)
+            self._account_node(node, at)
+            self.try_place(at)
+
+        self.at(until, finish)
+
+    def diagnose(self, n: int, level: int, key: object) -> bool:
+        """Whether diagnostics of ``level`` fail on node ``n`` now (the fault's and the run's draw)."""
+        f = self.nodes[n].fault()
+        rng = self.rng("diag", n, key)
+        if f is not None and f.entry.diagnostics_confirm and f.entry.effect != "none":
+            return rng.random() >= self.a.diag_false_pass
+        return rng.random() < self.a.diag_false_fail
+
+    def send_to_repair(self, n: int, t: float, by: str, done: Callable[[float], None]) -> None:
+        node = self.nodes[n]
+        if node.busy == "repair":
+            return
+        if node.job is not None:
+            self._evict(n, t, "sent to repair")
+        f = node.fault()
+        self._start_repair(node, f, t, by, done)
+
+    def _start_repair(self, node: Node, f: Fault | None, t: float, by: str,
+                      done: Callable[[float], None] | None = None) -> None:
+        if f is None:
+            duration = self.a.repair_no_fault_s
+        else:
+            rs = f.source.repair_s
+            duration = math.inf if rs is None else rs
+        self.tally.repairs += 1
+        until = t + duration
+
+        def repaired(at: float) -> None:
+            for g in node.faults:
+                if g.active:
+                    g.active, g.repaired_at = False, at
+            node.not_ready = False
+            node.validating = f is not None and by != "planned"
+            if by == "planned":
+                node.cordoned_by = ""
+            if node.job is not None:
+                self._update_slow(node.job, at)
+            if done is not None:
+                done(at)
+
+        if math.isinf(until):
+            self._account_node(node, t)
+            node.busy, node.busy_until = "repair", until
+            self._account_node(node, t)
+            return
+        self.start_busy(node.index, "repair", until, t, repaired)
+
+    # --- node accounting --------------------------------------------------------------------------
+
+    def _account_node(self, node: Node, t: float) -> None:
+        """Account ``node``'s time since its last change, then take its state now (call it before and
+        after every change of the node: a second call at the same time only takes the state)."""
+        schedulable, false_held, effect, visible, evidence_at, evidence, why = node.acct
+        dt = max(0.0, t - node.since)
+        if dt > 0:
+            if why:
+                self.tally.unschedulable_by[why] = self.tally.unschedulable_by.get(why, 0.0) + dt
+            if schedulable and effect:
+                lo = max(node.since, evidence_at + self.decision_interval_s)
+                past = max(0.0, t - lo)
+                by = self.tally.schedulable_by_evidence.setdefault(f"{effect}:{evidence}", [0.0, 0.0])
+                by[0] += dt
+                by[1] += past
+                if not visible:
+                    self.tally.silent_schedulable_s += dt
+                elif effect == "crash":
+                    self.tally.dangerous_s += dt
+                    self.tally.dangerous_past_decision_s += past
+                else:
+                    self.tally.degraded_s += dt
+                    self.tally.degraded_past_decision_s += past
+            if false_held:
+                if node.validating:
+                    self.tally.validation_held_s += dt
+                else:
+                    self.tally.false_held_s += dt
+        f = node.fault()
+        effect_now = f.entry.effect if f is not None and f.entry.effect in ("crash", "slow") else ""
+        harmful_now = f is not None and f.harmful
+        held_now = (bool(node.cordoned_by) and node.cordoned_by != "planned") or bool(node.busy)
+        self.schedulable_count += int(node.schedulable) - int(schedulable)
+        node.acct = (node.schedulable, held_now and not harmful_now, effect_now,
+                     f is not None and f.visible, f.confirmable_at if f is not None else 0.0,
+                     f.entry.evidence.split(":", 1)[0] if f is not None else "",
+                     "" if node.schedulable else "|".join((node.cordoned_by or "-", node.busy or "-",
+                                                           "not_ready" if node.not_ready else "ready",
+                                                           "fault" if harmful_now else "no_fault")))
+        node.since = t
+
+    def account_all(self, t: float) -> None:
+        for node in self.nodes:
+            self._account_node(node, t)

@@ -1,0 +1,204 @@
+"""``fleetmedic whatif``: histories read with their bad rows named, mappings checked, and each
+policy's mechanics on tiny histories computed by hand (one DBE on a node of the big job), the real
+decision engine in the fleetmedic policy (a changed config changes the outcome), and both shipped
+histories end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import UTC
+from pathlib import Path
+
+import pytest
+
+from fleetmedic.config import parse_config
+from fleetmedic.sim.whatif.history import HistoryError, parse_history
+from fleetmedic.sim.whatif.mapping import MappingError, load_mapping, parse_mapping
+from fleetmedic.sim.whatif.policies import Fleetmedic, Manual, NpdDraino
+from fleetmedic.sim.whatif.replay import PolicySpec, decision_interval_s, replay
+from fleetmedic.sim.whatif.shipped import llama3_csv, shipped_history
+from fleetmedic.sim.whatif.world import Assumptions, World
+
+STEPFUN_JSON = Path(__file__).resolve().parents[3] / "shared" / "data" / "stepfun-fault-trace" / "fault_trace.json"
+GPUS = 9 * 8  # the big job: 9 of 10 nodes, 8 GPUs each
+MIN = 60.0
+
+
+def one_dbe(repair_h: float = 2.0) -> str:
+    return (f"node,start,end,category\n"
+            f"n9,2025-01-01T00:00:00Z,2025-01-01T00:00:01Z,Fan: Redundancy Lost\n"  # the history's start
+            f"n0,2025-01-01T00:45:00Z,{_iso(45 * MIN + repair_h * 3600)},GPU: GPU DBE(Double Bit ECC) > Threshold\n"
+            f"n9,2025-01-01T23:00:00Z,2025-01-01T23:00:01Z,Fan: Redundancy Lost\n")
+
+
+def _iso(offset_s: float) -> str:
+    from datetime import datetime
+    return datetime.fromtimestamp(1735689600 + offset_s, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def tiny(**kw: object) -> Assumptions:
+    base: dict[str, object] = dict(nodes=10, big_job_fraction=0.9, small_job_fraction=0.0, human_spread=0.0,
+                                   nodes_per_leaf=8, nodes_per_rack=4, seed=0)
+    base.update(kw)
+    return Assumptions(**base)  # type: ignore[arg-type]
+
+
+def play(policy: object, text: str = "", assumptions: Assumptions | None = None) -> World:
+    h = parse_history(text or one_dbe())
+    w = World(h, load_mapping("stepfun"), assumptions or tiny(), policy, 105.0, 600.0)  # type: ignore[arg-type]
+    w.run()
+    return w
+
+
+def minutes(w: World, bucket: str) -> float:
+    return round(w.jobs[0].buckets[bucket] / GPUS / MIN, 2)
+
+
+class TestHistories:
+    def test_a_csv_history_names_each_bad_row_with_its_line_and_reason(self) -> None:
+        text = ("node,start,end,category\n"
+                "n1,2025-01-01T00:00:00Z,,GPU: GPU Lost\n"
+                "n2,yesterday,,GPU: GPU Lost\n"
+                "n3,1735689600,1735680000,GPU: GPU Lost\n"
+                ",1735689600,,GPU: GPU Lost\n")
+        with pytest.raises(HistoryError) as err:
+            parse_history(text)
+        msg = str(err.value)
+        assert "3 bad row(s)" in msg and "line 3: start 'yesterday' is neither ISO 8601 nor epoch seconds" in msg
+        assert "line 4: end is before start" in msg and "line 5: node is missing or empty" in msg
+        h = parse_history(text, max_bad=3)
+        assert [(f.node, f.end) for f in h.faults] == [("n1", None)] and [b.line for b in h.bad] == [3, 4, 5]
+
+    def test_the_format_is_told_from_the_content_and_a_stepfun_trace_pairs_starts_with_ends(self) -> None:
+        events = [{"node_id": "a", "event_time": 1.0, "event_type": "fault_start",
+                   "fault_type": {"Level": "Hardware Failure", "Class": "GPU", "Desc": "GPU Lost"}},
+                  {"node_id": "a", "event_time": 1.5, "event_type": "fault_end",
+                   "fault_type": {"Level": "Hardware Failure", "Class": "GPU", "Desc": "GPU Lost"}},
+                  {"node_id": "b", "event_time": 2.0, "event_type": "fault_start",
+                   "fault_type": {"Level": "Hardware Failure", "Class": "NIC", "Desc": "NIC Lost"}},
+                  {"node_id": "c", "event_time": "x", "event_type": "fault_start", "fault_type": {}}]
+        h = parse_history(json.dumps(events), max_bad=1)
+        assert h.format == "stepfun"
+        assert [(f.node, f.category, f.repair_s) for f in h.faults] == [("a", "GPU: GPU Lost", 43200.0),
+                                                                         ("b", "NIC: NIC Lost", None)]
+        assert h.bad[0].line == 4 and "event_time" in h.bad[0].reason
+
+    @pytest.mark.skipif(not STEPFUN_JSON.exists(), reason="the published trace is not beside the checkout")
+    def test_the_published_stepfun_trace_reads_whole_and_matches_the_packaged_copy(self) -> None:
+        h = parse_history(STEPFUN_JSON.read_text(encoding="utf-8"))
+        packaged = shipped_history("stepfun")
+        assert (len(h.faults), len(h.nodes), h.bad) == (584, 231, [])
+        assert sorted(round(f.repair_s or 0) for f in h.faults) == sorted(round(f.repair_s or 0)
+                                                                          for f in packaged.faults)
+
+    def test_the_packaged_llama3_history_is_what_its_generator_gives(self) -> None:
+        from importlib import resources
+        text = resources.files("fleetmedic.sim").joinpath("data/whatif-llama3.csv").read_text("utf-8")
+        assert text == llama3_csv(0)
+        h = shipped_history("llama3")
+        assert len(h.faults) == 419 and round(h.days) == 54
+
+
+class TestMappings:
+    def test_every_category_of_both_shipped_histories_is_mapped_with_a_reason(self) -> None:
+        for name in ("stepfun", "llama3"):
+            mapping, h = load_mapping(name), shipped_history(name)
+            assert {f.category for f in h.faults if mapping.lookup(f.category) is None} == set()
+            assert all(e.reason for e in mapping.entries.values())
+        assert len(load_mapping("llama3").entries) == 18
+
+    def test_a_bad_entry_is_named_with_its_field(self) -> None:
+        with pytest.raises(MappingError, match="category 'X': evidence: xid needs its code"):
+            parse_mapping("categories: {X: {evidence: xid, effect: crash, reason: r}}")
+        with pytest.raises(MappingError, match="reason is required"):
+            parse_mapping("categories: {X: {evidence: 'xid:79', effect: crash}}")
+        with pytest.raises(MappingError, match="unknown field"):
+            parse_mapping("categories: {X: {evidence: 'xid:79', reason: r, colour: red}}")
+
+    def test_unmapped_categories_are_counted_not_dropped_silently(self) -> None:
+        h = parse_history("node,start,end,category\nn0,1735689600,1735693200,Gremlins\n"
+                          "n1,1735689600,1735693200,Gremlins\n")
+        res = replay(h, load_mapping("stepfun"), tiny(), [PolicySpec("manual", "manual")])
+        assert res["unmapped"] == {"Gremlins": 2}
+
+
+class TestMechanics:
+    """One DBE at 0:45 on a node of the big job (last checkpoint 0:30), repaired in 2 h; the on-call
+    person reacts in exactly 30 min; restart overhead 10 min; the job controller restarts after 30 s
+    and a job placed on the faulty node dies 60 s into its start."""
+
+    def test_the_fault_hits_the_big_job(self) -> None:
+        w = play(Manual())
+        assert w.jobs[0].big and w.index["n0"] in w.jobs[0].prev_nodes + w.jobs[0].nodes
+
+    def test_manual_crash_loops_until_the_person_on_call_cordons_the_node(self) -> None:
+        w = play(Manual())
+        # 0:45 fails; the controller puts it back on n0 six times (30 s wait, 60 s to die), then gives up
+        # (backoff 6) at 0:54; at 1:15 a person cordons n0 and restarts it elsewhere: running at 1:25
+        assert minutes(w, "lost_since_checkpoint") == 15.0
+        assert minutes(w, "waiting_to_detect") == 24.0  # 6 x 0.5 min + 0:54 -> 1:15
+        assert minutes(w, "restart_overhead") == 16.0  # 6 x 1 min of crashed starts + 10 min
+        assert w.tally.placements_on_faulty == 6 and w.tally.mttr_phases["total"] == [40 * MIN]
+        assert w.jobs[0].interruptions == 1
+
+    def test_npd_draino_cordons_the_xid_within_a_minute(self) -> None:
+        w = play(NpdDraino())
+        # XID at 0:45:04.3, cordoned at 0:45:34.3; the controller's restart at 0:45:30 still lands on n0,
+        # where the drain kills it at 0:46:04.3; the next restart (0:46:34.3) avoids it: running at 0:56:34.3
+        assert minutes(w, "lost_since_checkpoint") == 15.0
+        assert minutes(w, "waiting_to_detect") == 1.0
+        assert minutes(w, "restart_overhead") == 10.57
+        assert w.tally.placements_on_faulty == 1 and round(w.tally.mttr_phases["total"][0], 1) == 694.3
+
+    def test_fleetmedic_cordons_the_node_before_the_controllers_restart(self) -> None:
+        w = play(Fleetmedic(parse_config("{}")))
+        # XID at 0:45:04.3, cordoned 2 s later; the controller's restart at 0:45:30 avoids n0 (fleetmedic's
+        # own restart_job, after the failure's 30 s settle, finds the job already restarted without it)
+        assert minutes(w, "lost_since_checkpoint") == 15.0
+        assert minutes(w, "waiting_to_detect") == 0.5
+        assert minutes(w, "restart_overhead") == 10.0
+        assert w.tally.placements_on_faulty == 0 and w.tally.mttr_phases["total"] == [10.5 * MIN]
+        assert w.tally.dangerous_past_decision_s == 0.0
+        assert w.tally.false_held_s == 0.0 and w.tally.repairs >= 1
+
+    def test_the_engine_decides_in_dry_run_only_the_person_on_call_acts(self) -> None:
+        live = play(Fleetmedic(parse_config("{}")))
+        dry_policy = Fleetmedic(parse_config("safety: {dry_run: true}"))
+        dry = play(dry_policy)
+        assert dry_policy.commands.get("cordon", 0) >= 1  # decided, then skipped by the executor
+        assert dry.tally.placements_on_faulty > 0 and dry.tally.dangerous_s > live.tally.dangerous_s + 1800
+        assert dry.tally.mttr_phases["total"][0] > live.tally.mttr_phases["total"][0] + 1800
+
+    def test_a_degradation_is_isolated_by_fleetmedic_before_it_turns_hard(self) -> None:
+        text = ("node,start,end,category\n"
+                "n9,2025-01-01T00:00:00Z,2025-01-01T00:00:01Z,Fan: Redundancy Lost\n"
+                "n0,2025-01-01T01:00:00Z,2025-01-04T01:00:00Z,GPU: GPU PCI link width low\n")
+        manual = play(Manual(), text)
+        fm = play(Fleetmedic(parse_config("{}")), text)
+        # manual leaves it schedulable until the link fails (a day later); fleetmedic isolates it once the
+        # detector reasserted it (600 s) and the preventive settle passed (60 s)
+        assert manual.tally.degraded_s > 20 * 3600
+        assert fm.tally.degraded_s < 700 and fm.tally.degraded_past_decision_s == 0.0
+
+
+def test_decision_interval_is_the_longest_settle_plus_a_tick() -> None:
+    assert decision_interval_s(parse_config("{}"), 10.0) == 60.0 + 10.0 + 5.0
+
+
+def test_the_cli_replays_a_csv_and_refuses_bad_rows_without_a_traceback(tmp_path: Path) -> None:
+    history = tmp_path / "h.csv"
+    history.write_text(one_dbe() + "n5,not-a-time,,GPU: GPU Lost\n", encoding="utf-8")
+    cmd = [sys.executable, "-m", "fleetmedic.cli.main", "whatif", str(history), "--nodes", "10",
+           "--small-job-fraction", "0"]
+    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "line 5: start 'not-a-time'" in bad.stderr and "Traceback" not in bad.stderr
+    out = tmp_path / "r.json"
+    ok = subprocess.run([*cmd, "--max-bad", "1", "--json", str(out), "--report", str(tmp_path / "r.html")],
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    res = json.loads(out.read_text())
+    assert set(res["policies"]) == {"manual", "npd-draino", "fleetmedic"} and "line 5" in ok.stderr
+    assert res["policies"]["fleetmedic"]["ettr"] > res["policies"]["manual"]["ettr"]
+    assert "<svg" in (tmp_path / "r.html").read_text()
