@@ -23,7 +23,6 @@ A connector is a *source* (sampling on an interval, or consuming a Kafka topic) 
   sent (refused by the broker as too large, a topic error, a value that does not encode) is dropped
   and counted (``fleetmedic_connector_dead_letter_failures_total{reason}``, logged once per
   reason); it never holds up, duplicates or loses the other records, nor stops the connector.
-  (Before, a refused dead letter failed its whole batch, which was sent again and again.)
 """
 
 from __future__ import annotations

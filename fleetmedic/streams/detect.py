@@ -31,7 +31,7 @@ offset: the state is exactly that of the committed offset, and the telemetry aft
 processed again (a crash replays at most one snapshot interval; findings of that interval can
 appear twice).
 
-Hardening (issue #22): a GPU sample or port record stamped more than ``streams.max_future_skew_s``
+Hardening: a GPU sample or port record stamped more than ``streams.max_future_skew_s``
 ahead of the clock (the wall clock, or the record's broker timestamp when earlier, so that a replay
 judges it alike) is dead-lettered before the detectors see it: one sample stamped 2096 would
 otherwise make every later sample of its node look late. A micro-batch whose handling raises is
@@ -49,7 +49,7 @@ sample stamped before the node's latest sample in its baselines is not taken aga
 records). Without this the baselines counted up to ``streams.detect_snapshot_every_s`` of each
 node's telemetry twice.
 
-Bounded memory (issue #22): :class:`~fleetmedic.models.stages.NodeDetection` forgets a node silent
+Bounded memory: :class:`~fleetmedic.models.stages.NodeDetection` forgets a node silent
 for ``detection.evict_node_after_s`` of event time and, beyond ``detection.max_nodes_per_worker``,
 the least recently seen node (``fleetmedic_stage1_nodes_evicted_total{reason}``; the nodes kept:
 ``fleetmedic_stage1_nodes_tracked``). The loop forgets the node's partition too, and the next
@@ -248,7 +248,8 @@ class DetectStage:
             findings = self.node_stage.on_gpu(msgs, batch)
             # a record without metrics (XIDs only) is judged, but it is no sample for the fleet stage
             sampled = [m for m in msgs if not metricless(m)] if any(map(metricless, msgs)) else msgs
-            summary = _encode(summary_columns(sampled, batch if sampled is msgs else None)) if sampled else None
+            peers = self.settings.detection.peers
+            summary = _encode(summary_columns(sampled, batch if sampled is msgs else None, peers)) if sampled else None
         except Exception as exc:
             if len(msgs) == 1:
                 await self.outputs.record_failed(Source.of_record(records[0]), "detect", exc)

@@ -18,7 +18,7 @@
   a worker that is assigned that partition loads them (:func:`load_detect_partition`). A node
   stage 1 evicted has a tombstone under its key (no value): it is not loaded.
 
-Corrupt state (issue #22) starts fresh for what cannot be read, never silently and never as a
+Corrupt state starts fresh for what cannot be read, never silently and never as a
 crash: :func:`load_snapshots` hands the decision stage its latest few snapshots, newest first, so
 that one that does not decode is passed over (``decide.restore``); a stage-1 node state that does
 not decode is left out and named (:class:`DetectPartition`), and stage 1 counts it and starts that
@@ -66,7 +66,7 @@ class DecideSnapshot(msgspec.Struct, kw_only=True):
     commands_from: int
     written_at: float = 0.0
     seen_findings: list[str] = []  # the latest finding ids handled, oldest first
-    seen_finding_times: list[float] = []  # their event times (absent in snapshots before issue #24)
+    seen_finding_times: list[float] = []  # their event times (empty in a snapshot written without them)
     audit_from: int = 0  # like commands_from, on remediation.audit
 
 

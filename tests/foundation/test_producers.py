@@ -1,4 +1,4 @@
-"""Every Kafka producer of fleetmedic is idempotent with ``acks=all`` (issue #28), and every client
+"""Every Kafka producer of fleetmedic is idempotent with ``acks=all``, and every client
 takes the ``kafka`` section's metadata refresh.
 
 - Each ``AIOKafkaProducer(...)`` in the package is built from :func:`fleetmedic.bus.producer_options`

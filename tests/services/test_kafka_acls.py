@@ -1,5 +1,5 @@
 """The ACLs each component needs (fleetmedic.acls), as the documented ``kafka-acls`` commands, against
-the secure three-broker cluster with its authorizer on (issue #28).
+the secure three-broker cluster with its authorizer on.
 
 - pure: the commands for the default config are the ones docs/operations.md lists; every topic of
   the contract is written by some component and read by some component; principals are checked.
