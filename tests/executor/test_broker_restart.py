@@ -33,10 +33,11 @@ from fleetmedic.devenv.kafka import Kafka
 from fleetmedic.executor.service import consumer_group
 from fleetmedic.k8s_keys import ANNOTATION_DRAIN, ANNOTATION_INFLIGHT
 from fleetmedic.streams.app import ensure_topics
-from tests.executor.executor_support import command, pinned_pod, running, settings, wait
+from tests.executor.executor_support import command, pinned_pod, running, settings
 from tests.executor.test_service import Replica
 from tests.streams.harness import collect_sync, produce
 from tests.streams.scenario import dedicated_broker
+from tests.waiting import wait
 
 
 def _kill_9(broker: Kafka) -> None:
