@@ -28,7 +28,7 @@ import msgspec
 import yaml
 from msgspec import Meta, Struct
 
-from fleetmedic.bus import BY_NAME, MAX_STATE_BYTES
+from fleetmedic.bus import BY_NAME, DEFAULT_PREFIX, MAX_STATE_BYTES
 from fleetmedic.k8s_keys import (
     LABEL_LEAF,
     LABEL_NVLINK_DOMAIN,
@@ -83,7 +83,7 @@ class KafkaSettings(Section, frozen=True, kw_only=True):
 
 
 class TopicSettings(Section, frozen=True, kw_only=True):
-    prefix: str = "fleetmedic."
+    prefix: str = DEFAULT_PREFIX
     names: dict[str, str] = {}
     partitions: dict[str, PosInt] = {}
     default_partitions: PosInt = 12

@@ -228,11 +228,11 @@ class KafkaSink:
     async def start(self) -> None:
         from aiokafka import AIOKafkaProducer
 
-        from fleetmedic.bus import producer_options
+        from fleetmedic.bus import TELEMETRY, producer_options
 
         k = self.settings.kafka
-        producer = AIOKafkaProducer(linger_ms=20, request_timeout_ms=int(k.request_timeout_s * 1000),
-                                    **producer_options(k))
+        timeout_ms = int(k.request_timeout_s * 1000)
+        producer = AIOKafkaProducer(**producer_options(k, TELEMETRY, request_timeout_ms=timeout_ms))
         try:
             await producer.start()
         except BaseException:

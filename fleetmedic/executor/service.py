@@ -44,7 +44,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 
 from fleetmedic import records as r
-from fleetmedic.bus import client_options, producer_options
+from fleetmedic.bus import DECISIONS, client_options, producer_options
 from fleetmedic.config import Settings
 from fleetmedic.executor.cache import ClusterCache
 from fleetmedic.executor.kube import Cluster
@@ -183,7 +183,7 @@ class ExecutorService:
         consumer = AIOKafkaConsumer(topic, group_id=consumer_group(self.settings), enable_auto_commit=False,
                                     auto_offset_reset="earliest", **client_options(
                                         k, client_id=client_id, metadata_max_age_ms=min(5000, k.metadata_max_age_ms)))
-        producer = AIOKafkaProducer(**producer_options(k, decisions=True, client_id=client_id,
+        producer = AIOKafkaProducer(**producer_options(k, DECISIONS, client_id=client_id,
                                                        request_timeout_ms=int(k.request_timeout_s * 1000)))
         await consumer.start()
         await producer.start()

@@ -75,7 +75,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
 from fleetmedic import records as r
-from fleetmedic.bus import client_options, detect_group, detect_state_topic, summaries_topic
+from fleetmedic.bus import TELEMETRY_READER, consumer_options, detect_group, detect_state_topic, summaries_topic
 from fleetmedic.config import Settings
 from fleetmedic.models.event_time import event_time, reference_clock
 from fleetmedic.models.gpu_detector import metricless
@@ -132,12 +132,12 @@ class DetectStage:
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop`` is set; then write the state, commit and leave the group."""
         timeout_ms = int(self.session_timeout_s * 1000)
-        options = client_options(self.settings.kafka) | {"client_id": f"{self.settings.kafka.client_id}-detect"}
+        options = consumer_options(self.settings.kafka, TELEMETRY_READER,
+                                   client_id=f"{self.settings.kafka.client_id}-detect")
         consumer = self.consumer = AIOKafkaConsumer(
             **options, group_id=detect_group(self.settings), enable_auto_commit=False,
             auto_offset_reset="earliest", partition_assignment_strategy=(RangePartitionAssignor,),
-            session_timeout_ms=timeout_ms, heartbeat_interval_ms=max(1000, timeout_ms // 3),
-            max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
+            session_timeout_ms=timeout_ms, heartbeat_interval_ms=max(1000, timeout_ms // 3))
         await consumer.start()
         consumer.subscribe([self.gpu_topic, self.port_topic, self.kernel_topic], listener=_Rebalance(self))
         log.info("detect: consumer group %s, waiting for partitions", detect_group(self.settings))

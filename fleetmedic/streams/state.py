@@ -44,7 +44,15 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from fleetmedic import records as r
-from fleetmedic.bus import MAX_STATE_BYTES, client_options, state_topic
+from fleetmedic.bus import (
+    MAX_STATE_BYTES,
+    SNAPSHOTS,
+    STATE_READER,
+    client_options,
+    consumer_options,
+    producer_options,
+    state_topic,
+)
 from fleetmedic.config import Settings
 from fleetmedic.streams.snapshot_parts import SNAPSHOT_KEY as SNAPSHOT_KEY
 from fleetmedic.streams.snapshot_parts import SnapshotScan
@@ -116,9 +124,8 @@ async def _read_partition(settings: Settings, tp: TopicPartition, timeout: float
                           deleted: Callable[[int, bytes], None] | None = None) -> None:
     """``take(offset, key, value)`` for every record of one partition, from its beginning to its end
     now; ``deleted(offset, key)`` for every tombstone (a key with no value) when given."""
-    consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False,
-                                auto_offset_reset="earliest", request_timeout_ms=int(timeout * 1000),
-                                fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=MAX_STATE_BYTES)
+    consumer = AIOKafkaConsumer(**consumer_options(settings.kafka, STATE_READER), enable_auto_commit=False,
+                                auto_offset_reset="earliest", request_timeout_ms=int(timeout * 1000))
     await consumer.start()
     try:
         consumer.assign([tp])
@@ -225,8 +232,7 @@ async def load_detect_partition(settings: Settings, topic: str, partition: int,
 
 async def save_snapshot(settings: Settings, state: bytes) -> None:
     """Write ``state`` to the state topic and wait for the broker's acknowledgement."""
-    producer = AIOKafkaProducer(**client_options(settings.kafka), acks="all", enable_idempotence=True,
-                                max_request_size=MAX_STATE_BYTES)
+    producer = AIOKafkaProducer(**producer_options(settings.kafka, SNAPSHOTS))
     await producer.start()
     try:
         await producer.send_and_wait(state_topic(settings), key=SNAPSHOT_KEY, value=state)
