@@ -1,12 +1,13 @@
 """The event bus: every Kafka topic fleetmedic reads or writes, and how a client connects.
 
-- :data:`TOPICS`: the public topics, their key, value and partitioning. This table is the contract
+- :data:`TOPICS`: the public topics, their key, value, partitioning and the components that write and
+  read them (from which :mod:`fleetmedic.acls` derives the grants). This table is the contract
   subscribers rely on; the README's topic table and the JSON Schemas in ``deploy/schemas/`` are
   generated from it. Topic names are ``<prefix><name>`` with a configurable prefix (default
   ``fleetmedic.``) and per-topic overrides in the config.
-- The pipeline's internal topics (:func:`state_topic`, :func:`detect_state_topic`,
-  :func:`summaries_topic`, :func:`ticks_topic`), named after the consumer group, and how many
-  partitions each topic gets (:func:`partitions_of`).
+- The pipeline's internal topics (:data:`INTERNAL_TOPICS`: :func:`state_topic`,
+  :func:`detect_state_topic`, :func:`summaries_topic`, :func:`ticks_topic`), named after the
+  consumer group, and how many partitions each topic gets (:func:`partitions_of`).
 - :func:`client_options`: the one place a Kafka client's connection options (bootstrap, TLS, SASL,
   metadata refresh) are built from the ``kafka`` section; every producer, consumer and admin client
   of fleetmedic takes them, producers through :func:`producer_options` (idempotent, ``acks=all``).
@@ -24,9 +25,10 @@ from __future__ import annotations
 
 import os
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Final, Literal, Protocol
 
 from fleetmedic.records import (
     AuditRecord,
@@ -79,6 +81,7 @@ class KafkaSettings(Protocol):
 
 
 class TopicSettings(Protocol):
+    def topic(self, name: str) -> str: ...
     @property
     def partitions(self) -> dict[str, int]: ...
     @property
@@ -103,6 +106,9 @@ class TopicSpec:
     compacted: bool = False  # cleanup.policy=compact: the latest record per key is what counts
     single_partition: bool = False  # one partition whatever ``topics.partitions`` says (global order)
     partitions_like: str = ""  # unless ``topics.partitions`` names it: as many partitions as this topic
+    # the components (:data:`COMPONENTS`) that write and read it: what :mod:`fleetmedic.acls` grants
+    writers: tuple[str, ...] = ()
+    readers: tuple[str, ...] = ()
 
     @property
     def schema_file(self) -> str:
@@ -112,6 +118,9 @@ class TopicSpec:
 #: the topic names' prefix unless ``topics.prefix`` says otherwise
 DEFAULT_PREFIX: Final = "fleetmedic."
 
+#: what runs under one Kafka principal (:mod:`fleetmedic.acls` describes each)
+COMPONENTS: Final = ("detect", "decide", "executor", "connector", "watch-jobs", "ctl", "subscriber")
+
 TOPICS: Final[tuple[TopicSpec, ...]] = (
     TopicSpec(
         "telemetry.gpu",
@@ -120,6 +129,8 @@ TOPICS: Final[tuple[TopicSpec, ...]] = (
         "by key (node): a node's samples stay ordered on one partition",
         "NVML exporter, dcgm-exporter/Prometheus ingest, simulator",
         "detection stage",
+        writers=("connector",),
+        readers=("detect",),
     ),
     TopicSpec(
         "telemetry.port",
@@ -128,10 +139,13 @@ TOPICS: Final[tuple[TopicSpec, ...]] = (
         "by key (device)",
         "switch/NIC counter connector, node-exporter ingest, simulator",
         "detection stage",
+        writers=("connector",),
+        readers=("detect",),
     ),
     TopicSpec("kernel.events", KernelEvent, "node name", "by key (node), as many partitions as telemetry.gpu",
               "kernel-log exporter (`exporter kmsg`)", "detection stage (XIDs, SXids, PCIe AER, machine checks)",
-              partitions_like="telemetry.gpu"),  # stage 1 reads both by node
+              partitions_like="telemetry.gpu",  # stage 1 reads both by node
+              writers=("connector",), readers=("detect",)),
     TopicSpec(
         "jobs.events",
         JobEvent,
@@ -139,6 +153,8 @@ TOPICS: Final[tuple[TopicSpec, ...]] = (
         "by key (job)",
         "job watcher, log shipper, simulator",
         "correlation stage, detection stage (step times)",
+        writers=("connector", "watch-jobs"),
+        readers=("decide",),
     ),
     TopicSpec(
         "findings",
@@ -147,6 +163,8 @@ TOPICS: Final[tuple[TopicSpec, ...]] = (
         "by key (node)",
         "detection stage",
         "correlation stage, dashboards",
+        writers=("detect", "watch-jobs"),
+        readers=("decide", "subscriber"),
     ),
     TopicSpec(
         "incidents",
@@ -156,6 +174,8 @@ TOPICS: Final[tuple[TopicSpec, ...]] = (
         "correlation stage",
         "decision stage, ticketing, dashboards",
         single_partition=True,
+        writers=("decide",),
+        readers=("ctl", "subscriber"),
     ),
     TopicSpec(
         "remediation.commands",
@@ -165,6 +185,8 @@ TOPICS: Final[tuple[TopicSpec, ...]] = (
         "decision stage",
         "Kubernetes executor, schedulers, ticketing",
         single_partition=True,
+        writers=("decide",),
+        readers=("decide", "executor", "subscriber"),
     ),
     TopicSpec(
         "remediation.results",
@@ -174,6 +196,8 @@ TOPICS: Final[tuple[TopicSpec, ...]] = (
         "Kubernetes executor",
         "decision stage (node lifecycle), dashboards",
         single_partition=True,
+        writers=("executor",),
+        readers=("decide", "subscriber"),
     ),
     TopicSpec(
         "remediation.audit",
@@ -183,6 +207,8 @@ TOPICS: Final[tuple[TopicSpec, ...]] = (
         "decision stage",
         "operators, ticketing, dashboards, compliance",
         single_partition=True,
+        writers=("decide",),
+        readers=("decide", "ctl", "subscriber"),
     ),
     TopicSpec(
         "remediation.operator",
@@ -192,6 +218,8 @@ TOPICS: Final[tuple[TopicSpec, ...]] = (
         "operators (`fleetmedic ctl`)",
         "decision stage",
         single_partition=True,
+        writers=("ctl",),
+        readers=("decide",),
     ),
     TopicSpec(
         "cluster.nodes",
@@ -202,6 +230,8 @@ TOPICS: Final[tuple[TopicSpec, ...]] = (
         "decision stage (topology, fleet size, opt-outs, foreign cordons)",
         compacted=True,
         single_partition=True,
+        writers=("watch-jobs",),
+        readers=("decide",),
     ),
     TopicSpec(
         "deadletter",
@@ -210,6 +240,8 @@ TOPICS: Final[tuple[TopicSpec, ...]] = (
         "by key (source topic)",
         "every stage and connector",
         "operators, alerting",
+        writers=("detect", "decide", "executor", "connector"),
+        readers=("subscriber",),
     ),
 )
 
@@ -270,6 +302,33 @@ def ticks_topic(settings: Settings) -> str:
     """The decision stage's tick log (one partition): each tick's event time and the input offsets
     it had handled, so that a replay fires it at the same place (:mod:`fleetmedic.streams.replay`)."""
     return f"{settings.kafka.consumer_group}-ticks"
+
+
+@dataclass(frozen=True)
+class InternalTopic:
+    """A topic of the pipeline's own, named after the consumer group, with its writers and readers."""
+
+    holds: str
+    name: Callable[[Settings], str]
+    writers: tuple[str, ...]
+    readers: tuple[str, ...]
+
+
+INTERNAL_TOPICS: Final[tuple[InternalTopic, ...]] = (
+    InternalTopic("the decision engine's snapshots", state_topic, writers=("decide",), readers=("decide",)),
+    InternalTopic("stage 1's node state", detect_state_topic, writers=("detect",), readers=("detect",)),
+    InternalTopic("node summaries for the decision stage", summaries_topic, writers=("detect",), readers=("decide",)),
+    InternalTopic("the decision stage's tick log", ticks_topic, writers=("decide",), readers=("decide",)),
+)
+
+
+def topics_of(settings: Settings, component: str, access: Literal["read", "write"]) -> tuple[str, ...]:
+    """The names of the topics, public then internal, that ``component`` reads or writes."""
+    public = [settings.topics.topic(t.name) for t in TOPICS
+              if component in (t.readers if access == "read" else t.writers)]
+    internal = [t.name(settings) for t in INTERNAL_TOPICS
+                if component in (t.readers if access == "read" else t.writers)]
+    return (*public, *internal)
 
 
 # --- connecting ---------------------------------------------------------------------------------
