@@ -50,10 +50,10 @@ from tests.executor.e2e_support import (
     stop_all,
     tail,
     telemetry,
-    wait,
     wait_ready,
 )
 from tests.streams.harness import produce
+from tests.waiting import wait
 
 JOB = "train"
 

@@ -26,7 +26,7 @@ same run on the same bytes.
     after the parse.
 
 Single thread, process CPU time, best of ``--rounds``. Prints samples/s for each and the ratio to its
-floor (>= 0.5 is the target of issue #23; above 1, fleetmedic is faster than the floor).
+floor (the target is >= 0.5; above 1, fleetmedic is faster than the floor).
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ from fleetmedic.devenv.kclient import connect
 from fleetmedic.executor.workload.placement_apply import PlacementRestarter
 from tests.executor.jobset_support import JS_GROUP, JS_VERSION, register_webhooks, unregister_webhooks
 from tests.executor.jobset_support import jobset_controller as run_jobset_controller
-from tests.executor.test_placement_support import (
+from tests.executor.placement_support import (
     Recovery,
     ScheduleWatch,
     leaves_of,
@@ -61,7 +61,8 @@ from tests.executor.test_placement_support import (
     repeat_placements,
     start_one_job_per_leaf,
 )
-from tests.executor.test_workloads_support import gpu_job, live_pods, quarantine, wait
+from tests.executor.workloads_support import gpu_job, live_pods, quarantine
+from tests.waiting import wait
 
 
 def pct(values: list[float], q: float) -> float:

@@ -1,5 +1,5 @@
-"""Stage 1's memory under a stream of distinct node names (issue #22's probe: 250k names grew it to
-951 MB, linearly, nothing evicted).
+"""Stage 1's memory under a stream of distinct node names (without eviction
+250k names would grow it to about 951 MB, linearly).
 
     .venv/bin/python bench/bench_stage1_names.py [--names 250000] [--batch 1000] [--tracemalloc]
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv.kclient import connect
 from fleetmedic.executor.workload.apply import restart_workload
-from tests.executor.test_workloads_support import QUARANTINE_TAINT, gpu_job, quarantine
+from tests.executor.workloads_support import QUARANTINE_TAINT, gpu_job, quarantine
 
 PODS = 4
 

@@ -32,10 +32,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from fleetmedic.bus import BY_NAME, TOPICS, detect_group, detect_state_topic, state_topic, summaries_topic, ticks_topic
+from fleetmedic.bus import (
+    COMPONENTS,
+    INTERNAL_TOPICS,
+    TOPICS,
+    detect_group,
+    topics_of,
+)
 from fleetmedic.config import Settings
 
-COMPONENTS: Final = ("detect", "decide", "executor", "connector", "watch-jobs", "ctl", "subscriber")
 DEFAULT_PRINCIPAL_PREFIX: Final = "User:fleetmedic-"
 DEFAULT_SUBSCRIBER_GROUP: Final = "fleetmedic-subscriber"
 TOOL: Final = "kafka-acls.sh"
@@ -75,68 +80,63 @@ def faust_leader_topic(settings: Settings) -> str:
 
 def pipeline_topics(settings: Settings) -> tuple[str, ...]:
     """Every topic a worker creates at start when it is missing."""
-    return (*(settings.topics.topic(t.name) for t in TOPICS), state_topic(settings), detect_state_topic(settings),
-            summaries_topic(settings), ticks_topic(settings))
+    return (*(settings.topics.topic(t.name) for t in TOPICS), *(t.name(settings) for t in INTERNAL_TOPICS))
 
 
 def _unique(names: Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def components(settings: Settings, subscriber_group: str = DEFAULT_SUBSCRIBER_GROUP) -> tuple[Component, ...]:
-    """What each component reads, writes and creates, for ``settings``' topic names and groups."""
-    t = settings.topics.topic
+#: each component's consumer group (none: it reads without one)
+def _groups(settings: Settings, subscriber_group: str) -> dict[str, tuple[str, ...]]:
     group = settings.kafka.consumer_group
-    kernel = (t("kernel.events"),) if "kernel.events" in BY_NAME else ()  # `exporter kmsg` -> stage 1
+    return {"detect": (detect_group(settings),), "decide": (group,), "executor": (f"{group}-executor",),
+            "subscriber": (subscriber_group,)}
+
+
+#: why each component reads and writes what it does (the comment above its command)
+WHY: Final[dict[tuple[str, str], str]] = {
+    ("detect", "read"): "telemetry in its consumer group; its node state when assigned",
+    ("detect", "write"): "findings, node summaries for the decision stage, its node state, dead letters",
+    ("decide", "read"): "its inputs in its consumer group; at start its snapshot, tick log, and the commands and "
+                        "audit records already sent (so none is sent twice)",
+    ("decide", "write"): "incidents, signed commands, the audit log, its snapshots and ticks, dead letters",
+    ("executor", "read"): "commands, in its consumer group",
+    ("executor", "write"): "results; commands it cannot read",
+    ("connector", "write"): "telemetry, kernel events, job failures from logs, what it cannot map",
+    ("watch-jobs", "write"): "job events, node observations, findings from node conditions",
+    ("ctl", "write"): "signed operator commands",
+    ("ctl", "read"): "`ctl audit`, `ctl get` (no consumer group)",
+    ("subscriber", "read"): "findings, the decisions, dead letters, in the subscriber's own consumer group",
+}
+
+
+def components(settings: Settings, subscriber_group: str = DEFAULT_SUBSCRIBER_GROUP) -> tuple[Component, ...]:
+    """What each component reads, writes and creates, for ``settings``' topic names and groups: the
+    reads and writes as the topic tables of :mod:`fleetmedic.bus` name them; the workers also create
+    the topics they need, and the decision worker reads and creates Faust's leader topic."""
     read, write, create = ("Read", "Describe"), ("Write", "Describe"), ("Create", "Describe")
+    groups = _groups(settings, subscriber_group)
     created = pipeline_topics(settings)
     ex = settings.exporters
     sources = [Grant(read, _unique(cfg.topics), (cfg.group_id,), f"`exporters.{name}.topics`, its consumer group")
                for name, cfg in (("kafka", ex.kafka), ("logs", ex.logs)) if cfg.topics]
-    return (
-        Component("detect", TITLES["detect"], (
-            Grant(read, (t("telemetry.gpu"), t("telemetry.port"), *kernel, detect_state_topic(settings)),
-                  (detect_group(settings),), "telemetry in its consumer group; its node state when assigned"),
-            Grant(write, (t("findings"), summaries_topic(settings), detect_state_topic(settings), t("deadletter")),
-                  why="findings, node summaries for the decision stage, its node state, dead letters"),
-            Grant(create, created, why="the topics it creates at start when missing"),
-        )),
-        Component("decide", TITLES["decide"], (
-            Grant(read, _unique((t("findings"), t("jobs.events"), t("remediation.results"), t("remediation.operator"),
-                                 t("cluster.nodes"), summaries_topic(settings), state_topic(settings),
-                                 ticks_topic(settings), t("remediation.commands"), t("remediation.audit"),
-                                 faust_leader_topic(settings))),
-                  (group,), "its inputs in its consumer group; at start its snapshot, tick log, and the "
-                            "commands and audit records already sent (so none is sent twice)"),
-            Grant(write, (t("incidents"), t("remediation.commands"), t("remediation.audit"), state_topic(settings),
-                          ticks_topic(settings), t("deadletter")),
-                  why="incidents, signed commands, the audit log, its snapshots and ticks, dead letters"),
-            Grant(create, (*created, faust_leader_topic(settings)),
-                  why="the topics it creates at start when missing, and Faust's leader topic"),
-        )),
-        Component("executor", TITLES["executor"], (
-            Grant(read, (t("remediation.commands"),), (f"{group}-executor",), "commands, in its consumer group"),
-            Grant(write, (t("remediation.results"), t("deadletter")), why="results; commands it cannot read"),
-        )),
-        Component("connector", TITLES["connector"], (
-            Grant(write, (t("telemetry.gpu"), t("telemetry.port"), *kernel, t("jobs.events"), t("deadletter")),
-                  why="telemetry, kernel events, job failures from logs, what it cannot map"),
-            *sources,
-        )),
-        Component("watch-jobs", TITLES["watch-jobs"], (
-            Grant(write, (t("jobs.events"), t("cluster.nodes"), t("findings")),
-                  why="job events, node observations, findings from node conditions"),
-        )),
-        Component("ctl", TITLES["ctl"], (
-            Grant(write, (t("remediation.operator"),), why="signed operator commands"),
-            Grant(read, (t("remediation.audit"), t("incidents")), why="`ctl audit`, `ctl get` (no consumer group)"),
-        )),
-        Component("subscriber", TITLES["subscriber"], (
-            Grant(read, (t("findings"), t("incidents"), t("remediation.commands"), t("remediation.results"),
-                         t("remediation.audit"), t("deadletter")),
-                  (subscriber_group,), "findings, the decisions, dead letters, in the subscriber's own consumer group"),
-        )),
-    )
+    leader = (faust_leader_topic(settings),)
+    out = []
+    for name in COMPONENTS:
+        reads = (*topics_of(settings, name, "read"), *(leader if name == "decide" else ()))
+        grants = [Grant(read, reads, groups.get(name, ()), WHY[name, "read"])] if reads else []
+        if writes := topics_of(settings, name, "write"):
+            grants.append(Grant(write, writes, why=WHY[name, "write"]))
+        if name == "detect":
+            grants.append(Grant(create, created, why="the topics it creates at start when missing"))
+        elif name == "decide":
+            grants.append(Grant(create, (*created, *leader),
+                                why="the topics it creates at start when missing, and Faust's leader topic"))
+        elif name == "connector":
+            grants.extend(sources)
+        out.append(Component(name, TITLES[name], tuple(grants)))
+    return tuple(out)
 
 
 def principals(prefix: str = DEFAULT_PRINCIPAL_PREFIX, overrides: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -28,7 +28,7 @@ import msgspec
 import yaml
 from msgspec import Meta, Struct
 
-from fleetmedic.bus import BY_NAME, MAX_STATE_BYTES
+from fleetmedic.bus import BY_NAME, DEFAULT_PREFIX, MAX_STATE_BYTES
 from fleetmedic.k8s_keys import (
     LABEL_LEAF,
     LABEL_NVLINK_DOMAIN,
@@ -83,7 +83,7 @@ class KafkaSettings(Section, frozen=True, kw_only=True):
 
 
 class TopicSettings(Section, frozen=True, kw_only=True):
-    prefix: str = "fleetmedic."
+    prefix: str = DEFAULT_PREFIX
     names: dict[str, str] = {}
     partitions: dict[str, PosInt] = {}
     default_partitions: PosInt = 12
@@ -204,6 +204,14 @@ class PeerSettings(Section, frozen=True, kw_only=True):
     # across a SKU fleet, a node is judged against its own usual deviation from the median, learned
     # with this half-life (frozen while it stands out); 0: against the median itself
     offset_halflife_s: NonNegFloat = 21_600.0
+    # a node's load band, from its median GPU utilisation (percent): nodes are compared with peers of
+    # the same band ("idle" below the first, "busy" above the second, neither in between)
+    idle_below_util: Annotated[float, Meta(ge=0.0, le=100.0)] = 10.0
+    busy_above_util: Annotated[float, Meta(ge=0.0, le=100.0)] = 90.0
+
+    def __post_init__(self) -> None:
+        if self.idle_below_util > self.busy_above_util:
+            raise ValueError("idle_below_util must not be above busy_above_util")
 
 
 class StragglerSettings(Section, frozen=True, kw_only=True):
@@ -225,6 +233,9 @@ class MultivariateSettings(Section, frozen=True, kw_only=True):
     n_estimators: PosInt = 100
     score_threshold: Fraction = 0.65
     seed: NonNegInt = 0
+    # a sample counts towards a window's features when the node's median GPU utilisation (percent) is
+    # at least this (or not reported): an idle node's temperatures and clocks say little of its health
+    busy_util: Annotated[float, Meta(ge=0.0, le=100.0)] = 50.0
 
 
 def _default_ib_thresholds() -> dict[str, NonNegInt]:
@@ -242,7 +253,7 @@ def _default_ib_thresholds() -> dict[str, NonNegInt]:
     }
 
 
-# fleetmedic's action classes for XIDs; the NVIDIA catalog's buckets map onto them (models/xid_rules.py)
+# fleetmedic's action classes for XIDs; the NVIDIA catalog's buckets map onto them (models/xid_catalog.py)
 XidAction = Literal["ignore", "restart_app", "reset_gpu", "reboot_node", "isolate", "investigate"]
 
 
@@ -311,7 +322,7 @@ class DetectionSettings(Section, frozen=True, kw_only=True):
 
 
 class TriageSettings(Section, frozen=True, kw_only=True):
-    """Correlation of findings, job failures and topology into incidents (remediation/triage.py)."""
+    """Correlation of findings, job failures and topology into incidents (the remediation/triage/ package)."""
 
     failure_settle_s: NonNegFloat = 30.0
     evidence_window_s: PosFloat = 900.0
@@ -458,6 +469,8 @@ class PolicySettings(Section, frozen=True, kw_only=True):
     diagnostics_timeout_s: PosFloat = 3600.0
     action_timeout_s: PosFloat = 1800.0
     action_retries: NonNegInt = 2
+    # a long step the executor refused (not a verdict) is retried after this, times the attempt number
+    action_retry_delay_s: NonNegFloat = 120.0
     remediation_ladder: list[Literal["reset_gpu", "reboot_node"]] = msgspec.field(
         default_factory=lambda: ["reset_gpu", "reboot_node"]
     )
@@ -561,7 +574,8 @@ class NvmlExporterSettings(Section, frozen=True, kw_only=True):
 
 
 class PodDiscoverySettings(Section, frozen=True, kw_only=True):
-    """Scrape mode: exporter pods found through the Kubernetes API (connectors/prometheus_discovery.py)."""
+    """Scrape mode: exporter pods found through the Kubernetes API (connectors/prometheus_ingest.py, the targets by
+    connectors/prometheus_api.py)."""
 
     enabled: bool = False
     in_cluster: bool = True  # the pod's service account; false: kubeconfig ("" = $KUBECONFIG or ~/.kube/config)
@@ -666,7 +680,7 @@ class PrometheusExporterSettings(Section, frozen=True, kw_only=True):
     # label values that are not a node's name: a dcgm-exporter pod's (exporters before 3.1 or
     # gpu-operator before v23.9 report the pod's host name) or a Docker container id; the next label is used
     node_label_ignore: str = r"^(nvidia-)?dcgm-exporter-[a-z0-9]{5}$|^[0-9a-f]{12}$"
-    # samples of one node within this of each other are one scrape, one record (issue #21)
+    # samples of one node within this of each other are one scrape, one record
     group_tolerance_ms: Annotated[int, Meta(ge=0, le=60_000)] = 500
     # range queries (backtest --prometheus): points per series per query, under the server's 11,000
     range_max_points: Annotated[int, Meta(ge=10, le=11_000)] = 10_000
@@ -787,15 +801,15 @@ class StreamsSettings(Section, frozen=True, kw_only=True):
     detect_snapshot_every_s: PosFloat = 60.0  # stage 1: the nodes that changed since the last write
     session_timeout_s: Annotated[float, Meta(ge=6.0, le=300.0)] = 10.0  # a dead worker's partitions move after this
     # a record stamped further ahead of the clock than this is dead-lettered: it never moves event
-    # time (the decision clock, command expiry, stage 1's windows); issue #21, docs/streams.md
+    # time (the decision clock, command expiry, stage 1's windows); docs/streams.md
     max_future_skew_s: Annotated[float, Meta(ge=0.0, le=86_400.0)] = 300.0
     # the decision stage drops a finding id it handled before (stage 1 replays the telemetry after
     # its last checkpoint when it restarts): it remembers the ids of this much event time, at most
-    # duplicate_findings_max of them (issue #24: bounded, not a fixed 20,000 carried in every snapshot)
+    # duplicate_findings_max of them (bounded, not a fixed 20,000 carried in every snapshot)
     duplicate_findings_window_s: PosFloat = 900.0
     duplicate_findings_max: PosInt = 50_000
     # the decision snapshot is written in parts of at most this many bytes when it is larger (the
-    # state topic's max.message.bytes, less headroom, must take one part; issue #24)
+    # state topic's max.message.bytes, less headroom, must take one part)
     snapshot_part_bytes: Annotated[int, Meta(ge=4096, le=MAX_STATE_BYTES - 4096)] = MAX_STATE_BYTES - 4096
 
 

@@ -511,8 +511,8 @@ class KernelEvent(Record, frozen=True, kw_only=True, tag="kernel_event", tag_fie
 
 
 #: the bytes of the original message a dead letter keeps (base64 in JSON: 4/3 of it): a dead letter
-#: stays far below the broker's 1 MiB limit whatever it carries (an undecodable 770 KB command made
-#: a 1.03 MB dead letter that the broker refused; issue #22)
+#: stays far below the broker's 1 MiB limit whatever it carries (keeping all of an undecodable 770 KB
+#: command would make a 1.03 MB dead letter that the broker refuses)
 MAX_DEAD_LETTER_ORIGINAL: Final = 64 * 1024
 MAX_DEAD_LETTER_KEY: Final = 1024  # characters of the original key kept
 

@@ -1,5 +1,5 @@
 """The one HTTP port every long-running fleetmedic process serves: ``/metrics``, ``/healthz`` and
-``/readyz`` (issue #27).
+``/readyz``.
 
 ``/metrics`` alone cannot tell a kubelet that a process is stuck: prometheus_client answers it from
 its own thread, so a worker whose event loop stalled (a deadlock, a call that never returns) keeps

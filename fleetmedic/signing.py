@@ -30,7 +30,7 @@ Key material comes from files or environment variables. :func:`load_key` takes t
 text and stays pure; :func:`operator_keys` is the one function here that reads files (the key
 files named in the config, re-read at each call so a rotated Secret is picked up).
 
-**Signatures over the bytes that travel (issue #25).** Each record on ``remediation.commands`` and
+**Signatures over the bytes that travel.** Each record on ``remediation.commands`` and
 ``remediation.operator`` carries two Kafka headers: :data:`SIGNATURE_HEADER`
 (``sha256=<hex HMAC-SHA256 of the record's value bytes, exactly as produced>``, the convention of
 webhook signatures) and :data:`KEY_ID_HEADER` (the id of the key). A subscriber in any language

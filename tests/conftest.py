@@ -18,7 +18,10 @@
 And the one way a test finds a tool or service it needs: :func:`require_tool` (a binary on ``PATH``
 or at a path) and :func:`unavailable` (anything else), which fail under CI and skip elsewhere.
 
-Tests using these get the ``kafka`` / ``kube`` markers automatically (``-m "not kube"`` works).
+Tests using these get the ``kafka`` / ``kube`` markers automatically (``-m "not kube"`` works), and
+so do tests using a fixture that needs a tool (:data:`TOOL_FIXTURES`); a test calling a tool
+directly carries its marker (``helm``, ``promtool``, ``chromium``, ``node``, ``buildah``, listed in
+pyproject.toml), so ``-m "not helm and not chromium"`` runs what a machine without them can.
 When a service cannot start, its tests fail with the service's log tail if ``CI=true`` or
 ``FLEETMEDIC_REQUIRE_SERVICES=1``, and are skipped with the reason otherwise.
 """
@@ -39,6 +42,8 @@ from fleetmedic.devenv import proc, settings
 
 KAFKA_FIXTURES = {"kafka_bootstrap", "kafka_secure_cluster"}
 KUBE_FIXTURES = {"kube_config", "kube_api", "namespace", "make_fleet", "crds"}
+#: fixtures that need a tool, and the tool's marker
+TOOL_FIXTURES = {"prometheus": "promtool", "loaded_prometheus": "promtool", "sim_dom": "chromium"}
 CRD_DIR = Path(__file__).parent / "data" / "crds"
 
 
@@ -49,6 +54,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.kafka)
         if names & KUBE_FIXTURES:
             item.add_marker(pytest.mark.kube)
+        for marker in sorted({TOOL_FIXTURES[n] for n in names & TOOL_FIXTURES.keys()}):
+            item.add_marker(marker)
 
 
 def unavailable(what: str, detail: str) -> NoReturn:

@@ -126,9 +126,9 @@ def _command_key_if_here(settings: Settings) -> bytes:
 async def _publish(settings: Settings, cmd: OperatorCommand, key_id: str, key: bytes) -> None:
     from aiokafka import AIOKafkaProducer
 
-    from fleetmedic.bus import producer_options
+    from fleetmedic.bus import DECISIONS, producer_options
 
-    producer = AIOKafkaProducer(**producer_options(settings.kafka, decisions=True))
+    producer = AIOKafkaProducer(**producer_options(settings.kafka, DECISIONS))
     try:
         await producer.start()
         value = encode(cmd)  # signed as these bytes (the header), and in the body during the migration

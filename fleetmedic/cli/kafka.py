@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from fleetmedic import acls
+from fleetmedic.bus import COMPONENTS
 from fleetmedic.cli.common import EXIT_INVALID, add_deprecated_alias, examples, settings_or_none
 
 
@@ -22,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     verbs.required = True
     text = "print the kafka-acls commands that grant each component (workers, executor, connectors, ctl, " \
            "subscribers) the topics and consumer groups it reads, writes and creates"
-    a = verbs.add_parser("acls", help=text, description=text + ". Components: " + ", ".join(acls.COMPONENTS) + ".",
+    a = verbs.add_parser("acls", help=text, description=text + ". Components: " + ", ".join(COMPONENTS) + ".",
                          epilog=examples("fleetmedic kafka acls --config my.yaml",
                                          "fleetmedic kafka acls --config my.yaml --bootstrap broker-0:9093 "
                                          "--principal executor=User:CN=fleetmedic-executor"))

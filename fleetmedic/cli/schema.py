@@ -12,11 +12,10 @@ import msgspec
 import yaml
 
 from fleetmedic import __version__
-from fleetmedic.bus import SINGLE_PARTITION, TOPICS, TopicSpec
+from fleetmedic.bus import DEFAULT_PREFIX, TOPICS, TopicSpec
 from fleetmedic.cli.common import examples
 from fleetmedic.signing import KEY_ID, KEY_ID_HEADER, SIGNATURE_HEADER, SIGNATURE_PREFIX, SIGNED_TOPICS
 
-DEFAULT_PREFIX = "fleetmedic."
 KAFKA_BINDING = "0.5.0"
 
 
@@ -94,7 +93,7 @@ def render_asyncapi() -> str:
             message["headers"] = signed_headers
         messages[name] = message
         binding: dict[str, object] = {"topic": DEFAULT_PREFIX + t.name}
-        if t.name in SINGLE_PARTITION:
+        if t.single_partition:
             binding["partitions"] = 1
         if t.compacted:
             binding["topicConfiguration"] = {"cleanup.policy": ["compact"]}

@@ -27,8 +27,8 @@ its PCI address maps to; machine checks, EDAC, GSP and mlx5 errors as they are. 
 down or up becomes a :class:`~fleetmedic.records.PortTelemetry` of the node's NIC port with its
 ``link_state``. Stage 1 reads the kernel events: an XID seen in the kernel log and from NVML or
 dcgm is one event (:mod:`fleetmedic.models.event_dedup`), an SXid points at its NVSwitch, an AER
-error at its device (:mod:`fleetmedic.models.kernel_events`). The kernel log's XIDs no longer ride
-in ``GpuTelemetry`` records: a record without metrics would otherwise move the detector's clock.
+error at its device (:mod:`fleetmedic.models.kernel_events`). The kernel log's XIDs do not ride
+in ``GpuTelemetry`` records: a record without metrics would move the detector's clock.
 """
 
 from __future__ import annotations

@@ -278,11 +278,11 @@ class JobWatcher:
         """Watch and produce until ``until`` is set (or forever)."""
         from aiokafka import AIOKafkaProducer
 
-        from fleetmedic.bus import producer_options
+        from fleetmedic.bus import TELEMETRY, producer_options
 
         topic, nodes_topic = self.settings.topics.topic("jobs.events"), self.settings.topics.topic("cluster.nodes")
         findings_topic = self.settings.topics.topic("findings")
-        producer = AIOKafkaProducer(linger_ms=20, **producer_options(self.settings.kafka))
+        producer = AIOKafkaProducer(**producer_options(self.settings.kafka, TELEMETRY))
         await _start_with_retry(producer, self.jw.reconnect_backoff_s, self.jw.max_backoff_s, until)
         loop = asyncio.get_running_loop()
         starter = threading.Thread(target=self.start_watches, name="watch-starter", daemon=True)

@@ -23,7 +23,7 @@ the ``device`` and ``port`` labels; both state series). The node comes from the 
 ``node_labels`` that a sample has and whose value is not matched by ``node_label_ignore``
 (``instance`` loses its ``:port``). Samples of one node within ``group_tolerance_s`` of each other
 are one scrape and make one record (a series stamped a millisecond apart from the rest of its
-scrape must not look like a GPU that stopped reporting, issue #21).
+scrape must not look like a GPU that stopped reporting).
 
 Lines that cannot be parsed and bad values are skipped and counted per reason
 (:attr:`ExpositionReader.skipped`); a bad line never stops the rest, and a value out of its range (or

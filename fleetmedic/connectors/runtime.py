@@ -23,7 +23,6 @@ A connector is a *source* (sampling on an interval, or consuming a Kafka topic) 
   sent (refused by the broker as too large, a topic error, a value that does not encode) is dropped
   and counted (``fleetmedic_connector_dead_letter_failures_total{reason}``, logged once per
   reason); it never holds up, duplicates or loses the other records, nor stops the connector.
-  (Before, a refused dead letter failed its whole batch, which was sent again and again.)
 """
 
 from __future__ import annotations
@@ -229,11 +228,11 @@ class KafkaSink:
     async def start(self) -> None:
         from aiokafka import AIOKafkaProducer
 
-        from fleetmedic.bus import producer_options
+        from fleetmedic.bus import TELEMETRY, producer_options
 
         k = self.settings.kafka
-        producer = AIOKafkaProducer(linger_ms=20, request_timeout_ms=int(k.request_timeout_s * 1000),
-                                    **producer_options(k))
+        timeout_ms = int(k.request_timeout_s * 1000)
+        producer = AIOKafkaProducer(**producer_options(k, TELEMETRY, request_timeout_ms=timeout_ms))
         try:
             await producer.start()
         except BaseException:

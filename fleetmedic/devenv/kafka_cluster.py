@@ -154,7 +154,7 @@ class KafkaCluster:
     @property
     def component_users(self) -> tuple[str, ...]:
         """The SCRAM users made for the components of :mod:`fleetmedic.acls` (``sasl_ssl`` only)."""
-        from fleetmedic.acls import COMPONENTS
+        from fleetmedic.bus import COMPONENTS
 
         return tuple(component_user(c) for c in COMPONENTS) if self.security == "sasl_ssl" else ()
 

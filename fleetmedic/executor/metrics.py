@@ -29,7 +29,7 @@ class ExecutorMetrics:
                                    "commit lost to a broker restart): not handled or answered twice",
                                    registry=registry)
         self.placement = PlacementMetrics(registry)  # topology-aware restarts (workload/placement_apply.py)
-        # hardening (issue #22): the consume loop survives any record
+        # hardening: the consume loop survives any record
         self.record_errors = Counter("fleetmedic_record_errors_total", "Records whose handling raised: "
                                      "dead-lettered with the exception, the loop went on; per stage and exception type",
                                      ["stage", "exception"], registry=registry)

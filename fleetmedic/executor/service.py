@@ -11,7 +11,7 @@
   offset is the lowest one whose result is not yet out, so a crash re-delivers every command that has
   no result; the ids recorded on the objects turn re-deliveries of applied commands into ``skipped``
   duplicates, and an in-flight drain or diagnostics into a resume.
-- A broker restart is ridden out (issue #22): a result is sent again, with backoff, until the broker
+- A broker restart is ridden out: a result is sent again, with backoff, until the broker
   acknowledges it (for as long as this executor leads), so a drain that finishes while the broker is
   down still gets its one result; an offset commit that fails or does not answer soon is retried at
   the next round (``fleetmedic_executor_commit_failures_total``), so the loop keeps renewing the
@@ -23,8 +23,8 @@
   Nor does one whose handling in the loop raises: it is dead-lettered with the exception's type,
   message and last frame (``fleetmedic_record_errors_total{stage="executor"}``) and its offset
   moves on. A dead letter keeps at most 64 KiB of the original (with its hash and length), and a
-  dead letter the broker refuses is logged and counted, never raised: an undecodable ~770 KB
-  command once made a >1 MiB dead letter, whose refused send crash-looped the executor (#22).
+  dead letter the broker refuses is logged and counted, never raised, so an undecodable command of
+  any size cannot stop the executor.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 
 from fleetmedic import records as r
-from fleetmedic.bus import client_options, producer_options
+from fleetmedic.bus import DECISIONS, client_options, producer_options
 from fleetmedic.config import Settings
 from fleetmedic.executor.cache import ClusterCache
 from fleetmedic.executor.kube import Cluster
@@ -183,7 +183,7 @@ class ExecutorService:
         consumer = AIOKafkaConsumer(topic, group_id=consumer_group(self.settings), enable_auto_commit=False,
                                     auto_offset_reset="earliest", **client_options(
                                         k, client_id=client_id, metadata_max_age_ms=min(5000, k.metadata_max_age_ms)))
-        producer = AIOKafkaProducer(**producer_options(k, decisions=True, client_id=client_id,
+        producer = AIOKafkaProducer(**producer_options(k, DECISIONS, client_id=client_id,
                                                        request_timeout_ms=int(k.request_timeout_s * 1000)))
         await consumer.start()
         await producer.start()

@@ -1,4 +1,4 @@
-"""Event time with a bound (issue #21): a record stamped too far ahead of the clock is refused.
+"""Event time with a bound: a record stamped too far ahead of the clock is refused.
 
 The stages run on event time: the decision stage's clock is the newest record time seen, command
 expiry is counted from it, stage 1's baselines and windows take each sample's time as given. One

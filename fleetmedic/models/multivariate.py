@@ -77,7 +77,6 @@ FEATURES: tuple[str, ...] = (
 W = len(FEATURES)  # features per window
 #: smallest scale per feature, in its unit (a constant feature must not make tiny changes infinite)
 SCALE_FLOORS: tuple[float, ...] = (0.5, 0.5, 5.0, 5.0, 0.02, 1.0, 1.0, 1.0)
-BUSY_UTIL = 50.0  # a sample counts when the node's median GPU utilisation is at least this
 _RATES = {
     "ecc_sbe_per_min": ("ecc_sbe_vol_total",),
     "pcie_replay_per_min": ("pcie_replay_counter",),
@@ -97,11 +96,14 @@ SAMPLE_METRICS = (*_GAUGE_SPREADS, "clocks_event_reasons", "gpu_util", *_RATE_CO
 _RATE_SPANS = tuple(itertools.pairwise(itertools.accumulate((len(c) for c in _RATES.values()), initial=0)))
 
 
+_BUSY_UTIL = MultivariateSettings().busy_util
+
+
 def _sample_features(
-    msgs: Sequence[DetectionTelemetry], batch: sc.MetricBatch | None = None
+    msgs: Sequence[DetectionTelemetry], batch: sc.MetricBatch | None = None, busy_util: float = _BUSY_UTIL
 ) -> tuple[NDArray[np.float64], NDArray[np.bool_], NDArray[np.float64]]:
     """Per message (rows of the arrays): the gauges (4 spreads between GPUs, the throttled share),
-    whether the node was busy (median utilisation >= BUSY_UTIL, or not reported), and each rate
+    whether the node was busy (median utilisation >= ``busy_util``, or not reported), and each rate
     feature's counter total; computed for the whole batch at once
     (:mod:`~fleetmedic.models.sample_columns`), from ``batch``'s columns when given."""
     n = len(msgs)
@@ -116,7 +118,7 @@ def _sample_features(
         at = idx if len(idx) < n else slice(None)
         gauges[at, :k] = sc.spread(batch.take(group, _GAUGE_SPREADS))
         gauges[at, k] = sc.share_with_bits(batch.take(group, ("clocks_event_reasons",))[:, 0, :], THROTTLE_MASK)
-        busy[at] = ~(batch.medians(group, ("gpu_util",))[:, 0] < BUSY_UTIL)  # NaN (not reported): busy
+        busy[at] = ~(batch.medians(group, ("gpu_util",))[:, 0] < busy_util)  # NaN (not reported): busy
         counters = sc.nansum(batch.take(group, _RATE_COUNTERS))  # [messages, counters]
         totals[at] = np.stack([counters[:, a:b].sum(axis=1) for a, b in _RATE_SPANS], axis=1)
     return gauges, busy, totals
@@ -150,6 +152,7 @@ class NodeWindowFeatures:
     additions, in the same order, as one sample at a time in Python."""
 
     window_s: float
+    busy_util: float = _BUSY_UTIL  # multivariate.busy_util
     _slot: dict[str, int] = field(default_factory=dict)
     _free: list[int] = field(default_factory=list)
     _open: NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, dtype=bool))
@@ -171,7 +174,7 @@ class NodeWindowFeatures:
         """Add each message's sample in order; per message, the feature vector of the window it
         closed (or None). The per-sample reductions run over the whole batch at once (over
         ``batch``'s converted columns when given)."""
-        gauges, busy, totals = _sample_features(msgs, batch)
+        gauges, busy, totals = _sample_features(msgs, batch, self.busy_util)
         out: list[NDArray[np.float64] | None] = [None] * len(msgs)
         get = self._slot.get
         known = [get(m.node) for m in msgs]

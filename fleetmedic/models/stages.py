@@ -15,7 +15,7 @@ State (:mod:`fleetmedic.models.state`): :class:`NodeDetection` saves and loads a
 the model's rows by partition, :meth:`MultivariateModel.state_bytes`), :class:`FleetDetection` as a
 whole (:meth:`FleetDetection.state_bytes`).
 
-Bounded memory (issue #22): :class:`NodeDetection` remembers when it last saw each node, in event
+Bounded memory: :class:`NodeDetection` remembers when it last saw each node, in event
 time (its clock is the newest record stamp it has seen, never the wall clock), and forgets a node
 silent for ``detection.evict_node_after_s`` (checked every twentieth of that span of event time, at
 most every hour) and, beyond ``detection.max_nodes_per_worker`` nodes, the least recently seen one,
@@ -40,7 +40,7 @@ from operator import attrgetter
 import msgspec
 import numpy as np
 
-from fleetmedic.config import DetectionSettings
+from fleetmedic.config import DetectionSettings, PeerSettings
 from fleetmedic.models import sample_columns as sc
 from fleetmedic.models.gpu_detector import GpuDetector, metricless
 from fleetmedic.models.gpu_signals import USED_METRICS, median, reported
@@ -80,7 +80,7 @@ class NodeDetection:
         self.gpu = GpuDetector(self.settings)
         self.kernel = KernelEventDetector(self.settings)
         self.ports = PortDetector(self.settings)
-        self.windows = NodeWindowFeatures(self.settings.multivariate.window_s)
+        self.windows = NodeWindowFeatures(self.settings.multivariate.window_s, self.settings.multivariate.busy_util)
         self.model = MultivariateModel(self.settings.multivariate)
 
     def on_gpu(self, msgs: Sequence[DetectionTelemetry], batch: sc.MetricBatch | None = None) -> list[Finding]:
@@ -264,7 +264,7 @@ class FleetDetection:
         self.switch_ports = PortDetector(s)
 
     def on_gpu(self, msg: DetectionTelemetry) -> None:
-        self.on_summary(summarise(msg))
+        self.on_summary(summarise(msg, self.settings.peers))
 
     def on_summary(self, s: NodeSummary) -> None:
         """What :meth:`on_gpu` keeps of a message (stage 1 sends these when it runs elsewhere)."""
@@ -355,8 +355,12 @@ class NodeSummary(msgspec.Struct, frozen=True, array_like=True):
     values: dict[str, float]
 
 
-def summarise(msg: DetectionTelemetry) -> NodeSummary:
-    return NodeSummary(msg.node, float(msg.ts), msg.sku or "", _load_band(msg), node_summary(msg))
+_PEERS = PeerSettings()
+
+
+def summarise(msg: DetectionTelemetry, peers: PeerSettings = _PEERS) -> NodeSummary:
+    """The message's summary; its load band by ``peers.idle_below_util`` and ``peers.busy_above_util``."""
+    return NodeSummary(msg.node, float(msg.ts), msg.sku or "", _load_band(msg, peers), node_summary(msg))
 
 
 _BATCH_METRICS = (*SUMMARY_METRICS, "gpu_util")
@@ -410,7 +414,8 @@ _BANDS = ("", "idle", "busy")
 _NODE, _TS, _SKU = (attrgetter(a) for a in ("node", "ts", "sku"))
 
 
-def summary_columns(msgs: Sequence[DetectionTelemetry], batch: sc.MetricBatch | None = None) -> SummaryColumns:
+def summary_columns(msgs: Sequence[DetectionTelemetry], batch: sc.MetricBatch | None = None,
+                    peers: PeerSettings = _PEERS) -> SummaryColumns:
     """:func:`summarise` of each message, as columns, with the medians of the whole batch computed
     at once (from ``batch``'s converted columns when given)."""
     batch = batch or sc.MetricBatch.of(msgs, _BATCH_METRICS)
@@ -422,24 +427,23 @@ def summary_columns(msgs: Sequence[DetectionTelemetry], batch: sc.MetricBatch | 
             if msgs[idx[0]].gpus:  # a message without GPUs reports nothing: NaN
                 medians[idx] = batch.medians(group, _BATCH_METRICS)
     util, values = medians[:, -1], medians[:, : len(SUMMARY_METRICS)]
-    codes: list[int] = ((util < 10) + 2 * (util > 90)).tolist()  # NaN (not reported): neither, ""
+    # NaN (not reported): neither band, ""
+    codes: list[int] = ((util < peers.idle_below_util) + 2 * (util > peers.busy_above_util)).tolist()
     holes: list[bool] = np.isnan(values).any(axis=1).tolist()  # type: ignore[assignment]
     return SummaryColumns(list(map(_NODE, msgs)), list(map(float, map(_TS, msgs))),
                           [sku or "" for sku in map(_SKU, msgs)], [_BANDS[c] for c in codes],
                           list(SUMMARY_METRICS), values.tolist(), holes)
 
 
-def summarise_batch(msgs: Sequence[DetectionTelemetry], batch: sc.MetricBatch | None = None) -> list[NodeSummary]:
+def summarise_batch(msgs: Sequence[DetectionTelemetry], batch: sc.MetricBatch | None = None,
+                    peers: PeerSettings = _PEERS) -> list[NodeSummary]:
     """:func:`summarise` of each message (:func:`summary_columns`, made into one object each)."""
-    return summary_columns(msgs, batch).summaries()
+    return summary_columns(msgs, batch, peers).summaries()
 
 
-def _load_band(msg: DetectionTelemetry) -> str:
-    return _band(median(reported(msg, "gpu_util")))
-
-
-def _band(util: float) -> str:
+def _load_band(msg: DetectionTelemetry, peers: PeerSettings) -> str:
     """The load band of a node's median GPU utilisation ("": not reported, or in between)."""
+    util = median(reported(msg, "gpu_util"))
     if util != util:  # not reported
         return ""
-    return "idle" if util < 10 else ("busy" if util > 90 else "")
+    return "idle" if util < peers.idle_below_util else ("busy" if util > peers.busy_above_util else "")

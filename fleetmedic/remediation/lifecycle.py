@@ -47,7 +47,6 @@ ISOLATING = frozenset({"cordon", "taint", "drain"})
 DISRUPTIVE = frozenset({"reset_gpu", "reboot_node"})
 TRACKED = frozenset({"cordon", "taint", "drain", "run_diagnostics", "reset_gpu", "reboot_node"})
 OUT_OF_SERVICE: frozenset[NodeState] = frozenset({"quarantined", "diagnosing", "repair_needed"})
-RETRY_DELAY_S = 120.0  # times the attempt number
 
 
 class PlanStep(msgspec.Struct, frozen=True, kw_only=True):
@@ -353,7 +352,8 @@ class Lifecycle:
         Steps that need an idle node wait for the job boundary; the node stays held meanwhile."""
         if flight.attempt <= self.policy.action_retries:
             idle = flight.action in ("run_diagnostics", "reset_gpu")
-            later = now + RETRY_DELAY_S * flight.attempt if refused and flight.action in LONG else 0.0
+            delay = self.policy.action_retry_delay_s * flight.attempt
+            later = now + delay if refused and flight.action in LONG else 0.0
             rec.plan.insert(0, PlanStep(action=flight.action, params=flight.params, attempt=flight.attempt + 1,
                                         at_job_boundary=idle, not_before=later))
             return self.advance(rec, now, busy, issue)

@@ -10,10 +10,10 @@ it to cap isolations per rack and per switch, and its breaker to see suspicion g
 domain (:meth:`Topology.domains_of`).
 
 The decision engine holds its own topology and updates it in place as nodes are observed
-(:meth:`place`, :meth:`place_labels`, :meth:`remove`: each costs O(1) in the fleet's size, issue
-#24; a topology that rebuilt its indexes per observation made the first sight of 20,000 nodes take
-minutes). :meth:`with_node` and :meth:`with_labels` leave the topology they are called on as it
-was and return a changed copy, for callers that share one.
+(:meth:`place`, :meth:`place_labels`, :meth:`remove`: each costs O(1) in the fleet's size; rebuilding
+the indexes per observation would make the first sight of 20,000 nodes take minutes).
+:meth:`with_node` and :meth:`with_labels` leave the topology they are called on as it was and return a
+changed copy, for callers that share one.
 """
 
 from __future__ import annotations

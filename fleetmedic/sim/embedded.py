@@ -1,6 +1,8 @@
 """The embedded engine: the pipeline's stages in one process, without Kafka.
 
-:class:`EmbeddedPipeline` wires the same stage objects the Faust workers run, detection per node
+:class:`EmbeddedPipeline` wires the same stage objects the Kafka workers run (stage 1 in a plain
+aiokafka loop, :mod:`fleetmedic.streams.detect`; the decision stage as a Faust agent,
+:mod:`fleetmedic.streams.decide`), detection per node
 (:class:`~fleetmedic.models.stages.NodeDetection`), detection across nodes
 (:class:`~fleetmedic.models.stages.FleetDetection`) and the decision engine
 (:class:`~fleetmedic.remediation.engine.DecisionEngine`), with an in-memory bus: what a stage
@@ -69,7 +71,7 @@ class EmbeddedPipeline:
             return []
         self.engine.nodes_seen((m.node for m in msgs), now)  # the fleet size, when no topology is given
         batch = stage1_batch(msgs)  # the columns converted once for both
-        for summary in summarise_batch(msgs, batch):
+        for summary in summarise_batch(msgs, batch, self.settings.detection.peers):
             self.fleet_stage.on_summary(summary)
         return self._findings(self.node_stage.on_gpu(msgs, batch), now)
 

@@ -34,7 +34,7 @@ import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from fleetmedic import records as r
-from fleetmedic.bus import client_options, partitions_of, summaries_topic
+from fleetmedic.bus import DEMO, client_options, partitions_of, producer_options, summaries_topic
 from fleetmedic.config import Settings, parse_config
 from fleetmedic.k8s_keys import LABEL_RAIL_PREFIX
 from fleetmedic.models.stages import SummaryColumns
@@ -113,7 +113,7 @@ def run_on_kafka(sim: Simulator, settings: Settings, bootstrap: str, key: bytes,
 async def _seed(settings: Settings, sim: Simulator) -> None:
     """Topics, and the fleet's nodes on ``cluster.nodes`` (the decision stage replays them first)."""
     await ensure_topics(settings)
-    producer = AIOKafkaProducer(**client_options(settings.kafka), acks="all", enable_idempotence=True, linger_ms=5)
+    producer = AIOKafkaProducer(**producer_options(settings.kafka, DEMO))
     await producer.start()
     try:
         for obs in node_observations(sim, settings):
@@ -150,7 +150,7 @@ class _Driver:
     async def run(self) -> None:
         t = self.settings.topics.topic
         opts = client_options(self.settings.kafka, metadata_max_age_ms=1000)
-        producer = AIOKafkaProducer(**opts, acks="all", enable_idempotence=True, linger_ms=5)
+        producer = AIOKafkaProducer(**producer_options(self.settings.kafka, DEMO, metadata_max_age_ms=1000))
         commands = AIOKafkaConsumer(t("remediation.commands"), **opts, auto_offset_reset="earliest",
                                     enable_auto_commit=False)
         progress = AIOKafkaConsumer(summaries_topic(self.settings), **opts, auto_offset_reset="earliest",

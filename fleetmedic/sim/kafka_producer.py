@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fleetmedic.bus import client_options, producer_options
+from fleetmedic.bus import TELEMETRY, client_options, producer_options
 from fleetmedic.config import Settings
 from fleetmedic.records import RemediationCommand, decode, encode
 from fleetmedic.sim.engine import Simulator
@@ -70,7 +70,7 @@ async def produce(sim: Simulator, settings: Settings, rate: float = 0.0, closed_
     t_gpu, t_port = topics.topic("telemetry.gpu"), topics.topic("telemetry.port")
     t_jobs, t_results = topics.topic("jobs.events"), topics.topic("remediation.results")
     kw = client_options(settings.kafka)
-    producer = AIOKafkaProducer(linger_ms=20, **producer_options(settings.kafka))
+    producer = AIOKafkaProducer(**producer_options(settings.kafka, TELEMETRY))
     consumer = None
     if closed_loop:
         consumer = AIOKafkaConsumer(topics.topic("remediation.commands"), group_id=f"{settings.kafka.client_id}-sim",

@@ -30,6 +30,7 @@ from fleetmedic.bus import (
     TOPICS,
     client_options,
     detect_state_topic,
+    faust_options,
     partitions_of,
     state_topic,
     summaries_topic,
@@ -51,12 +52,7 @@ def build_app(settings: Settings, *, datadir: str, app_id: str | None = None, **
         topic_replication_factor=settings.topics.replication_factor,
         web_enabled=False,
         web_bind="127.0.0.1",
-        producer_acks=-1 if k.acks == "all" else int(k.acks),
-        consumer_auto_offset_reset="earliest",
-        producer_max_request_size=MAX_STATE_BYTES,  # the engine snapshots
-        # as every other client (fleetmedic.bus.client_options); faust's default is aiokafka's 5 min
-        consumer_metadata_max_age_ms=k.metadata_max_age_ms,
-        producer_metadata_max_age_ms=k.metadata_max_age_ms,
+        **faust_options(k),
     )
     if k.security_protocol != "PLAINTEXT":
         conf["broker_credentials"] = _credentials(settings)

@@ -40,7 +40,7 @@ attempt numbers (in the command ids) come out as in the first run. A record stam
 earlier: a replay judges it alike) is dead-lettered before it can move ``now``
 (:mod:`fleetmedic.models.event_time`).
 
-Hardening (issue #22): every record is handled under :meth:`DecideStage.handle_record`, which
+Hardening: every record is handled under :meth:`DecideStage.handle_record`, which
 dead-letters a record whose handling raises (the exception's type, message and last frame; counted
 in ``fleetmedic_record_errors_total``) and goes on; a tick that raises is logged and counted alike.
 Replay is deterministic, so anything else would crash the restarted stage on the same record again.
@@ -48,7 +48,7 @@ A snapshot that cannot be read (:func:`restore`) is passed over for the one befo
 starts fresh and replays its inputs from their beginning; either way the reset is logged, counted
 (``fleetmedic_state_unreadable_total``) and audited.
 
-Scale (issue #24): a snapshot larger than one record of the state topic
+Scale: a snapshot larger than one record of the state topic
 (``streams.snapshot_part_bytes``) is written in parts and a manifest
 (:mod:`~fleetmedic.streams.snapshot_parts`; ``fleetmedic_engine_snapshot_parts``), so the state
 is never too large to save and the replay stays bounded by ``streams.engine_snapshot_every_s``. The

@@ -31,7 +31,7 @@ offset: the state is exactly that of the committed offset, and the telemetry aft
 processed again (a crash replays at most one snapshot interval; findings of that interval can
 appear twice).
 
-Hardening (issue #22): a GPU sample or port record stamped more than ``streams.max_future_skew_s``
+Hardening: a GPU sample or port record stamped more than ``streams.max_future_skew_s``
 ahead of the clock (the wall clock, or the record's broker timestamp when earlier, so that a replay
 judges it alike) is dead-lettered before the detectors see it: one sample stamped 2096 would
 otherwise make every later sample of its node look late. A micro-batch whose handling raises is
@@ -49,7 +49,7 @@ sample stamped before the node's latest sample in its baselines is not taken aga
 records). Without this the baselines counted up to ``streams.detect_snapshot_every_s`` of each
 node's telemetry twice.
 
-Bounded memory (issue #22): :class:`~fleetmedic.models.stages.NodeDetection` forgets a node silent
+Bounded memory: :class:`~fleetmedic.models.stages.NodeDetection` forgets a node silent
 for ``detection.evict_node_after_s`` of event time and, beyond ``detection.max_nodes_per_worker``,
 the least recently seen node (``fleetmedic_stage1_nodes_evicted_total{reason}``; the nodes kept:
 ``fleetmedic_stage1_nodes_tracked``). The loop forgets the node's partition too, and the next
@@ -75,7 +75,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
 from fleetmedic import records as r
-from fleetmedic.bus import client_options, detect_group, detect_state_topic, summaries_topic
+from fleetmedic.bus import TELEMETRY_READER, consumer_options, detect_group, detect_state_topic, summaries_topic
 from fleetmedic.config import Settings
 from fleetmedic.models.event_time import event_time, reference_clock
 from fleetmedic.models.gpu_detector import metricless
@@ -132,12 +132,12 @@ class DetectStage:
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until ``stop`` is set; then write the state, commit and leave the group."""
         timeout_ms = int(self.session_timeout_s * 1000)
-        options = client_options(self.settings.kafka) | {"client_id": f"{self.settings.kafka.client_id}-detect"}
+        options = consumer_options(self.settings.kafka, TELEMETRY_READER,
+                                   client_id=f"{self.settings.kafka.client_id}-detect")
         consumer = self.consumer = AIOKafkaConsumer(
             **options, group_id=detect_group(self.settings), enable_auto_commit=False,
             auto_offset_reset="earliest", partition_assignment_strategy=(RangePartitionAssignor,),
-            session_timeout_ms=timeout_ms, heartbeat_interval_ms=max(1000, timeout_ms // 3),
-            max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
+            session_timeout_ms=timeout_ms, heartbeat_interval_ms=max(1000, timeout_ms // 3))
         await consumer.start()
         consumer.subscribe([self.gpu_topic, self.port_topic, self.kernel_topic], listener=_Rebalance(self))
         log.info("detect: consumer group %s, waiting for partitions", detect_group(self.settings))
@@ -248,7 +248,8 @@ class DetectStage:
             findings = self.node_stage.on_gpu(msgs, batch)
             # a record without metrics (XIDs only) is judged, but it is no sample for the fleet stage
             sampled = [m for m in msgs if not metricless(m)] if any(map(metricless, msgs)) else msgs
-            summary = _encode(summary_columns(sampled, batch if sampled is msgs else None)) if sampled else None
+            peers = self.settings.detection.peers
+            summary = _encode(summary_columns(sampled, batch if sampled is msgs else None, peers)) if sampled else None
         except Exception as exc:
             if len(msgs) == 1:
                 await self.outputs.record_failed(Source.of_record(records[0]), "detect", exc)

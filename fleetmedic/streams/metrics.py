@@ -52,7 +52,7 @@ class PipelineMetrics:
         self.audit_suppressed = Counter("fleetmedic_audit_suppressed",
                                         "Audit records rebuilt after a restart that were already on the audit topic",
                                         registry=registry)
-        # hardening (issue #22): what a stage survived instead of crashing or stalling
+        # hardening: what a stage survived instead of crashing or stalling
         self.record_errors = Counter("fleetmedic_record_errors", "Records whose handling raised: dead-lettered with "
                                      "the exception, the stage went on; per stage and exception type",
                                      ["stage", "exception"], registry=registry)

@@ -29,7 +29,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord, RecordMetadata
 
 from fleetmedic import records as r
-from fleetmedic.bus import MAX_STATE_BYTES, client_options
+from fleetmedic.bus import STAGE_OUTPUTS, TOPICS, producer_options
 from fleetmedic.config import Settings
 from fleetmedic.models.event_time import reference_clock, refuse_future
 from fleetmedic.signing import Headers, sign_bytes
@@ -38,8 +38,6 @@ from fleetmedic.streams.metrics import PipelineMetrics
 log = logging.getLogger(__name__)
 
 MAX_ERROR = 4096
-TOPICS = ("telemetry.gpu", "telemetry.port", "jobs.events", "findings", "incidents", "remediation.commands",
-          "remediation.results", "remediation.audit", "deadletter")
 
 
 def _text(key: bytes | None) -> str | None:
@@ -91,7 +89,7 @@ class Outputs:
     def __init__(self, settings: Settings, metrics: PipelineMetrics) -> None:
         self.settings = settings
         self.metrics = metrics
-        self.names = {name: settings.topics.topic(name) for name in TOPICS}
+        self.names = {t.name: settings.topics.topic(t.name) for t in TOPICS}
         self._producer: AIOKafkaProducer | None = None
         self._starting = asyncio.Lock()
 
@@ -99,9 +97,7 @@ class Outputs:
         if self._producer is None:
             async with self._starting:
                 if self._producer is None:
-                    p = AIOKafkaProducer(**client_options(self.settings.kafka), acks="all", enable_idempotence=True,
-                                         linger_ms=5, max_request_size=MAX_STATE_BYTES,
-                                         max_batch_size=1024 * 1024)
+                    p = AIOKafkaProducer(**producer_options(self.settings.kafka, STAGE_OUTPUTS))
                     await p.start()
                     self._producer = p
         return self._producer

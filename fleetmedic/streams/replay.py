@@ -24,7 +24,7 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from fleetmedic.bus import client_options
+from fleetmedic.bus import REPLAY_READER, consumer_options
 from fleetmedic.config import Settings
 
 Offsets = dict[str, dict[int, int]]  # topic -> partition -> next offset to read
@@ -59,8 +59,8 @@ async def read_ranges(settings: Settings, todo: dict[TopicPartition, tuple[int, 
     out: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]] = {tp: [] for tp in todo}
     if not todo:
         return out
-    consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False,
-                                max_partition_fetch_bytes=8 << 20, request_timeout_ms=int(timeout * 1000))
+    consumer = AIOKafkaConsumer(**consumer_options(settings.kafka, REPLAY_READER), enable_auto_commit=False,
+                                request_timeout_ms=int(timeout * 1000))
     await consumer.start()
     try:
         consumer.assign(list(todo))

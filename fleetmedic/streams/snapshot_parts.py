@@ -1,4 +1,4 @@
-"""A decision snapshot larger than one Kafka record, written in parts (issue #24).
+"""A decision snapshot larger than one Kafka record, written in parts.
 
 The decision stage keeps its state under the key ``engine`` of a compacted topic whose records
 must each fit the topic's ``max.message.bytes``. A snapshot that fits is written as it is. One that

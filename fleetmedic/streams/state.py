@@ -18,7 +18,7 @@
   a worker that is assigned that partition loads them (:func:`load_detect_partition`). A node
   stage 1 evicted has a tombstone under its key (no value): it is not loaded.
 
-Corrupt state (issue #22) starts fresh for what cannot be read, never silently and never as a
+Corrupt state starts fresh for what cannot be read, never silently and never as a
 crash: :func:`load_snapshots` hands the decision stage its latest few snapshots, newest first, so
 that one that does not decode is passed over (``decide.restore``); a stage-1 node state that does
 not decode is left out and named (:class:`DetectPartition`), and stage 1 counts it and starts that
@@ -44,7 +44,15 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from fleetmedic import records as r
-from fleetmedic.bus import MAX_STATE_BYTES, client_options, state_topic
+from fleetmedic.bus import (
+    MAX_STATE_BYTES,
+    SNAPSHOTS,
+    STATE_READER,
+    client_options,
+    consumer_options,
+    producer_options,
+    state_topic,
+)
 from fleetmedic.config import Settings
 from fleetmedic.streams.snapshot_parts import SNAPSHOT_KEY as SNAPSHOT_KEY
 from fleetmedic.streams.snapshot_parts import SnapshotScan
@@ -66,7 +74,7 @@ class DecideSnapshot(msgspec.Struct, kw_only=True):
     commands_from: int
     written_at: float = 0.0
     seen_findings: list[str] = []  # the latest finding ids handled, oldest first
-    seen_finding_times: list[float] = []  # their event times (absent in snapshots before issue #24)
+    seen_finding_times: list[float] = []  # their event times (empty in a snapshot written without them)
     audit_from: int = 0  # like commands_from, on remediation.audit
 
 
@@ -116,9 +124,8 @@ async def _read_partition(settings: Settings, tp: TopicPartition, timeout: float
                           deleted: Callable[[int, bytes], None] | None = None) -> None:
     """``take(offset, key, value)`` for every record of one partition, from its beginning to its end
     now; ``deleted(offset, key)`` for every tombstone (a key with no value) when given."""
-    consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False,
-                                auto_offset_reset="earliest", request_timeout_ms=int(timeout * 1000),
-                                fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=MAX_STATE_BYTES)
+    consumer = AIOKafkaConsumer(**consumer_options(settings.kafka, STATE_READER), enable_auto_commit=False,
+                                auto_offset_reset="earliest", request_timeout_ms=int(timeout * 1000))
     await consumer.start()
     try:
         consumer.assign([tp])
@@ -225,8 +232,7 @@ async def load_detect_partition(settings: Settings, topic: str, partition: int,
 
 async def save_snapshot(settings: Settings, state: bytes) -> None:
     """Write ``state`` to the state topic and wait for the broker's acknowledgement."""
-    producer = AIOKafkaProducer(**client_options(settings.kafka), acks="all", enable_idempotence=True,
-                                max_request_size=MAX_STATE_BYTES)
+    producer = AIOKafkaProducer(**producer_options(settings.kafka, SNAPSHOTS))
     await producer.start()
     try:
         await producer.send_and_wait(state_topic(settings), key=SNAPSHOT_KEY, value=state)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from fleetmedic.bus import TOPICS
@@ -51,12 +52,14 @@ def test_every_topic_is_a_channel_and_signed_topics_declare_their_headers() -> N
             assert "headers" not in message
 
 
+@pytest.mark.node
 def test_the_official_parser_accepts_the_document() -> None:
     run = validate(DOC)
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"{len(TOPICS)} channels" in run.stdout
 
 
+@pytest.mark.node
 def test_the_official_parser_refuses_a_broken_document(tmp_path: Path) -> None:
     """The check has teeth: an AsyncAPI 2 action word and a dangling reference are reported."""
     broken = tmp_path / "asyncapi.yaml"

@@ -1,4 +1,4 @@
-"""Hostile and sloppy input to every parser (issue #22): a bad line or value is skipped and counted
+"""Hostile and sloppy input to every parser: a bad line or value is skipped and counted
 by a reason naming the field, lengths and digit counts are capped before any regex or conversion
 (so time and memory stay bounded whatever arrives), and the live scrape loop survives any target's
 answer while the other targets' records arrive.

@@ -223,10 +223,9 @@ def test_the_connector_republishes_a_users_topic_and_dead_letters_bad_messages(
 def test_a_dead_letter_the_broker_refuses_is_counted_and_the_telemetry_still_goes_out_once(
     connector_settings: Callable[..., Settings],
 ) -> None:
-    """Issue #22: the connector's own dead-letter send was unguarded. Here the real broker refuses
-    the dead letter (its topic takes 1 KiB records; the bad message is 4 KB): before, that failed the
-    whole batch, which was sent again and again (the telemetry duplicated, the connector stuck on it).
-    Now the dead letter is dropped and counted, and each telemetry record goes out once."""
+    """The connector's own dead-letter send is guarded. Here the real broker refuses the dead letter
+    (its topic takes 1 KiB records; the bad message is 4 KB): the dead letter is dropped and counted,
+    the batch is not sent again, and each telemetry record goes out once."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
     probe = connector_settings()

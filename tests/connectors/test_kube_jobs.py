@@ -312,7 +312,7 @@ def test_watcher_publishes_node_observations_for_foreign_cordons_and_label_chang
             await patch(c, {"metadata": {"annotations": {ANNOTATION_CORDONED_BY: "fleetmedic"}},
                             "spec": {"unschedulable": True}})  # what the executor's cordon writes
             await read_until(consumer, lambda mine: any(o.node == c and o.cordoned for o in mine))
-            # node-problem-detector's condition, as it writes it: a finding on the findings topic (issue #26)
+            # node-problem-detector's condition, as it writes it: a finding on the findings topic
             now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             await asyncio.to_thread(core.patch_node_status, b, {"status": {"conditions": [
                 {"type": "KernelDeadlock", "status": "True", "reason": "DockerHung", "lastHeartbeatTime": now,

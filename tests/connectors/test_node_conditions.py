@@ -1,4 +1,4 @@
-"""Node conditions as inputs (issue #26): the kubelet's, node-problem-detector's and NVSentinel's
+"""Node conditions as inputs: the kubelet's, node-problem-detector's and NVSentinel's
 conditions become findings by the rules of the ``conditions`` section, only when a condition changes
 into a state a rule names; triage reads the rule's kind. On the real control plane: a kwok node's
 status conditions patched through the API (as NPD and NVSentinel write them) reach the Node watch

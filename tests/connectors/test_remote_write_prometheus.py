@@ -35,7 +35,7 @@ LKE = (FIELD / "dcgm-exporter" / "lke-rtx4000-gpu-operator-v25.10.0.prom").read_
 IB = (FIELD / "node-exporter" / "e2e-output-infiniband-v1.12.1.prom").read_text()
 DOCS = Path(__file__).parents[2] / "docs" / "operations.md"
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.promtool]
 
 
 def documented_remote_write_block() -> str:

@@ -16,6 +16,8 @@ from fleetmedic.cli import main as cli
 from fleetmedic.config import parse_config
 from tests.deploy.helm import CHART, EVERYTHING, OPERATOR_KEY, REQUIRED, SIGNING_KEY, helm, render, render_error
 
+pytestmark = pytest.mark.helm
+
 
 def _by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [o for o in objs if o["kind"] == kind]

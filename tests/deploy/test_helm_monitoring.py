@@ -12,11 +12,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from fleetmedic.cli import main as cli
 from fleetmedic.config import parse_config
 from tests.deploy.helm import CHART, EVERYTHING, helm, render, render_error
+
+pytestmark = pytest.mark.helm
 
 DEPLOY = CHART.parents[1]
 

@@ -19,6 +19,8 @@ import pytest
 from fleetmedic.config import parse_config
 from tests.deploy.helm import CHART, OPERATOR_KEY, SIGNING_KEY, helm, render, render_error
 
+pytestmark = pytest.mark.helm
+
 KEYS = (f"signing.key={SIGNING_KEY}", f"signing.operator.keys.ops-1={OPERATOR_KEY}")
 CIDRS = ("networkPolicy.kafkaCIDRs={10.20.0.0/24}", "networkPolicy.apiServerCIDRs={10.96.0.1/32}")
 #: a Strimzi cluster in namespace kafka, and the API server as a peer: no CIDR at all

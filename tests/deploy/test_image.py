@@ -21,6 +21,8 @@ import pytest
 from fleetmedic.devenv import settings
 from tests.conftest import require_tool, unavailable
 
+pytestmark = pytest.mark.buildah
+
 ROOT = Path(__file__).resolve().parents[2]
 TAG = "localhost/fleetmedic:test"
 BUILD_TIMEOUT_S = 1200

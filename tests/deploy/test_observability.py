@@ -67,6 +67,7 @@ def _dashboard_exprs() -> list[tuple[str, str]]:
     return out
 
 
+@pytest.mark.promtool
 def test_promtool_accepts_the_rules_and_the_scrape_config(tmp_path: Path) -> None:
     tool = promtool()
     rules = subprocess.run([tool, "check", "rules", str(DEPLOY / "prometheus" / "alerts.yml")],
@@ -113,6 +114,7 @@ def test_dashboard_shows_the_issue_panels() -> None:
     assert len(ids) == len(set(ids))
 
 
+@pytest.mark.promtool
 def test_every_alert_fires_and_stays_quiet_as_its_unit_test_says() -> None:
     """``promtool test rules`` over deploy/prometheus/alerts.test.yml: input series, the alerts
     expected (labels and rendered annotations) and the moments none is expected, for every alert."""

@@ -55,6 +55,7 @@ from tests.conftest import require_tool
 from tests.models.synth import gpu_message
 from tests.streams.harness import KEY, Run, collect_sync, new_run, produce, worker
 from tests.streams.test_worker import JOB, NODES, SICK
+from tests.waiting import wait
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "subscribers"
@@ -165,7 +166,8 @@ def _node(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 SUBSCRIBERS = {"go": _go, "node": _node}
 
 
-@pytest.fixture(params=sorted(SUBSCRIBERS))
+@pytest.fixture(params=[pytest.param(name, marks=[pytest.mark.node] if name == "node" else [])
+                        for name in sorted(SUBSCRIBERS)])
 def subscriber(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
                keys: dict[str, Path]) -> Callable[..., subprocess.CompletedProcess[str]]:
     cmd = SUBSCRIBERS[request.param](tmp_path_factory)
@@ -329,13 +331,6 @@ class _Executor:
         assert not self.thread.is_alive(), f"{self.service.identity} did not stop"
 
 
-def _wait(what: str, check: Callable[[], Any], timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (got := check()):
-        assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
-        time.sleep(0.2)
-    return got
-
 
 def test_the_executor_follows_a_command_key_rotation_on_the_real_broker(
         worker_run: tuple[Run, list[Any]], keys: dict[str, Path], kube_api: Any, namespace: str,
@@ -386,7 +381,7 @@ def test_the_executor_follows_a_command_key_rotation_on_the_real_broker(
     started = time.monotonic()
     ex = _Executor(kube_api, overlap, ring, "rotation-overlap")
     try:
-        _wait("a result for every command", lambda: ex.service.results_published >= len(produced) + len(in_flight),
+        wait("a result for every command", lambda: ex.service.results_published >= len(produced) + len(in_flight),
               timeout=60)
     finally:
         ex.close()
@@ -398,8 +393,8 @@ def test_the_executor_follows_a_command_key_rotation_on_the_real_broker(
     assert set(ring.keys) == {KEY_ID}
     ex = _Executor(kube_api, after, ring, "rotation-after")
     try:
-        _wait("the record the new key signed", lambda: ex.service.results_published >= 1, timeout=60)
-        letters = _wait("the refused record's dead letter", lambda: [
+        wait("the record the new key signed", lambda: ex.service.results_published >= 1, timeout=60)
+        letters = wait("the refused record's dead letter", lambda: [
             x for x in (r.decode(r.DeadLetter, v) for v in collect_sync(
                 kafka_bootstrap, [dead], lambda c: bool(c.by_topic), timeout=5).values(dead)) if x.stage == "executor"],
             timeout=30)

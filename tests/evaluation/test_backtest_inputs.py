@@ -1,7 +1,7 @@
 """``fleetmedic backtest`` over telemetry as users have it: raw ``/metrics`` scrapes without sample
 timestamps (stamped with ``--scrape-time`` or the file's time, and said so), OpenMetrics and
 ``promtool tsdb dump`` files (series by series, sorted by time), scrapes whose samples differ by a
-few milliseconds (one record, issue #21), values out of range (dropped alone), and honest exits (no
+few milliseconds (one record), values out of range (dropped alone), and honest exits (no
 record: exit 1 with the reasons; skips counted per reason and per file)."""
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ def test_an_empty_or_comment_only_input_is_no_records_too(tmp_path: Path, capsys
 
 
 def test_one_series_stamped_a_millisecond_apart_stays_in_its_scrapes_record(tmp_path: Path) -> None:
-    """Issue #21: one GPU series 1 ms off the rest of its scrape made the node's other GPUs look as if
-    they had stopped reporting, and a healthy node was drained."""
+    """One GPU series 1 ms off the rest of its scrape stays in that scrape's record, so the node's
+    other GPUs do not look as if they had stopped reporting and no healthy node is drained."""
     ms = int(T0 * 1000)
     lines = []
     for k in range(3):

@@ -55,6 +55,7 @@ def rendered_body(page: Path) -> str:
     return body.group(0)
 
 
+@pytest.mark.chromium
 def test_the_report_renders_every_plot_without_script_errors(tmp_path: Path) -> None:
     inputs = tmp_path / "in"
     inputs.mkdir()
@@ -70,6 +71,7 @@ def test_the_report_renders_every_plot_without_script_errors(tmp_path: Path) -> 
     assert 'data-errors="0"' in body
 
 
+@pytest.mark.chromium
 def test_a_script_error_in_the_page_is_reported(tmp_path: Path) -> None:
     page = tmp_path / "broken.html"
     page.write_text(

@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from fleetmedic.config import Settings, parse_config
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.k8s_keys import ANNOTATION_KWOK_COMPLETE, LABEL_FLEET
 from tests.models.synth import gpu_message
+from tests.waiting import wait
 
 SIGNING_KEY = "k" * 40
 GPUS = {fl.GPU: "8"}
@@ -42,6 +42,14 @@ class Chain:
 
     def log(self, role: str) -> Path:
         return self.tmp / f"{role}.log"
+
+    def alive(self) -> None:
+        """Every process of the chain still runs (for :func:`tests.waiting.wait`)."""
+        for role, proc in self.procs.items():
+            assert proc.poll() is None, f"{role} exited {proc.returncode}:\n{tail(self, role)}"
+
+    def context(self) -> str:
+        return "\n".join(f"--- {role}\n{tail(self, role)}" for role in self.procs)
 
 
 def chain_config(tmp: Path, bootstrap: str, kubeconfig: Path, namespace: str, extra: str = "") -> Chain:
@@ -196,18 +204,3 @@ class PodWatch:
     def stop(self) -> None:
         self._stop.set()
         self._watch.stop()
-
-
-def wait(what: str, check: Callable[[], Any], timeout: float, chain: Chain | None = None, every: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if chain is not None:
-            for role, proc in chain.procs.items():
-                assert proc.poll() is None, f"{role} exited {proc.returncode}:\n{tail(chain, role)}"
-        if time.monotonic() > deadline:
-            logs = "\n".join(f"--- {role}\n{tail(chain, role)}" for role in chain.procs) if chain else ""
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}")
-        time.sleep(every)

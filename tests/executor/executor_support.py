@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
@@ -59,16 +58,6 @@ def pinned_pod(name: str, node: str, labels: dict[str, str] | None = None) -> cl
                  "containers": [{"name": "c", "image": "example.invalid/c:1"}]},
     })
 
-
-def wait(what: str, check: Callable[[], Any], timeout: float = 60.0, every: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
 
 
 def running(core: client.CoreV1Api, namespace: str, name: str) -> bool:

@@ -1,12 +1,12 @@
 """The Kafka broker killed (kill -9) and started again while the executor is in the middle of a
-drain on the real control plane (issue #22). The drain is held by a PodDisruptionBudget; the broker
+drain on the real control plane. The drain is held by a PodDisruptionBudget; the broker
 dies; the budget is lifted while it is down, so the drain finishes with no broker to publish its
 result to; the broker comes back. The executor must carry on without a restart: the drain's result
 is published once, a command produced after the restart is applied, every command has exactly one
 result, and the consumer group's committed offset reaches the end of the commands topic (nothing
-stuck). And it keeps renewing its Lease while the broker is down: before, its offset commit waited
-for the broker for good, the loop stopped renewing (a standby would have taken the Lease over next
-to a leader still acting), and a result whose send timed out was never sent again. A dedicated
+stuck). And it keeps renewing its Lease while the broker is down: an offset commit that waits for
+the broker for good would stop the renewals (a standby would take the Lease over next to a leader
+still acting), and a result whose send timed out is sent again. A dedicated
 single broker on free ports (the session's broker is shared with other tests)."""
 
 from __future__ import annotations
@@ -33,10 +33,11 @@ from fleetmedic.devenv.kafka import Kafka
 from fleetmedic.executor.service import consumer_group
 from fleetmedic.k8s_keys import ANNOTATION_DRAIN, ANNOTATION_INFLIGHT
 from fleetmedic.streams.app import ensure_topics
-from tests.executor.executor_support import command, pinned_pod, running, settings, wait
+from tests.executor.executor_support import command, pinned_pod, running, settings
 from tests.executor.test_service import Replica
 from tests.streams.harness import collect_sync, produce
 from tests.streams.scenario import dedicated_broker
+from tests.waiting import wait
 
 
 def _kill_9(broker: Kafka) -> None:

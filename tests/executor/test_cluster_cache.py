@@ -26,8 +26,9 @@ from fleetmedic.devenv.kclient import connect
 from fleetmedic.executor.cache import ClusterCache
 from fleetmedic.executor.kube import Cluster
 from fleetmedic.executor.workload.placement_apply import _NODE_CACHES, PlacementRestarter
-from tests.executor.test_placement_support import leaves_of, pick_suspect, recover, start_one_job_per_leaf
-from tests.executor.test_workloads_support import quarantine
+from tests.executor.placement_support import leaves_of, pick_suspect, recover, start_one_job_per_leaf
+from tests.executor.workloads_support import quarantine
+from tests.waiting import wait
 
 GPU = "nvidia.com/gpu"
 
@@ -87,13 +88,6 @@ def _listed_requests(api: client.ApiClient, nodes: set[str]) -> dict[str, int]:
     return out
 
 
-def _until(what: str, check: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s: {what}")
-        time.sleep(0.1)
-
 
 def test_watch_keeps_the_cache_equal_to_the_api_server(
     kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet]
@@ -124,16 +118,16 @@ def test_watch_keeps_the_cache_equal_to_the_api_server(
                             for n in nodes)
                     and all({p.ref for p in cache.pods_on(n)} == {p.ref for p in cluster.pods_on(n)} for n in nodes))
 
-        _until("the cache's pods match the API server's", agrees)
+        wait("the cache's pods match the API server's", agrees)
         assert cache.requested_by_node()[fleet.nodes[0]] == 6 and cache.requested_by_node()[fleet.nodes[1]] == 8
         core.delete_namespaced_pod(first[0], namespace, grace_period_seconds=0)
-        _until("the deleted pod leaves the index", lambda: cache.requested_by_node().get(fleet.nodes[0]) == 2)
+        wait("the deleted pod leaves the index", lambda: cache.requested_by_node().get(fleet.nodes[0]) == 2)
         core.patch_node(fleet.nodes[2], {"spec": {"unschedulable": True}, "metadata": {"labels": {"x": "y"}}})
-        _until("the cordon and the label reach the cache",
+        wait("the cordon and the label reach the cache",
                lambda: (s := cache.node(fleet.nodes[2])) is not None and s.unschedulable and s.labels.get("x") == "y")
         time.sleep(6.0)  # past a watch renewal
         core.delete_namespaced_pod(later, namespace, grace_period_seconds=0)
-        _until("a pod deleted after a renewal leaves the index",
+        wait("a pod deleted after a renewal leaves the index",
                lambda: fleet.nodes[1] not in cache.requested_by_node())
         assert _listed_requests(kube_api, nodes) == {fleet.nodes[0]: 2}
 
@@ -154,7 +148,7 @@ def test_watch_keeps_the_cache_equal_to_the_api_server(
         assert a[fleet.nodes[0]].requested == 0 and a[fleet.nodes[2]].unschedulable
 
         core.delete_node(fleet.nodes[2])
-        _until("the deleted node leaves the cache", lambda: cache.node(fleet.nodes[2]) is None)
+        wait("the deleted node leaves the cache", lambda: cache.node(fleet.nodes[2]) is None)
     finally:
         cache.close()
 
@@ -171,7 +165,7 @@ def test_a_restart_placed_from_the_cache_stays_in_the_leaf_and_off_the_suspect(
         cache = ClusterCache(api).start()
         try:
             assert cache.wait_synced(30.0)
-            _until("the cordon reaches the cache", lambda: bool((s := cache.node(suspect)) and s.unschedulable))
+            wait("the cordon reaches the cache", lambda: bool((s := cache.node(suspect)) and s.unschedulable))
             restarter = PlacementRestarter(api, Settings(), cache=cache)
             r = recover(kube_api, restarter, namespace, "job-0", jobs["job-0"], 3, suspect, leaf_of, {suspect: 0.0})
         finally:

@@ -29,7 +29,8 @@ from fleetmedic.k8s_keys import (
     LABEL_STATE,
     TAINT_QUARANTINE,
 )
-from tests.executor.executor_support import command, executor, node_events, pinned_pod, running, settings, wait
+from tests.executor.executor_support import command, executor, node_events, pinned_pod, running, settings
+from tests.waiting import wait
 
 
 def _daemonset(name: str, fleet: fl.Fleet) -> client.V1DaemonSet:

@@ -34,10 +34,10 @@ from tests.executor.e2e_support import (
     start,
     stop_all,
     telemetry,
-    wait,
     wait_ready,
 )
 from tests.streams.harness import collect_sync, produce
+from tests.waiting import wait
 
 
 def _quarantined(core: client.CoreV1Api, node: str) -> bool:

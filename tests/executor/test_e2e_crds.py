@@ -21,7 +21,7 @@ from fleetmedic import records as r
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.k8s_keys import TAINT_QUARANTINE
 from fleetmedic.streams.app import ensure_topics
-from tests.executor.e2e_support import PodWatch, chain_config, start, stop_all, telemetry, wait, wait_ready
+from tests.executor.e2e_support import PodWatch, chain_config, start, stop_all, telemetry, wait_ready
 from tests.executor.test_workloads_crds import (
     JS,
     PT,
@@ -31,7 +31,8 @@ from tests.executor.test_workloads_crds import (
     _reconcile_pytorchjob,
     played_operator,
 )
-from tests.executor.test_workloads_support import running
+from tests.executor.workloads_support import running
+from tests.waiting import wait
 
 KINDS: dict[str, tuple[str, str, str, Callable[..., dict[str, Any]], Callable[..., None], str]] = {
     # kind: (group, version, plural, manifest, operator, pod label naming the workload)

@@ -21,9 +21,10 @@ from fleetmedic.executor.node import plan as p
 from fleetmedic.k8s_keys import ANNOTATION_DRAIN, ANNOTATION_INFLIGHT
 from fleetmedic.signing import load_key, sign
 from fleetmedic.streams.app import ensure_topics
-from tests.executor.e2e_support import SIGNING_KEY, chain_config, start, stop_all, wait
+from tests.executor.e2e_support import SIGNING_KEY, chain_config, start, stop_all
 from tests.executor.executor_support import node_events, pinned_pod, running
 from tests.streams.harness import collect_sync, produce
+from tests.waiting import wait
 
 
 def _holder(coord: client.CoordinationV1Api, namespace: str, name: str) -> str:

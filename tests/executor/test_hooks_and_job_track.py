@@ -15,7 +15,8 @@ from fleetmedic.executor.kube import LEDGER_NAME
 from fleetmedic.executor.node import plan as p
 from fleetmedic.k8s_keys import ANNOTATION_INFLIGHT, ANNOTATION_KWOK_COMPLETE, LABEL_ROLE
 from tests.executor.e2e_support import gpu_job, running_ranks
-from tests.executor.executor_support import command, executor, node_events, settings, wait
+from tests.executor.executor_support import command, executor, node_events, settings
+from tests.waiting import wait
 
 HOOK = """apiVersion: batch/v1
 kind: Job

@@ -1,4 +1,4 @@
-"""Per-class node conditions (issue #26): isolating a node sets the condition of its incident's class
+"""Per-class node conditions: isolating a node sets the condition of its incident's class
 (``fleetmedic.io/GPUHardware``, ``GPUDegraded``, ``Network``, ``Suspect``) with the policy rule as
 reason and the incident in the message; failed diagnostics set ``DiagnosticsFailed``; a return to
 service sets them ``False``. On the real API server with ``kubectl describe node``; the RBAC of

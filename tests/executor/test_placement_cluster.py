@@ -35,7 +35,7 @@ from fleetmedic.k8s_keys import (
     TAINT_QUARANTINE,
     TAINT_STANDBY,
 )
-from tests.executor.test_placement_support import (
+from tests.executor.placement_support import (
     ScheduleWatch,
     leaves_of,
     pick_suspect,
@@ -44,7 +44,8 @@ from tests.executor.test_placement_support import (
     repeat_placements,
     start_one_job_per_leaf,
 )
-from tests.executor.test_workloads_support import BindingWatch, gpu_job, live_pods, quarantine, running, wait
+from tests.executor.workloads_support import BindingWatch, gpu_job, live_pods, quarantine, running
+from tests.waiting import wait
 
 
 def _restarter(api: client.ApiClient, **placement: object) -> tuple[PlacementRestarter, CollectorRegistry]:

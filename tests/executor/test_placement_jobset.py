@@ -39,12 +39,13 @@ from fleetmedic.k8s_keys import (
     TAINT_QUARANTINE,
 )
 from tests.executor.jobset_support import create_when_served, register_webhooks, unregister_webhooks
-from tests.executor.test_placement_support import leaves_of, set_cordon
+from tests.executor.placement_support import leaves_of, set_cordon
 from tests.executor.test_workloads_jobset_controller import (  # noqa: F401  (the fixture and the skip mark)
     jobset_controller,
     pytestmark,
 )
-from tests.executor.test_workloads_support import BindingWatch, live_pods, pod_spec, quarantine, running, wait
+from tests.executor.workloads_support import BindingWatch, live_pods, pod_spec, quarantine, running
+from tests.waiting import wait
 
 JS_GROUP, JS_VERSION = "jobset.x-k8s.io", "v1alpha2"
 SELECTOR = "jobset.sigs.k8s.io/jobset-name=placed"

@@ -62,7 +62,7 @@ from tests.executor.jobset_support import (
     unregister_webhooks,
 )
 from tests.executor.jobset_support import jobset_controller as run_jobset_controller
-from tests.executor.test_workloads_support import (
+from tests.executor.workloads_support import (
     GPUS,
     gpu_job,
     live_pods,
@@ -70,8 +70,8 @@ from tests.executor.test_workloads_support import (
     quarantine,
     real_controller,
     running,
-    wait,
 )
+from tests.waiting import wait
 
 KUEUE, pytestmark = real_controller("FLEETMEDIC_KUEUE", settings.layout().kueue_manager, "Kueue manager")
 JOBSET_MANAGER, JOBSET_MARKS = real_controller("FLEETMEDIC_JOBSET_MANAGER", settings.layout().jobset_manager,

@@ -21,7 +21,8 @@ from fleetmedic.executor.leader import LeaseElector
 from fleetmedic.executor.node.apply import CommandExecutor
 from fleetmedic.k8s_keys import ANNOTATION_KWOK_COMPLETE, CONDITION_GPU_HARDWARE
 from tests.executor.e2e_support import gpu_job, running_ranks
-from tests.executor.executor_support import KEY, command, pinned_pod, running, settings, wait
+from tests.executor.executor_support import KEY, command, pinned_pod, running, settings
+from tests.waiting import wait
 
 MANIFEST = Path(__file__).parents[2] / "deploy" / "rbac" / "executor.yaml"
 

@@ -22,8 +22,9 @@ from fleetmedic.executor.metrics import ExecutorMetrics
 from fleetmedic.executor.node import plan as p
 from fleetmedic.executor.service import ExecutorService
 from fleetmedic.streams.app import ensure_topics
-from tests.executor.executor_support import KEY, command, settings, wait
+from tests.executor.executor_support import KEY, command, settings
 from tests.streams.harness import collect_sync, produce
+from tests.waiting import wait
 
 
 class Replica:

@@ -35,15 +35,15 @@ from fleetmedic.devenv import fleet as fl
 from fleetmedic.executor.workload.apply import restart_workload
 from fleetmedic.executor.workload.plan import HOSTNAME_LABEL, JOBSET, PYTORCHJOB, excluded_nodes
 from fleetmedic.k8s_keys import ANNOTATION_LAST_COMMAND, ANNOTATION_RESTART_ATTEMPTS
-from tests.executor.test_workloads_support import (
+from tests.executor.workloads_support import (
     TOLERATE_ALL,
     BindingWatch,
     live_pods,
     pod_spec,
     quarantine,
     running,
-    wait,
 )
+from tests.waiting import wait
 
 PT = "training.kubeflow.org"
 JS = "jobset.sigs.k8s.io"

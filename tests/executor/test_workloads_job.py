@@ -26,15 +26,15 @@ from fleetmedic.k8s_keys import (
     ANNOTATION_RESTART_ATTEMPTS,
     ANNOTATION_RESTART_IN_PROGRESS,
 )
-from tests.executor.test_workloads_support import (
+from tests.executor.workloads_support import (
     TOLERATE_ALL,
     BindingWatch,
     gpu_job,
     live_pods,
     quarantine,
     running,
-    wait,
 )
+from tests.waiting import wait
 
 INDEX = "batch.kubernetes.io/job-completion-index"
 

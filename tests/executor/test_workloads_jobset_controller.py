@@ -28,15 +28,15 @@ from fleetmedic.executor.workload.plan import excluded_nodes
 from fleetmedic.k8s_keys import ANNOTATION_EXCLUDED_NODES, ANNOTATION_RESTART_IN_PROGRESS
 from tests.executor.jobset_support import create_when_served, register_webhooks
 from tests.executor.jobset_support import jobset_controller as run_jobset_controller
-from tests.executor.test_workloads_support import (
+from tests.executor.workloads_support import (
     TOLERATE_ALL,
     BindingWatch,
     pod_spec,
     quarantine,
     real_controller,
     running,
-    wait,
 )
+from tests.waiting import wait
 
 MANAGER, pytestmark = real_controller("FLEETMEDIC_JOBSET_MANAGER", settings.layout().jobset_manager,
                                       "JobSet controller")

@@ -33,15 +33,15 @@ from kubernetes import client
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv import proc, settings
 from fleetmedic.executor.workload.apply import restart_workload
-from tests.executor.test_workloads_support import (
+from tests.executor.workloads_support import (
     TOLERATE_ALL,
     BindingWatch,
     pod_spec,
     quarantine,
     real_controller,
     running,
-    wait,
 )
+from tests.waiting import wait
 
 OPERATOR, pytestmark = real_controller("FLEETMEDIC_TRAINING_OPERATOR", settings.layout().training_operator,
                                        "training-operator")

@@ -1,4 +1,4 @@
-"""Every Kafka producer of fleetmedic is idempotent with ``acks=all`` (issue #28), and every client
+"""Every Kafka producer of fleetmedic is idempotent with ``acks=all``, and every client
 takes the ``kafka`` section's metadata refresh.
 
 - Each ``AIOKafkaProducer(...)`` in the package is built from :func:`fleetmedic.bus.producer_options`
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from fleetmedic.bus import client_options, producer_options
+from fleetmedic.bus import DECISIONS, client_options, producer_options
 from fleetmedic.config import ConfigError, Settings, parse_config
 
 PACKAGE = Path(__file__).resolve().parents[2] / "fleetmedic"
@@ -74,8 +74,8 @@ def test_producer_options_are_idempotent_unless_acks_are_relaxed_outside_decisio
     assert (producer_options(k)["acks"], producer_options(k)["enable_idempotence"]) == ("all", True)
     relaxed = parse_config("kafka: {acks: '1'}\n", env={}).kafka
     assert (producer_options(relaxed)["acks"], producer_options(relaxed)["enable_idempotence"]) == (1, False)
-    assert (producer_options(relaxed, decisions=True)["acks"],
-            producer_options(relaxed, decisions=True)["enable_idempotence"]) == ("all", True)
+    assert (producer_options(relaxed, DECISIONS)["acks"],
+            producer_options(relaxed, DECISIONS)["enable_idempotence"]) == ("all", True)
     assert producer_options(k, client_id="x-executor")["client_id"] == "x-executor"
 
     async def build() -> None:  # aiokafka accepts them (it refuses idempotence without acks=all)

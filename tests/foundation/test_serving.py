@@ -1,4 +1,4 @@
-"""The probes every long-running process serves beside its metrics (issue #27): liveness follows
+"""The probes every long-running process serves beside its metrics: liveness follows
 the event loops' heartbeats, readiness what the process says, over a real HTTP server."""
 
 from __future__ import annotations

@@ -251,7 +251,7 @@ def test_ctl_signs_with_an_operator_key_never_the_command_key(monkeypatch: pytes
     assert "'ops-9' (signing.operator_key_id, the one to sign with) is not configured" in capsys.readouterr().err
 
 
-# --- signatures over the bytes that travel (Kafka headers, issue #25) -------------------------------
+# --- signatures over the bytes that travel (Kafka headers) -------------------------------
 
 NEW_KEY = load_key("new-command-key-0123456789abcdef-0123456789")
 

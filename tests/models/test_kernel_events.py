@@ -1,4 +1,4 @@
-"""Stage 1 on the kernel log (issue #26): an XID from the kernel log and the same XID from NVML or
+"""Stage 1 on the kernel log: an XID from the kernel log and the same XID from NVML or
 dcgm are one event (``detection.xid_dedup_window_s``); records without metrics never move a node's
 metric clock or baselines; an SXid points at its NVSwitch, an AER error at the GPU or NIC at its PCI
 address. The kernel events are made from lines of the corpus (tests/data/kmsg) by the exporter's

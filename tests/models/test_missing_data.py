@@ -1,4 +1,4 @@
-"""Missing data is not a fault (issue #21): a GPU absent from a record or two (a partial scrape, a
+"""Missing data is not a fault: a GPU absent from a record or two (a partial scrape, a
 scrape split in two because one GPU's series were stamped a millisecond apart) keeps its baselines
 and gives no finding; a GPU absent for ``gpu_missing_after_samples`` records over
 ``gpu_missing_after_s`` is lost, at once with XID 79 (NVML's lost-GPU error); a node that went

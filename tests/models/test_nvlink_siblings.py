@@ -1,4 +1,4 @@
-"""NVLink degradation (issue #21): error counters rising on one GPU while its siblings stay flat are
+"""NVLink degradation: error counters rising on one GPU while its siblings stay flat are
 found, bursts at once and slow rises too, even a rise the GPU's own baseline has learnt as normal
 (``gpu_siblings``: the GPU's smoothed rate against the median of its node's GPUs); errors on every
 GPU of a node, single stray errors and a GPU reset are not."""

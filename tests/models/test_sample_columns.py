@@ -6,12 +6,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetmedic import records as r
+from fleetmedic.config import MultivariateSettings, PeerSettings
 from fleetmedic.models.gpu_signals import THROTTLE_MASK, median, reported
-from fleetmedic.models.multivariate import _RATES, BUSY_UTIL, NodeWindowFeatures, _sample_features
+from fleetmedic.models.multivariate import _RATES, NodeWindowFeatures, _sample_features
 from fleetmedic.models.stages import stage1_batch, summarise, summarise_batch
 
 
@@ -24,7 +26,7 @@ def _reference(msg: r.GpuTelemetry) -> tuple[list[float], bool, list[float]]:
     throttled = sum(1 for v in reasons if int(v) & THROTTLE_MASK) / len(reasons) if reasons else math.nan
     row = [spread(reported(msg, n)) for n in ("gpu_temp", "memory_temp", "power_usage", "sm_clock")] + [throttled]
     util = reported(msg, "gpu_util")
-    busy = not util or median(util) >= BUSY_UTIL
+    busy = not util or median(util) >= MultivariateSettings().busy_util
     totals = [float(sum(sum(reported(msg, name)) for name in counters)) for counters in _RATES.values()]
     return row, busy, totals
 
@@ -195,7 +197,6 @@ def test_windows_close_as_the_reference_over_batches_and_a_restore(msgs: list[r.
 
 def test_summary_columns_round_trip_and_a_malformed_batch_is_refused() -> None:
     import msgspec
-    import pytest
 
     from fleetmedic.models.stages import SummaryColumns, summary_columns
 
@@ -250,3 +251,14 @@ def test_bit_masks_at_the_records_bounds_read_as_python_reads_them_and_warn_noth
             rows, _, _ = _sample_features([msg], batch)
             assert all(_same(a, b) for a, b in zip(rows[0].tolist(), ref_row, strict=True)), (rows[0], ref_row)
         assert summarise_batch([msg]) == [summarise(msg)]
+
+
+def test_load_bands_and_busy_samples_follow_the_configured_utilisation_thresholds() -> None:
+    msg = r.GpuTelemetry(node="n0", ts=1000.0, gpus=[0, 1], metrics=r.GpuMetrics(gpu_util=[30.0, 30.0]))
+    assert summarise(msg).band == ""
+    assert summarise(msg, PeerSettings(idle_below_util=40.0)).band == "idle"
+    assert summarise_batch([msg], peers=PeerSettings(busy_above_util=20.0, idle_below_util=5.0))[0].band == "busy"
+    assert _sample_features([msg])[1].tolist() == [False]  # under multivariate.busy_util (50)
+    assert _sample_features([msg], busy_util=25.0)[1].tolist() == [True]
+    with pytest.raises(ValueError, match="idle_below_util"):
+        PeerSettings(idle_below_util=95.0)

@@ -209,7 +209,7 @@ safety:
         firsts = [c for c in new if c.action == "cordon" and c.id.endswith(".1") and "/e" in c.id
                   and c.id.rsplit("/", 1)[1].split(".")[1] == "1"]
         gate = w.engine.gate
-        # definitive isolations (here: an uncorrectable-ECC log line) use no budget (issue #21)
+        # definitive isolations (here: an uncorrectable-ECC log line) use no budget
         starts += [c.issued_at for c in firsts if gate.kind_held(c.node) != "definitive"]
         held = set(gate.budgeted())
         topo = w.topology

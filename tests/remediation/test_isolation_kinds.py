@@ -1,4 +1,4 @@
-"""Safety that never abandons a dead node (issue #21): kinds of isolation (definitive ones never wait
+"""Safety that never abandons a dead node: kinds of isolation (definitive ones never wait
 on a budget), a breaker that trips on correlated suspicion (one signature, one failure domain, a
 share of the fleet) and not on distinct faults, refused nodes that stay suspect (never healthy by a
 timeout), the fleet sized from what is seen, deleted nodes that release their hold. Engine scenarios
@@ -90,9 +90,9 @@ def test_distinct_hard_faults_at_once_on_a_small_fleet_are_all_isolated(n: int, 
     assert isolated_fully(w, f"node-{n - 1}")
 
 
-def test_the_issues_32_node_fleet_without_a_topology_isolates_every_dead_gpu() -> None:
-    """#21 as reported: no topology given, three hard faults at once; one was isolated, the others refused
-    (fleet size 0), and 640 s later back to healthy."""
+def test_a_32_node_fleet_without_a_topology_isolates_every_dead_gpu() -> None:
+    """No topology given, three hard faults at once on 32 nodes: every dead GPU's node is isolated, none
+    refused for a fleet size of 0, and none returns to healthy 640 s later."""
     engine = DecisionEngine(Settings())
     nodes = [f"gpu-node-{i:04d}" for i in range(32)]
     engine.nodes_seen(nodes, T0)  # telemetry: stage 1's summaries

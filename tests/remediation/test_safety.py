@@ -197,7 +197,7 @@ def test_the_breaker_is_open_exactly_when_the_window_held_the_trip_level(times: 
             assert tripped
 
 
-# --- kinds of isolation and the correlated-suspicion breaker (issue #21) -------------------------------
+# --- kinds of isolation and the correlated-suspicion breaker -------------------------------
 
 class Racks:
     """Racks of 4, leaves of 8 (the domains the breaker counts)."""

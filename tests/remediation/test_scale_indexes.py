@@ -1,4 +1,4 @@
-"""Issue #24: the decision engine's per-event work must not grow with the fleet, so its indexes are
+"""The decision engine's per-event work must not grow with the fleet, so its indexes are
 kept up to date as it goes instead of being rebuilt. These tests hold the incremental indexes to
 what a rebuild from scratch gives, over random sequences of the events that change them:
 

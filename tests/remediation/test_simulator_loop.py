@@ -1,11 +1,10 @@
-"""Closed loop against the fleet simulator: its job controller,
-executor and failure logs drive the engine, the engine's commands change the simulated fleet, and
-the simulator's scorer checks the targets that do not depend on statistical detection — software
-faults and job bugs isolate no node, and a GPU that fell off the bus (seen by the real XID detector)
-is isolated while its job moves elsewhere, with no repeat failure. With the shipped defaults
-(issue #21): several distinct hard faults at once on 16 and 32 nodes are all isolated within one
-decision interval, with or without a topology; one signature on 40 % of the fleet trips the breaker
-and isolates nothing preventive."""
+"""Closed loop against the fleet simulator: its job controller, executor and failure logs drive the engine,
+the engine's commands change the simulated fleet, and the simulator's scorer checks the targets that do
+not depend on statistical detection — software faults and job bugs isolate no node, and a GPU that fell
+off the bus (seen by the real XID detector) is isolated while its job moves elsewhere, with no repeat
+failure. With the shipped defaults: several distinct hard faults at once on 16 and 32 nodes are all
+isolated within one decision interval, with or without a topology; one signature on 40 % of the fleet
+trips the breaker and isolates nothing preventive."""
 
 from __future__ import annotations
 
@@ -77,7 +76,7 @@ def test_a_gpu_off_the_bus_is_isolated_and_its_job_moves_without_repeat_failures
     assert engine.report(sim.config.start + 2 * 3600)["repeats"]["placements_on_isolated_nodes"] == 0
 
 
-# --- issue #21: dead nodes are isolated whatever the budget; a storm trips the breaker -----------------
+# --- dead nodes are isolated whatever the budget; a storm trips the breaker -----------------
 
 THREE = "xid79@30m/1/2,xid48@30m/6/5,xid64@30m/11/0"  # GPU off the bus, DBE, row-remap failure
 FIVE = THREE + ",xid95@30m/14/3,xid74@30m/9/7"

@@ -289,7 +289,7 @@ def test_a_node_going_down_behind_a_troubled_leaf_is_its_own_incident_not_the_le
 
 
 def test_a_job_failing_with_network_errors_on_nodes_without_a_leaf_label_does_not_crash() -> None:
-    """Issue #22: network findings on more nodes than ``max_hardware_suspects`` whose topology names no
+    """Network findings on more nodes than ``max_hardware_suspects`` whose topology names no
     leaf switch gave an empty leaf count, and deciding the failure raised ``IndexError``."""
     w = World(n=16)
     w.topology = Topology.from_dict({f"node-{i}": {"rack": f"r{i // 4}", "pool": "h100"} for i in range(16)})

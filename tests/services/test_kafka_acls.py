@@ -1,5 +1,5 @@
 """The ACLs each component needs (fleetmedic.acls), as the documented ``kafka-acls`` commands, against
-the secure three-broker cluster with its authorizer on (issue #28).
+the secure three-broker cluster with its authorizer on.
 
 - pure: the commands for the default config are the ones docs/operations.md lists; every topic of
   the contract is written by some component and read by some component; principals are checked.
@@ -33,7 +33,7 @@ from aiokafka.errors import (
 
 from fleetmedic import acls
 from fleetmedic import records as r
-from fleetmedic.bus import TOPICS, client_options, producer_options
+from fleetmedic.bus import DECISIONS, TOPICS, client_options, producer_options
 from fleetmedic.cli import ctl
 from fleetmedic.config import Settings, parse_config
 from fleetmedic.connectors.runtime import KafkaSink, Outgoing
@@ -111,7 +111,7 @@ def _as(cluster: KafkaCluster, base: Settings, component: str) -> Settings:
 
 
 async def _produce(settings: Settings, topic: str, value: bytes, **kw: Any) -> None:
-    producer = AIOKafkaProducer(**producer_options(settings.kafka, decisions=True) | kw)
+    producer = AIOKafkaProducer(**producer_options(settings.kafka, DECISIONS) | kw)
     await producer.start()
     try:
         await producer.send_and_wait(topic, key=b"k", value=value)

@@ -1,4 +1,4 @@
-"""fleetmedic against a production-shaped Kafka: three brokers, TLS, SASL (issue #28).
+"""fleetmedic against a production-shaped Kafka: three brokers, TLS, SASL.
 
 - ``dev up`` writes the client side as a fleetmedic config (client.yaml) that every client of
   fleetmedic connects with: SCRAM-SHA-512 over TLS (and PLAIN over TLS) on the three-broker

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.k8s_keys import LABEL_FLEET
+from tests.waiting import wait
 
 
 def _pod(name: str, fleet: fl.Fleet) -> client.V1Pod:
@@ -34,14 +34,6 @@ def _pod(name: str, fleet: fl.Fleet) -> client.V1Pod:
     )
 
 
-def _wait(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
-    return result
-
 
 def test_eviction_blocked_by_pdb_gets_429_helper_gives_up_then_evicts_when_budget_allows(
     kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet]
@@ -50,7 +42,7 @@ def test_eviction_blocked_by_pdb_gets_429_helper_gives_up_then_evicts_when_budge
     fleet = make_fleet(2)
     for name in ("trainer-0", "trainer-1"):
         core.create_namespaced_pod(namespace, _pod(name, fleet))
-    _wait(
+    wait(
         "2 Running pods",
         lambda: all(
             (p := core.read_namespaced_pod(n, namespace)).status and p.status.phase == "Running"
@@ -70,7 +62,7 @@ def test_eviction_blocked_by_pdb_gets_429_helper_gives_up_then_evicts_when_budge
         s, gen = got.status, got.metadata.generation if got.metadata else None
         return bool(s and s.observed_generation == gen and s.expected_pods == 2 and s.disruptions_allowed == allowed)
 
-    _wait("the disruption controller to compute 0 allowed disruptions", lambda: budget(0))
+    wait("the disruption controller to compute 0 allowed disruptions", lambda: budget(0))
 
     eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name="trainer-0", namespace=namespace))
     with pytest.raises(client.ApiException) as refused:
@@ -84,7 +76,7 @@ def test_eviction_blocked_by_pdb_gets_429_helper_gives_up_then_evicts_when_budge
     assert time.monotonic() - t < 5
 
     policy.patch_namespaced_pod_disruption_budget("trainers", namespace, {"spec": {"minAvailable": 1}})
-    _wait("the budget to allow 1 disruption", lambda: budget(1))
+    wait("the budget to allow 1 disruption", lambda: budget(1))
     done = fl.evict(kube_api, "trainer-0", namespace, attempts=3, backoff=0.05)
     assert done.evicted and done.status == 201
 
@@ -95,5 +87,5 @@ def test_eviction_blocked_by_pdb_gets_429_helper_gives_up_then_evicts_when_budge
             return exc.status == 404
         return bool(pod.metadata and pod.metadata.deletion_timestamp)
 
-    _wait("trainer-0 to be deleted", gone_or_terminating)
+    wait("trainer-0 to be deleted", gone_or_terminating)
     assert core.read_namespaced_pod("trainer-1", namespace).status.phase == "Running"

@@ -7,14 +7,13 @@ Takes ~12 s: the Job controller waits its pod-failure backoff (10 s) before repl
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from typing import Any
 
 from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.k8s_keys import LABEL_FLEET
+from tests.waiting import wait
 
 
 def _job(name: str, fleet: fl.Fleet) -> client.V1Job:
@@ -48,16 +47,6 @@ def _job(name: str, fleet: fl.Fleet) -> client.V1Job:
     )
 
 
-def _wait(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
-
 
 def _unschedulable(pod: client.V1Pod) -> bool:
     conditions = (pod.status.conditions if pod.status else None) or []
@@ -78,7 +67,7 @@ def test_gpu_job_pods_run_on_kwok_nodes_and_replacement_never_lands_on_cordoned_
     def running() -> list[client.V1Pod]:
         return [p for p in pods() if p.status and p.status.phase == "Running"]
 
-    first = _wait("4 Running pods", lambda: (r := running()) and len(r) == 4 and r)
+    first = wait("4 Running pods", lambda: (r := running()) and len(r) == 4 and r)
     hosts = {p.spec.node_name for p in first if p.spec}
     assert len(hosts) == 4 and hosts <= set(fleet.nodes)  # 8 GPUs each: one pod per node
 
@@ -95,13 +84,13 @@ def test_gpu_job_pods_run_on_kwok_nodes_and_replacement_never_lands_on_cordoned_
         return new[0] if new else None
 
     # the cordoned node is the only one with 8 free GPUs: the scheduler must refuse it
-    pending = _wait(
+    pending = wait(
         "the replacement to be marked Unschedulable", lambda: (p := replacement()) and _unschedulable(p) and p
     )
     assert pending.spec is None or pending.spec.node_name is None
 
     core.patch_node(idle[0], {"spec": {"unschedulable": False}})
-    placed = _wait(
+    placed = wait(
         "the replacement to run on the uncordoned node",
         lambda: (p := replacement()) and p.status and p.status.phase == "Running" and p,
     )

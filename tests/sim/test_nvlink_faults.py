@@ -1,4 +1,4 @@
-"""NVLink degradation through the whole pipeline (issue #21): a slow rise and repeated bursts of
+"""NVLink degradation through the whole pipeline: a slow rise and repeated bursts of
 NVLink errors on one GPU, its siblings flat, are each found as a degradation of that GPU within a
 reasonable delay, with no finding on its siblings."""
 

@@ -78,7 +78,7 @@ def test_the_controller_keeps_todays_packing_and_the_preference_is_a_spec_option
     fleet = _workload().fleet
     ok = np.array([i not in busy | exclude for i in range(24)])
     plain = choose_nodes(4, ok, before, fleet.node_su, fleet.node_rack, None)
-    assert plain == [0, 8, 10, 11]  # the SU with the most free nodes, as before this change
+    assert plain == [0, 8, 10, 11]  # the SU with the most free nodes: no preference applies
     assert _replace(_workload(), before, busy, "controller", exclude).nodes == plain
     assert _replace(_workload(), before, busy, "user", exclude).nodes == plain
     assert _replace(_workload("none"), before, busy, "cmd-1", exclude).nodes == plain

@@ -1,4 +1,4 @@
-"""Missing data is not a fault, through the whole pipeline (issue #21): partial scrapes (a round
+"""Missing data is not a fault, through the whole pipeline: partial scrapes (a round
 without one GPU) and misaligned scrapes (one GPU's series stamped 1 ms apart, so a round arrives as
 two records) are negative controls: no finding, no incident, no command, however often they recur."""
 

@@ -1,4 +1,4 @@
-"""Snapshots on the real broker (issue #22): a decision worker killed while it writes a snapshot, and
+"""Snapshots on the real broker: a decision worker killed while it writes a snapshot, and
 a corrupt record on the snapshot topic (and on stage 1's state topic), end with exactly the command
 ids of a run that had neither: none lost, none twice, nothing stuck.
 
@@ -60,7 +60,7 @@ def _dedicated_broker(tmp_path: Path) -> Kafka:
 @pytest.mark.parametrize("part_bytes", [0, 4096], ids=["whole", "in-parts"])
 def test_a_worker_killed_while_it_writes_a_snapshot_loses_and_repeats_no_command(tmp_path: Path,
                                                                                  part_bytes: int) -> None:
-    """``in-parts`` (issue #24): the snapshot is larger than one record of the state topic may be,
+    """``in-parts``: the snapshot is larger than one record of the state topic may be,
     so it is written in parts and a manifest; the kill lands among them."""
     broker = _dedicated_broker(tmp_path)
     try:

@@ -1,5 +1,5 @@
-"""Stage 1's memory is bounded whatever node names arrive (issue #22: 250k distinct names grew it to
-951 MB, nothing evicted): a node silent for ``detection.evict_node_after_s`` of event time is
+"""Stage 1's memory is bounded whatever node names arrive (without eviction 250k
+distinct names would grow it to about 951 MB): a node silent for ``detection.evict_node_after_s`` of event time is
 forgotten, beyond ``detection.max_nodes_per_worker`` the least recently seen one is, a node seen
 regularly never is, and a forgotten node's saved state is deleted (a tombstone) so that a restore on
 the real broker does not bring it back."""

@@ -1,4 +1,4 @@
-"""Hardening of the pipeline's stages (issues #22 and #21 item 7), in process (no broker):
+"""Hardening of the pipeline's stages, in process (no broker):
 
 - a record whose handling raises is dead-lettered with the exception's type, message and last
   frame, counted, and the next record is handled (decision stage, stage 1's micro-batches, ticks);
@@ -396,7 +396,7 @@ def _scan(out: FakeOutputs, topic: str, keep: int = 3) -> SnapshotScan:
 
 
 def test_a_snapshot_larger_than_a_record_is_written_in_parts_and_restored_whole() -> None:
-    """Issue #24 (was #22's "not written, the previous one stays"): a snapshot over the state
+    """A snapshot over the state
     topic's record limit goes out in parts and a manifest; restoring it gives the same engine, and
     shrinking back under the limit tombstones the parts."""
     stage, out = _decide()

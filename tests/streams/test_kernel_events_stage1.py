@@ -1,4 +1,4 @@
-"""Stage 1 reads ``kernel.events`` beside ``telemetry.gpu`` (issue #26): in one poll, NVML's report
+"""Stage 1 reads ``kernel.events`` beside ``telemetry.gpu``: in one poll, NVML's report
 of an XID and the kernel log's line of the same XID (a line of the corpus, through the exporter's
 mapper) make one finding; an SXid makes a finding naming its NVSwitch; a kernel event that does not
 decode is dead-lettered and the stage goes on; the kernel topic's offsets move with the rest."""

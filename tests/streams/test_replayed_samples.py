@@ -1,4 +1,4 @@
-"""Stage 1 takes no sample twice (issue #28's stalled coordinator, and a kill between the write of
+"""Stage 1 takes no sample twice (stalled coordinator, and a kill between the write of
 the node states and the commit of the offsets): a worker that loads a node's state and resumes from
 an older offset replays samples the state already holds; they are counted, not taken again."""
 

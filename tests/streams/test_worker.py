@@ -148,7 +148,7 @@ def test_malformed_telemetry_goes_to_the_dead_letter_topic_and_the_worker_goes_o
         got = collect_sync(kafka_bootstrap, [dead, findings], done, timeout=40)
         assert done(got), f"got {[(t, len(v)) for t, v in got.by_topic.items()]}"
         scraped = _scrape(run.log.read_text())
-        # the probes: both loops of --role all beat, the stages are ready (issue #27)
+        # the probes: both loops of --role all beat, the stages are ready
         assert _scrape(run.log.read_text(), "/healthz") == "ok\n"
         assert _scrape(run.log.read_text(), "/readyz") == "ready\n"
 

@@ -84,7 +84,7 @@ class Triage:
         """Decide the gathered groups whose settle time has passed (oldest first).
 
         Each table is kept in deadline order (:func:`~.records.file_group`), so the due groups are
-        a prefix, found without looking at the rest (issue #24)."""
+        a prefix, found without looking at the rest."""
         out: list[Assessment] = []
         for key, group in self._ready(self.state.network, now):
             del self.state.network[key]

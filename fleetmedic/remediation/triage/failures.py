@@ -220,7 +220,7 @@ class JobFailureTriage:
 
     def _shared_leaf(self, x: _Failure, net_nodes: set[str], now: float) -> Assessment | None:
         """Fabric errors on too many nodes to suspect each: their common leaf, if enough share one.
-        Nodes whose topology names no leaf share none (issue #22)."""
+        Nodes whose topology names no leaf share none."""
         top = most_common(Counter(leaf for n in net_nodes for leaf in self.topology.leaves_of(n)))
         if top is None:
             return None

@@ -256,6 +256,6 @@ def union(a: Iterable[T], b: Iterable[T]) -> list[T]:
 
 def most_common(counts: Counter[T]) -> tuple[T, int] | None:
     """The most frequent value and its count; None when nothing was counted (never index an empty
-    ``Counter.most_common``: issue #22)."""
+    ``Counter.most_common``)."""
     top = counts.most_common(1)
     return top[0] if top else None

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,16 +50,6 @@ def quarantine(api: client.ApiClient, node: str) -> None:
     taints = [t.to_dict() for t in (current.spec.taints or [])] + [QUARANTINE_TAINT]
     core.patch_node(node, {"spec": {"unschedulable": True, "taints": taints}})
 
-
-def wait(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
 
 
 def live_pods(api: client.ApiClient, namespace: str, selector: str) -> list[client.V1Pod]:

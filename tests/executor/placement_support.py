@@ -19,7 +19,8 @@ from fleetmedic.devenv import fleet as fl
 from fleetmedic.executor.workload.placement_apply import PlacementRestarter
 from fleetmedic.k8s_keys import LABEL_LEAF
 from tests.executor.jobset_support import create_when_served
-from tests.executor.test_workloads_support import gpu_job, live_pods, quarantine, wait
+from tests.executor.workloads_support import gpu_job, live_pods, quarantine
+from tests.waiting import wait
 
 
 def leaves_of(api: client.ApiClient, fleet: fl.Fleet) -> dict[str, str]:
