@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
-from fleetmedic.cli.common import EXIT_INVALID, settings_or_none
+from fleetmedic.cli.common import DEFAULT_SEED, EXIT_INVALID, duration, examples, settings_or_none
 from fleetmedic.sim.whatif.history import FORMATS, History, HistoryError, parse_history
 from fleetmedic.sim.whatif.mapping import MappingError, load_mapping
 from fleetmedic.sim.whatif.replay import PolicySpec, replay
@@ -21,16 +20,6 @@ from fleetmedic.sim.whatif.shipped import SHIPPED, declared_nodes, shipped_histo
 from fleetmedic.sim.whatif.world import Assumptions
 
 POLICIES = ("manual", "npd-draino", "fleetmedic")
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?$")
-_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
-
-
-def duration(text: str) -> float:
-    """``90s``, ``10m``, ``2h``, ``1d`` or plain seconds."""
-    m = _DURATION.match(text.strip())
-    if m is None:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 90s, 10m, 2h)")
-    return float(m.group(1)) * _UNIT[m.group(2)]
 
 
 def fraction(text: str) -> float:
@@ -43,15 +32,6 @@ def fraction(text: str) -> float:
     return v
 
 
-EXAMPLES = """examples:
-  fleetmedic whatif stepfun                      # the published StepFun trace, all three policies
-  fleetmedic whatif llama3 --json out.json --report out.html
-  fleetmedic whatif incidents.csv --mapping my-mapping.yaml --nodes 512 \\
-      --config today.yaml --config proposed.yaml   # compare two configs on your own history
-  fleetmedic whatif fault_trace.json --format stepfun --human-delay 15m --policy manual --policy fleetmedic
-"""
-
-
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "whatif", help="replay a fault history through the decision engine: job time saved against manual "
@@ -61,7 +41,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                     "decision engine and through what teams do without it, on the same simulated cluster and "
                     "workload, and report ETTR, GPU-hours lost by cause, MTTR, and how long faulty nodes stayed "
                     "schedulable. Every assumption is a flag and is printed with the results.",
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=examples(
+            "fleetmedic whatif stepfun",
+            "fleetmedic whatif llama3 --json out.json --report out.html",
+            "fleetmedic whatif incidents.csv --mapping my-mapping.yaml --nodes 512 --config today.yaml "
+            "--config proposed.yaml",
+            "fleetmedic whatif fault_trace.json --format stepfun --human-delay 15m --policy manual "
+            "--policy fleetmedic"))
     p.add_argument("history", metavar="HISTORY", help=f"a file, or a shipped history: {', '.join(SHIPPED)}")
     p.add_argument("--format", choices=FORMATS, help="history format (default: from its content)")
     p.add_argument("--mapping", help="category -> evidence mapping: a shipped one (stepfun, llama3) or a YAML file "
@@ -73,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="fleetmedic's config; repeat to compare configs (default: the shipped defaults)")
     p.add_argument("--nodes", type=int, help="fleet size (default: the history's: 400 for stepfun, 2048 for llama3, "
                                              "else the nodes it names)")
-    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs of a node (default 8)")
     p.add_argument("--big-job-fraction", type=fraction, default=0.9, help="share of nodes of the lock-step job")
     p.add_argument("--small-job-fraction", type=fraction, default=0.05, help="share of nodes running 1-node jobs")
     p.add_argument("--checkpoint", type=duration, default=1800.0, help="checkpoint interval (default 30m)")
@@ -88,7 +74,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--diag-false-pass", type=fraction, default=0.05, help="diagnostics that miss a real fault")
     p.add_argument("--diag-false-fail", type=fraction, default=0.01, help="diagnostics that fail a healthy node")
     p.add_argument("--tick", type=duration, default=10.0, help="the decision stage's tick (default 10s)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"the replay's random draws (default {DEFAULT_SEED})")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     p.add_argument("--report", metavar="HTML", help="write a self-contained HTML report")
     p.add_argument("--progress", action="store_true", help="show progress even when stderr is not a terminal")
