@@ -202,3 +202,19 @@ def test_the_cli_replays_a_csv_and_refuses_bad_rows_without_a_traceback(tmp_path
     assert set(res["policies"]) == {"manual", "npd-draino", "fleetmedic"} and "line 5" in ok.stderr
     assert res["policies"]["fleetmedic"]["ettr"] > res["policies"]["manual"]["ettr"]
     assert "<svg" in (tmp_path / "r.html").read_text()
+
+
+@pytest.mark.chromium
+def test_the_html_report_renders_in_a_real_browser_with_a_plot_per_policy(tmp_path: Path) -> None:
+    from fleetmedic.sim.whatif.report import html_report
+    from tests.evaluation.test_report import dump_dom
+
+    res = replay(parse_history(one_dbe()), load_mapping("stepfun"), tiny(),
+                 [PolicySpec("manual", "manual"), PolicySpec("fleetmedic", "fleetmedic", parse_config("{}"))])
+    page = tmp_path / "whatif.html"
+    page.write_text(html_report(res), encoding="utf-8")
+    dom = dump_dom(page, 900)
+    table = dom[dom.index('<table id="outcomes">'):]
+    assert "<th>manual</th><th>fleetmedic</th>" in table[:400]
+    assert dom.count("<polyline") == 4  # schedulable nodes and useful GPUs, per policy
+    assert "ETTR, big job" in dom and "Gremlins" not in dom

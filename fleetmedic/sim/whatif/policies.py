@@ -163,9 +163,10 @@ class Fleetmedic:
         self._next_tick = float("inf")
         self._extra: set[float] = set()
         tr, sf = settings.triage, settings.safety
-        #: after an input: now, and when each settle window or backoff it may have opened ends
-        self.windows = sorted({0.0, tr.failure_settle_s, tr.network_settle_s, sf.settle_s,
-                               settings.policy.transient_retry_backoff_s})
+        #: after an input (which the engine acts on at once): when each settle window or backoff it
+        #: may have opened ends
+        self.windows = sorted({tr.failure_settle_s, tr.network_settle_s, sf.settle_s,
+                               settings.policy.transient_retry_backoff_s} - {0.0})
         self.refused: dict[str, int] = {}
         self.breaker_reasons: dict[str, int] = {}
         self.commands: dict[str, int] = {}
