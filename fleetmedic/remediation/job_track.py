@@ -22,7 +22,7 @@ from fleetmedic.remediation.triage import Assessment, Triage
 class JobTrack:
     def __init__(self, settings: Settings, state: EngineState, triage: Triage, gate: SafetyGate,
                  accounting: Accounting, issuer: Issuer, incidents: IncidentTracker,
-                 node_state: Callable[[str], NodeState]) -> None:
+                 node_state: Callable[[str], NodeState], suspected: Callable[[], set[str]] | None = None) -> None:
         self.settings = settings
         self.state = state
         self.triage = triage
@@ -31,6 +31,8 @@ class JobTrack:
         self.issuer = issuer
         self.incidents = incidents
         self.node_state = node_state
+        #: every node fleetmedic suspects now (the engine's :meth:`~.engine.DecisionEngine.suspected_nodes`)
+        self.suspected: Callable[[], set[str]] = suspected or (lambda: set(self.gate.state.held))
 
     # --- acting on a decision -----------------------------------------------------------------------
 
@@ -95,8 +97,8 @@ class JobTrack:
 
     def _move(self, cid: str, action: str, params: dict[str, str], job: str, attempt: int, reason: str,
               a: Assessment, now: float, out: Decisions) -> None:
-        """Restart or requeue the job away from the suspects and the held nodes; its coming failure is
-        fleetmedic's own doing, and its recovery is timed."""
+        """Restart or requeue the job away from the incident's suspects and every node fleetmedic
+        suspects; its coming failure is fleetmedic's own doing, and its recovery is timed."""
         inc = a.incident
         self.state.held = [h for h in self.state.held if h.job != job]  # a restart supersedes a pending retry
         self.triage.expect_failure(job, attempt, now + self.settings.signing.command_ttl_s
@@ -104,7 +106,9 @@ class JobTrack:
         if job != a.job:  # a running job interrupted by fleetmedic counts as a failed attempt of that class
             self.accounting.job_failed(inc.incident_class)
             self.accounting.job_stopped(job, now)
-        exclude = sorted(set(a.exclude_nodes) | set(a.suspect_nodes) | set(self.gate.state.held))
+        # away from every node fleetmedic suspects, isolated or not: a restart that lands on one that is
+        # settling, refused, not yet cordoned or still being confirmed fails again
+        exclude = sorted(set(a.exclude_nodes) | set(a.suspect_nodes) | self.suspected())
         self.issuer.command(out, now, cid, action, inc.id, job, reason, params, exclude=exclude)
         self.accounting.recovery_started(job, inc.id, attempt, a.fault_at, now, list(a.suspect_nodes), now)
         self.incidents.track(inc.id, job=job)
