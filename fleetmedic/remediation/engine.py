@@ -243,6 +243,7 @@ class DecisionEngine:
         self._forget_unseen(now)
         fleet = self.fleet_size
         self.nodes.tick(now, out)
+        self.jobs.follow_suspects(now, out)
         if self.gate.breaker.poll(now, fleet, self.topology):
             self.issuer.audit(out, now, "breaker_resumed", f"circuit breaker closed by rule (resume: auto) after "
                               f"{self.settings.safety.breaker.auto_resume_after_s:g}s with suspicion below the trip "

@@ -65,6 +65,20 @@ class HeldCommand(msgspec.Struct, frozen=True, kw_only=True):
     attempt: int = 0  # the failed attempt it retries: moot once the job moved on
 
 
+class MovingJob(msgspec.Struct, kw_only=True):
+    """A job fleetmedic restarted or requeued that is not placed yet: the nodes fleetmedic starts
+    suspecting meanwhile are added to its exclusions."""
+
+    command_id: str
+    action: str
+    incident_id: str
+    attempt: int  # the job's attempt when it was moved: a placement of a later one ends the wait
+    since: float
+    exclude: list[str] = []
+    reason: str = ""
+    updates: int = 0
+
+
 class IncidentTracks(msgspec.Struct, kw_only=True):
     """What an incident still waits for before it is resolved, and the jobs it already moved."""
 
@@ -89,6 +103,7 @@ class EngineState(msgspec.Struct, kw_only=True):
     muted: dict[str, float] = {}  # out-of-service node -> since when its findings are not triaged
     seen: dict[str, float] = {}  # node -> last time telemetry, a finding or a placement named it (fleet size)
     cluster: dict[str, float] = {}  # node -> when the node watch first listed it (the fleet, when any)
+    moving: dict[str, MovingJob] = {}  # job -> a restart of it not placed yet
     operator_ids: dict[str, float] = {}  # applied operator command id -> its expires_at (replays refused)
 
 

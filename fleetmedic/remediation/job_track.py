@@ -10,7 +10,7 @@ from collections.abc import Callable
 from fleetmedic.config import Settings
 from fleetmedic.records import JobEvent, NodeState, RemediationResult
 from fleetmedic.remediation.accounting import Accounting
-from fleetmedic.remediation.engine_state import CommandInfo, Decisions, EngineState, HeldCommand
+from fleetmedic.remediation.engine_state import CommandInfo, Decisions, EngineState, HeldCommand, MovingJob
 from fleetmedic.remediation.incident_tracks import IncidentTracker
 from fleetmedic.remediation.issuer import Issuer
 from fleetmedic.remediation.lifecycle import OUT_OF_SERVICE
@@ -110,10 +110,37 @@ class JobTrack:
         # settling, refused, not yet cordoned or still being confirmed fails again
         exclude = sorted(set(a.exclude_nodes) | set(a.suspect_nodes) | self.suspected())
         self.issuer.command(out, now, cid, action, inc.id, job, reason, params, exclude=exclude)
+        if self.settings.policy.follow_suspects_s > 0:
+            self.state.moving[job] = MovingJob(command_id=cid, action=action, incident_id=inc.id, attempt=attempt,
+                                               since=now, exclude=exclude, reason=reason)
         self.accounting.recovery_started(job, inc.id, attempt, a.fault_at, now, list(a.suspect_nodes), now)
         self.incidents.track(inc.id, job=job)
 
     # --- what time, results and job events bring -----------------------------------------------------
+
+    def follow_suspects(self, now: float, out: Decisions) -> None:
+        """A restart still waiting for capacity excludes the nodes fleetmedic started suspecting since
+        it was issued: the same command again with the longer list, marked ``only_if_waiting`` (the
+        executor adds the exclusions to pods that wait, and never restarts a job that was placed)."""
+        if not self.state.moving:
+            return
+        horizon = now - self.settings.policy.follow_suspects_s
+        suspected = self.suspected()
+        for job, m in list(self.state.moving.items()):
+            if m.since < horizon or self.triage.job(job) is None:
+                del self.state.moving[job]
+                continue
+            new = suspected - set(m.exclude)
+            if not new:
+                continue
+            m.exclude = sorted(set(m.exclude) | new)
+            m.updates += 1
+            cid = f"{m.command_id}/follow-{m.updates}"
+            self.issuer.command(out, now, cid, m.action, m.incident_id, job, m.reason, {"only_if_waiting": "true"},
+                                exclude=m.exclude)
+            self.issuer.audit(out, now, "command", f"{m.action} {job}, waiting for capacity: also excluding "
+                              f"{', '.join(sorted(new))} (suspected since)", incident_id=m.incident_id, job=job,
+                              track="job", command_ids=[cid])
 
     def release_due(self, now: float, out: Decisions) -> None:
         """Issue held retries whose backoff passed, unless the job moved on meanwhile."""
@@ -144,6 +171,9 @@ class JobTrack:
     def on_event(self, e: JobEvent, now: float, out: Decisions) -> None:
         """Account a job event: attempts, running time, placements on held nodes, recoveries done."""
         acc = self.accounting
+        moving = self.state.moving.get(e.job)
+        if moving is not None and (e.event == "completion" or (e.event == "placement" and e.attempt > moving.attempt)):
+            del self.state.moving[e.job]  # placed (or done): its exclusions are what the scheduler used
         if e.event == "placement":
             bad = [p.node for p in e.placement if self.gate.holds(p.node) or self.node_state(p.node) in OUT_OF_SERVICE]
             for node in sorted(set(bad)):

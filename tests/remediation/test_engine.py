@@ -271,3 +271,22 @@ def test_a_restart_excludes_every_node_fleetmedic_suspects_whatever_safety_decid
     assert {"node-3", "node-20", "node-21"} <= set(restart.exclude_nodes)
     assert w.engine.suspected_nodes() >= {"node-3", "node-20", "node-21"}
     assert not w.engine.suspected_nodes() & (set(NODES) - {"node-3"})
+
+
+def test_a_restart_waiting_for_capacity_also_excludes_nodes_suspected_since() -> None:
+    w = World(auto_execute=False)
+    w.place("ml/a", NODES)
+    w.finding("node-3", kind="hard_fault", severity="critical", hint="isolate")
+    (restart,) = w.cmds("restart_job", job="ml/a")
+    assert "node-20" not in restart.exclude_nodes
+    w.degradation("node-20")  # suspected after the restart was issued, while the job waits
+    w.advance(10)
+    (follow,) = [c for c in w.cmds("restart_job", job="ml/a") if c.id != restart.id]
+    assert follow.params.get("only_if_waiting") == "true"
+    assert set(follow.exclude_nodes) >= {"node-3", "node-20"}
+    w.advance(10)
+    assert len(w.cmds("restart_job", job="ml/a")) == 2  # nothing new suspected: nothing more
+    w.place("ml/a", [f"node-{i}" for i in range(8, 16)])  # placed: it no longer follows
+    w.degradation("node-21")
+    w.advance(10)
+    assert len(w.cmds("restart_job", job="ml/a")) == 2
