@@ -3,6 +3,9 @@
 
 :meth:`PlacementRestarter.restart` is what the executor calls for ``restart_job`` / ``requeue_job``:
 
+0. A command with ``params.only_if_waiting`` (the engine adding nodes suspected since to a restart
+   that waits for capacity) is ``skipped`` when every pod of the workload is placed: a placed job
+   is never restarted for it.
 1. A workload whose replacement pods are already waiting (unscheduled) with every excluded node
    kept off (for a JobSet: by its child Jobs' pod templates) is not restarted again (``skipped``):
    that would only recreate pending pods.
