@@ -451,7 +451,7 @@ class PolicySettings(Section, frozen=True, kw_only=True):
     transient_retry_backoff_s: NonNegFloat = 60.0
     # a restart or requeue not placed yet (waiting for capacity) gets the nodes fleetmedic starts
     # suspecting meanwhile added to its exclusions, for up to this long (0: its exclusions stay as issued)
-    follow_suspects_s: NonNegFloat = 3600.0
+    follow_suspects_s: NonNegFloat = 86_400.0
     escalate_after_failures: PosInt = 2
     escalate_window_s: PosFloat = 86_400.0
     # failure signals that never count against a node: memory exhaustion follows the job's sizing
