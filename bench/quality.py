@@ -218,7 +218,8 @@ def false_incident_rows(truth: list[Any], incidents: list[Any], report: Any) -> 
     return rows
 
 
-PLACEMENT_COUNTS = ("re_placements", "with_room", "replacements", "in_leaf", "on_suspect", "on_excluded")
+PLACEMENT_COUNTS = ("re_placements", "with_room", "replacements", "in_leaf", "on_suspect", "on_suspect_known",
+                    "on_suspect_undetected", "on_flagged", "on_excluded")
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -273,6 +274,12 @@ def aggregate(results: list[dict[str, Any]], node_days: float) -> dict[str, Any]
             for f in PLACEMENT_COUNTS:
                 placement[who][f] += int(counts.get(f) or 0)
     overall["placement"] = {who: dict(v) for who, v in sorted(placement.items())}
+    undetected: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for res in results:
+        for who, by_kind in ((res["report"].get("closed_loop") or {}).get("undetected_by_kind") or {}).items():
+            for kind, n in by_kind.items():
+                undetected[who][kind] += int(n)
+    overall["undetected_by_kind"] = {who: dict(sorted(v.items())) for who, v in sorted(undetected.items())}
     group_delays: dict[str, list[float]] = defaultdict(list)
     for res in results:
         for d in res.get("delays", []):
@@ -326,13 +333,23 @@ def markdown(args: argparse.Namespace, results: list[dict[str, Any]], agg: dict[
         "was found). Placements on a node a restart had excluded: the table below.",
         "",
         "Re-placements after failures, summed over seeds (replacement nodes that stayed in the job's original "
-        "leaf, counted where that leaf had room; placements on a node of the outage's fault; goal 1.0 and 0):",
+        "leaf, counted where that leaf had room; placements on a node of the outage's fault, split into nodes "
+        "fleetmedic already suspected at placement (held, settling, refused, not yet cordoned, evidence being "
+        "confirmed: goal 0 for its own restarts, which exclude them) and nodes not yet detected (a detection "
+        "delay); placements on any node fleetmedic suspected then, faulty or not; goal 1.0 and 0):",
         "",
-        "| restarted by | re-placements | leaf had room | in the original leaf | on suspects | on excluded nodes |",
-        "|---|---|---|---|---|---|",
+        "| restarted by | re-placements | leaf had room | in the original leaf | on suspects | of which suspected at "
+        "placement | of which not yet detected | on nodes fleetmedic suspected | on excluded nodes |",
+        "|---|---|---|---|---|---|---|---|---|",
         *(f"| {who} | {p['re_placements']} | {p['with_room']} | {p['in_leaf']}/{p['replacements']} "
-          f"({fmt(_ratio(p['in_leaf'], p['replacements']))}) | {p['on_suspect']} | {p['on_excluded']} |"
+          f"({fmt(_ratio(p['in_leaf'], p['replacements']))}) | {p['on_suspect']} | {p.get('on_suspect_known', 0)} | "
+          f"{p.get('on_suspect_undetected', 0)} | {p.get('on_flagged', 0)} | {p['on_excluded']} |"
           for who, p in o["placement"].items() if who != "all"),
+        "",
+        "Placements on a faulty node not yet detected, by fault kind: "
+        + ("; ".join(f"{who}: " + ", ".join(f"{k} {n}" for k, n in by.items())
+                     for who, by in o.get("undetected_by_kind", {}).items() if who != "all" and by) or "none")
+        + ".",
         "",
         "## By fault kind",
         "",

@@ -22,7 +22,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Annotated, Any, Literal, cast, get_args, get_origin
+from typing import Annotated, Any, Final, Literal, cast, get_args, get_origin
 
 import msgspec
 import yaml
@@ -460,6 +460,9 @@ def _default_rules() -> list[PolicyRule]:
 class PolicySettings(Section, frozen=True, kw_only=True):
     transient_retry_max: NonNegInt = 3
     transient_retry_backoff_s: NonNegFloat = 60.0
+    # a restart or requeue not placed yet (waiting for capacity) gets the nodes fleetmedic starts
+    # suspecting meanwhile added to its exclusions, for up to this long (0: its exclusions stay as issued)
+    follow_suspects_s: NonNegFloat = 86_400.0
     escalate_after_failures: PosInt = 2
     escalate_window_s: PosFloat = 86_400.0
     # failure signals that never count against a node: memory exhaustion follows the job's sizing
@@ -1424,10 +1427,11 @@ def config_warnings(settings: Settings) -> list[str]:
 
     - ``safety.max_quarantined_fraction`` above 0.25 (:data:`WARN_QUARANTINED_FRACTION`): more than a
       quarter of the fleet may be taken out of service, bounded only by ``max_quarantined_count``;
-    - the circuit breaker effectively off: ``breaker.trip_suspect_fraction`` above 0.5 (it opens only
-      once more than half the fleet is suspect at once), ``breaker.trip_min_nodes`` of 1,000 or more
-      (it never opens in a smaller storm), or ``breaker.window_s`` under 60 s (suspicions are
-      forgotten before a storm that unfolds over minutes reaches the trip level).
+    - a rule of the circuit breaker effectively off: a ``*_fraction`` above 0.5 (it opens only once
+      more than half of its nodes are suspect at once) or a ``*_min_nodes`` of 1,000 or more (it never
+      opens in a smaller storm), for the fleet-share, one-signature and one-domain rules alike; each
+      warning names the rules left on (or says none is); or ``breaker.window_s`` under 60 s
+      (suspicions are forgotten before a storm that unfolds over minutes reaches the trip level).
 
     Always:
 
@@ -1447,14 +1451,7 @@ def config_warnings(settings: Settings) -> list[str]:
                        f"fleetmedic take up to {s.max_quarantined_fraction:.0%} of the fleet out of service (only "
                        f"max_quarantined_count {s.max_quarantined_count} bounds it; above "
                        f"{WARN_QUARANTINED_FRACTION:g} is dangerous)")
-        if b.trip_suspect_fraction > WARN_BREAKER_FRACTION:
-            out.append(f"safety.breaker.trip_suspect_fraction: {b.trip_suspect_fraction:g}: the circuit breaker "
-                       f"opens only once more than {WARN_BREAKER_FRACTION:.0%} of the fleet is suspect at once "
-                       f"(effectively off)")
-        if b.trip_min_nodes >= WARN_BREAKER_MIN_NODES:
-            out.append(f"safety.breaker.trip_min_nodes: {b.trip_min_nodes}: the fleet-share rule of the circuit "
-                       f"breaker never opens for fewer suspect nodes at once (only one signature or one rack or "
-                       f"leaf can still open it)")
+        out += _breaker_rule_warnings(b, s.max_quarantined_count)
         if b.window_s < WARN_BREAKER_WINDOW_S:
             out.append(f"safety.breaker.window_s: {b.window_s:g}s: suspicions are forgotten before a storm that "
                        f"unfolds over minutes reaches the trip level (effectively off; under "
@@ -1477,6 +1474,39 @@ def config_warnings(settings: Settings) -> list[str]:
     if settings.signing.allow_demo_keys:
         out.append("signing.allow_demo_keys: true: the demo's published keys are accepted; anyone can sign "
                    "commands and operator commands (only the demo may set this)")
+    return out
+
+
+#: the breaker's rules: (name, what it counts, the min_nodes setting, the fraction setting)
+BREAKER_RULES: Final = (
+    ("fleet-share", "suspect nodes across the fleet", "trip_min_nodes", "trip_suspect_fraction"),
+    ("one-signature", "suspect nodes with the same evidence", "signature_min_nodes", "signature_fraction"),
+    ("one-domain", "suspect nodes of one rack or leaf", "domain_min_nodes", "domain_fraction"),
+)
+
+
+def _breaker_rule_warnings(b: BreakerSettings, max_count: int) -> list[str]:
+    """One warning per breaker rule a setting turns off (its level ``WARN_BREAKER_MIN_NODES`` nodes or
+    more, or a fraction above ``WARN_BREAKER_FRACTION``), naming the rules left on: none claims a
+    rule that is off still protects."""
+    off: dict[str, str] = {}
+    for name, counts, min_key, fraction_key in BREAKER_RULES:
+        min_nodes, fraction = getattr(b, min_key), getattr(b, fraction_key)
+        if min_nodes >= WARN_BREAKER_MIN_NODES:
+            off[name] = (f"safety.breaker.{min_key}: {min_nodes}: the {name} rule of the circuit breaker never "
+                         f"opens for fewer {counts} at once (effectively off)")
+        elif fraction > WARN_BREAKER_FRACTION:
+            off[name] = (f"safety.breaker.{fraction_key}: {fraction:g}: the {name} rule of the circuit breaker "
+                         f"opens only once more than {WARN_BREAKER_FRACTION:.0%} of its nodes are suspect at once "
+                         "(effectively off)")
+    on = [name for name, *_ in BREAKER_RULES if name not in off]
+    left = (f"; only the {' and the '.join(on)} rule{'s' if len(on) > 1 else ''} can still open it" if on else
+            "; no rule can open the breaker: a storm of one cause is isolated up to the budgets")
+    out = []
+    for name, why in off.items():
+        extra = (f"; the budget for distinct evidence follows its level, up to max_quarantined_count {max_count}"
+                 if name == "fleet-share" else "")
+        out.append(why + extra + left)
     return out
 
 

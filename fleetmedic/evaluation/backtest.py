@@ -437,6 +437,10 @@ class Backtest:
                 self._emit(self.fleet.tick(ts))
                 self._decided(self.engine.tick(self._now))
             self._next_tick = ts + self.settings.detection.sample_interval_s
+        named = rec.device if isinstance(rec, r.PortTelemetry) and rec.device_kind == "host" else \
+            rec.node if isinstance(rec, r.GpuTelemetry | r.KernelEvent) else ""
+        if named:  # the fleet, when no topology names it: as the embedded engine and the decision stage count it
+            self.engine.nodes_seen((named,), self._now)
         if isinstance(rec, r.KernelEvent):
             self._flush()  # the node's telemetry before the line first: an XID from both is one event
             self._emit(self.node.on_kernel(rec))

@@ -117,6 +117,8 @@ class ClosedLoopScore(Struct, frozen=True, kw_only=True):
     effective_training_time_ratio: float | None = None
     job_failures: int | None = None
     placement: dict[str, dict[str, float | int | None]] = {}
+    # per restarter: placements on a faulty node fleetmedic had not found yet, by fault kind
+    undetected_by_kind: dict[str, dict[str, int]] = {}
 
 
 class ScoreReport(Struct, frozen=True, kw_only=True):
@@ -399,7 +401,8 @@ def _closed_loop(faults: list[TruthRecord], episodes: list[tuple[str, float, flo
             repeat_failures_same_node=accounting.get("repeat_failures_same_node"),  # type: ignore[arg-type]
             effective_training_time_ratio=accounting.get("effective_training_time_ratio"),  # type: ignore[arg-type]
             job_failures=accounting.get("job_failures"),  # type: ignore[arg-type]
-            placement={k: dict(v) for k, v in placement.items()},
+            placement={k: {f: n for f, n in dict(v).items() if not isinstance(n, dict)} for k, v in placement.items()},
+            undetected_by_kind={k: dict(dict(v).get("undetected_by_kind") or {}) for k, v in placement.items()},
         )
     if meta is None:
         return None
@@ -496,8 +499,9 @@ def format_report(rep: ScoreReport) -> str:
         for who, p in sorted(c.placement.items()):
             out.append(f"re-placements ({who}): {_f(p.get('re_placements'))}, replacements in the original leaf "
                        f"{_f(p.get('in_leaf'))}/{_f(p.get('replacements'))} (leaf had room in "
-                       f"{_f(p.get('with_room'))}), on suspect nodes {_f(p.get('on_suspect'))}, on excluded "
-                       f"nodes {_f(p.get('on_excluded'))}")
+                       f"{_f(p.get('with_room'))}), on suspect nodes {_f(p.get('on_suspect'))} (already suspected "
+                       f"by fleetmedic {_f(p.get('on_suspect_known'))}, not yet detected "
+                       f"{_f(p.get('on_suspect_undetected'))}), on excluded nodes {_f(p.get('on_excluded'))}")
     return "\n".join(out)
 
 

@@ -244,13 +244,17 @@ static PyObject *signals_at(PyObject *self, PyObject *args) {
         const double per_min = 60.0 / (dt[i] > 0 ? dt[i] : 1.0);
         for (Py_ssize_t j = 0; j < s_n - r_n; j++) {
             for (Py_ssize_t g = 0; g < g_n; g++) {
+                /* the sum of the counters present; one that went down, a reset or a gap: no rate */
                 double sum = 0.0;
+                int present = 0, down = 0;
                 for (int64_t k = starts[j]; k < starts[j + 1]; k++) {
-                    const double delta = AT3(bufs[X], i, watch[members[k]], g) - p[members[k] * g_n + g];
-                    const double rate = (rated && delta >= 0) ? delta * per_min : NAN;
-                    sum = k == starts[j] ? rate : sum + rate; /* numpy's order: the first, then each in turn */
+                    const double rate = (AT3(bufs[X], i, watch[members[k]], g) - p[members[k] * g_n + g]) * per_min;
+                    if (isnan(rate)) continue;
+                    present = 1;
+                    if (rate < 0) down = 1;
+                    sum += rate; /* numpy's order: from 0, each in turn */
                 }
-                o[(r_n + j) * g_n + g] = sum;
+                o[(r_n + j) * g_n + g] = (rated && present && !down) ? sum : NAN;
             }
         }
         for (Py_ssize_t w = 0; w < w_n; w++)

@@ -15,7 +15,8 @@ Signals (one baseline each per GPU):
   node drifting together is the job of :mod:`peers`: node against the nodes of its job.)
 - *rates* of cumulative counters per minute, with reset detection (a counter that goes down, a new
   ``boot_id`` or a gap longer than ``max_sample_gap_s`` gives no rate for that sample):
-  ``ecc_sbe_rate``, ``pcie_replay_rate``, ``nvlink_error_rate`` (the four NVLink error counters),
+  ``ecc_sbe_rate``, ``pcie_replay_rate``, ``nvlink_error_rate`` (the sum of the four NVLink error
+  counters, of those present: dcgm-exporter often enables only the CRC flit one),
   ``power_violation_rate`` and ``thermal_violation_rate`` (µs of violation per minute).
 """
 
@@ -183,10 +184,16 @@ def compute_signals(x: F64, prev: F64, dt: F64, reset: BOOL, plan: SignalPlan, m
         cur = x[:, WATCHED_ROWS, :]
         delta = cur - prev
         ok = (~reset) & (dt > 0) & (dt <= max_gap_s)
-        per_min = np.where(ok[:, None, None] & (delta >= 0), delta * (60.0 / np.where(dt > 0, dt, 1.0))[:, None, None],
-                           np.nan)
+        per_min = delta * (60.0 / np.where(dt > 0, dt, 1.0))[:, None, None]
         for j, group in enumerate(plan.rate_groups):
-            out[:, plan.n_residual + j, :] = per_min[:, group, :].sum(axis=1)
+            # a composite rate sums the counters present (exporters often enable one NVLink counter of
+            # four); a counter that went down, a reset or a gap gives no rate at all
+            rates = per_min[:, group, :]
+            present = ~np.isnan(rates)
+            with np.errstate(invalid="ignore"):
+                down = (present & (rates < 0)).any(axis=1)
+            total = np.where(present, rates, 0.0).sum(axis=1) + 0.0  # + 0.0: no -0.0, as the C loop
+            out[:, plan.n_residual + j, :] = np.where(ok[:, None] & present.any(axis=1) & ~down, total, np.nan)
     return out
 
 

@@ -84,8 +84,6 @@ class DecisionEngine:
         if topology is not None:
             self.state.topology = dict(topology.nodes)
         fleet = self._topology = Topology(self.state.topology)
-        self._unplaced_seen = 0
-        self._refresh_fleet()
         self.triage = Triage(s.triage, s.policy, library or default_library(), fleet, self.state.triage)
         self.policy = Policy(s.policy)
         self.gate = SafetyGate(s.safety, self.state.safety)
@@ -96,7 +94,7 @@ class DecisionEngine:
         self.nodes = NodeTrack(s, self.state, fleet, self.triage, self.gate, self.lifecycle, self.accounting,
                                self.issuer, self.incidents, lambda: self.fleet_size)
         self.jobs = JobTrack(s, self.state, self.triage, self.gate, self.accounting, self.issuer, self.incidents,
-                             self.nodes.state_of)
+                             self.nodes.state_of, self.suspected_nodes)
 
     @property
     def topology(self) -> Topology:
@@ -106,27 +104,31 @@ class DecisionEngine:
     @topology.setter
     def topology(self, topology: Topology) -> None:
         self._topology = self.triage.topology = self.nodes.topology = topology
-        self._refresh_fleet()
 
     @property
     def fleet_size(self) -> int:
-        """The nodes of the fleet: those the topology places (node watch, a given topology) and those
-        telemetry, findings or placements showed within ``safety.fleet_forget_after_s``, so that
-        budgets and breaker levels scale with the fleet even when no topology is given."""
-        return len(self._topology) + self._unplaced_seen
+        """The nodes of the fleet, from the first source that names any (:attr:`fleet_source`): the
+        cluster's node list (the node watch, :meth:`node_observed`), else the topology given, else the
+        nodes telemetry, findings and placements showed within ``safety.fleet_forget_after_s``.
+        Telemetry never adds to a node list or a topology: names only telemetry carries cannot grow
+        the budgets and breaker levels that scale with it."""
+        if self.state.cluster:
+            return len(self.state.cluster)
+        if self._topology.nodes:
+            return len(self._topology)
+        return len(self.state.seen)
 
-    def _refresh_fleet(self) -> None:
-        """Count the seen nodes the topology does not place (O(fleet): on restore and when the
-        seen set is pruned; every other change keeps the count as it goes)."""
-        self._unplaced_seen = sum(1 for n in self.state.seen if n not in self.topology)
+    @property
+    def fleet_source(self) -> str:
+        """Where :attr:`fleet_size` comes from: ``cluster``, ``topology`` or ``telemetry``."""
+        return "cluster" if self.state.cluster else "topology" if self._topology.nodes else "telemetry"
 
     def nodes_seen(self, nodes: Iterable[str], now: float) -> None:
-        """Telemetry (stage 1's node summaries, GPU records) showed ``nodes``: they count in the fleet
-        size. O(1) a node: cheap enough to call for every batch."""
-        seen, topology = self.state.seen, self.topology
+        """Telemetry (stage 1's node summaries, GPU records) showed ``nodes``: they are the fleet
+        when neither the node watch nor a topology names it. O(1) a node: cheap enough to call for
+        every batch."""
+        seen = self.state.seen
         for node in nodes:
-            if node not in seen and node not in topology:
-                self._unplaced_seen += 1
             seen[node] = now
 
     # --- serialisation ------------------------------------------------------------------------------
@@ -202,14 +204,18 @@ class DecisionEngine:
         return self._finish(now, out)
 
     def node_observed(self, node: str, *, cordoned: bool, cordoned_by_fleetmedic: bool,
-                      labels: Mapping[str, str] | None = None, now: float) -> Decisions:
-        """What the executor sees on a node: its cordon (and who made it) and its labels."""
+                      labels: Mapping[str, str] | None = None, now: float, listed: bool = True) -> Decisions:
+        """What the node watch sees on a node: its cordon (and who made it) and its labels.
+        ``listed``: the observation comes from the cluster's node list, so the node counts in the
+        fleet; False for a cordon seen without the list (the simulator's executor), which changes
+        neither the fleet nor the topology of a node not placed yet."""
         now, out = self._begin(now)
         labels = labels or {}
         t = self.settings.triage
-        if node not in self.topology and node in self.state.seen:
-            self._unplaced_seen -= 1  # placed now: counted through the topology
-        self.topology.place_labels(node, labels, t.rack_label, t.leaf_label, t.pool_label)
+        if listed:
+            self.state.cluster.setdefault(node, now)
+        if listed or node in self.topology:
+            self.topology.place_labels(node, labels, t.rack_label, t.leaf_label, t.pool_label)
         self.nodes.observed(node, cordoned, cordoned_by_fleetmedic, labels, now, out)
         self._advance(now, out)
         return self._finish(now, out)
@@ -220,9 +226,9 @@ class DecisionEngine:
         its refusal clock). A later observation adds it back, as a new node."""
         now, out = self._begin(now)
         known = node in self.topology or node in self.state.seen or node in self.state.nodes
-        placed = self.topology.remove(node)
-        if self.state.seen.pop(node, None) is not None and not placed:
-            self._unplaced_seen -= 1
+        self.topology.remove(node)
+        self.state.seen.pop(node, None)
+        self.state.cluster.pop(node, None)
         released = self.nodes.removed(node, now)
         if known:
             self.issuer.audit(out, now, "state_change", f"{node} was deleted from the cluster: no longer counted "
@@ -237,6 +243,7 @@ class DecisionEngine:
         self._forget_unseen(now)
         fleet = self.fleet_size
         self.nodes.tick(now, out)
+        self.jobs.follow_suspects(now, out)
         if self.gate.breaker.poll(now, fleet, self.topology):
             self.issuer.audit(out, now, "breaker_resumed", f"circuit breaker closed by rule (resume: auto) after "
                               f"{self.settings.safety.breaker.auto_resume_after_s:g}s with suspicion below the trip "
@@ -319,20 +326,19 @@ class DecisionEngine:
         self.incidents.forget_gone()
 
     def _forget_unseen(self, now: float) -> None:
-        """Nodes only telemetry showed, silent for ``fleet_forget_after_s`` and not worked on, leave the
-        fleet size (a node that is down but held or waiting stays counted)."""
+        """Nodes telemetry showed, silent for ``fleet_forget_after_s`` and not worked on, leave the
+        telemetry's fleet (a node that is down but held or waiting stays counted)."""
         horizon = now - self.settings.safety.fleet_forget_after_s
         seen = self.state.seen
         if not any(t < horizon for t in seen.values()):
             return
-        gone = [n for n, t in seen.items() if t < horizon and n not in self.topology
+        gone = [n for n, t in seen.items() if t < horizon
                 and self.nodes.state_of(n) == "healthy" and not self.gate.holds(n)]
         for n in gone:
             del seen[n]
         for n, t in list(seen.items()):  # the rest stay counted: renew them so this is not rechecked each tick
             if t < horizon:
                 seen[n] = now
-        self._refresh_fleet()
 
     def _may_disrupt(self, node: str, action: str, now: float) -> bool:
         return self.gate.check_disruptive(node, action, now).allowed
@@ -366,6 +372,16 @@ class DecisionEngine:
     def nodes_in(self, *states: NodeState) -> list[str]:
         return sorted(n for n, r in self.state.nodes.items() if r.state in states)
 
+    def suspected_nodes(self) -> set[str]:
+        """Every node fleetmedic suspects now, whatever the budget, breaker or confirmation decides
+        about isolating it: held, waiting (settling, refused), worked on (not yet cordoned, diagnosing,
+        awaiting repair), or named by an open node incident whose evidence is still being confirmed.
+        A restart or requeue excludes them all."""
+        out = self.triage.suspected_nodes(NODE_CLASSES)
+        out.update(n for n, r in self.state.nodes.items() if r.state not in ("healthy", "probation"))
+        out.update(self.gate.state.held)
+        return out
+
     @property
     def breaker_open(self) -> bool:
         return self.gate.breaker.state.open
@@ -380,6 +396,8 @@ class DecisionEngine:
             "nodes": dict(sorted(states.items())),
             "budget": {**msgspec.to_builtins(self.gate.snapshot(now, fleet)),
                        "definitive_held": self.gate.definitive_held(),
-                       "definitive_isolations": self.gate.state.definitive_isolations},
+                       "confirmed_held": self.gate.confirmed_held(),
+                       "definitive_isolations": self.gate.state.definitive_isolations,
+                       "fleet_source": self.fleet_source},
             "breaker_trips": self.gate.breaker.state.trips,
         }

@@ -3,7 +3,7 @@ it keeps between calls (:class:`EngineState`), serialised whole as msgpack by :f
 (the decision stage snapshots it to a compacted Kafka topic, :mod:`fleetmedic.streams.state`).
 Keep the encoding compatible: a snapshot written before a change must restore after it
 (:meth:`~.engine.DecisionEngine.from_bytes` refuses any other :data:`STATE_VERSION`): new fields
-get defaults, so older snapshots still load (``seen``, the kinds of isolation in the safety state and
+get defaults, so older snapshots still load (``seen``, ``cluster``, the kinds of isolation in the safety state and
 node records, the breaker's signatures and domains, and the refusal clocks came that way)."""
 
 from __future__ import annotations
@@ -65,6 +65,20 @@ class HeldCommand(msgspec.Struct, frozen=True, kw_only=True):
     attempt: int = 0  # the failed attempt it retries: moot once the job moved on
 
 
+class MovingJob(msgspec.Struct, kw_only=True):
+    """A job fleetmedic restarted or requeued that is not placed yet: the nodes fleetmedic starts
+    suspecting meanwhile are added to its exclusions."""
+
+    command_id: str
+    action: str
+    incident_id: str
+    attempt: int  # the job's attempt when it was moved: a placement of a later one ends the wait
+    since: float
+    exclude: list[str] = []
+    reason: str = ""
+    updates: int = 0
+
+
 class IncidentTracks(msgspec.Struct, kw_only=True):
     """What an incident still waits for before it is resolved, and the jobs it already moved."""
 
@@ -88,6 +102,8 @@ class EngineState(msgspec.Struct, kw_only=True):
     published: dict[str, str] = {}  # incident id -> what was last published of it
     muted: dict[str, float] = {}  # out-of-service node -> since when its findings are not triaged
     seen: dict[str, float] = {}  # node -> last time telemetry, a finding or a placement named it (fleet size)
+    cluster: dict[str, float] = {}  # node -> when the node watch first listed it (the fleet, when any)
+    moving: dict[str, MovingJob] = {}  # job -> a restart of it not placed yet
     operator_ids: dict[str, float] = {}  # applied operator command id -> its expires_at (replays refused)
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from fleetmedic.config import Settings
 from fleetmedic.records import JobEvent, NodeState, RemediationResult
 from fleetmedic.remediation.accounting import Accounting
-from fleetmedic.remediation.engine_state import CommandInfo, Decisions, EngineState, HeldCommand
+from fleetmedic.remediation.engine_state import CommandInfo, Decisions, EngineState, HeldCommand, MovingJob
 from fleetmedic.remediation.incident_tracks import IncidentTracker
 from fleetmedic.remediation.issuer import Issuer
 from fleetmedic.remediation.lifecycle import OUT_OF_SERVICE
@@ -22,7 +22,7 @@ from fleetmedic.remediation.triage import Assessment, Triage
 class JobTrack:
     def __init__(self, settings: Settings, state: EngineState, triage: Triage, gate: SafetyGate,
                  accounting: Accounting, issuer: Issuer, incidents: IncidentTracker,
-                 node_state: Callable[[str], NodeState]) -> None:
+                 node_state: Callable[[str], NodeState], suspected: Callable[[], set[str]] | None = None) -> None:
         self.settings = settings
         self.state = state
         self.triage = triage
@@ -31,6 +31,8 @@ class JobTrack:
         self.issuer = issuer
         self.incidents = incidents
         self.node_state = node_state
+        #: every node fleetmedic suspects now (the engine's :meth:`~.engine.DecisionEngine.suspected_nodes`)
+        self.suspected: Callable[[], set[str]] = suspected or (lambda: set(self.gate.state.held))
 
     # --- acting on a decision -----------------------------------------------------------------------
 
@@ -95,8 +97,8 @@ class JobTrack:
 
     def _move(self, cid: str, action: str, params: dict[str, str], job: str, attempt: int, reason: str,
               a: Assessment, now: float, out: Decisions) -> None:
-        """Restart or requeue the job away from the suspects and the held nodes; its coming failure is
-        fleetmedic's own doing, and its recovery is timed."""
+        """Restart or requeue the job away from the incident's suspects and every node fleetmedic
+        suspects; its coming failure is fleetmedic's own doing, and its recovery is timed."""
         inc = a.incident
         self.state.held = [h for h in self.state.held if h.job != job]  # a restart supersedes a pending retry
         self.triage.expect_failure(job, attempt, now + self.settings.signing.command_ttl_s
@@ -104,12 +106,41 @@ class JobTrack:
         if job != a.job:  # a running job interrupted by fleetmedic counts as a failed attempt of that class
             self.accounting.job_failed(inc.incident_class)
             self.accounting.job_stopped(job, now)
-        exclude = sorted(set(a.exclude_nodes) | set(a.suspect_nodes) | set(self.gate.state.held))
+        # away from every node fleetmedic suspects, isolated or not: a restart that lands on one that is
+        # settling, refused, not yet cordoned or still being confirmed fails again
+        exclude = sorted(set(a.exclude_nodes) | set(a.suspect_nodes) | self.suspected())
         self.issuer.command(out, now, cid, action, inc.id, job, reason, params, exclude=exclude)
+        if self.settings.policy.follow_suspects_s > 0:
+            self.state.moving[job] = MovingJob(command_id=cid, action=action, incident_id=inc.id, attempt=attempt,
+                                               since=now, exclude=exclude, reason=reason)
         self.accounting.recovery_started(job, inc.id, attempt, a.fault_at, now, list(a.suspect_nodes), now)
         self.incidents.track(inc.id, job=job)
 
     # --- what time, results and job events bring -----------------------------------------------------
+
+    def follow_suspects(self, now: float, out: Decisions) -> None:
+        """A restart still waiting for capacity excludes the nodes fleetmedic started suspecting since
+        it was issued: the same command again with the longer list, marked ``only_if_waiting`` (the
+        executor adds the exclusions to pods that wait, and never restarts a job that was placed)."""
+        if not self.state.moving:
+            return
+        horizon = now - self.settings.policy.follow_suspects_s
+        suspected = self.suspected()
+        for job, m in list(self.state.moving.items()):
+            if m.since < horizon or self.triage.job(job) is None:
+                del self.state.moving[job]
+                continue
+            new = suspected - set(m.exclude)
+            if not new:
+                continue
+            m.exclude = sorted(set(m.exclude) | new)
+            m.updates += 1
+            cid = f"{m.command_id}/follow-{m.updates}"
+            self.issuer.command(out, now, cid, m.action, m.incident_id, job, m.reason, {"only_if_waiting": "true"},
+                                exclude=m.exclude)
+            self.issuer.audit(out, now, "command", f"{m.action} {job}, waiting for capacity: also excluding "
+                              f"{', '.join(sorted(new))} (suspected since)", incident_id=m.incident_id, job=job,
+                              track="job", command_ids=[cid])
 
     def release_due(self, now: float, out: Decisions) -> None:
         """Issue held retries whose backoff passed, unless the job moved on meanwhile."""
@@ -140,6 +171,9 @@ class JobTrack:
     def on_event(self, e: JobEvent, now: float, out: Decisions) -> None:
         """Account a job event: attempts, running time, placements on held nodes, recoveries done."""
         acc = self.accounting
+        moving = self.state.moving.get(e.job)
+        if moving is not None and (e.event == "completion" or (e.event == "placement" and e.attempt > moving.attempt)):
+            del self.state.moving[e.job]  # placed (or done): its exclusions are what the scheduler used
         if e.event == "placement":
             bad = [p.node for p in e.placement if self.gate.holds(p.node) or self.node_state(p.node) in OUT_OF_SERVICE]
             for node in sorted(set(bad)):

@@ -113,6 +113,7 @@ class LifecycleEvent:
     command_ids: tuple[str, ...] = ()
     passed: bool | None = None  # for verdicts
     first_try: bool = False  # a verdict on the first diagnostics of the episode, before any repair
+    reported: bool = False  # a verdict the diagnostics reported (not a timeout or a run given up)
 
 
 Issue = Callable[[NodeRecord, str, dict[str, str], str, str], str]
@@ -227,7 +228,7 @@ class Lifecycle:
             if verdict in ("pass", "fail"):
                 tests = result.details.get("failed_tests", "")
                 why = result.reason or f"diagnostics {verdict}" + (f" ({tests})" if tests else "")
-                return events + self._verdict(rec, verdict == "pass", now, busy, issue, why)
+                return events + self._verdict(rec, verdict == "pass", now, busy, issue, why, reported=True)
             # diagnostics that did not run prove nothing: run them again (the node may still be busy)
             return events + self._retry_or_escalate(rec, flight, now, busy, issue, f"diagnostics did not run: "
                                                     f"{result.reason or result.outcome}")
@@ -263,9 +264,9 @@ class Lifecycle:
     # --- verdicts, return to service, operator actions ------------------------------------------------
 
     def _verdict(self, rec: NodeRecord, passed: bool, now: float, busy: bool, issue: Issue,
-                 why: str) -> list[LifecycleEvent]:
+                 why: str, reported: bool = False) -> list[LifecycleEvent]:
         first = rec.done.count("run_diagnostics") == 1 and not any(a in DISRUPTIVE for a in rec.done)
-        events = [LifecycleEvent("verdict", rec.name, why, passed=passed, first_try=first)]
+        events = [LifecycleEvent("verdict", rec.name, why, passed=passed, first_try=first, reported=reported)]
         if passed:
             return events + self.return_to_service(rec, now, issue, f"diagnostics passed: {why}")
         ladder = list(self.policy.remediation_ladder)

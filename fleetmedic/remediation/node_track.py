@@ -161,11 +161,11 @@ class NodeTrack:
     def _check(self, node: str, iso: Isolation, critical: bool, now: float) -> Verdict:
         return self.gate.check_isolation(node, now, self.fleet_size(), self.topology.rack_of, self.topology.leaves_of,
                                          critical, kind=iso.kind, device_gone=iso.device_gone,
-                                         signature=iso.signature)
+                                         signature=iso.signature, domains=self.topology)
 
     def _admitted(self, node: str, iso: Isolation, critical: bool, klass: str, evidence_at: float,
                   now: float) -> None:
-        self.gate.record_isolation(node, now, critical, kind=iso.kind)
+        self.gate.record_isolation(node, now, critical, kind=iso.kind, signature=iso.signature)
         self.accounting.refusal_ended(node, now)
         self.accounting.isolation_started(node, klass, evidence_at)
 
@@ -308,6 +308,7 @@ class NodeTrack:
             self.issuer.audit(out, now, "skipped", f"{node} is {rec.state}, not repair_needed: nothing to validate",
                               node=node, actor=actor)
             return
+        self.gate.confirm(node)  # a person repaired it: the hold was right, whatever diagnostics said
         events = self.lifecycle.repaired(rec, now, self.busy(node), self.issuer.node_commands(now, out), actor, reason)
         self.apply(events, now, out, actor=actor)
 
@@ -330,6 +331,8 @@ class NodeTrack:
                       command_ids=list(ev.command_ids), track="node")
             elif ev.kind == "verdict":
                 self.accounting.verdict(ev.node, bool(ev.passed), ev.first_try, now)
+                if ev.reported and not ev.passed:
+                    self.gate.confirm(ev.node)  # diagnostics found the fault: the hold leaves the budget
                 audit(out, now, "result", f"diagnostics {'passed' if ev.passed else 'failed'}: {ev.explanation}",
                       node=ev.node, incident_id=incident_id)
             elif ev.kind in ("returned", "cleared"):

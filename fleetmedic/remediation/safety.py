@@ -12,9 +12,14 @@ more node out of service now? It refuses (with a reason an operator can read) wh
   passes it (``breaker.pass_lost_devices``), unless the breaker tripped on that very signature outside
   the node's failure domain (a storm of one kind of evidence is likelier a telemetry fault than that
   many dead GPUs);
-- and, for preventive and uncertain isolation only (the *budgeted* holds):
+- and, for preventive and uncertain isolation only (the *budgeted* holds, until their fault is
+  confirmed by failed diagnostics or a repair: a confirmed hold leaves the budget, still held and
+  counted):
   - fleetmedic already holds ``max_quarantined_count`` budgeted nodes, or ``max_quarantined_fraction``
-    of the fleet (at least one node unless the count limit is 0);
+    of the fleet (at least one node unless the count limit is 0); beyond that, up to one node below
+    the breaker's fleet-share level while the node's signature and failure domains stay below the
+    breaker's levels among the holds (:meth:`SafetyGate.max_held_distinct`): distinct faults the
+    breaker accepts as uncorrelated are isolated on small fleets too;
   - ``max_new_isolations`` budgeted isolations happened in the last ``isolation_window_s``;
   - the node's rack already has ``max_per_rack`` budgeted holds, or one of its leaf switches
     ``max_per_switch``;
@@ -239,6 +244,8 @@ class SafetyState(msgspec.Struct, kw_only=True):
     held: dict[str, float] = {}  # node -> since when fleetmedic holds it out of service (every kind)
     preventive: list[str] = []  # held nodes isolated on preventive evidence
     definitive: list[str] = []  # held nodes isolated on definitive evidence (outside the budget)
+    confirmed: list[str] = []  # held nodes whose fault was confirmed since (outside the budget)
+    signatures: dict[str, str] = {}  # held node -> the signature of the evidence it was isolated on
     isolations: list[tuple[str, float]] = []  # new budgeted isolations, pruned to the window
     definitive_isolations: int = 0  # definitive isolations ever (they use no budget; reported)
     released: dict[str, float] = {}  # node -> when fleetmedic last returned it to service
@@ -255,9 +262,11 @@ class Allowance:
     """What the defaults (or any settings) allow at one fleet size (the table in docs/safety.md)."""
 
     fleet: int
-    max_held: int  # preventive + uncertain nodes held at once
+    max_held: int  # unconfirmed preventive + uncertain nodes held at once
     preventive: int  # of which preventive at most
-    new_per_window: int  # new budgeted isolations per isolation_window_s (at most max_held at once)
+    max_held_distinct: int  # held at once when each hold's evidence stays below every breaker level
+    preventive_distinct: int  # of which preventive at most
+    new_per_window: int  # new budgeted isolations per isolation_window_s (a released or confirmed hold frees its place)
     trip_fleet: int  # breaker: suspect nodes in window_s
     trip_signature: int  # breaker: nodes with one signature in window_s
     trip_rack: int  # breaker: suspect nodes of one rack (of rack_size nodes)
@@ -274,15 +283,16 @@ def allowance_table(settings: SafetySettings, sizes: Iterable[int] = TABLE_SIZES
     gate = SafetyGate(settings)
     w, b = settings.isolation_window_s, settings.breaker.window_s
     lines = [
-        f"| fleet | held at once: preventive + uncertain (of which preventive) | new per {w:g} s | "
-        f"breaker, suspect nodes in {b:g} s | breaker, one signature | breaker, one rack of {rack_size} | "
-        f"breaker, one leaf of {leaf_size} | definitive |",
-        "|---|---|---|---|---|---|---|---|",
+        "| fleet | unconfirmed held at once: preventive + uncertain (of which preventive) | the same, evidence "
+        f"distinct below every breaker level | new per {w:g} s | breaker, suspect nodes in {b:g} s | breaker, one "
+        f"signature | breaker, one rack of {rack_size} | breaker, one leaf of {leaf_size} | confirmed, definitive |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for n in sizes:
         a = gate.allowance(n, rack_size, leaf_size)
-        lines.append(f"| {n:,} | {a.max_held} ({a.preventive}) | {a.new_per_window} | {a.trip_fleet} "
-                     f"({a.trip_fleet / n:.0%}) | {a.trip_signature} | {a.trip_rack} | {a.trip_leaf} | every one |")
+        lines.append(f"| {n:,} | {a.max_held} ({a.preventive}) | {a.max_held_distinct} ({a.preventive_distinct}) | "
+                     f"{a.new_per_window} | {a.trip_fleet} ({a.trip_fleet / n:.0%}) | {a.trip_signature} | "
+                     f"{a.trip_rack} | {a.trip_leaf} | every one |")
     return "\n".join(lines) + "\n"
 
 
@@ -298,25 +308,40 @@ class SafetyGate:
     # --- limits -------------------------------------------------------------------------------
 
     def max_held(self, fleet_size: int) -> int:
-        """Most preventive + uncertain nodes held at once (definitive holds are outside it)."""
+        """Most unconfirmed preventive + uncertain nodes held at once, whatever their evidence
+        (definitive and confirmed holds are outside it)."""
         s = self.settings
         by_fraction = math.floor(s.max_quarantined_fraction * fleet_size + 1e-9)
         if s.max_quarantined_fraction > 0:
             by_fraction = max(1, by_fraction)
         return min(s.max_quarantined_count, by_fraction)
 
-    def preventive_limit(self, fleet_size: int) -> int:
-        """Most preventive holds at once: ``preventive_share`` of :meth:`max_held`, at least one."""
-        s, limit = self.settings, self.max_held(fleet_size)
+    def max_held_distinct(self, fleet_size: int) -> int:
+        """Most unconfirmed holds at once when each one's evidence is distinct: as many as the breaker
+        accepts as uncorrelated suspicion (one below its fleet-share level), at least :meth:`max_held`
+        and at most ``max_quarantined_count``. Beyond :meth:`max_held` a node is held only while its
+        signature and each of its failure domains stay below the breaker's levels among the holds."""
+        limit = self.max_held(fleet_size)
+        if limit <= 0:
+            return 0
+        return min(self.settings.max_quarantined_count, max(limit, self.breaker.trip_level(fleet_size) - 1))
+
+    def preventive_limit(self, fleet_size: int, limit: int | None = None) -> int:
+        """Most preventive holds at once: ``preventive_share`` of the held limit (:meth:`max_held`
+        unless ``limit`` is given), at least one."""
+        s = self.settings
+        limit = self.max_held(fleet_size) if limit is None else limit
         if s.preventive_share <= 0 or limit <= 0:
             return 0
         return max(1, math.floor(s.preventive_share * limit + 1e-9))
 
     def allowance(self, fleet_size: int, rack_size: int = 4, leaf_size: int = 32) -> Allowance:
         b = self.breaker
+        distinct = self.max_held_distinct(fleet_size)
         return Allowance(fleet=fleet_size, max_held=self.max_held(fleet_size),
-                         preventive=self.preventive_limit(fleet_size),
-                         new_per_window=min(self.settings.max_new_isolations, self.max_held(fleet_size)),
+                         preventive=self.preventive_limit(fleet_size), max_held_distinct=distinct,
+                         preventive_distinct=self.preventive_limit(fleet_size, distinct),
+                         new_per_window=self.settings.max_new_isolations,
                          trip_fleet=b.trip_level(fleet_size), trip_signature=b.signature_level(fleet_size),
                          trip_rack=b.domain_level(min(rack_size, fleet_size)),
                          trip_leaf=b.domain_level(min(leaf_size, fleet_size)))
@@ -336,12 +361,25 @@ class SafetyGate:
         return "preventive" if node in self.state.preventive else "uncertain"
 
     def budgeted(self) -> list[str]:
-        """Held nodes that use the budget (preventive and uncertain)."""
-        definitive = set(self.state.definitive)
-        return [n for n in self.state.held if n not in definitive]
+        """Held nodes that use the budget (preventive and uncertain, not confirmed)."""
+        outside = set(self.state.definitive) | set(self.state.confirmed)
+        return [n for n in self.state.held if n not in outside]
 
     def definitive_held(self) -> int:
         return sum(1 for n in self.state.definitive if n in self.state.held)
+
+    def confirmed_held(self) -> int:
+        """Preventive or uncertain holds confirmed since (failed diagnostics, a repair): outside the budget."""
+        return sum(1 for n in self.state.confirmed if n in self.state.held)
+
+    def confirm(self, node: str) -> bool:
+        """The fault behind ``node``'s hold is confirmed (diagnostics failed, a person repaired it): the
+        hold leaves the budget and stays held, counted as confirmed. True if it was in the budget."""
+        st = self.state
+        if node not in st.held or node in st.definitive or node in st.confirmed:
+            return False
+        st.confirmed.append(node)
+        return True
 
     def check_isolation(
         self,
@@ -355,9 +393,11 @@ class SafetyGate:
         kind: IsolationKind | None = None,
         device_gone: bool = False,
         signature: str = "",
+        domains: Domains = NO_DOMAINS,
     ) -> Verdict:
         """May ``node`` be taken out of service now? (Holding it already is always allowed.) ``kind``
-        defaults to uncertain for critical evidence and preventive otherwise."""
+        defaults to uncertain for critical evidence and preventive otherwise; ``domains`` sizes the
+        failure domains for the breaker's levels among the holds (:meth:`max_held_distinct`)."""
         s = self.settings
         kind = kind or kind_of("", critical)
         if node in self.state.held:
@@ -380,10 +420,17 @@ class SafetyGate:
         held = len(budgeted)
         limit = self.max_held(fleet_size)
         if held + 1 > limit:
-            return Verdict(allowed=False, reason="max_held",
-                           explanation=f"fleetmedic already holds {held} of {fleet_size} nodes on preventive or "
-                           f"uncertain evidence (limit {limit}: max_quarantined_count {s.max_quarantined_count}, "
-                           f"max_quarantined_fraction {s.max_quarantined_fraction:g})")
+            distinct = self.max_held_distinct(fleet_size)
+            shared = self._shared_evidence(node, signature, budgeted, fleet_size, domains)
+            if held + 1 > distinct or shared:
+                beyond = (f"; beyond it up to {distinct} with distinct evidence, but {shared}" if shared and
+                          held + 1 <= distinct else f"; {distinct} with distinct evidence" if distinct > limit else "")
+                return Verdict(allowed=False, reason="max_held",
+                               explanation=f"fleetmedic already holds {held} of {fleet_size} nodes on unconfirmed "
+                               f"preventive or uncertain evidence (limit {limit}: max_quarantined_count "
+                               f"{s.max_quarantined_count}, max_quarantined_fraction "
+                               f"{s.max_quarantined_fraction:g}{beyond})")
+            limit = distinct
         recent = self.new_in_window(now)
         if recent + 1 > s.max_new_isolations:
             return Verdict(allowed=False, reason="rate",
@@ -403,8 +450,8 @@ class SafetyGate:
                                explanation=f"leaf switch {leaf} already has {behind} isolated nodes behind it "
                                f"(max_per_switch {s.max_per_switch})")
         if kind == "preventive":
-            share = self.preventive_limit(fleet_size)
-            preventive = sum(1 for n in self.state.preventive if n in self.state.held)
+            share = self.preventive_limit(fleet_size, limit)
+            preventive = sum(1 for n in self.state.preventive if n in budgeted)
             if preventive + 1 > share:
                 return Verdict(allowed=False, reason="preventive_share",
                                explanation=f"{preventive} preventive isolations already use the share of the budget "
@@ -415,6 +462,27 @@ class SafetyGate:
                            explanation=f"returned to service {now - released:.0f}s ago (node_cooldown_s "
                            f"{s.node_cooldown_s:g}); only critical evidence isolates it again this soon")
         return ALLOWED
+
+    def _shared_evidence(self, node: str, signature: str, budgeted: list[str], fleet_size: int,
+                         domains: Domains) -> str:
+        """Why holding ``node`` too would put its evidence at a breaker level among the holds ("" when
+        it would not): its signature, or one of its failure domains, shared by as many holds as the
+        breaker counts as one cause."""
+        b, sigs = self.breaker, self.state.signatures
+        if not signature:
+            return "its evidence has no signature to tell it apart"
+        same = sum(1 for n in budgeted if sigs.get(n) == signature)
+        if same + 1 >= b.signature_level(fleet_size):
+            return f"{same} of them on the same evidence ({signature})"
+        mine = set(domains.domains_of(node))
+        for d in sorted(mine):
+            size = domains.domain_size(d)
+            if size <= 0:
+                continue
+            members = sum(1 for n in budgeted if d in set(domains.domains_of(n)))
+            if members + 1 >= b.domain_level(size):
+                return f"{members} of them in {d.replace(':', ' ', 1)}"
+        return ""
 
     def check_disruptive(self, node: str, action: str, now: float) -> Verdict:
         """May ``action`` (reset_gpu, reboot_node) run on ``node`` now (each once per ``node_cooldown_s``)?"""
@@ -428,8 +496,8 @@ class SafetyGate:
     # --- bookkeeping ----------------------------------------------------------------------------
 
     def record_isolation(self, node: str, now: float, critical: bool = True, *,
-                         kind: IsolationKind | None = None) -> None:
-        """``node`` is held from now (a hold's kind only ever gets stronger)."""
+                         kind: IsolationKind | None = None, signature: str = "") -> None:
+        """``node`` is held from now (a hold's kind only ever gets stronger), on evidence ``signature``."""
         st = self.state
         kind = kind or kind_of("", critical)
         if node in st.held:
@@ -440,6 +508,8 @@ class SafetyGate:
                     st.definitive.append(node)
             return
         st.held[node] = now
+        if signature:
+            st.signatures[node] = signature
         if kind == "definitive":
             st.definitive.append(node)
             st.definitive_isolations += 1
@@ -481,10 +551,10 @@ class SafetyGate:
         )
 
     def _unlist(self, node: str) -> None:
-        if node in self.state.preventive:
-            self.state.preventive.remove(node)
-        if node in self.state.definitive:
-            self.state.definitive.remove(node)
+        for listed in (self.state.preventive, self.state.definitive, self.state.confirmed):
+            if node in listed:
+                listed.remove(node)
+        self.state.signatures.pop(node, None)
 
     def _prune(self, now: float) -> None:
         horizon = now - self.settings.isolation_window_s

@@ -14,7 +14,8 @@ Effects:
   (``Evicted``, exit 143) and its controller re-places it — away from the cordoned node.
 - ``restart_job`` (``exclude_nodes``), ``requeue_job`` (back of the queue), ``retry_in_place`` (same
   nodes, ignoring cordons): the attempt stops, the job is re-placed when capacity allows, restores
-  its last checkpoint (the restore delay) and resumes.
+  its last checkpoint (the restore delay) and resumes. With ``params.only_if_waiting``: a job still
+  waiting to be placed gets the exclusions added; a placed one is left alone (``skipped``).
 - ``run_diagnostics`` (``params.level`` 1-4, default 3): needs a node without ranks; takes minutes
   (r3: 25 min), during which the node is unschedulable; fails with the active fault's detection
   probability, or with a 1 % false-failure rate on a healthy node.
@@ -67,6 +68,7 @@ from fleetmedic.sim import logs
 from fleetmedic.sim.faults import REMEDY_LEVEL, Fault
 from fleetmedic.sim.logs import FailureReport
 from fleetmedic.sim.placement import PlacementCounts, placement_counts
+from fleetmedic.sim.workload import PENDING
 
 if TYPE_CHECKING:
     from fleetmedic.sim.engine import Simulator
@@ -365,6 +367,12 @@ class ClosedLoop:
             self._result(cmd, t, "failed", f"unknown job {cmd.job or '(none on node)'}")
             return
         exclude = {sim.fleet.node_index[n] for n in cmd.exclude_nodes if n in sim.fleet.node_index}
+        if cmd.params.get("only_if_waiting") == "true":  # as the executor: more exclusions for waiting pods only
+            waiting = job.state == PENDING and not job.in_place
+            if waiting:
+                job.exclude |= exclude
+            self._result(cmd, t, "applied" if waiting else "skipped", "" if waiting else "the job is placed already")
+            return
         ok = sim.workload.restart(job, t, cmd.id, f"fleetmedic {cmd.action}: {cmd.reason}", exclude,
                                   in_place=in_place, requeue=requeue)
         self._result(cmd, t, "applied" if ok else "skipped", "" if ok else "job already completed")

@@ -69,7 +69,7 @@ class EmbeddedPipeline:
         msgs = [m for m in msgs if not self._ahead("telemetry.gpu", m, now)]
         if not msgs:
             return []
-        self.engine.nodes_seen((m.node for m in msgs), now)  # the fleet size, when no topology is given
+        self.engine.nodes_seen((m.node for m in msgs), now)  # the fleet, when no node list or topology names it
         batch = stage1_batch(msgs)  # the columns converted once for both
         for summary in summarise_batch(msgs, batch, self.settings.detection.peers):
             self.fleet_stage.on_summary(summary)
@@ -132,9 +132,11 @@ class EmbeddedPipeline:
 
     def node_observed(self, node: str, *, cordoned: bool, cordoned_by_fleetmedic: bool,
                       now: float) -> list[r.RemediationCommand]:
-        """A node's cordon as the executor sees it (who made it decides whether it is ours)."""
+        """A node's cordon as the executor sees it (who made it decides whether it is ours); not the
+        cluster's node list, so it leaves the fleet size as it was."""
         return self._decisions(self.engine.node_observed(node, cordoned=cordoned,
-                                                         cordoned_by_fleetmedic=cordoned_by_fleetmedic, now=now))
+                                                         cordoned_by_fleetmedic=cordoned_by_fleetmedic, now=now,
+                                                         listed=False))
 
     def tick(self, now: float) -> list[r.RemediationCommand]:
         commands = self._findings(self.fleet_stage.tick(now), now)
@@ -207,6 +209,9 @@ def run_simulation(sim: Simulator, settings: Settings, key: bytes | None = None,
     ``topology=False``: the engine is given no topology (racks, leaves) and sizes the fleet from
     the telemetry it sees, as a deployment without a node watch does."""
     pipeline = EmbeddedPipeline(settings, fleet_topology(sim.fleet) if topology else None, key)
+    index = sim.fleet.node_index
+    # for the accounting: which nodes of each re-placement fleetmedic suspected at that moment
+    sim.workload.suspected_by = lambda: {index[n] for n in pipeline.engine.suspected_nodes() if n in index}
     ticks = 0
     for out in sim.run():
         now = float(out.t)

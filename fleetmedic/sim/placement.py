@@ -26,7 +26,7 @@ plane). Pure: no I/O, no clock.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -60,6 +60,7 @@ class Replacement:
     excluded: tuple[int, ...]
     domain: Domain
     room: bool  # the domain's SU had enough eligible free nodes for every replacement
+    suspected: tuple[int, ...] = ()  # nodes of ``nodes`` fleetmedic suspected at that moment
 
     @property
     def replacements(self) -> tuple[int, ...]:
@@ -142,7 +143,12 @@ class PlacementCounts(Struct, frozen=True, kw_only=True):
     isolate the node or its link (a leaf-switch fault has no suspect node; a fault that strikes a
     node only after the job was placed there is a new failure, not a repeat placement).
     ``on_excluded`` counts placements on nodes the restart excluded. ``in_leaf_any``/``replacements_any``
-    count over every re-placement, room or not."""
+    count over every re-placement, room or not. ``on_suspect`` splits into ``on_suspect_known``, the
+    nodes fleetmedic already suspected when the job was placed (held, settling, refused, not yet
+    cordoned, evidence being confirmed: a restart must exclude them, target 0), and
+    ``on_suspect_undetected``, those it had not found yet (a detection delay), per fault kind in
+    ``undetected_by_kind``. ``on_flagged`` counts placements on any node fleetmedic suspected then,
+    faulty or not."""
 
     placements: int = 0
     re_placements: int = 0
@@ -154,6 +160,10 @@ class PlacementCounts(Struct, frozen=True, kw_only=True):
     on_excluded: int = 0
     replacements_any: int = 0
     in_leaf_any: int = 0
+    on_suspect_known: int = 0
+    on_suspect_undetected: int = 0
+    on_flagged: int = 0
+    undetected_by_kind: dict[str, int] = {}
 
 
 def restarter(by: str) -> str:
@@ -161,13 +171,19 @@ def restarter(by: str) -> str:
     return {"controller": "job_controller", "user": "user"}.get(by, "fleetmedic")
 
 
-def count_replacements(records: Iterable[tuple[Replacement, Collection[int]]], node_su: np.ndarray) -> PlacementCounts:
-    """Sum ``(re-placement, the outage's suspect nodes at that moment)`` pairs."""
+def count_replacements(records: Iterable[tuple[Replacement, Mapping[int, str]]], node_su: np.ndarray
+                       ) -> PlacementCounts:
+    """Sum ``(re-placement, the outage's suspect nodes at that moment -> their fault's kind)`` pairs."""
     placements = re_placements = with_room = replacements = in_leaf = on_suspect = on_excluded = 0
-    replacements_any = in_leaf_any = 0
+    replacements_any = in_leaf_any = known = flagged = 0
+    undetected: Counter[str] = Counter()
     for rec, suspects in records:
         placements += 1
-        on_suspect += sum(1 for n in rec.nodes if n in suspects)
+        hit = [n for n in rec.nodes if n in suspects]
+        on_suspect += len(hit)
+        known += sum(1 for n in hit if n in rec.suspected)
+        undetected.update(suspects[n] for n in hit if n not in rec.suspected)
+        flagged += len(rec.suspected)
         on_excluded += sum(1 for n in rec.nodes if n in rec.excluded)
         new = rec.replacements
         if not new:
@@ -184,13 +200,15 @@ def count_replacements(records: Iterable[tuple[Replacement, Collection[int]]], n
                            replacements=replacements, in_leaf=in_leaf,
                            leaf_fraction=round(in_leaf / replacements, 4) if replacements else None,
                            on_suspect=on_suspect, on_excluded=on_excluded, replacements_any=replacements_any,
-                           in_leaf_any=in_leaf_any)
+                           in_leaf_any=in_leaf_any, on_suspect_known=known,
+                           on_suspect_undetected=on_suspect - known, on_flagged=flagged,
+                           undetected_by_kind=dict(sorted(undetected.items())))
 
 
-def suspects(causes: Iterable[Fault], t: float) -> set[int]:
+def suspects(causes: Iterable[Fault], t: float) -> dict[int, str]:
     """The nodes of the faults behind an outage that are active at ``t`` and whose truth says isolate
-    the node (or the node behind the bad link); a switch fault blames no node."""
-    return {f.node for f in causes
+    the node (or the node behind the bad link), with their fault's kind; a switch fault blames no node."""
+    return {f.node: f.info.name for f in causes
             if f.node >= 0 and f.leaf < 0 and f.info.expected in ("isolate_node", "isolate_link")
             and f.onset <= t < f.end and (f.cleared_at is None or t < f.cleared_at)}
 
@@ -198,7 +216,7 @@ def suspects(causes: Iterable[Fault], t: float) -> set[int]:
 def placement_counts(interruptions: Iterable[Interruption], fault_by_id: dict[str, Fault],
                      node_su: np.ndarray) -> dict[str, PlacementCounts]:
     """The re-placements of every outage, summed: ``all`` and per restarter."""
-    groups: dict[str, list[tuple[Replacement, set[int]]]] = {"all": []}
+    groups: dict[str, list[tuple[Replacement, dict[int, str]]]] = {"all": []}
     for intr in interruptions:
         for rec in intr.placements:  # the faults behind the failures so far, not a later one
             causes = [fault_by_id[f[1]] for f in intr.failures if f[1] in fault_by_id and f[0] <= rec.t]

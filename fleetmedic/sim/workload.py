@@ -28,6 +28,7 @@ decomposition needs.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -189,6 +190,9 @@ class Workload:
         self.events: list[JobEvent] = []
         self._open: dict[int, Interruption] = {}  # job idx -> interruption awaiting recovery
         self._next_arrival = t0
+        #: the nodes fleetmedic suspects now (set by the harness that runs it): each re-placement
+        #: records which of its nodes they were, for the accounting only; the scheduler ignores it
+        self.suspected_by: Callable[[], Collection[int]] | None = None
         if spec.job_sizes:
             self.sizes = [s for s in spec.job_sizes if s <= n] or [1]
         else:
@@ -283,8 +287,10 @@ class Workload:
         if chosen is None:
             return None, None
         room = domain_had_room(job.n_nodes, ok, job.prefer, fleet.node_su, domain)
+        flagged = self.suspected_by() if self.suspected_by is not None else ()
         return chosen, Replacement(t=t, by=job.restart_by, topology_aware=aware, before=tuple(job.prefer),
-                                   nodes=tuple(chosen), excluded=tuple(sorted(job.exclude)), domain=domain, room=room)
+                                   nodes=tuple(chosen), excluded=tuple(sorted(job.exclude)), domain=domain, room=room,
+                                   suspected=tuple(n for n in chosen if n in flagged))
 
     def _place(self, job: Job, nodes: list[int], t: float, record: Replacement | None = None) -> None:
         job.nodes = nodes

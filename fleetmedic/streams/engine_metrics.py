@@ -123,6 +123,9 @@ class EngineMetrics:
         self.held_definitive = Gauge("fleetmedic_quarantine_held_definitive",
                                      "Nodes fleetmedic holds isolated on definitive evidence (outside the budget)",
                                      registry=registry)
+        self.held_confirmed = Gauge("fleetmedic_quarantine_held_confirmed",
+                                    "Nodes fleetmedic holds isolated on preventive or uncertain evidence that failed "
+                                    "diagnostics or a repair confirmed since (outside the budget)", registry=registry)
         self.mttr = Histogram("fleetmedic_mttr_seconds", "Recovery time per phase (detect: first evidence to "
                               "incident, the detection delay; isolate; wait_for_capacity; restore; first_good_step), "
                               "one observation per completed recovery", ["phase"], buckets=RECOVERY_BUCKETS,
@@ -152,6 +155,7 @@ class EngineMetrics:
         self.breaker_open.set(1.0 if budget.get("breaker_open") else 0.0)
         self.quarantine_held.set(float(budget.get("held", 0)))
         self.held_definitive.set(float(budget.get("definitive_held", 0)))
+        self.held_confirmed.set(float(budget.get("confirmed_held", 0)))
         for kind, n in (report.get("refused_now") or {}).items():
             self.refused.labels(kind).set(float(n))
         self.quarantine_max.set(float(budget.get("max_held", 0)))

@@ -179,3 +179,20 @@ def test_backtest_of_a_simulation_triages_decides_and_scores_against_the_truth(t
     assert any(c.node == "gpu-node-0003" for c in commands)
     score = json.loads((out / "score.json").read_text())
     assert score["recall"] == 1.0 and score["top1_accuracy"] == 1.0
+
+
+def test_the_backtest_fleet_is_every_node_its_telemetry_names_as_in_production() -> None:
+    """Not only the nodes that produced findings: budgets in a backtest are as strict as in production."""
+    from fleetmedic.evaluation.backtest import Backtest
+
+    rng = np.random.default_rng(1)
+    bt = Backtest(Settings())
+    for k in range(3):
+        for i in range(32):
+            bt.feed(gpu_message(f"gpu-node-{i:04d}", 1000.0 + 10 * k, rng))
+    bt.feed(r.PortTelemetry(device="gpu-node-0040", device_kind="host", ts=1030.0, ports=[]))
+    bt.finish()
+    assert bt.engine.fleet_size == 33 and bt.engine.fleet_source == "telemetry"
+    with_topology = Backtest(Settings(), topology={f"gpu-node-{i:04d}": {"rack": "r0"} for i in range(16)})
+    with_topology.feed(gpu_message("gpu-node-0099", 1000.0, rng))
+    assert with_topology.engine.fleet_size == 16

@@ -308,6 +308,29 @@ def test_dangerous_but_valid_settings_are_warned_about(text: str, path: str) -> 
     assert len(warnings) == 1 and warnings[0].startswith(f"{path}: ")
 
 
+@pytest.mark.parametrize(("text", "path"), [
+    ("safety: {breaker: {signature_min_nodes: 100000}}", "safety.breaker.signature_min_nodes"),
+    ("safety: {breaker: {signature_fraction: 0.9}}", "safety.breaker.signature_fraction"),
+    ("safety: {breaker: {domain_min_nodes: 5000}}", "safety.breaker.domain_min_nodes"),
+    ("safety: {breaker: {domain_fraction: 0.75}}", "safety.breaker.domain_fraction"),
+])
+def test_a_setting_that_turns_a_breaker_rule_off_is_warned_about(text: str, path: str) -> None:
+    (warning,) = config_warnings(parse_config(text))
+    assert warning.startswith(f"{path}: ") and "effectively off" in warning
+
+
+def test_no_warning_claims_a_rule_that_is_off_still_protects() -> None:
+    text = "safety: {breaker: {trip_min_nodes: 100000, signature_min_nodes: 100000}}"
+    warnings = config_warnings(parse_config(text))
+    assert len(warnings) == 2
+    for w in warnings:
+        assert "only the one-domain rule can still open it" in w and "signature" not in w.split("; only")[1]
+    everything_off = ("safety: {breaker: {trip_min_nodes: 100000, signature_min_nodes: 100000, "
+                      "domain_min_nodes: 100000}}")
+    warnings = config_warnings(parse_config(everything_off))
+    assert len(warnings) == 3 and all("no rule can open the breaker" in w for w in warnings)
+
+
 @pytest.mark.parametrize("text", [
     "safety: {dry_run: true, max_quarantined_fraction: 1.0}",
     "safety: {dry_run: true, breaker: {trip_suspect_fraction: 1.0, trip_min_nodes: 5000, window_s: 1}}",

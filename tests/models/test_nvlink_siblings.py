@@ -10,6 +10,7 @@ import numpy as np
 from fleetmedic import records as r
 from fleetmedic.config import parse_config
 from fleetmedic.models.gpu_detector import GpuDetector
+from fleetmedic.models.gpu_signals import WATCHED, M, W, compute_signals
 from tests.models.synth import gpu_message
 
 DT = 10.0
@@ -152,3 +153,38 @@ def test_the_smoothed_rates_survive_a_state_round_trip() -> None:
     rest_a = [f.id for _, f in feed(a, link_a, rates[80:], start=80)]
     rest_b = [f.id for _, f in feed(restored, link_b, rates[80:], start=80)]
     assert rest_a == rest_b and (first or rest_a)
+
+
+def test_with_only_the_crc_flit_counter_a_rising_gpu_among_flat_siblings_is_found() -> None:
+    """dcgm-exporter users often enable only DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: the
+    composite rate sums the counters present, so one rising 40-90 per 30 s beside 7 flat GPUs is found."""
+    det, rng = detector(), np.random.default_rng(7)
+    absent: dict[str, list[object] | None] = {name: None for name in NVLINK[1:]}
+    flit = [0] * 8
+    found: list[tuple[int, r.Finding]] = []
+    for k in range(240):  # 40 min at 10 s; the rise starts after 10 min
+        if k >= 60:
+            flit[3] += int(rng.integers(40, 91)) // 3
+        msg = gpu_message("n0", 1000 + DT * k, rng, counters={NVLINK[0]: list(flit)}, gauges=absent)  # type: ignore[dict-item]
+        found += [(k, f) for f in det.observe(msg)]
+    assert found and {f.gpu for _, f in found} == {3}
+    assert any(f.evidence[0].metric == "nvlink_error_rate" for _, f in found)
+    assert min(k for k, _ in found) >= 60
+
+
+def test_a_composite_rate_sums_the_counters_present_and_none_when_one_went_down() -> None:
+    det = detector()
+    plan, names = det.plan, det.plan.names
+    j = names.index("nvlink_error_rate")
+    x = np.full((1, len(M), 2), np.nan)
+    prev = np.full((1, len(WATCHED), 2), np.nan)
+    x[0, M[NVLINK[0]]], prev[0, W[NVLINK[0]]] = [10.0, 4.0], [4.0, 6.0]  # GPU 1's counter went down
+    x[0, M[NVLINK[2]]], prev[0, W[NVLINK[2]]] = [3.0, 1.0], [1.0, 1.0]
+    out = compute_signals(x, prev, np.array([60.0]), np.array([False]), plan, 120.0)
+    assert out[0, j, 0] == 8.0 and np.isnan(out[0, j, 1])
+    x[0, M[NVLINK[0]]] = np.nan  # no NVLink counter but the replay one: its rate alone
+    prev[0, W[NVLINK[0]]] = np.nan
+    out = compute_signals(x, prev, np.array([60.0]), np.array([False]), plan, 120.0)
+    assert list(out[0, j]) == [2.0, 0.0]
+    x[0, M[NVLINK[2]]] = np.nan  # none present: no rate
+    assert np.isnan(compute_signals(x, prev, np.array([60.0]), np.array([False]), plan, 120.0)[0, j]).all()

@@ -256,3 +256,37 @@ def test_an_isolated_node_under_remediation_does_not_open_new_incidents() -> Non
     assert len({i.id for i in w.incidents}) == before
     muted = [a for a in w.decisions("skipped") if "not triaged" in a.explanation]
     assert len(muted) == 1 and muted[0].node == "node-2"
+
+
+def test_a_restart_excludes_every_node_fleetmedic_suspects_whatever_safety_decides() -> None:
+    """Refused by the budget, settling, evidence still being confirmed: none of them may take the job."""
+    w = World(config="safety: {max_quarantined_count: 0}", auto_execute=False)
+    w.finding("node-20", kind="hard_fault", severity="critical", hint="isolate")  # refused: the budget is 0
+    assert w.engine.node_state("node-20") == "suspect"
+    w.degradation("node-21")  # a warning seen once: watched, not yet confirmed
+    assert w.engine.node_state("node-21") == "healthy"
+    w.place("ml/a", NODES)
+    w.finding("node-3", kind="hard_fault", severity="critical", hint="isolate")
+    (restart,) = w.cmds("restart_job", job="ml/a")
+    assert {"node-3", "node-20", "node-21"} <= set(restart.exclude_nodes)
+    assert w.engine.suspected_nodes() >= {"node-3", "node-20", "node-21"}
+    assert not w.engine.suspected_nodes() & (set(NODES) - {"node-3"})
+
+
+def test_a_restart_waiting_for_capacity_also_excludes_nodes_suspected_since() -> None:
+    w = World(auto_execute=False)
+    w.place("ml/a", NODES)
+    w.finding("node-3", kind="hard_fault", severity="critical", hint="isolate")
+    (restart,) = w.cmds("restart_job", job="ml/a")
+    assert "node-20" not in restart.exclude_nodes
+    w.degradation("node-20")  # suspected after the restart was issued, while the job waits
+    w.advance(10)
+    (follow,) = [c for c in w.cmds("restart_job", job="ml/a") if c.id != restart.id]
+    assert follow.params.get("only_if_waiting") == "true"
+    assert set(follow.exclude_nodes) >= {"node-3", "node-20"}
+    w.advance(10)
+    assert len(w.cmds("restart_job", job="ml/a")) == 2  # nothing new suspected: nothing more
+    w.place("ml/a", [f"node-{i}" for i in range(8, 16)])  # placed: it no longer follows
+    w.degradation("node-21")
+    w.advance(10)
+    assert len(w.cmds("restart_job", job="ml/a")) == 2

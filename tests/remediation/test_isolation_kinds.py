@@ -20,6 +20,7 @@ from fleetmedic.records import RemediationResult
 from fleetmedic.remediation.engine import DecisionEngine
 from fleetmedic.remediation.kinds import Isolation
 from fleetmedic.remediation.safety import SafetyGate, allowance_table
+from fleetmedic.remediation.topology import Topology
 from fleetmedic.remediation.triage import finding_isolation
 from tests.remediation.world import T0, World
 
@@ -141,7 +142,8 @@ def test_one_degradation_signature_on_40_percent_of_the_fleet_trips_the_breaker_
     assert all(w.engine.state.nodes[n].blocked_reason == "breaker_open" for n in storm)
     w._take(w.engine.resume_breaker(actor="carol", reason="exporter fixed", now=w.now))
     w.advance(20)
-    budget = w.engine.gate.preventive_limit(32)
+    gate = w.engine.gate
+    budget = gate.preventive_limit(32, gate.max_held_distinct(32))  # one signature: below its breaker level
     assert 0 < len(w.isolated()) <= budget  # after the resume: within the budget, the rest still wait
 
 
@@ -208,23 +210,58 @@ def test_a_refused_node_stays_suspect_is_escalated_again_and_its_clock_runs() ->
 
 # --- the fleet: from what is seen; deleted nodes release their hold --------------------------------------
 
-def test_without_a_topology_the_fleet_is_what_telemetry_and_the_node_watch_show() -> None:
+def test_without_a_node_list_or_topology_the_fleet_is_what_telemetry_shows() -> None:
     engine = DecisionEngine(Settings())
     assert engine.fleet_size == 0
     engine.nodes_seen([f"n{i}" for i in range(40)], T0)
-    for i in range(30, 50):  # the node watch overlaps telemetry
-        engine.node_observed(f"n{i}", cordoned=False, cordoned_by_fleetmedic=False, now=T0)
-    assert engine.fleet_size == 50
+    assert engine.fleet_size == 40 and engine.fleet_source == "telemetry"
     assert engine.gate.max_held(engine.fleet_size) == 2
-    assert engine.report(T0)["budget"]["fleet_size"] == 50
+    assert engine.report(T0)["budget"]["fleet_size"] == 40
     restored = DecisionEngine.from_bytes(engine.to_bytes(), engine.settings)
-    assert restored.fleet_size == 50
-    engine.tick(T0 + Settings().safety.fleet_forget_after_s + 1)  # nodes only telemetry showed fall silent
-    assert engine.fleet_size == 20
+    assert restored.fleet_size == 40
+    engine.tick(T0 + 1000)
+    engine.nodes_seen([f"n{i}" for i in range(10)], T0 + 1000)
+    engine.tick(T0 + Settings().safety.fleet_forget_after_s + 10)  # the others fell silent
+    assert engine.fleet_size == 10
+
+
+def test_the_node_watch_list_is_the_fleet_whatever_telemetry_or_a_topology_name() -> None:
+    engine = DecisionEngine(Settings(), Topology.from_dict({f"n{i}": {"rack": "r0"} for i in range(64)}))
+    engine.nodes_seen([f"n{i}" for i in range(40)], T0)
+    for i in range(30, 50):  # the node watch lists 20 nodes (overlapping telemetry)
+        engine.node_observed(f"n{i}", cordoned=False, cordoned_by_fleetmedic=False, now=T0)
+    assert engine.fleet_size == 20 and engine.fleet_source == "cluster"
+    assert engine.report(T0)["budget"]["fleet_source"] == "cluster"
+    assert DecisionEngine.from_bytes(engine.to_bytes(), engine.settings).fleet_size == 20
+    engine.node_removed("n30", T0 + 1)
+    assert engine.fleet_size == 19
+
+
+def test_a_given_topology_is_the_fleet_without_a_node_watch() -> None:
+    topo = Topology.from_dict({f"n{i}": {"rack": f"r{i // 4}"} for i in range(32)})
+    engine = DecisionEngine(Settings(), topo)
+    engine.nodes_seen([f"n{i}" for i in range(40)], T0)
+    assert engine.fleet_size == 32 and engine.fleet_source == "topology"
+    # a cordon the executor saw is not the node list: it changes neither the fleet nor the topology
+    engine.node_observed("elsewhere", cordoned=True, cordoned_by_fleetmedic=False, now=T0, listed=False)
+    assert engine.fleet_size == 32 and "elsewhere" not in engine.topology
+
+
+def test_two_thousand_ghost_names_in_telemetry_leave_a_32_node_budget_unchanged() -> None:
+    """Telemetry is unauthenticated: names only it carries must not grow the budget (they took
+    ``max_held`` from 1 to 64 and 16 of 32 real nodes were then held)."""
+    w = World(n=32, config=DEFAULTS)
+    before = (w.engine.fleet_size, w.engine.gate.max_held(w.engine.fleet_size))
+    w.engine.nodes_seen([f"ghost-{i}" for i in range(2000)], w.now)
+    assert (w.engine.fleet_size, w.engine.gate.max_held(w.engine.fleet_size)) == before == (32, 1)
+    for i in range(0, 32, 4):  # one degradation per rack, minutes apart: none of them confirmed yet
+        w.finding(f"node-{i}", hint="reset_gpu", metric="x")
+        w.advance(700)
+    assert len(w.engine.gate.budgeted()) <= w.engine.gate.max_held_distinct(32) == 5
 
 
 def test_a_deleted_node_releases_its_hold_and_leaves_the_fleet() -> None:
-    w = World(n=16, auto_execute=False)  # budget: 1 budgeted node
+    w = World(n=16, config="safety: {max_quarantined_count: 1}", auto_execute=False)  # budget: 1 budgeted node
     w.finding("node-3", hint="reset_gpu", metric="x")
     w.gpu_lost("node-9")
     w.finding("node-5", hint="reset_gpu", metric="x")
@@ -358,3 +395,39 @@ def test_a_snapshot_from_before_the_kinds_still_loads() -> None:
     engine = DecisionEngine.from_bytes(msgspec.msgpack.encode(old), w.settings)
     assert engine.gate.holds("node-7") and engine.gate.kind_held("node-7") == "uncertain"
     assert engine.report(w.now)["budget"]["held"] == 2
+
+
+# --- the budget bounds unconfirmed holds; small fleets agree with the breaker ---------------------------
+
+def test_a_hold_confirmed_by_failed_diagnostics_leaves_the_budget_and_the_next_is_isolated() -> None:
+    w = World(n=32, config="safety: {max_quarantined_count: 1}", verdicts={"node-3": "fail"})
+    w.finding("node-3", hint="reset_gpu", metric="x")  # budgeted; diagnostics fail: the fault is real
+    assert w.engine.gate.holds("node-3") and w.engine.gate.confirmed_held() == 1
+    r = w.engine.report(w.now)["budget"]
+    assert (r["held"], r["confirmed_held"]) == (0, 1)
+    w.advance(700)  # past the rate window
+    w.finding("node-9", hint="reset_gpu", metric="y")
+    assert w.cmds("cordon", node="node-9") and not w.decisions("blocked")
+
+
+def test_an_unconfirmed_hold_still_fills_the_budget() -> None:
+    w = World(n=32, config="safety: {max_quarantined_count: 1}", auto_execute=False)
+    w.finding("node-3", hint="reset_gpu", metric="x")
+    w.finding("node-9", hint="reset_gpu", metric="y")
+    assert w.engine.gate.holds("node-3") and w.engine.node_state("node-9") == "suspect"
+    assert w.engine.gate.confirmed_held() == 0 and w.engine.report(w.now)["budget"]["held"] == 1
+
+
+def test_distinct_degradations_on_a_32_node_fleet_are_all_isolated_with_the_defaults() -> None:
+    """Three distinct signatures on three racks: below every breaker level, so all three are held,
+    though 5 % of 32 is one node."""
+    w = World(n=32, config=DEFAULTS, auto_execute=False)
+    for node, metric in (("node-1", "pcie_replay_rate"), ("node-9", "sm_clock"), ("node-17", "ecc_sbe_rate")):
+        for _ in range(2):  # a warning acts once confirmed: seen twice, 300 s apart
+            w.degradation(node, metric=metric)
+            w.advance(310)
+    w.finding("node-25", hint="reset_gpu", metric="link_errors")  # and an uncertain one
+    w.advance(120)
+    held = {n for n in ("node-1", "node-9", "node-17", "node-25") if w.engine.gate.holds(n)}
+    assert w.engine.gate.max_held(32) == 1 and not w.engine.breaker_open
+    assert len(held) >= 3, [a.explanation for a in w.decisions("blocked")]

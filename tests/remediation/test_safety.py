@@ -136,6 +136,7 @@ ops = st.lists(
         st.tuples(st.just("isolate"), st.integers(0, FLEET - 1), st.booleans()),
         st.tuples(st.just("suspect"), st.integers(0, FLEET - 1), st.booleans()),
         st.tuples(st.just("release"), st.integers(0, FLEET - 1), st.booleans()),
+        st.tuples(st.just("confirm"), st.integers(0, FLEET - 1), st.booleans()),
         st.tuples(st.just("wait"), st.integers(0, 400), st.booleans()),
         st.tuples(st.just("resume"), st.integers(0, 0), st.booleans()),
     ),
@@ -143,11 +144,31 @@ ops = st.lists(
 )
 
 
-@settings(max_examples=200, deadline=None)
-@given(ops=ops, max_new=st.integers(0, 5), max_count=st.integers(0, 12), fraction=st.floats(0.0, 0.5))
+class RacksAndLeaves:
+    """The failure domains of :func:`rack_of` and :func:`leaf_of` (4 nodes a rack, 8 a leaf)."""
+
+    def domains_of(self, node: str) -> set[str]:
+        return {f"rack:{rack_of(node)}", f"leaf:{leaf_of(node)}"}
+
+    def domain_size(self, domain: str) -> int:
+        return 4 if domain.startswith("rack:") else 8
+
+
+DOMAINS = RacksAndLeaves()
+
+
+def signature_of(node: str) -> str:
+    return f"sig-{int(node.split('-')[1]) % 3}"  # three kinds of evidence across the fleet
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=ops, max_new=st.integers(0, 5), max_count=st.integers(0, 12), fraction=st.floats(0.0, 0.5),
+       trip=st.integers(1, 12), sig_level=st.integers(1, 6))
 def test_no_event_order_exceeds_any_budget(ops: list[tuple[str, int, bool]], max_new: int, max_count: int,
-                                           fraction: float) -> None:
-    g = gate(max_new_isolations=max_new, max_quarantined_count=max_count, max_quarantined_fraction=fraction)
+                                           fraction: float, trip: int, sig_level: int) -> None:
+    g = gate(max_new_isolations=max_new, max_quarantined_count=max_count, max_quarantined_fraction=fraction,
+             breaker=BreakerSettings(trip_suspect_fraction=0.0, trip_min_nodes=trip, signature_min_nodes=sig_level,
+                                     window_s=300.0))
     now = 0.0
     admitted: list[float] = []
     for op, arg, critical in ops:
@@ -157,6 +178,8 @@ def test_no_event_order_exceeds_any_budget(ops: list[tuple[str, int, bool]], max
             g.breaker.poll(now, FLEET)
         elif op == "release":
             g.release(node, now)
+        elif op == "confirm":
+            g.confirm(node)
         elif op == "resume":
             g.breaker.close()
         else:
@@ -164,19 +187,64 @@ def test_no_event_order_exceeds_any_budget(ops: list[tuple[str, int, bool]], max
                 g.breaker.note_suspicion(node, now, FLEET)
             was_open = g.breaker.state.open
             held_before = g.holds(node)
-            verdict = g.check_isolation(node, now, FLEET, rack_of, leaves_of, critical)
+            verdict = g.check_isolation(node, now, FLEET, rack_of, leaves_of, critical, signature=signature_of(node),
+                                        domains=DOMAINS)
             if verdict.allowed:
                 assert not was_open or held_before, "the breaker is open but a new isolation was allowed"
                 if not held_before:
                     admitted.append(now)
-                g.record_isolation(node, now, critical)
-        held = list(g.state.held)
-        assert len(held) <= g.max_held(FLEET)
+                g.record_isolation(node, now, critical, signature=signature_of(node))
+        budgeted = g.budgeted()
+        assert set(budgeted) | set(g.state.confirmed) == set(g.state.held)  # a confirmed hold stays held
+        assert len(budgeted) <= g.max_held_distinct(FLEET) <= max(g.max_held(FLEET), min(max_count, trip - 1))
+        if len(budgeted) > g.max_held(FLEET):  # beyond the fraction: below every breaker level among the holds
+            for sig in {signature_of(n) for n in budgeted}:
+                assert sum(1 for n in budgeted if signature_of(n) == sig) < g.breaker.signature_level(FLEET)
+            for d in {d for n in budgeted for d in DOMAINS.domains_of(n)}:
+                members = sum(1 for n in budgeted if d in DOMAINS.domains_of(n))
+                assert members < g.breaker.domain_level(DOMAINS.domain_size(d))
         assert sum(1 for t in admitted if t > now - 600.0) <= max_new
-        for rack in {rack_of(n) for n in held}:
-            assert sum(1 for n in held if rack_of(n) == rack) <= 2
-        for leaf in {leaf_of(n) for n in held}:
-            assert sum(1 for n in held if leaf_of(n) == leaf) <= 3
+        for rack in {rack_of(n) for n in budgeted}:
+            assert sum(1 for n in budgeted if rack_of(n) == rack) <= 2
+        for leaf in {leaf_of(n) for n in budgeted}:
+            assert sum(1 for n in budgeted if leaf_of(n) == leaf) <= 3
+
+
+def test_a_confirmed_hold_leaves_the_budget_and_stays_held() -> None:
+    g = gate(max_quarantined_fraction=0.025, max_quarantined_count=6)  # 1 of 40
+    assert g.check_isolation("node-0", 0.0, FLEET, rack_of, leaves_of).allowed
+    g.record_isolation("node-0", 0.0, False)
+    assert g.check_isolation("node-9", 0.0, FLEET, rack_of, leaves_of).reason == "max_held"
+    assert g.confirm("node-0") and not g.confirm("node-0")
+    assert g.holds("node-0") and g.confirmed_held() == 1 and not g.budgeted()
+    assert g.snapshot(0.0, FLEET).held == 0
+    assert g.check_isolation("node-9", 0.0, FLEET, rack_of, leaves_of).allowed
+    g.release("node-0", 10.0)
+    assert g.confirmed_held() == 0 and not g.state.confirmed
+
+
+def test_beyond_the_fraction_only_evidence_below_every_breaker_level_is_held() -> None:
+    """Fraction 1 of 40; the breaker accepts 5 (trip 6), 3 of one signature (level 4), 2 of a rack of 4
+    (level 3 with domain_fraction 0.5 and min 3? here min 2)."""
+    g = gate(max_quarantined_fraction=0.025, max_quarantined_count=10, max_new_isolations=10, max_per_rack=4,
+             max_per_switch=8, breaker=BreakerSettings(trip_suspect_fraction=0.0, trip_min_nodes=6,
+                                                       signature_min_nodes=3, domain_min_nodes=2))
+    assert (g.max_held(FLEET), g.max_held_distinct(FLEET)) == (1, 5)
+
+    def hold(node: str, sig: str) -> str:
+        v = g.check_isolation(node, 0.0, FLEET, rack_of, leaves_of, signature=sig, domains=DOMAINS, kind="uncertain")
+        if v.allowed:
+            g.record_isolation(node, 0.0, kind="uncertain", signature=sig)
+        return v.reason
+
+    assert hold("node-0", "a") == ""  # within the fraction
+    assert hold("node-8", "a") == ""  # another leaf and rack; 2 of signature a (level 3)
+    assert hold("node-16", "a") == "max_held"  # a third of signature a would reach its level
+    assert "same evidence (a)" in g.check_isolation("node-16", 0.0, FLEET, rack_of, leaves_of, signature="a",
+                                                    domains=DOMAINS).explanation
+    assert hold("node-1", "b") == "max_held"  # rack r0 (and leaf-0) already has one: 2 would reach level 2
+    assert hold("node-16", "b") == "" and hold("node-24", "c") == "" and hold("node-32", "d") == ""
+    assert hold("node-36", "e") == "max_held"  # 5 held: the breaker's fleet-share level less one
 
 
 @settings(max_examples=200, deadline=None)
@@ -297,3 +365,20 @@ def test_preventive_holds_never_exceed_their_budget_and_definitive_ones_never_wa
         assert len(g.budgeted()) <= g.max_held(FLEET)
         for rack in {rack_of(n) for n in g.budgeted()}:
             assert sum(1 for n in g.budgeted() if rack_of(n) == rack) <= 2
+
+
+def test_the_allowance_reports_what_check_isolation_enforces() -> None:
+    """Released holds free the held limit at once: with fast diagnostics a 16-node fleet isolates up to
+    the rate in one window, and the allowance says so (it said min(rate, held) = 1)."""
+    s = SafetySettings()
+    g = SafetyGate(s)
+    a = g.allowance(16)
+    assert (a.max_held, a.new_per_window) == (1, s.max_new_isolations)
+    isolated = 0
+    for k in range(20):
+        node = f"node-{k % 16}"
+        if g.check_isolation(node, 10.0 * k, 16, lambda n: "", lambda n: (), signature="s").allowed:
+            g.record_isolation(node, 10.0 * k, signature="s")
+            isolated += 1
+        g.release(node, 10.0 * k + 5)  # diagnostics passed within seconds
+    assert isolated == a.new_per_window

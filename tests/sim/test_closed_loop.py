@@ -260,3 +260,20 @@ def test_planned_reboot_is_cordoned_by_the_operator_first_and_uncordoned_after_i
     assert uncordoned - float(fault.params["up_at"]) >= 100.0  # uncordoned a while after it is back up
     assert not any(row[fault.node] for t, row in sched if cordoned <= t < uncordoned)
     assert all(row[fault.node] for t, row in sched if t >= uncordoned)
+
+
+def test_a_restart_only_if_waiting_never_restarts_a_placed_job() -> None:
+    sent: list[RemediationCommand] = []
+
+    def operator(sim: Simulator, out: TickOutput) -> list[RemediationCommand]:
+        running = [j for j in sim.workload.jobs if j.active()]
+        if sent or not running or out.t < START + 600:
+            return []
+        sent.append(cmd("restart_job", out.t, job=running[0].ref, exclude_nodes=[BAD],
+                        params={"only_if_waiting": "true"}))
+        return sent[-1:]
+
+    rec = Recorder(_config("", minutes=20), operator)
+    (result,) = [r for r in rec.results if r.command_id == sent[0].id]
+    assert result.outcome == "skipped" and "placed already" in result.reason
+    assert not rec.failures(sent[0].job)

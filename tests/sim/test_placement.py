@@ -215,3 +215,30 @@ def test_in_the_closed_loop_fleetmedic_restarts_stay_in_the_leaf_and_without_the
     assert aware.with_room >= 2 and aware.in_leaf == aware.replacements and aware.leaf_fraction == 1.0
     assert plain.with_room >= 2 and plain.in_leaf < plain.replacements
     assert aware.on_suspect == plain.on_suspect == 0 and aware.on_excluded == plain.on_excluded == 0
+
+
+def test_placements_on_suspects_split_into_those_fleetmedic_suspected_and_those_not_yet_detected() -> None:
+    from fleetmedic.sim.placement import Domain, Replacement, count_replacements
+
+    su = np.zeros(24, dtype=np.int64)
+
+    def rec(nodes: tuple[int, ...], suspected: tuple[int, ...]) -> Replacement:
+        return Replacement(t=0.0, by="c1", topology_aware=True, before=(0, 1), nodes=nodes, excluded=(),
+                           domain=Domain(su=0, rack=0), room=True, suspected=suspected)
+
+    counts = count_replacements([(rec((0, 2, 3), (2,)), {2: "xid79", 3: "nic_down"}),
+                                 (rec((4, 5), (5,)), {4: "nic_down"})], su)
+    assert (counts.on_suspect, counts.on_suspect_known, counts.on_suspect_undetected) == (3, 1, 2)
+    assert counts.on_flagged == 2 and counts.undetected_by_kind == {"nic_down": 2}
+
+
+def test_the_workload_records_which_placed_nodes_fleetmedic_suspected() -> None:
+    wl = _workload()
+    wl.suspected_by = lambda: {9, 10}
+    job = wl._new_job(0.0, 4)
+    job.n_nodes, job.prefer, job.exclude, job.restart_by = 4, [8, 9, 10, 11], {9}, "c1"
+    ok = np.ones(24, dtype=bool)
+    ok[9] = False
+    chosen, record = wl._choose(job, ok, 10.0)
+    assert chosen is not None and record is not None and 10 in chosen and 9 not in chosen
+    assert record.suspected == (10,)

@@ -136,12 +136,16 @@ def test_accounting_figures_are_taken_as_given() -> None:
 
 def test_re_placement_counts_reach_the_report() -> None:
     fm = {"placements": 4, "re_placements": 3, "with_room": 2, "replacements": 2, "in_leaf": 2, "leaf_fraction": 1.0,
-          "on_suspect": 0, "on_excluded": 0, "replacements_any": 3, "in_leaf_any": 2}
+          "on_suspect": 3, "on_excluded": 0, "replacements_any": 3, "in_leaf_any": 2, "on_suspect_known": 1,
+          "on_suspect_undetected": 2, "on_flagged": 1, "undetected_by_kind": {"xid79": 2}}
     acc = {"phases": {}, "placement": {"all": fm, "fleetmedic": fm}}
     rep = score(TRUTH, INCIDENTS, COMMANDS, META, acc)
     assert rep.closed_loop is not None and rep.closed_loop.placement["fleetmedic"]["in_leaf"] == 2
+    assert rep.closed_loop.undetected_by_kind["fleetmedic"] == {"xid79": 2}
+    assert "undetected_by_kind" not in rep.closed_loop.placement["fleetmedic"]
     assert ("re-placements (fleetmedic): 3, replacements in the original leaf 2/2 (leaf had room in 2), "
-            "on suspect nodes 0, on excluded nodes 0") in format_report(rep)
+            "on suspect nodes 3 (already suspected by fleetmedic 1, not yet detected 2), on excluded nodes 0"
+            ) in format_report(rep)
 
 
 def test_no_incidents_means_zero_recall_and_undefined_precision() -> None:

@@ -3,6 +3,9 @@
 
 :meth:`PlacementRestarter.restart` is what the executor calls for ``restart_job`` / ``requeue_job``:
 
+0. A command with ``params.only_if_waiting`` (the engine adding nodes suspected since to a restart
+   that waits for capacity) is ``skipped`` when every pod of the workload is placed: a placed job
+   is never restarted for it.
 1. A workload whose replacement pods are already waiting (unscheduled) with every excluded node
    kept off (for a JobSet: by its child Jobs' pod templates) is not restarted again (``skipped``):
    that would only recreate pending pods.
@@ -101,6 +104,10 @@ class PlacementRestarter:
     def restart(self, job: str, *, action: str, exclude_nodes: Sequence[str], params: Mapping[str, str],
                 dry_run: bool, actor: str) -> wl.WorkloadOutcome:
         cfg = self.settings.placement
+        if params.get("only_if_waiting") == "true":  # more exclusions for a restart that waits, never a new restart
+            placed = self._placed_already(job, params)
+            if placed is not None:
+                return placed
         if not cfg.enabled or action not in PLACED_ACTIONS:
             return wl.restart_workload(self.api, job, action=action, exclude_nodes=exclude_nodes, params=params,
                                        dry_run=dry_run, actor=actor)
@@ -296,6 +303,17 @@ class PlacementRestarter:
 
     # --- scarce capacity ----------------------------------------------------------------------------
 
+    def _placed_already(self, job: str, params: Mapping[str, str]) -> wl.WorkloadOutcome | None:
+        """``skipped`` when an ``only_if_waiting`` command finds the workload gone or no pod of it
+        waiting to be scheduled: the job was placed, and is not restarted for nodes suspected since."""
+        namespace, name = parse_job_ref(job)
+        found = wl.find_workload(self.api, namespace, name, params.get("kind", ""))
+        if found is None:
+            return wl.WorkloadOutcome("skipped", f"workload {job} not found: nothing waits to be placed")
+        kind, obj = found
+        why = not_waiting(wl.workload_pods(self.api, kind, obj))
+        return wl.WorkloadOutcome("skipped", f"{kind.kind} {job}: {why}; not restarted") if why else None
+
     def _already_waiting(self, job: str, exclude: Sequence[str],
                          params: Mapping[str, str]) -> wl.WorkloadOutcome | None:
         """``skipped`` when the workload's pods already wait unscheduled and every excluded node is
@@ -348,6 +366,14 @@ class PlacementRestarter:
         details = {**details, "capacity_wait_s": f"{waited:.1f}",
                    "capacity_still_waiting": str(not scheduled).lower()}
         return dataclasses.replace(out, reason=f"{out.reason}; {message}", details=details)
+
+
+def not_waiting(pods: Sequence[client.V1Pod]) -> str:
+    """Why a workload with these pods has nothing waiting to be scheduled ("" when a pod waits, or none
+    exists yet: its controller is still recreating them)."""
+    if not pods or any(not (p.spec and p.spec.node_name) for p in pods):
+        return ""
+    return f"all {len(pods)} pod(s) are placed already"
 
 
 def excluded_nodes_of(specs: Sequence[Mapping[str, Any]]) -> set[str]:

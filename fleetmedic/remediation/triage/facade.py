@@ -64,6 +64,20 @@ class Triage:
 
     # --- jobs ---------------------------------------------------------------------------------------
 
+    def suspected_nodes(self, classes: frozenset[str]) -> set[str]:
+        """Nodes an open incident of one of ``classes`` suspects (itself or one of its GPUs), confirmed
+        or still watched, and hosts whose network findings are being gathered."""
+        out: set[str] = set()
+        incidents = self.state.incidents
+        for inc_id in set(self.state.open_by_subject.values()):
+            inc = incidents.get(inc_id)
+            if inc is None or inc.status not in ("open", "mitigating") or inc.incident_class not in classes:
+                continue
+            out.update(s.name if s.kind == "node" else s.name.rsplit("/", 1)[0]
+                       for s in inc.suspects if s.kind in ("node", "gpu"))
+        out.update(key[5:] for key in self.state.network if key.startswith("node:"))
+        return out
+
     def jobs_on(self, node: str) -> tuple[str, ...]:
         return self.job_board.jobs_on(node)
 
