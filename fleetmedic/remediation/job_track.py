@@ -108,13 +108,25 @@ class JobTrack:
             self.accounting.job_stopped(job, now)
         # away from every node fleetmedic suspects, isolated or not: a restart that lands on one that is
         # settling, refused, not yet cordoned or still being confirmed fails again
-        exclude = sorted(set(a.exclude_nodes) | set(a.suspect_nodes) | self.suspected())
+        own = set(a.exclude_nodes) | set(a.suspect_nodes)
+        exclude = sorted(own | self._affordable(job, self.suspected() - own))
         self.issuer.command(out, now, cid, action, inc.id, job, reason, params, exclude=exclude)
         if self.settings.policy.follow_suspects_s > 0:
             self.state.moving[job] = MovingJob(command_id=cid, action=action, incident_id=inc.id, attempt=attempt,
                                                since=now, exclude=exclude, reason=reason)
         self.accounting.recovery_started(job, inc.id, attempt, a.fault_at, now, list(a.suspect_nodes), now)
         self.incidents.track(inc.id, job=job)
+
+    def _affordable(self, job: str, suspects: set[str], already: int = 0) -> set[str]:
+        """Of ``suspects``, those a restart of ``job`` excludes: every node fleetmedic holds or works on
+        (it is unschedulable anyway), and at most ``policy.max_soft_exclusions`` (less ``already``
+        excluded) of the nodes it only suspects, the job's own nodes first (where its pods go back)."""
+        hard = {n for n in suspects if n in self.gate.state.held or self.node_state(n) not in ("healthy", "probation")}
+        rec = self.triage.job(job)
+        own = set(rec.nodes) if rec else set()
+        soft = sorted(suspects - hard, key=lambda n: (n not in own, n))
+        room = max(0, self.settings.policy.max_soft_exclusions - max(0, already - len(hard)))
+        return hard | set(soft[:room])
 
     # --- what time, results and job events bring -----------------------------------------------------
 
@@ -130,7 +142,7 @@ class JobTrack:
             if m.since < horizon or self.triage.job(job) is None:
                 del self.state.moving[job]
                 continue
-            new = suspected - set(m.exclude)
+            new = self._affordable(job, suspected - set(m.exclude), len(m.exclude))
             if not new:
                 continue
             m.exclude = sorted(set(m.exclude) | new)

@@ -273,6 +273,20 @@ def test_a_restart_excludes_every_node_fleetmedic_suspects_whatever_safety_decid
     assert not w.engine.suspected_nodes() & (set(NODES) - {"node-3"})
 
 
+def test_a_restart_excludes_at_most_max_soft_exclusions_nodes_only_suspected_its_own_first() -> None:
+    """Excluding every suspect of a large fleet can leave a large job no room: held nodes are
+    unschedulable anyway and always excluded; of the nodes only suspected, the job's own come first."""
+    w = World(n=64, config="policy: {max_soft_exclusions: 3}", auto_execute=False)
+    w.place("ml/big", [f"node-{i}" for i in range(40)])
+    for i in (30, 31, 50, 51, 52):  # warnings seen once: watched, not isolated, still schedulable
+        w.degradation(f"node-{i}")
+    w.finding("node-3", kind="hard_fault", severity="critical", hint="isolate")
+    (restart,) = w.cmds("restart_job", job="ml/big")
+    assert {"node-3", "node-30", "node-31"} <= set(restart.exclude_nodes)
+    assert len(set(restart.exclude_nodes) & {"node-50", "node-51", "node-52"}) == 1
+    assert w.engine.suspected_nodes() >= {"node-30", "node-31", "node-50", "node-51", "node-52"}
+
+
 def test_a_restart_waiting_for_capacity_also_excludes_nodes_suspected_since() -> None:
     w = World(auto_execute=False)
     w.place("ml/a", NODES)

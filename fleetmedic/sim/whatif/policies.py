@@ -247,12 +247,7 @@ class Fleetmedic:
     def suspected(self, world: World, node: int, t: float) -> bool:
         """Whether the engine, at ``t``, holds anything against ``node``: an isolation, a lifecycle
         underway, or a finding not yet acted on (refused, settling, being confirmed)."""
-        engine = self.engine_pipeline.engine
-        name = world.nodes[node].name
-        if engine.nodes.state_of(name) != "healthy":
-            return True
-        lo = t - self.settings.triage.evidence_window_s
-        return any(f.severity != "info" and f.ts >= lo for f in engine.state.triage.findings.get(name, ()))
+        return world.nodes[node].name in self.engine_pipeline.engine.suspected_nodes()
 
     # --- ticks ------------------------------------------------------------------------------------
 
@@ -371,11 +366,19 @@ class Fleetmedic:
                 self._result(world, cmd, t, "failed", f"unknown job {cmd.job}")
                 return
             exclude = {world.index[x] for x in cmd.exclude_nodes if x in world.index}
+            if cmd.params.get("only_if_waiting") == "true":  # more exclusions for a waiting job only
+                if job.state != "waiting_for_capacity":
+                    self._result(world, cmd, t, "skipped", "the job is not waiting for capacity")
+                    return
+                job.exclude |= exclude
+                self._result(world, cmd, t, "applied")
+                return
             if (job.state in ("running", "restart_overhead") and job.started_at >= cmd.issued_at
                     and not exclude & set(job.nodes)):
                 # the job's controller restarted it since, away from the nodes to exclude
                 self._result(world, cmd, t, "skipped", "already restarted without the excluded nodes")
                 return
+            job.exclude = set()  # the command's list replaces the last one (the executor lifts the rest)
             ok = world.request_restart(job, exclude, t, self.name)
             self._result(world, cmd, t, "applied" if ok else "skipped")
         elif a in ("run_diagnostics", "reset_gpu", "reboot_node"):
