@@ -465,8 +465,9 @@ class PolicySettings(Section, frozen=True, kw_only=True):
     follow_suspects_s: NonNegFloat = 86_400.0
     # a restart excludes the incident's suspects and every node fleetmedic holds or works on; of the
     # other nodes it only suspects (settling, refused, evidence still being confirmed: still
-    # schedulable, so each costs the job a node of capacity) at most this many, the job's own nodes
-    # first: excluding every suspect of a large fleet can leave a large job no room at all
+    # schedulable, so each costs the job a node of capacity) at most this many, hardware and unknown
+    # suspects first, the job's own nodes first within each: excluding every suspect of a large
+    # fleet can leave a large job no room at all
     max_soft_exclusions: NonNegInt = 8
     escalate_after_failures: PosInt = 2
     escalate_window_s: PosFloat = 86_400.0

@@ -120,11 +120,14 @@ class JobTrack:
     def _affordable(self, job: str, suspects: set[str], already: int = 0) -> set[str]:
         """Of ``suspects``, those a restart of ``job`` excludes: every node fleetmedic holds or works on
         (it is unschedulable anyway), and at most ``policy.max_soft_exclusions`` (less ``already``
-        excluded) of the nodes it only suspects, the job's own nodes first (where its pods go back)."""
+        excluded) of the nodes it only suspects: those suspected of what fails a job first (hardware,
+        unknown, then network, degradation), and within each the job's own nodes (where its pods go back)."""
         hard = {n for n in suspects if n in self.gate.state.held or self.node_state(n) not in ("healthy", "probation")}
         rec = self.triage.job(job)
         own = set(rec.nodes) if rec else set()
-        soft = sorted(suspects - hard, key=lambda n: (n not in own, n))
+        rank = {"hardware": 0, "unknown": 1, "network": 2, "degradation": 3}
+        why = self.triage.suspicion_classes() if len(suspects - hard) > self.settings.policy.max_soft_exclusions else {}
+        soft = sorted(suspects - hard, key=lambda n: (rank.get(why.get(n, ""), 9), n not in own, n))
         room = max(0, self.settings.policy.max_soft_exclusions - max(0, already - len(hard)))
         return hard | set(soft[:room])
 

@@ -64,6 +64,24 @@ class Triage:
 
     # --- jobs ---------------------------------------------------------------------------------------
 
+    def suspicion_classes(self) -> dict[str, str]:
+        """Node -> the class of the open incidents that suspect it, the likeliest to fail a job first
+        (hardware, unknown, network, degradation, then the rest)."""
+        order = {"hardware": 0, "unknown": 1, "network": 2, "degradation": 3}
+        out: dict[str, str] = {}
+        incidents = self.state.incidents
+        for inc_id in set(self.state.open_by_subject.values()):
+            inc = incidents.get(inc_id)
+            if inc is None or inc.status not in ("open", "mitigating"):
+                continue
+            for s in inc.suspects:
+                if s.kind not in ("node", "gpu"):
+                    continue
+                node = s.name if s.kind == "node" else s.name.rsplit("/", 1)[0]
+                if order.get(inc.incident_class, 9) < order.get(out.get(node, ""), 9):
+                    out[node] = inc.incident_class
+        return out
+
     def suspected_nodes(self, classes: frozenset[str]) -> set[str]:
         """Nodes an open incident of one of ``classes`` suspects (itself or one of its GPUs), confirmed
         or still watched, and hosts whose network findings are being gathered."""

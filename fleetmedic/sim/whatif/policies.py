@@ -139,10 +139,16 @@ class NpdDraino(Manual):
 
 
 def fleet_topology(world: World) -> Topology:
+    """Racks of ``nodes_per_rack`` and leaves of ``nodes_per_leaf`` nodes, the nodes placed in a
+    seeded random order: a history names its nodes in the order they first failed, and placing
+    them in that order would put faults close in time into one rack (a correlation the history
+    does not have)."""
     a = world.a
-    return Topology({node.name: Placement(rack=f"rack-{i // a.nodes_per_rack:05d}",
-                                          leaf=f"leaf-{i // a.nodes_per_leaf:04d}", pool="gpu")
-                     for i, node in enumerate(world.nodes)})
+    order = list(range(len(world.nodes)))
+    world.rng("topology").shuffle(order)
+    return Topology({world.nodes[n].name: Placement(rack=f"rack-{i // a.nodes_per_rack:05d}",
+                                                    leaf=f"leaf-{i // a.nodes_per_leaf:04d}", pool="gpu")
+                     for i, n in enumerate(order)})
 
 
 #: between inputs the engine ticks every IDLE_TICK_S: what it waits for then (refused isolations

@@ -128,6 +128,7 @@ def outcome(world: World, policy: Policy) -> dict[str, Any]:
         "placements_on_faulty_nodes": {
             "total": tally.placements_on_faulty,
             "suspected_at_placement": tally.placements_on_suspected,
+            "suspected_at_placement_by": dict(sorted(tally.placements_on_suspected_by.items())),
             "not_yet_detected": dict(sorted(tally.placements_on_undetected.items())),
         },
     }

@@ -151,6 +151,7 @@ class Job:
     exclude: set[int] = field(default_factory=set)
     prev_nodes: list[int] = field(default_factory=list)  # where its last attempt ran
     started_at: float = 0.0  # when its current attempt was placed
+    restarted_by: str = ""  # who asked for its current placement: controller, a policy
     buckets: dict[str, float] = field(default_factory=lambda: dict.fromkeys(JOB_BUCKETS, 0.0))
     interruptions: int = 0
 
@@ -178,6 +179,7 @@ class Tally:
     unschedulable_by: dict[str, float] = field(default_factory=dict)  # "who|busy|fault?" -> node-seconds
     placements_on_faulty: int = 0
     placements_on_suspected: int = 0
+    placements_on_suspected_by: dict[str, int] = field(default_factory=dict)  # who restarted the job
     placements_on_undetected: dict[str, int] = field(default_factory=dict)
     isolations: int = 0
     false_isolations: int = 0
@@ -348,7 +350,7 @@ class World:
             self._job_state(job, "waiting_for_capacity", t)
         job.restart_requested = True
         job.exclude |= exclude
-        job.last_restart_by = by  # type: ignore[attr-defined]
+        job.restarted_by = by
         self.try_place(t)
         return True
 
@@ -393,6 +395,8 @@ class World:
                 self.tally.placements_on_faulty += 1
                 if self.policy.suspected(self, n, t):
                     self.tally.placements_on_suspected += 1
+                    by = self.tally.placements_on_suspected_by
+                    by[job.restarted_by] = by.get(job.restarted_by, 0) + 1
                 else:
                     k = f.entry.evidence
                     self.tally.placements_on_undetected[k] = self.tally.placements_on_undetected.get(k, 0) + 1
