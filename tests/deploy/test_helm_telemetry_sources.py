@@ -29,12 +29,14 @@ PEERS = ("networkPolicy.kafkaPeers[0].namespaceSelector.matchLabels.kubernetes\\
          "networkPolicy.kafkaPeers[0].podSelector.matchLabels.strimzi\\.io/kind=Kafka",
          "networkPolicy.apiServerPeers[0].ipBlock.cidr=172.18.0.2/32")
 OPERATOR = ("monitoring.serviceMonitor.enabled=true", "monitoring.prometheusRule.enabled=true")
-#: what each source needs besides (the receiver takes senders, the Kafka connector nothing more)
+#: what each source needs besides (the receiver takes senders and their credentials, the Kafka
+#: connector nothing more)
 SOURCE_NEEDS = {
     "nvml": (),
     "dcgm-exporter": (),
     "remote-write": ("connectors.remoteWrite.ingressFrom[0].namespaceSelector.matchLabels."
-                     "kubernetes\\.io/metadata\\.name=monitoring",),
+                     "kubernetes\\.io/metadata\\.name=monitoring",
+                     "connectors.remoteWrite.auth.existingSecret=fleetmedic-remote-write"),
     "kafka": (),
 }
 COMBINATIONS = [(source, net, mon) for source in SOURCE_NEEDS for net, mon in (("cidrs", False), ("peers", True))]
