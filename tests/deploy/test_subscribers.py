@@ -341,13 +341,17 @@ def test_the_executor_follows_a_command_key_rotation_on_the_real_broker(
     command the old key signed is refused (dead-lettered, naming the id), one the new key signed
     is taken. No process restarts together with another."""
     run, produced = worker_run
-    base = run.config.read_text() + (
+    # the worker's config with one signing section (a key given twice is a config error)
+    worker = "".join(line for line in run.config.read_text().splitlines(keepends=True)
+                     if not line.startswith("signing:"))
+    base = worker + (
         "executor:\n"
         f"  diagnostics_namespace: {namespace}\n"
         f"  lease_namespace: {namespace}\n"
         "  lease_duration_s: 3.0\n"
         "signing:\n"
         f"  key_id: '{KEY_ID}'\n"
+        "  command_ttl_s: 1800\n"
         f"  key_file: {keys['command']}\n")
     overlap = parse_config(base + f"  command_keys: [{{id: '{OLD_KEY_ID}', key_file: {keys['old']}}}]\n", env={})
     after = parse_config(base, env={})

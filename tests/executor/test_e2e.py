@@ -76,13 +76,13 @@ def test_hard_fault_isolates_the_node_replaces_the_job_diagnoses_and_returns_the
         fault_at = time.time()
         asyncio.run(produce(kafka_bootstrap, [(chain.topic("telemetry.gpu"), m.node.encode(), r.encode(m))
                                               for m in msgs]))
-        wait("the sick node cordoned and tainted", lambda: _quarantined(core, sick), timeout=90, chain=chain)
+        wait("the sick node cordoned and tainted", lambda: _quarantined(core, sick), timeout=90, watch=chain)
         isolated_at = time.time()
         replaced = wait("4 new ranks Running off the sick node", lambda: (x := running_ranks(core, namespace, "train"))
-                        and len(x) == 4 and not ({y.uid for y in x} & before) and x, timeout=90, chain=chain)
+                        and len(x) == 4 and not ({y.uid for y in x} & before) and x, timeout=90, watch=chain)
         recovered_at = time.time()
         assert sick not in {x.node for x in replaced}
-        wait("the node back in service", lambda: _back(core, sick), timeout=120, chain=chain)
+        wait("the node back in service", lambda: _back(core, sick), timeout=120, watch=chain)
         returned_at = time.time()
         time.sleep(1.0)
     finally:
@@ -134,7 +134,7 @@ def test_transient_software_error_restarts_the_pods_and_isolates_no_node(
                                               for m in msgs]
                             + [(chain.topic("jobs.events"), job_ref.encode(), r.encode(e)) for e in events]))
         again = wait("the job's pods restarted", lambda: (x := running_ranks(core, namespace, "train"))
-                     and len(x) == 4 and not ({y.uid for y in x} & before) and x, timeout=90, chain=chain)
+                     and len(x) == 4 and not ({y.uid for y in x} & before) and x, timeout=90, watch=chain)
         time.sleep(2.0)
     finally:
         stop_all(chain)
