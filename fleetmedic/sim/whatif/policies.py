@@ -48,6 +48,13 @@ class Policy(Protocol):
     def suspected(self, world: World, node: int, t: float) -> bool: ...
 
 
+def relogged(f: Fault | None, why: str, t: float) -> bool:
+    """Whether a job failing at ``t`` on ``f``'s node makes the driver log ``f``'s XID again: a job
+    placed later on the faulty GPU dies of it (the failure at the fault's own onset is that XID)."""
+    return (f is not None and f.entry.effect == "crash" and f.entry.evidence.startswith("xid:")
+            and t > (f.turned_at if f.turned_at is not None else f.onset) and "by " not in why)
+
+
 class OnCall:
     """The person on call: notices failures late, repairs what shows, validates repaired nodes."""
 
@@ -117,6 +124,13 @@ class Manual:
 class NpdDraino(Manual):
     name = "npd-draino"
 
+    def job_failed(self, world: World, job: Job, node: int, was_on: list[int], t: float, why: str) -> None:
+        super().job_failed(world, job, node, was_on, t, why)
+        f = world.nodes[node].fault() if node >= 0 else None
+        if f is not None and relogged(f, why, t):
+            entry = f.entry  # the XID logged again as the job dies on the GPU: the kernel monitor sees it
+            world.at(t + world.a.npd_delay_s, lambda at: self._drain(world, f, entry, at))
+
     def fault_started(self, world: World, f: Fault, t: float) -> None:
         ev = f.entry.evidence
         head, _, arg = ev.partition(":")
@@ -126,7 +140,7 @@ class NpdDraino(Manual):
 
     def _drain(self, world: World, f: Fault, entry: object, t: float) -> None:
         n = f.node
-        if not f.active or f.entry is not entry or n in self.oncall.handling:
+        if not f.active or f.entry is not entry or n in self.oncall.handling or world.nodes[n].cordoned_by:
             return
         world.cordon(n, t, "npd-draino")
         world.at(t + world.a.drain_grace_s, lambda at: world.drain(n, at, "drained by draino"))
@@ -238,8 +252,9 @@ class Fleetmedic:
                         world_size=job.size, rank=rank, node=world.nodes[node].name if node >= 0 else "",
                         exit_code=code, reason=reason, log_excerpt=lines)
         self._execute(world, self.engine_pipeline.job(ev, t), t)
-        if f is not None and f.entry.evidence in ("job_failure", "silent", "software"):
-            pass  # only the job's failure shows
+        if f is not None and relogged(f, why, t):
+            # a job dying on the faulty GPU makes the driver log the XID again
+            self._evidence(world, f, f.entry, t, first=True)
         if job.failures_in_a_row > world.a.backoff_limit:
             self.oncall.notice_failure(world, job, node, t)
 

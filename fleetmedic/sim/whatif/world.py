@@ -542,6 +542,8 @@ class World:
         """Whether diagnostics of ``level`` fail on node ``n`` now (the fault's and the run's draw)."""
         f = self.nodes[n].fault()
         rng = self.rng("diag", n, key)
+        if f is not None and f.entry.evidence == "xid:79":
+            return True  # a GPU gone from the bus fails every test
         if f is not None and f.entry.diagnostics_confirm and f.entry.effect != "none":
             return rng.random() >= self.a.diag_false_pass
         return rng.random() < self.a.diag_false_fail
