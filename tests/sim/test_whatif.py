@@ -218,3 +218,11 @@ def test_the_html_report_renders_in_a_real_browser_with_a_plot_per_policy(tmp_pa
     assert "<th>manual</th><th>fleetmedic</th>" in table[:400]
     assert dom.count("<polyline") == 4  # schedulable nodes and useful GPUs, per policy
     assert "ETTR, big job" in dom and "Gremlins" not in dom
+
+
+def test_a_software_bug_fails_the_job_once_and_leaves_the_node_healthy() -> None:
+    text = "node,start,end,category\nn0,2025-01-01T01:00:00Z,2025-01-01T01:00:00Z,Software Bug\n"
+    w = World(parse_history(text), load_mapping("llama3"), tiny(), Manual(), 105.0, 600.0)
+    w.run()
+    assert w.jobs[0].interruptions == 1 and w.tally.silent_schedulable_s == 0.0
+    assert w.tally.dangerous_s == 0.0 and w.tally.isolations == 0

@@ -432,12 +432,12 @@ class World:
         self._confirmable(f)
         self.faults.append(f)
         node.faults.append(f)
-        self._account_node(node, t)
         if entry.evidence == "software":  # the job fails; the node is fine
             f.active = False
             if node.job is not None:
                 self.fail_job(node.job, node.index, t, entry.category)
             return
+        self._account_node(node, t)
         if entry.evidence == "planned":
             self.cordon(node.index, t, "planned")
             if node.job is not None:
