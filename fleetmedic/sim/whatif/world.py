@@ -539,13 +539,16 @@ class World:
         self.at(until, finish)
 
     def diagnose(self, n: int, level: int, key: object) -> bool:
-        """Whether diagnostics of ``level`` fail on node ``n`` now (the fault's and the run's draw)."""
+        """Whether diagnostics of ``level`` fail on node ``n`` now: a real fault's draw (once per fault),
+        or the run's for a false failure of a healthy node."""
         f = self.nodes[n].fault()
         rng = self.rng("diag", n, key)
         if f is not None and f.entry.evidence == "xid:79":
             return True  # a GPU gone from the bus fails every test
         if f is not None and f.entry.diagnostics_confirm and f.entry.effect != "none":
-            return rng.random() >= self.a.diag_false_pass
+            # whether diagnostics catch a fault is the fault's, not the run's: one that escapes the
+            # tests escapes them every time
+            return self.rng("diag-escapes", f.id).random() >= self.a.diag_false_pass
         return rng.random() < self.a.diag_false_fail
 
     def send_to_repair(self, n: int, t: float, by: str, done: Callable[[float], None]) -> None:
