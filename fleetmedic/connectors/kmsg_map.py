@@ -495,7 +495,7 @@ class KmsgMapper:
                 continue
             seen[key] = ev.ts
             out.append(ev)
-        if len(seen) > 4096:  # forget what no longer coalesces anything
+        if len(seen) > 4096:  # keep only what can still coalesce: events inside the window
             horizon = max(seen.values()) - self.coalesce_s
             self._published = {k: t for k, t in seen.items() if t >= horizon}
         return out

@@ -210,8 +210,12 @@ def _csv(text: str) -> tuple[list[HistoryFault], list[BadRow]]:
                            f"not {header[:80]!r}")
     faults: list[HistoryFault] = []
     bad: list[BadRow] = []
-    for n, row in _rows(lines[1:]):
+    for n, ln in lines[1:]:
         try:
+            try:
+                row = next(csv.reader([ln]))
+            except (csv.Error, StopIteration) as exc:
+                raise ValueError(f"not a CSV row: {exc}") from None
             if len(row) < 4:
                 raise ValueError(f"{len(row)} columns, at least 4 expected ({','.join(CSV_COLUMNS)})")
             node = _name(row[0], "node")
@@ -226,14 +230,6 @@ def _csv(text: str) -> tuple[list[HistoryFault], list[BadRow]]:
             continue
         faults.append(HistoryFault(node, start, end, category, detail, n))
     return faults, bad
-
-
-def _rows(lines: Iterable[tuple[int, str]]) -> Iterable[tuple[int, list[str]]]:
-    for n, ln in lines:
-        try:
-            yield n, next(csv.reader(io.StringIO(ln)))
-        except (csv.Error, StopIteration) as exc:
-            yield n, [f"unreadable: {exc}"]
 
 
 def write_csv(faults: Iterable[HistoryFault]) -> str:

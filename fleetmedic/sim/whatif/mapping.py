@@ -116,14 +116,12 @@ class Mapping:
     fallback: Entry | None = None
     description: str = ""
 
-    def lookup(self, category: str) -> Entry | None:
-        e = self.entries.get(category)
-        if e is None:
-            e = self._folded().get(category.casefold())
-        return e if e is not None else self.fallback
+    def __post_init__(self) -> None:
+        self._folded = {k.casefold(): v for k, v in self.entries.items()}
 
-    def _folded(self) -> dict[str, Entry]:
-        return {k.casefold(): v for k, v in self.entries.items()}
+    def lookup(self, category: str) -> Entry | None:
+        e = self.entries.get(category) or self._folded.get(category.casefold())
+        return e if e is not None else self.fallback
 
 
 SHIPPED: Final = ("stepfun", "llama3")
