@@ -469,6 +469,11 @@ class PolicySettings(Section, frozen=True, kw_only=True):
     # suspects first, the job's own nodes first within each: excluding every suspect of a large
     # fleet can leave a large job no room at all
     max_soft_exclusions: NonNegInt = 8
+    # a restarted job is recovered at its first progress report, or once its new attempt has run this
+    # long without failing (the Kubernetes job watcher sees pods run, not training steps); a recovery
+    # resolves every incident that waited for the job, so their suspects stop being avoided
+    # (0: only a progress report recovers a job)
+    recovered_after_s: NonNegFloat = 600.0
     escalate_after_failures: PosInt = 2
     escalate_window_s: PosFloat = 86_400.0
     # failure signals that never count against a node: memory exhaustion follows the job's sizing

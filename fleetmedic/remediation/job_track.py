@@ -203,10 +203,20 @@ class JobTrack:
             acc.job_running(e.job, now)
         elif e.event in ("failure", "completion"):
             acc.job_stopped(e.job, now)
-        resolved = acc.job_progress(e.job, e.event, e.attempt, now)
-        if resolved:
-            self.incidents.untrack(resolved, now, out, job=e.job)
-        if e.event == "completion":
-            for inc_id, tracks in list(self.state.tracks.items()):
-                if e.job in tracks.jobs:
-                    self.incidents.untrack(inc_id, now, out, job=e.job)
+        if acc.job_progress(e.job, e.event, e.attempt, now) or e.event == "completion":
+            self._job_done(e.job, now, out)
+
+    def recoveries(self, now: float, out: Decisions) -> None:
+        """Restarted jobs that ran ``policy.recovered_after_s`` without failing are recovered (0: only a
+        progress report recovers a job)."""
+        after = self.settings.policy.recovered_after_s
+        if after > 0 and self.accounting.state.timelines:
+            for job, _ in self.accounting.recoveries_due(now, after):
+                self._job_done(job, now, out)
+
+    def _job_done(self, job: str, now: float, out: Decisions) -> None:
+        """The job recovered (or completed): no incident waits for it any more, whichever of them
+        moved it last (a job that failed again before it recovered is tracked by several)."""
+        for inc_id, tracks in list(self.state.tracks.items()):
+            if job in tracks.jobs:
+                self.incidents.untrack(inc_id, now, out, job=job)
