@@ -28,6 +28,7 @@ import msgspec
 import yaml
 from msgspec import Meta, Struct
 
+from fleetmedic.actions import JOB_TRACK_ACTIONS, NODE_TRACK_ACTIONS, RuleAction
 from fleetmedic.bus import BY_NAME, DEFAULT_PREFIX, MAX_STATE_BYTES
 from fleetmedic.k8s_keys import (
     LABEL_LEAF,
@@ -346,25 +347,6 @@ class TriageSettings(Section, frozen=True, kw_only=True):
     pool_label: str = LABEL_POOL
 
 
-RuleAction = Literal[
-    "cordon",
-    "taint",
-    "drain",
-    "label",
-    "run_diagnostics",
-    "reset_gpu",
-    "reboot_node",
-    "restart_job",
-    "requeue_job",
-    "retry_in_place",
-    "escalate",
-]
-JOB_ACTIONS = frozenset({"restart_job", "requeue_job", "retry_in_place", "escalate"})
-NODE_ACTIONS = frozenset(
-    {"cordon", "taint", "drain", "label", "run_diagnostics", "reset_gpu", "reboot_node", "escalate"}
-)
-
-
 class ActionStep(Section, frozen=True, kw_only=True):
     """One step of a track. ``at_job_boundary`` holds a node step until no job runs on the node."""
 
@@ -394,12 +376,12 @@ class PolicyRule(Section, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         for step in self.job:
-            if step.action not in JOB_ACTIONS:
+            if step.action not in JOB_TRACK_ACTIONS:
                 raise ValueError(f"rule `{self.name}`: `{step.action}` is not a job-track action")
             if step.at_job_boundary:
                 raise ValueError(f"rule `{self.name}`: `at_job_boundary` applies to node steps only")
         for step in self.node:
-            if step.action not in NODE_ACTIONS:
+            if step.action not in NODE_TRACK_ACTIONS:
                 raise ValueError(f"rule `{self.name}`: `{step.action}` is not a node-track action")
 
 
