@@ -10,8 +10,10 @@ decision stage as findings, and fleetmedic's triage, safety and recovery act on 
 ``(status, reason)``. Only a change makes a finding: a condition seen for the first time (the
 initial list, or a new condition) or one whose status or reason changed, when the new state matches
 a rule (first match wins). The kubelet's heartbeats, a message that changes alone, and every other
-watch event make nothing. A condition that goes back to a state no rule names is remembered and
-makes nothing: recovery is fleetmedic's to judge (diagnostics, return to service).
+watch event make nothing. A condition that goes back to a state no rule names makes a ``telemetry``
+finding (metric ``cleared:<type>``) when a ``definitive`` or ``uncertain`` rule had named it, and
+nothing otherwise: a node fleetmedic isolated for such a condition returns only once its diagnostics
+passed and the condition cleared (diagnostics test GPUs, not filesystems).
 
 The finding (detector ``node_condition``): ``kind`` ``hard_fault`` for ``definitive`` and
 ``uncertain`` rules, ``degradation`` for ``preventive`` ones, ``telemetry`` for severity ``info``
@@ -55,6 +57,7 @@ class ConditionTracker:
         self.rules = [_Rule(r, re.compile(r.reason_regex) if r.reason_regex else None) for r in rules]
         self.types = frozenset(r.type for r in rules)
         self.nodes: dict[str, dict[str, tuple[str, str]]] = {}  # node -> type -> (status, reason)
+        self.hard: dict[str, set[str]] = {}  # node -> condition types last in a state a hard rule names
 
     @classmethod
     def of(cls, settings: Settings) -> ConditionTracker:
@@ -70,7 +73,7 @@ class ConditionTracker:
         if not isinstance(name, str) or not name:
             return []
         if etype == "DELETED":
-            self.nodes.pop(name, None)
+            self.forget(name)
             return []
         status = obj.get("status")
         conditions = status.get("conditions") if isinstance(status, Mapping) else None
@@ -90,12 +93,30 @@ class ConditionTracker:
                 continue
             known[ctype] = state
             rule = next((r.rule for r in self.rules if r.matches(ctype, cstatus, reason)), None)
+            held = self.hard.setdefault(name, set())
             if rule is not None:
                 out.append(_finding(name, rule, cond, reason, now))
+                if rule.kind != "preventive" and rule.severity != "info":
+                    held.add(ctype)
+            elif ctype in held:
+                held.discard(ctype)
+                out.append(_cleared(name, ctype, cond, reason, now))
         return out
 
     def forget(self, node: str) -> None:
         self.nodes.pop(node, None)
+        self.hard.pop(node, None)
+
+
+def _cleared(node: str, ctype: str, cond: Mapping[str, Any], reason: str, now: float) -> Finding:
+    """A condition a hard rule named went back to a state no rule names: recorded (``telemetry``),
+    no incident; a node isolated for it may return."""
+    state = f"{ctype}={cond.get('status')}" + (f" ({reason})" if reason else "")
+    since = str(cond.get("lastTransitionTime") or "")
+    evidence = Evidence(detector=DETECTOR, metric=f"cleared:{ctype}", ts=now, note=state[:4000])
+    return Finding(id=f"{node}:{DETECTOR}:{ctype}:cleared:{since or f'{now:.3f}'}"[:512], ts=now, node=node,
+                   detector=DETECTOR, kind="telemetry", severity="info",
+                   summary=f"node condition {state}: cleared"[:4096], evidence=[evidence])
 
 
 def _finding(node: str, rule: ConditionRule, cond: Mapping[str, Any], reason: str, now: float) -> Finding:

@@ -160,6 +160,8 @@ class DecisionEngine:
         now, out = self._begin(now)
         if finding.kind != "network" and not self.topology.is_switch(finding.node):
             self.nodes_seen((finding.node,), now)
+        if finding.detector == "node_condition":
+            self.nodes.condition(finding, now, out)
         why = self.nodes.out_of_service(finding)
         if why:
             # the node is isolated and being worked on (by fleetmedic, or by a person who cordoned it

@@ -95,6 +95,7 @@ class NodeRecord(msgspec.Struct, kw_only=True):
     evidence_at: float = 0.0  # first evidence of this episode
     escalations: list[str] = []  # keys of escalations already sent this episode
     repair_ids: list[str] = []  # repair escalations whose completion the executor may report
+    conditions: list[str] = []  # node conditions a hard rule matched that have not cleared (types)
 
 
 @dataclass(frozen=True)
@@ -263,6 +264,12 @@ class Lifecycle:
                  why: str, reported: bool = False) -> list[LifecycleEvent]:
         first = rec.done.count("run_diagnostics") == 1 and not any(a in DISRUPTIVE for a in rec.done)
         events = [LifecycleEvent("verdict", rec.name, why, passed=passed, first_try=first, reported=reported)]
+        if passed and rec.conditions:
+            # diagnostics test the GPUs; a read-only filesystem or a kernel deadlock is still there
+            events += self._repair(rec, now, issue, f"diagnostics passed ({why}), but node condition "
+                                   f"{', '.join(rec.conditions)} is still set: it is validated again once that clears")
+            rec.blocked_reason = "condition"
+            return events
         if passed:
             return events + self.return_to_service(rec, now, issue, f"diagnostics passed: {why}")
         ladder = list(self.policy.remediation_ladder)
@@ -294,6 +301,16 @@ class Lifecycle:
         kept = " (the cordon someone else made stays)" if rec.foreign_cordon else ""
         events = [LifecycleEvent("returned", rec.name, why + kept, command_ids=cids)]
         return events + self._move(rec, "probation", now, why + kept, cids)
+
+    def condition_cleared(self, rec: NodeRecord, ctype: str, now: float, busy: bool,
+                          issue: Issue) -> list[LifecycleEvent]:
+        """Node condition ``ctype`` cleared: a node that awaits repair because its diagnostics passed
+        while the condition was set is validated again (as after a repair) once none is left."""
+        rec.conditions = [c for c in rec.conditions if c != ctype]
+        if rec.conditions or rec.state != "repair_needed" or rec.blocked_reason != "condition":
+            return []
+        rec.blocked_reason = ""
+        return self.repaired(rec, now, busy, issue, "the node watch", f"node condition {ctype} cleared")
 
     def clear(self, rec: NodeRecord, now: float, issue: Issue, actor: str, reason: str) -> list[LifecycleEvent]:
         """An operator vouches for the node: return it (without diagnostics) and forget its flaps."""

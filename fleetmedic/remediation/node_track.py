@@ -293,6 +293,25 @@ class NodeTrack:
                 self.apply(self.lifecycle.released_elsewhere(rec, now, why), now, out, actor="kubernetes")
             rec.cordon_owned = False
 
+    def condition(self, finding: Finding, now: float, out: Decisions) -> None:
+        """A node condition a hard rule matched is remembered until the node watch reports it cleared
+        (metric ``cleared:<type>``): a node isolated for it returns only after that."""
+        metric = finding.evidence[0].metric if finding.evidence else ""
+        kind, _, ctype = metric.partition(":")
+        if not ctype:
+            return
+        if kind == "cleared":
+            rec = self.state.nodes.get(finding.node)
+            if rec is not None and ctype in rec.conditions:
+                if rec.state == "repair_needed" and rec.blocked_reason == "condition":
+                    self.gate.confirm(rec.name)  # its own health check said so: the hold was right
+                self.apply(self.lifecycle.condition_cleared(rec, ctype, now, self.busy(rec.name),
+                                                            self.issuer.node_commands(now, out)), now, out)
+        elif finding.kind == "hard_fault":
+            rec = self.record(finding.node)
+            if ctype not in rec.conditions:
+                rec.conditions.append(ctype)
+
     # --- operator requests --------------------------------------------------------------------------
 
     def clear(self, node: str, actor: str, reason: str, now: float, out: Decisions) -> None:
@@ -382,4 +401,4 @@ class NodeTrack:
 
 def _forgettable(rec: NodeRecord) -> bool:
     return (rec.state == "healthy" and not rec.plan and not rec.inflight and not rec.returns
-            and not rec.opted_out and not rec.foreign_cordon and not rec.cordon_owned)
+            and not rec.opted_out and not rec.foreign_cordon and not rec.cordon_owned and not rec.conditions)

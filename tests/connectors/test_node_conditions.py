@@ -49,7 +49,12 @@ def test_only_a_change_into_a_state_a_rule_names_makes_a_finding() -> None:
     # heartbeats and a new message alone: nothing; a new reason is a change
     assert t.observe("MODIFIED", _node("gpu-1", READY, hung, beat="2026-12-02T01:00:10Z", message="other"), T + 9) == []
     assert len(t.observe("MODIFIED", _node("gpu-1", READY, ("KernelDeadlock", "True", "AUFSUmountHung")), T + 20)) == 1
-    assert t.observe("MODIFIED", _node("gpu-1", READY, healthy), T + 30) == []  # recovery: fleetmedic judges
+    # recovery: recorded, no incident; a node isolated for it may return once diagnostics passed
+    (cleared,) = t.observe("MODIFIED", _node("gpu-1", READY, healthy), T + 30)
+    assert (cleared.kind, cleared.severity, cleared.evidence[0].metric) == ("telemetry", "info",
+                                                                            "cleared:KernelDeadlock")
+    assert finding_class(cleared) is None and decode(Finding, encode(cleared)) == cleared
+    assert t.observe("MODIFIED", _node("gpu-1", READY, healthy), T + 35) == []
     assert len(t.observe("MODIFIED", _node("gpu-1", READY, hung), T + 40)) == 1  # again
 
 
@@ -68,6 +73,9 @@ def test_the_kubelets_not_ready_and_pressure_and_nvsentinels_conditions() -> Non
     (hot,) = t.observe("ADDED", _node("gpu-4", ("GpuThermalWatch", "True", "GpuThermalWatchIsNotHealthy")), T)
     assert (hot.kind, finding_class(hot), finding_isolation(hot).kind) == ("degradation", "degradation", "preventive")
     assert t.observe("DELETED", _node("gpu-4"), T) == [] and "gpu-4" not in t.nodes
+    # a preventive or info condition that clears makes nothing
+    assert t.observe("MODIFIED", _node("gpu-2", ("Ready", "Unknown", "NodeStatusUnknown"),
+                                       ("DiskPressure", "False", "KubeletHasNoDiskPressure")), T + 2) == []
 
 
 def test_rules_come_from_the_config_and_a_bad_regex_names_its_field() -> None:

@@ -253,3 +253,32 @@ def test_a_one_node_job_bug_on_a_node_back_on_probation_isolates_nothing() -> No
     w.fail("ml/other", "node-3", [ILLEGAL])
     w.advance(60)
     assert len(w.cmds("cordon", node="node-3")) == cordons + 1
+
+
+def test_a_node_isolated_for_a_node_condition_returns_only_once_diagnostics_passed_and_the_condition_cleared() -> None:
+    """Diagnostics test GPUs: a read-only filesystem passes them. The node awaits repair until the node
+    watch reports the condition cleared, is validated again, then returns."""
+    from fleetmedic.connectors.node_conditions import ConditionTracker
+    from tests.remediation.world import World as EngineWorld
+
+    w = EngineWorld()
+    tracker = ConditionTracker.of(w.settings)
+
+    def feed(status: str, reason: str) -> None:
+        obj = {"metadata": {"name": "node-5"}, "status": {"conditions": [
+            {"type": "ReadonlyFilesystem", "status": status, "reason": reason,
+             "lastTransitionTime": f"2026-12-02T00:00:{int(w.now) % 60:02d}Z"}]}}
+        for f in tracker.observe("MODIFIED", obj, w.now):
+            w._take(w.engine.on_finding(f, w.now))
+
+    feed("False", "FilesystemIsNotReadOnly")
+    feed("True", "FilesystemIsReadOnly")
+    w.advance(600)  # isolated, drained, diagnostics passed: the condition is still set
+    assert len(w.cmds("run_diagnostics", node="node-5")) == 1 and not w.cmds("return_to_service", node="node-5")
+    assert w.engine.node_state("node-5") == "repair_needed"
+    (ticket,) = w.cmds("escalate", node="node-5")
+    assert "ReadonlyFilesystem is still set" in ticket.reason
+    feed("False", "FilesystemIsNotReadOnly")
+    w.advance(600)  # validated again, then returned
+    assert len(w.cmds("run_diagnostics", node="node-5")) == 2
+    assert w.cmds("return_to_service", node="node-5") and w.engine.node_state("node-5") == "probation"

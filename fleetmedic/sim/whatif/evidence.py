@@ -93,6 +93,19 @@ class EvidenceSource:
         self._conditions.forget(node)  # the next fault on this node is a new change
         return found
 
+    def condition_cleared(self, node: str, spec: str, ts: float) -> list[r.Finding]:
+        """The finding the node watch makes when ``spec``'s condition goes back to normal."""
+        ctype, _, status = spec.partition("=")
+        tracker = ConditionTracker.of(self.settings)
+
+        def node_obj(st: str) -> dict[str, Any]:
+            return {"metadata": {"name": node}, "status": {"conditions": [
+                {"type": ctype, "status": st, "reason": "Whatif", "lastTransitionTime": f"{ts:.3f}"}]}}
+
+        tracker.observe("MODIFIED", node_obj(status or "True"), ts)
+        healthy = "True" if ctype == "Ready" else "False"
+        return tracker.observe("MODIFIED", node_obj(healthy), ts)
+
     def gpu_finding(self, node: str, kind: str, ts: float, job: str = "") -> r.Finding:
         detector, fkind, severity, metric, hint, summary = _GPU_FINDINGS[kind]
         gpu = None if kind in ("power_brake", "straggler") else 0

@@ -44,6 +44,7 @@ class Policy(Protocol):
 
     def start(self, world: World, t: float) -> None: ...
     def fault_started(self, world: World, f: Fault, t: float) -> None: ...
+    def fault_repaired(self, world: World, f: Fault, t: float) -> None: ...
     def job_failed(self, world: World, job: Job, node: int, was_on: list[int], t: float, why: str) -> None: ...
     def job_placed(self, world: World, job: Job, t: float) -> None: ...
     def suspected(self, world: World, node: int, t: float) -> bool: ...
@@ -110,6 +111,9 @@ class Manual:
         pass
 
     def fault_started(self, world: World, f: Fault, t: float) -> None:
+        pass
+
+    def fault_repaired(self, world: World, f: Fault, t: float) -> None:
         pass
 
     def job_failed(self, world: World, job: Job, node: int, was_on: list[int], t: float, why: str) -> None:
@@ -210,6 +214,14 @@ class Fleetmedic:
     def fault_started(self, world: World, f: Fault, t: float) -> None:
         entry = f.entry
         world.at(f.evidence_at, lambda at: self._evidence(world, f, entry, at, first=True))
+
+    def fault_repaired(self, world: World, f: Fault, t: float) -> None:
+        """A repaired node's condition clears: the node watch reports it."""
+        kind, _, arg = f.entry.evidence.partition(":")
+        if kind == "node_condition":
+            p = self.engine_pipeline
+            self._execute(world, [c for x in self.evidence.condition_cleared(world.nodes[f.node].name, arg, t)
+                                  for c in p.finding(x, t)], t)
 
     def _evidence(self, world: World, f: Fault, entry: object, t: float, first: bool) -> None:
         if not f.active or f.entry is not entry:

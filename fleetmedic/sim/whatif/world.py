@@ -574,6 +574,7 @@ class World:
             for g in node.faults:
                 if g.active:
                     g.active, g.repaired_at = False, at
+                    self.policy.fault_repaired(self, g, at)
             node.not_ready = False
             node.validating = f is not None and by != "planned"
             if by == "planned":
