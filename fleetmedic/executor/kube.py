@@ -18,8 +18,9 @@ from typing import Any, TypeVar, cast
 from kubernetes import client
 from kubernetes.client import ApiException
 
+from fleetmedic.executor.node.conditions import Condition
 from fleetmedic.executor.node.long_plan import JobOutcome, PodView, job_outcome
-from fleetmedic.executor.node.plan import MIRROR_ANNOTATION, Condition, NodeView, Note, Taint
+from fleetmedic.executor.node.plan import MIRROR_ANNOTATION, NodeView, Note, Taint
 from fleetmedic.k8s_keys import CONDITION_QUARANTINE, LABEL_ROLE, SOURCE_COMPONENT
 
 log = logging.getLogger(__name__)

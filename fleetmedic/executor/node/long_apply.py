@@ -30,6 +30,7 @@ from fleetmedic.executor.metrics import ExecutorMetrics
 from fleetmedic.executor.node import conditions
 from fleetmedic.executor.node import long_plan as pl
 from fleetmedic.executor.node import plan as p
+from fleetmedic.executor.node.conditions import Condition
 from fleetmedic.k8s_keys import (
     ANNOTATION_CORDONED_BY,
     ANNOTATION_DIAGNOSTICS,
@@ -86,7 +87,7 @@ def drain(ctx: Context, cmd: RemediationCommand, node: p.NodeView) -> p.NodePlan
     resumed = state.get("command") == cmd.id
     ctx.commit(node, cmd, p.NodePlan(
         "applied", unschedulable=True if cordon else None, labels={cfg.lifecycle_label: "draining"},
-        annotations=begin, condition=p.Condition("True", "Draining", f"fleetmedic drain: {cmd.reason}"[:1024]),
+        annotations=begin, condition=Condition("True", "Draining", f"fleetmedic drain: {cmd.reason}"[:1024]),
         event=p.Note("FleetmedicDrainResumed" if resumed else "FleetmedicDrainStarted",
                      f"{'resuming' if resumed else 'draining'} the node (incident {cmd.incident_id}): {cmd.reason}",
                      warning=True)))
@@ -142,7 +143,7 @@ def _drain_end(ctx: Context, cmd: RemediationCommand, node: p.NodeView, started:
                ANNOTATION_DRAIN: json.dumps({"command": cmd.id, "started": started, "state": "done",
                                              "evicted": evicted[:200]})}
         return p.NodePlan("applied", details=details, labels={cfg.lifecycle_label: "quarantined"}, annotations=ann,
-                          condition=p.Condition("True", "Drained", f"drained by fleetmedic: {cmd.reason}"[:1024]),
+                          condition=Condition("True", "Drained", f"drained by fleetmedic: {cmd.reason}"[:1024]),
                           event=p.Note("FleetmedicDrained", f"drained in {took:.0f}s, {len(evicted)} pod(s) evicted"))
     pdbs = sorted({b for bs in blocked.values() for b in bs if "/" in b})
     waiting = [x.ref for x in step.wait] + [x.ref for x in step.evict]
@@ -177,7 +178,7 @@ def run_job(ctx: Context, cmd: RemediationCommand, node: p.NodeView, doc: dict[s
                                 state_key: json.dumps({"command": cmd.id, "job": ref, "verdict": "running",
                                                        "started": started})},
         labels={ctx.settings.executor.lifecycle_label: "diagnosing"} if cmd.action == "run_diagnostics" else {},
-        condition=p.Condition("True", "DiagnosticsRunning" if cmd.action == "run_diagnostics" else "HookRunning",
+        condition=Condition("True", "DiagnosticsRunning" if cmd.action == "run_diagnostics" else "HookRunning",
                               f"fleetmedic {cmd.action}: Job {ref}"),
         event=p.Note(f"Fleetmedic{p.camel(cmd.action)}Started", f"{cmd.action}: Job {ref} ({cmd.reason})")))
     ctx.cluster.create_job(doc)
@@ -206,7 +207,7 @@ def diagnostics(ctx: Context, cmd: RemediationCommand, node: p.NodeView) -> p.No
                                                "failed_tests": details.get("failed_tests", "")})}
     return p.NodePlan("applied", why[:4096] if not passed else "", details, annotations=ann,
                       labels={cfg.lifecycle_label: "validated" if passed else "quarantined"},
-                      condition=p.Condition("True", "DiagnosticsPassed" if passed else "DiagnosticsFailed",
+                      condition=Condition("True", "DiagnosticsPassed" if passed else "DiagnosticsFailed",
                                             f"{why} (Job {ref})"[:1024]),
                       event=p.Note("FleetmedicDiagnosticsPassed" if passed else "FleetmedicDiagnosticsFailed",
                                    f"{why} (Job {ref})", warning=not passed),
