@@ -5,27 +5,24 @@ and :mod:`.kueue` (imports run one way: they import this, this imports only :mod
   (:class:`VersionChanged` when the object moved on: nothing was written, plan again);
 - :func:`wait_for`: poll a condition until a deadline (``TimeoutError`` naming what did not happen);
 - :func:`record_event`: a core/v1 Event on the workload, best effort;
-- :func:`api_message`: the API server's message of an ``ApiException``;
 - :data:`AdjustPlan` / :data:`AdjustChild`: the placement step's hooks into a restart
   (:mod:`.placement_apply`).
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from kubernetes import client
 from kubernetes.client import ApiException
 
+from fleetmedic.executor.cluster import event_body
+from fleetmedic.executor.kube import create_event
 from fleetmedic.executor.workload.plan import RestartPlan, WorkloadKind
 from fleetmedic.k8s_keys import REPORTING_COMPONENT, SOURCE_COMPONENT
 
-log = logging.getLogger(__name__)
 JSON_PATCH = "application/json-patch+json"
 # (kind, workload, its live pods, plan) -> the plan to carry out; see fleetmedic.executor.workload.placement_apply
 AdjustPlan = Callable[[WorkloadKind, dict[str, Any], list[client.V1Pod], RestartPlan], RestartPlan]
@@ -62,29 +59,10 @@ def wait_for(ready: Callable[[], bool], timeout: float, what: str, interval: flo
 
 
 def record_event(api: client.ApiClient, kind: WorkloadKind, obj: Mapping[str, Any], reason: str,
-                 message: str, actor: str) -> None:
+                 message: str, actor: str, *, warning: bool = False) -> None:
     """A core/v1 Event on the workload (``kubectl describe`` shows it); best effort."""
     meta = obj.get("metadata") or {}
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    event = {
-        "metadata": {"name": f"{meta.get('name')}.{uuid.uuid4().hex[:12]}", "namespace": meta.get("namespace")},
-        "involvedObject": {"apiVersion": kind.api_version, "kind": kind.kind, "name": meta.get("name"),
-                           "namespace": meta.get("namespace"), "uid": meta.get("uid")},
-        "reason": reason, "message": message[:1024], "type": "Normal", "count": 1,
-        "firstTimestamp": now, "lastTimestamp": now,
-        "source": {"component": SOURCE_COMPONENT},
-        "reportingComponent": REPORTING_COMPONENT, "reportingInstance": actor[:128] or "fleetmedic",
-    }
-    try:
-        body = cast(client.CoreV1Event, client.CoreV1Event.from_dict(event))
-        client.CoreV1Api(api).create_namespaced_event(str(meta.get("namespace")), body)
-    except ApiException as exc:
-        log.warning("event on %s %s/%s not recorded: %s", kind.kind, meta.get("namespace"), meta.get("name"),
-                    api_message(exc))
-
-
-def api_message(exc: ApiException) -> str:
-    try:
-        return str(json.loads(exc.body or "{}").get("message", exc.reason))
-    except (ValueError, AttributeError):
-        return str(exc.reason)
+    involved = {"apiVersion": kind.api_version, "kind": kind.kind, "name": meta.get("name"),
+                "namespace": meta.get("namespace"), "uid": meta.get("uid")}
+    create_event(api, event_body(involved, reason, message, namespace=str(meta.get("namespace")), warning=warning,
+                                 component=SOURCE_COMPONENT, reporting_component=REPORTING_COMPONENT, instance=actor))

@@ -32,11 +32,11 @@ from typing import Any, Literal, cast
 from kubernetes import client
 from kubernetes.client import ApiException
 
+from fleetmedic.executor.kube import api_message
 from fleetmedic.executor.workload.api import (
     AdjustChild,
     AdjustPlan,
     VersionChanged,
-    api_message,
     patch_workload,
     record_event,
     wait_for,

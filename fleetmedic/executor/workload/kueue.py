@@ -42,8 +42,9 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client import ApiException
 
+from fleetmedic.executor.kube import api_message
 from fleetmedic.executor.workload import apply as wl
-from fleetmedic.executor.workload.api import JSON_PATCH, AdjustChild, AdjustPlan, api_message, record_event, wait_for
+from fleetmedic.executor.workload.api import JSON_PATCH, AdjustChild, AdjustPlan, record_event, wait_for
 from fleetmedic.executor.workload.jobset import all_suspended, child_jobs, patch_children
 from fleetmedic.executor.workload.plan import (
     JOB,

@@ -36,7 +36,6 @@ read afresh.
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import logging
 import threading
 import time
@@ -52,6 +51,7 @@ from fleetmedic.executor.cache import ClusterCache
 from fleetmedic.executor.workload import apply as wl
 from fleetmedic.executor.workload import kueue
 from fleetmedic.executor.workload import placement_plan as pm
+from fleetmedic.executor.workload.api import record_event
 from fleetmedic.executor.workload.jobset import child_jobs
 from fleetmedic.executor.workload.placement_metrics import PlacementMetrics
 from fleetmedic.executor.workload.plan import (
@@ -65,7 +65,7 @@ from fleetmedic.executor.workload.plan import (
     parse_job_ref,
     pod_spec_paths,
 )
-from fleetmedic.k8s_keys import ANNOTATION_EXCLUDED_NODES, ANNOTATION_PLACEMENT, REPORTING_COMPONENT, SOURCE_COMPONENT
+from fleetmedic.k8s_keys import ANNOTATION_EXCLUDED_NODES, ANNOTATION_PLACEMENT
 
 log = logging.getLogger(__name__)
 PLACED_ACTIONS = frozenset({"restart_job", "requeue_job"})
@@ -344,7 +344,7 @@ class PlacementRestarter:
                        kind: WorkloadKind, obj: Mapping[str, Any], action: str, actor: str) -> wl.WorkloadOutcome:
         message = f"no healthy capacity for the replacement pods: {verdict.missing()}; they wait in the " \
                   "scheduler's queue with their priority"
-        warning_event(self.api, kind, obj, "FleetmedicCapacityWait", message, actor)
+        record_event(self.api, kind, obj, "FleetmedicCapacityWait", message, actor, warning=True)
         if self.metrics:
             self.metrics.waits.labels(action=action).inc()
         t0 = self.clock()
@@ -399,25 +399,6 @@ def _isolation_words(exclude: Sequence[str], fresh: Mapping[str, pm.NodeState | 
             how = "anti-affinity"
         words.append(f"{name}:{how}")
     return ",".join(words)
-
-
-def warning_event(api: client.ApiClient, kind: WorkloadKind, obj: Mapping[str, Any], reason: str, message: str,
-                  actor: str) -> None:
-    """A Warning core/v1 Event on the workload (``kubectl describe`` shows it); best effort."""
-    meta = obj.get("metadata") or {}
-    now = dt.datetime.now(dt.UTC)
-    body = client.CoreV1Event(
-        metadata=client.V1ObjectMeta(generate_name=f"{meta.get('name')}.", namespace=meta.get("namespace")),
-        involved_object=client.V1ObjectReference(api_version=kind.api_version, kind=kind.kind, name=meta.get("name"),
-                                                 namespace=meta.get("namespace"), uid=meta.get("uid")),
-        reason=reason, message=message[:1024], type="Warning", count=1, first_timestamp=now, last_timestamp=now,
-        source=client.V1EventSource(component=SOURCE_COMPONENT), reporting_component=REPORTING_COMPONENT,
-        reporting_instance=actor[:128] or "fleetmedic")
-    try:
-        client.CoreV1Api(api).create_namespaced_event(str(meta.get("namespace")), body)
-    except ApiException as exc:
-        log.warning("event on %s %s/%s not recorded: %s", kind.kind, meta.get("namespace"), meta.get("name"),
-                    exc.reason)
 
 
 def _name(obj: Any) -> str:
