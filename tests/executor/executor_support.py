@@ -12,8 +12,8 @@ from kubernetes import client
 from fleetmedic.config import Settings, parse_config
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.executor.cache import ClusterCache
-from fleetmedic.executor.kube import Cluster
-from fleetmedic.executor.node.apply import CommandExecutor
+from fleetmedic.executor.dispatch import CommandExecutor, kube_executor
+from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.records import RemediationCommand
 from fleetmedic.signing import sign
 
@@ -40,7 +40,7 @@ def settings(namespace: str, extra: str = "", bootstrap: str = "127.0.0.1:1") ->
 
 def executor(api: client.ApiClient, s: Settings, identity: str = "test-executor",
              cache: ClusterCache | None = None) -> CommandExecutor:
-    return CommandExecutor(Cluster(api, instance=identity), s, KEY, identity=identity, cache=cache)
+    return kube_executor(KubeCluster(api, instance=identity), s, KEY, identity=identity, cache=cache)
 
 
 def command(action: str, node: str = "", job: str = "", cid: str | None = None, ttl: float = 600.0,

@@ -24,7 +24,7 @@ from fleetmedic.config import Settings
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv.kclient import connect
 from fleetmedic.executor.cache import ClusterCache
-from fleetmedic.executor.kube import Cluster
+from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.executor.workload.placement_apply import _NODE_CACHES, PlacementRestarter
 from tests.executor.placement_support import leaves_of, pick_suspect, recover, start_one_job_per_leaf
 from tests.executor.workloads_support import quarantine
@@ -110,7 +110,7 @@ def test_watch_keeps_the_cache_equal_to_the_api_server(
     try:
         assert cache.wait_synced(30.0)
         later = pod(fleet.nodes[1], 8)  # after: from the watch
-        cluster = Cluster(kube_api)
+        cluster = KubeCluster(kube_api)
 
         def agrees() -> bool:
             return (cache.requested_by_node().keys() & nodes == _listed_requests(kube_api, nodes).keys()

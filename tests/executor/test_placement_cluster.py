@@ -190,9 +190,9 @@ def test_the_warm_standby_pool_is_used_first_and_tolerated(
 def test_the_executor_runs_restart_job_through_the_placement(
     kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet]
 ) -> None:
-    from fleetmedic.executor.kube import Cluster
+    from fleetmedic.executor.dispatch import kube_executor
+    from fleetmedic.executor.kube import KubeCluster
     from fleetmedic.executor.metrics import ExecutorMetrics
-    from fleetmedic.executor.node.apply import CommandExecutor
     from tests.executor.executor_support import KEY, command, settings
 
     fleet = make_fleet(8, nodes_per_rack=2, racks_per_leaf=2)
@@ -201,7 +201,7 @@ def test_the_executor_runs_restart_job_through_the_placement(
     suspect = sorted(p.spec.node_name for p in live_pods(kube_api, namespace, "app=job-0"))[0]
     quarantine(kube_api, suspect)
     registry = CollectorRegistry()
-    ex = CommandExecutor(Cluster(kube_api, instance="t"), settings(namespace), KEY, identity="t",
+    ex = kube_executor(KubeCluster(kube_api, instance="t"), settings(namespace), KEY, identity="t",
                          metrics=ExecutorMetrics(registry))
 
     result = ex.handle(command("restart_job", job=f"{namespace}/job-0", exclude_nodes=[suspect]))

@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetmedic.config import Settings
-from fleetmedic.executor.kube import Cluster
+from fleetmedic.executor.cluster import Cluster
 from fleetmedic.executor.metrics import ExecutorMetrics
 from fleetmedic.executor.node import conditions
 from fleetmedic.executor.node import long_plan as pl
 from fleetmedic.executor.node import plan as p
 from fleetmedic.executor.node.conditions import Condition
+from fleetmedic.executor.node.write import write_plan
 from fleetmedic.k8s_keys import (
     ANNOTATION_CORDONED_BY,
     ANNOTATION_DIAGNOSTICS,
@@ -57,13 +58,16 @@ class Context:
     clock: Callable[[], float]
     stop: threading.Event
     metrics: ExecutorMetrics | None
-    commit: Callable[[p.NodeView, RemediationCommand, p.NodePlan], None]  # patch + condition + event
     cache: ClusterCache | None = None  # nodes and pods by watch (None: every read lists from the API)
     pod_reads: Counter[str] = field(default_factory=Counter)  # the drain polls' reads: "api" or "cache"
 
     def sleep(self, seconds: float) -> None:
         if self.stop.wait(seconds):
             raise Interrupted()
+
+    def write(self, node: p.NodeView, cmd: RemediationCommand, plan: p.NodePlan) -> None:
+        """One step's change to the node (patch, condition, Event): :func:`.write.write_plan`."""
+        write_plan(self.cluster, node, cmd, plan, self.clock())
 
 
 def _inflight(cmd: RemediationCommand, now: float) -> str:
@@ -85,7 +89,7 @@ def drain(ctx: Context, cmd: RemediationCommand, node: p.NodeView) -> p.NodePlan
     if cordon:
         begin[ANNOTATION_CORDONED_BY] = p.ACTOR
     resumed = state.get("command") == cmd.id
-    ctx.commit(node, cmd, p.NodePlan(
+    ctx.write(node, cmd, p.NodePlan(
         "applied", unschedulable=True if cordon else None, labels={cfg.lifecycle_label: "draining"},
         annotations=begin, condition=Condition("True", "Draining", f"fleetmedic drain: {cmd.reason}"[:1024]),
         event=p.Note("FleetmedicDrainResumed" if resumed else "FleetmedicDrainStarted",
@@ -173,7 +177,7 @@ def run_job(ctx: Context, cmd: RemediationCommand, node: p.NodeView, doc: dict[s
     ref = f"{meta['namespace']}/{meta['name']}"
     state = p.annotation_json(node.annotations.get(state_key, ""))
     started = float(state["started"]) if state.get("command") == cmd.id and "started" in state else ctx.clock()
-    ctx.commit(node, cmd, p.NodePlan(
+    ctx.write(node, cmd, p.NodePlan(
         "applied", annotations={ANNOTATION_INFLIGHT: _inflight(cmd, started),
                                 state_key: json.dumps({"command": cmd.id, "job": ref, "verdict": "running",
                                                        "started": started})},
