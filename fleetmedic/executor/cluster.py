@@ -32,7 +32,34 @@ class Conflict(Exception):
 
 
 class ApiError(Exception):
-    """The API server refused or failed a request; the message says what and why."""
+    """The API server refused or failed a request; the message says what and why. ``status`` is
+    the HTTP status (0: no answer), ``detail`` the server's own message."""
+
+    def __init__(self, message: str, status: int = 0, detail: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.detail = detail or message
+
+
+class Resource(Protocol):
+    """A namespaced API resource by group, version and plural (``""`` is the core group), e.g. a
+    :class:`~fleetmedic.executor.workload.plan.WorkloadKind` or Kueue's ``workloads``."""
+
+    @property
+    def group(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def plural(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class ApiResource:
+    group: str
+    version: str
+    plural: str
 
 
 @dataclass(frozen=True)
@@ -44,7 +71,8 @@ class Eviction:
 
 
 class Cluster(Protocol):
-    """The node track's reads and writes, and the job-command ledger."""
+    """The node track's reads and writes, the job-command ledger, and the job track's workloads and
+    pods as the JSON the API server serves (``metadata``, ``spec``, ``status`` in its own casing)."""
 
     # --- nodes ---------------------------------------------------------------------------------------
 
@@ -86,6 +114,44 @@ class Cluster(Protocol):
     def patch_ledger(self, namespace: str, annotations: dict[str, str | None], resource_version: str) -> None:
         """Merge ``annotations`` into the ledger (``None`` removes a key), only if it is still at
         ``resource_version``; :class:`Conflict` otherwise."""
+
+
+class WorkloadCluster(Cluster, Protocol):
+    """The :class:`Cluster` with what the job track does to workloads (Jobs, JobSets, PyTorchJobs,
+    Kueue Workloads), their pods and the nodes placement reads. A failed request raises
+    :class:`ApiError` with the status; the caller decides what a 404, 409 or 422 means."""
+
+    def get_object(self, res: Resource, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object; ``None`` if there is none (404)."""
+
+    def list_objects(self, res: Resource, namespace: str, label_selector: str = "") -> list[dict[str, Any]]:
+        """The objects in ``namespace`` that match ``label_selector``."""
+
+    def patch_object(self, res: Resource, namespace: str, name: str,
+                     patch: list[dict[str, Any]] | dict[str, Any]) -> dict[str, Any]:
+        """A JSON patch (a list of operations) or a JSON merge patch (a dict); the object as written."""
+
+    def delete_job(self, namespace: str, name: str) -> bool:
+        """Delete the batch/v1 Job with its pods (foreground); False if it was gone already."""
+
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """The pods in ``namespace`` that match ``label_selector`` (terminating ones too)."""
+
+    def live_pods(self) -> list[dict[str, Any]]:
+        """Every pod in the cluster whose phase is neither Succeeded nor Failed."""
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        """Every Node."""
+
+    def get_node(self, name: str) -> dict[str, Any] | None:
+        """The Node; ``None`` if there is none."""
+
+    def served_version(self, group: str, plural: str) -> str:
+        """The version of API ``group`` that serves ``plural``, the preferred one first; ``""``
+        when none does (the API is not installed)."""
+
+    def record_event(self, body: dict[str, Any]) -> None:
+        """Record an Event built by :func:`event_body` (best effort: a lost Event is logged)."""
 
 
 def event_body(involved: Mapping[str, Any], reason: str, message: str, *, namespace: str, warning: bool,

@@ -101,7 +101,7 @@ def kube_executor(cluster: KubeCluster, settings: Settings, keys: KeySet | bytes
     """The executor on an API server: job commands restart workloads through the topology-aware
     :class:`~.workload.placement_apply.PlacementRestarter` (docs/placement.md)."""
     stop = stop or threading.Event()
-    restarter = PlacementRestarter(cluster.api, settings, metrics.placement if metrics else None, stop=stop,
+    restarter = PlacementRestarter(cluster, settings, metrics.placement if metrics else None, stop=stop,
                                    cache=cache)
     return CommandExecutor(cluster, settings, keys, identity=identity, restarter=restarter, clock=clock,
                            metrics=metrics, stop=stop, cache=cache)

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from fleetmedic.config import PlacementSettings, Settings
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.executor.workload.placement_apply import PlacementRestarter
 from fleetmedic.executor.workload.placement_metrics import PlacementMetrics
 from fleetmedic.executor.workload.plan import excluded_nodes
@@ -51,7 +52,7 @@ from tests.waiting import wait
 def _restarter(api: client.ApiClient, **placement: object) -> tuple[PlacementRestarter, CollectorRegistry]:
     registry = CollectorRegistry()
     settings = Settings(placement=PlacementSettings(**placement))  # type: ignore[arg-type]
-    return PlacementRestarter(api, settings, PlacementMetrics(registry)), registry
+    return PlacementRestarter(KubeCluster(api), settings, PlacementMetrics(registry)), registry
 
 
 def test_replacements_stay_in_the_original_leaf_and_never_on_a_suspect(
@@ -191,7 +192,6 @@ def test_the_executor_runs_restart_job_through_the_placement(
     kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet]
 ) -> None:
     from fleetmedic.executor.dispatch import kube_executor
-    from fleetmedic.executor.kube import KubeCluster
     from fleetmedic.executor.metrics import ExecutorMetrics
     from tests.executor.executor_support import KEY, command, settings
 
@@ -254,9 +254,9 @@ def test_the_node_cache_is_refreshed_for_a_node_it_does_not_know(
     """The shared node list (cached for placement.node_cache_s) must not hide a node that joined
     since: a job whose pods run there would get no topology (seen as a flaky placement test)."""
     restarter, _ = _restarter(kube_api, node_cache_s=3600.0)
-    before = {n.metadata.name for n in restarter.nodes()}
+    before = {n["metadata"]["name"] for n in restarter.nodes()}
     fleet = make_fleet(2)
     new = sorted(leaves_of(kube_api, fleet))
     assert not set(new) & before
-    assert {n.metadata.name for n in restarter.nodes()} == before  # cached: the TTL holds
-    assert set(new) <= {n.metadata.name for n in restarter.nodes(knowing=new)}
+    assert {n["metadata"]["name"] for n in restarter.nodes()} == before  # cached: the TTL holds
+    assert set(new) <= {n["metadata"]["name"] for n in restarter.nodes(knowing=new)}
