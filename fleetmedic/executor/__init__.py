@@ -1,15 +1,16 @@
 """The Kubernetes executor: carries out signed remediation commands on a cluster and reports results.
 
-Rooms (docs/executor.md). Pure modules (``*plan*``, :mod:`.vocabulary`) import no ``kubernetes``
-and do no I/O (import-linter's pure-core contract); the ``*apply*`` modules carry their plans out.
+Rooms (docs/executor.md). Pure modules (``*plan*``, :mod:`.cluster`) import no ``kubernetes`` and
+do no I/O (import-linter's pure-core contract); the ``*apply*`` modules carry their plans out. Each
+action takes the route :mod:`fleetmedic.actions` puts it on: quick node, long node, job.
 
 - :mod:`.service`: the process. Leads through :mod:`.leader` (a coordination.k8s.io Lease), consumes
   ``remediation.commands``, publishes results, commits offsets; :mod:`.metrics` (Prometheus).
 - :mod:`.queueing`: one queue and worker per target (a node, a job), the ordering between the
   tracks of one incident, the committable offset.
 - :mod:`.dispatch`: :class:`~.dispatch.CommandExecutor`, one command at a time: screening
-  (signature, expiry), then the one routing of a command to the node or the job track.
-- :mod:`.vocabulary` (pure): every ``records.Action`` on its route: quick node, long node, job.
+  (signature, expiry), then the one routing of a command to the node or the job track
+  (:func:`fleetmedic.actions.targets_node`).
 - :mod:`.cluster` (pure): the seam to a cluster, the :class:`~.cluster.Cluster` protocol (nodes,
   conditions, Events, pods and evictions, Jobs, the job-command ledger; :class:`~.cluster.WorkloadCluster`
   adds the workloads, their pods and the node list as JSON), its errors, the one Event builder.

@@ -1,5 +1,5 @@
 """One command in, one result out: :class:`CommandExecutor` screens a command and routes it to its
-track, the one place the routing rule (:func:`~fleetmedic.executor.vocabulary.route`) is applied.
+track, the one place the routing rule (:func:`fleetmedic.actions.targets_node`) is applied.
 
 The order of checks for every command: signature and expiry (refused: ``skipped`` with the reason;
 an expired long action this executor's predecessor started is finished all the same), then a dry
@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from fleetmedic.actions import targets_node
 from fleetmedic.config import Settings
 from fleetmedic.executor.cache import ClusterCache
 from fleetmedic.executor.cluster import ApiError, Cluster
@@ -27,7 +28,6 @@ from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.executor.metrics import ExecutorMetrics
 from fleetmedic.executor.node import plan as p
 from fleetmedic.executor.node.apply import NodeTrack
-from fleetmedic.executor.vocabulary import route
 from fleetmedic.executor.workload.placement_apply import PlacementRestarter
 from fleetmedic.executor.workload.track import JobTrack, Restarter
 from fleetmedic.records import RemediationCommand, RemediationResult
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 def target(cmd: RemediationCommand) -> str:
     """The target a command acts on, by its track: ``node:<name>`` or ``job:<namespace/name>``."""
-    return f"node:{cmd.node}" if route(cmd) == "node" else f"job:{cmd.job}"
+    return f"node:{cmd.node}" if targets_node(cmd.action, cmd.node) else f"job:{cmd.job}"
 
 
 class CommandExecutor:
@@ -85,7 +85,7 @@ class CommandExecutor:
         if dry and cmd.id in self._dry_seen:
             return p.result_of(cmd, "skipped", self.clock(), self.identity, "duplicate command id (already applied)",
                                dry_run=True)
-        track = self.node if route(cmd) == "node" else self.job
+        track = self.node if targets_node(cmd.action, cmd.node) else self.job
         try:
             result = track.handle(cmd, dry)
         except ApiError as exc:

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from fleetmedic import records as r
+from fleetmedic.actions import JOB_ACTIONS, NODE_QUICK
 from fleetmedic.executor.dispatch import target
-from fleetmedic.executor.vocabulary import JOB_ACTIONS, NODE_QUICK
 
 ORDER_WAIT_S = 30.0
 CLOSE_WAIT_S = 10.0

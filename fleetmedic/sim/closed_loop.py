@@ -74,9 +74,6 @@ if TYPE_CHECKING:
     from fleetmedic.sim.engine import Simulator
     from fleetmedic.sim.workload import Interruption
 
-ISOLATING_ACTIONS = frozenset({"cordon", "taint", "drain", "escalate"})
-
-
 EXECUTOR = "fleetmedic-simulator"
 
 

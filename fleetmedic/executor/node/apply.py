@@ -16,6 +16,7 @@ import dataclasses
 import threading
 from collections.abc import Callable
 
+from fleetmedic.actions import DISRUPTIVE, NODE_LONG, NODE_QUICK
 from fleetmedic.config import Settings
 from fleetmedic.executor.cache import ClusterCache
 from fleetmedic.executor.cluster import Cluster, Conflict
@@ -24,7 +25,6 @@ from fleetmedic.executor.node import long_apply as la
 from fleetmedic.executor.node import long_plan as pl
 from fleetmedic.executor.node import plan as p
 from fleetmedic.executor.node.write import write_plan
-from fleetmedic.executor.vocabulary import NODE_LONG, NODE_QUICK
 from fleetmedic.records import Outcome, RemediationCommand, RemediationResult
 
 ATTEMPTS = 5  # re-reads after a 409 before giving up
@@ -88,7 +88,7 @@ class NodeTrack:
             plan = la.diagnostics(self.ctx, cmd, node)
         elif hook_file:
             plan = la.hook(self.ctx, cmd, node, hook_file)
-        elif action in ("reset_gpu", "reboot_node"):
+        elif action in DISRUPTIVE:
             plan = p.no_hook_plan(cmd)
         else:
             return self._result(cmd, "failed", f"{action} needs a job, not a node")

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
+from fleetmedic.actions import JOB_TRACK_ACTIONS
 from fleetmedic.executor.cluster import Cluster, Conflict
 from fleetmedic.executor.node import plan as p
-from fleetmedic.executor.vocabulary import JOB_ACTIONS
 from fleetmedic.executor.workload.apply import WorkloadOutcome
 from fleetmedic.k8s_keys import ANNOTATION_COMMANDS
 from fleetmedic.records import Outcome, RemediationCommand, RemediationResult
@@ -44,7 +44,7 @@ class JobTrack:
         return p.result_of(cmd, outcome, self.clock(), self.identity, reason, details, dry)
 
     def handle(self, cmd: RemediationCommand, dry: bool) -> RemediationResult:
-        if cmd.action not in JOB_ACTIONS and cmd.action != "escalate":
+        if cmd.action not in JOB_TRACK_ACTIONS:
             return self._result(cmd, "failed", f"{cmd.action} needs a node", dry=dry)
         ns = self.ledger_namespace
         for _ in range(ATTEMPTS):
