@@ -80,8 +80,8 @@ from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv import settings as dev_settings
 from fleetmedic.devenv.kube import Kube, Ports
 from fleetmedic.executor.cache import ClusterCache, cached_pod, node_state
-from fleetmedic.executor.kube import Cluster
-from fleetmedic.executor.node.apply import CommandExecutor
+from fleetmedic.executor.dispatch import kube_executor
+from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.k8s_keys import LABEL_FLEET
 from fleetmedic.signing import sign
 
@@ -473,12 +473,12 @@ def measure(kubeconfig: Path, size: Size, first_node: int, args: argparse.Namesp
         core.list_node()), 1)
     f["restart_cache_s"] = median_s(lambda: (cache2.requested_by_node(), cache2.node_states()), 20)
     probe = node_name(first_node + args.commands + 1)  # not cordoned; two pods (when pods = 2 x nodes)
-    f["pods_on_list_s"] = median_s(lambda: Cluster(mapi).pods_on(probe), 5)
+    f["pods_on_list_s"] = median_s(lambda: KubeCluster(mapi).pods_on(probe), 5)
     f["pods_on_cache_s"] = median_s(lambda: cache2.pods_on(probe), 20)
     # commands under load: both running, pod updates flowing through their watches
     eapi = make_api(kubeconfig, pool=8)
     first = FirstCall(eapi)
-    ex = CommandExecutor(Cluster(eapi, instance="scale"), Settings(), KEY, identity="scale", cache=cache2)
+    ex = kube_executor(KubeCluster(eapi, instance="scale"), Settings(), KEY, identity="scale", cache=cache2)
     stop, ticks = threading.Event(), [0]
     churners = [threading.Thread(target=churn, args=(mapi, size.pods, args.churn / 4, stop, ticks), daemon=True)
                 for _ in range(4)]

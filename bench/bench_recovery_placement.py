@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetmedic.config import PlacementSettings, Settings
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv.kclient import connect
+from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.executor.workload.placement_apply import PlacementRestarter
 from tests.executor.jobset_support import JS_GROUP, JS_VERSION, register_webhooks, unregister_webhooks
 from tests.executor.jobset_support import jobset_controller as run_jobset_controller
@@ -88,7 +89,7 @@ def scenario(api: client.ApiClient, nodes: int, topo: fl.Topology, pods: int, ro
     try:
         leaf_of = leaves_of(api, fleet)
         jobs = start_one_job_per_leaf(api, ns, fleet, pods, replacement_policy=policy, kind=kind)
-        restarter = PlacementRestarter(api, Settings(placement=PlacementSettings(enabled=enabled)))
+        restarter = PlacementRestarter(KubeCluster(api), Settings(placement=PlacementSettings(enabled=enabled)))
         watcher = ScheduleWatch(api, ns).start()
         suspects: dict[str, float] = {}  # node -> when it was quarantined
         recoveries: list[Recovery] = []
@@ -142,7 +143,7 @@ def scarce(api: client.ApiClient, free_after: float, trials: int) -> list[float]
                 {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "filler"}, "spec": filler["spec"]}))
             suspect = sorted(busy)[0]
             quarantine(api, suspect)
-            restarter = PlacementRestarter(api, Settings(placement=PlacementSettings(capacity_wait_s=120.0,
+            restarter = PlacementRestarter(KubeCluster(api), Settings(placement=PlacementSettings(capacity_wait_s=120.0,
                                                                                      capacity_poll_s=0.2)))
             timer = threading.Timer(free_after, core.delete_namespaced_pod, ("filler", ns),
                                     {"grace_period_seconds": 0})

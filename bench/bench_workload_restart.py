@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv.kclient import connect
+from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.executor.workload.apply import restart_workload
 from tests.executor.workloads_support import QUARANTINE_TAINT, gpu_job, quarantine
 
@@ -96,7 +97,7 @@ def main() -> int:
                 quarantine(api, suspect)
                 old = {p.metadata.uid for p in pods}
                 t0 = time.monotonic()
-                out = restart_workload(api, f"{ns}/train", action="restart_job", exclude_nodes=[suspect],
+                out = restart_workload(KubeCluster(api), f"{ns}/train", action="restart_job", exclude_nodes=[suspect],
                                        params={}, dry_run=False, actor="bench")
                 t1 = time.monotonic()
                 assert out.outcome == "applied", out.reason

@@ -27,6 +27,7 @@ from typing import Any
 from kubernetes import client
 
 log = logging.getLogger(__name__)
+ApiClient = client.ApiClient  # the client every list and watch here goes through
 PAGE = 500
 LIST_READ_TIMEOUT_S = 60.0
 CONNECT_TIMEOUT_S = 10.0

@@ -70,7 +70,7 @@ async def _serve(settings: Settings, keys: KeySet, identity: str) -> int:
     from kubernetes import client, config
     from prometheus_client import CollectorRegistry
 
-    from fleetmedic.executor.kube import Cluster
+    from fleetmedic.executor.kube import KubeCluster
     from fleetmedic.executor.metrics import ExecutorMetrics
     from fleetmedic.executor.service import ExecutorService
     from fleetmedic.serving import Health, serve
@@ -94,7 +94,7 @@ async def _serve(settings: Settings, keys: KeySet, identity: str) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    service = ExecutorService(settings, keys, Cluster(api, instance=identity), identity, metrics)
+    service = ExecutorService(settings, keys, KubeCluster(api, instance=identity), identity, metrics)
     beating = asyncio.create_task(health.beat_every("executor"))
     health.ready()  # a standby is ready too: it is alive and will take over when it wins the lease
     try:

@@ -30,13 +30,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes import client
-
 from fleetmedic.executor.node.long_plan import PodView
 from fleetmedic.executor.node.plan import MIRROR_ANNOTATION
 from fleetmedic.executor.workload.placement_plan import NodeState, pod_gpus
 from fleetmedic.k8s_keys import LABEL_ROLE
-from fleetmedic.kube_watch import Gone, event_of, list_objects, resource_version, watch_lines
+from fleetmedic.kube_watch import ApiClient, Gone, event_of, list_objects, resource_version, watch_lines
 
 log = logging.getLogger(__name__)
 WATCH_TIMEOUT_S = 300
@@ -93,7 +91,7 @@ def cached_pod(obj: Mapping[str, Any], gpu_resource: str) -> CachedPod:
 class ClusterCache:
     """Nodes and pods by list + watch, with the indexes placement reads; see the module docstring."""
 
-    def __init__(self, api: client.ApiClient, gpu_resource: str = "nvidia.com/gpu",
+    def __init__(self, api: ApiClient, gpu_resource: str = "nvidia.com/gpu",
                  watch_timeout_s: int = WATCH_TIMEOUT_S) -> None:
         self.api = api
         self.gpu_resource = gpu_resource

@@ -3,10 +3,10 @@
 - Only the Lease holder consumes ``remediation.commands`` (consumer group
   ``<kafka.consumer_group>-executor``, auto-commit off). A standby polls the Lease every
   ``lease_duration_s / 3`` and, once it leads, resumes from the group's committed offset.
-- Commands for one target (node, or job) run in order, one at a time; different targets run in
+- Commands for one target (node, or job) run in order, one at a time (:mod:`.queueing`); different targets run in
   parallel (worker threads: the ``kubernetes`` client is synchronous). A long action (drain,
   diagnostics) does not hold up other nodes. Between the tracks of one incident:
-  :class:`IsolationOrder`.
+  :class:`~.queueing.IsolationOrder`.
 - A result is published (key: command id) before its offset may be committed, and the committed
   offset is the lowest one whose result is not yet out, so a crash re-delivers every command that has
   no result; the ids recorded on the objects turn re-deliveries of applied commands into ``skipped``
@@ -35,29 +35,26 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 
 from fleetmedic import records as r
-from fleetmedic.actions import JOB_ACTIONS, NODE_QUICK, targets_node
 from fleetmedic.bus import DECISIONS, client_options, producer_options
 from fleetmedic.config import Settings
 from fleetmedic.executor.cache import ClusterCache
-from fleetmedic.executor.kube import Cluster
+from fleetmedic.executor.dispatch import kube_executor
+from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.executor.leader import LeaseElector
 from fleetmedic.executor.metrics import ExecutorMetrics
-from fleetmedic.executor.node.apply import CommandExecutor
 from fleetmedic.executor.node.long_apply import Interrupted
+from fleetmedic.executor.queueing import ORDER_WAIT_S, IsolationOrder, Offsets, TargetQueues
 from fleetmedic.signing import SIGNATURE_HEADER, KeySet, SignatureError, as_command_keys, header, verify_bytes
 
 log = logging.getLogger("fleetmedic.executor")
 MAX_THREADS = 64
-ORDER_WAIT_S = 30.0
 ANSWERED_KEPT = 100_000  # command ids remembered as answered (see ExecutorService.answered)
 _Item = tuple[TopicPartition, int, r.RemediationCommand, list["asyncio.Future[None]"], "asyncio.Future[None] | None"]
 
@@ -66,67 +63,8 @@ def consumer_group(settings: Settings) -> str:
     return f"{settings.kafka.consumer_group}-executor"
 
 
-@dataclass
-class _Offsets:
-    """Offsets handed out and finished; ``committable`` is the lowest unfinished one."""
-
-    pending: set[int] = field(default_factory=set)
-    high: int = -1
-
-    def start(self, offset: int) -> None:
-        self.pending.add(offset)
-        self.high = max(self.high, offset)
-
-    def finish(self, offset: int) -> None:
-        self.pending.discard(offset)
-
-    def committable(self) -> int:
-        return min(self.pending) if self.pending else self.high + 1
-
-
-class IsolationOrder:
-    """Ordering between the two tracks of one incident, which the decision stage publishes together
-    (``restart_job`` first, then ``cordon``, ``taint``, ``drain`` of the suspect node):
-
-    - a job command that excludes a node waits for the quick commands (cordon, taint) for that node
-      received in the same fetch or earlier: the replacement pods must not meet a node that is about
-      to be tainted but is not yet;
-    - a drain waits for the job commands re-placing workloads off its node: evicting a pod the
-      re-placement is about to delete anyway would count as a pod failure and hold the replacement
-      back by the Job controller's failure backoff.
-
-    Waits are bounded (:data:`ORDER_WAIT_S`), so no cycle can block a command for good."""
-
-    def __init__(self) -> None:
-        self._quick: dict[str, list[asyncio.Future[None]]] = {}
-        self._replacing: dict[str, list[asyncio.Future[None]]] = {}
-
-    @staticmethod
-    def _add(table: dict[str, list[asyncio.Future[None]]], keys: Sequence[str]) -> asyncio.Future[None]:
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        for key in keys:
-            table[key] = [*(f for f in table.get(key, []) if not f.done()), done]
-        return done
-
-    def register(self, cmd: r.RemediationCommand) -> asyncio.Future[None] | None:
-        """The future to resolve when ``cmd`` is done, for commands others may wait for."""
-        if cmd.action in JOB_ACTIONS and cmd.exclude_nodes:
-            return self._add(self._replacing, cmd.exclude_nodes)
-        if cmd.node and cmd.action in NODE_QUICK:
-            return self._add(self._quick, [cmd.node])
-        return None
-
-    def waits_for(self, cmd: r.RemediationCommand) -> list[asyncio.Future[None]]:
-        """What ``cmd`` waits for (call after registering every command of the fetch)."""
-        if cmd.action in JOB_ACTIONS:
-            return [f for n in cmd.exclude_nodes for f in self._quick.get(n, []) if not f.done()]
-        if cmd.action == "drain" and cmd.node:
-            return [f for f in self._replacing.get(cmd.node, []) if not f.done()]
-        return []
-
-
 class ExecutorService:
-    def __init__(self, settings: Settings, keys: KeySet | bytes, cluster: Cluster, identity: str,
+    def __init__(self, settings: Settings, keys: KeySet | bytes, cluster: KubeCluster, identity: str,
                  metrics: ExecutorMetrics | None = None) -> None:
         """``keys``: the command keys by id (:func:`~fleetmedic.signing.command_keys`); one bare key
         is the key of the default id."""
@@ -175,8 +113,8 @@ class ExecutorService:
         """Consume and act until ``stop`` or the Lease is lost."""
         loop = asyncio.get_running_loop()
         halt = threading.Event()
-        executor = CommandExecutor(self.cluster, self.settings, self.keys, identity=self.identity,
-                                   metrics=self.metrics, stop=halt, cache=self.cache)
+        executor = kube_executor(self.cluster, self.settings, self.keys, identity=self.identity,
+                                 metrics=self.metrics, stop=halt, cache=self.cache)
         topic = self.settings.topics.topic("remediation.commands")
         k, client_id = self.settings.kafka, f"{self.settings.kafka.client_id}-executor"
         # a new commands leader is found within 5 s (or kafka.metadata_max_age_ms, if shorter)
@@ -187,10 +125,8 @@ class ExecutorService:
                                                        request_timeout_ms=int(k.request_timeout_s * 1000)))
         await consumer.start()
         await producer.start()
-        offsets: dict[TopicPartition, _Offsets] = {}
-        queues: dict[str, asyncio.Queue[_Item | None]] = {}
+        offsets: dict[TopicPartition, Offsets] = {}
         by_header: set[tuple[TopicPartition, int]] = set()  # records whose signature header verified
-        workers: list[asyncio.Task[None]] = []
         order = IsolationOrder()
         results = self.settings.topics.topic("remediation.results")
 
@@ -237,6 +173,7 @@ class ExecutorService:
                 log.warning("committing offsets %s failed (%s: %s); retrying next round",
                             {f"{tp.topic}[{tp.partition}]": o for tp, o in upto.items()}, type(exc).__name__, exc)
 
+        queues: TargetQueues[_Item] = TargetQueues(target_worker)
         renew_at = time.monotonic() + self.elector.renew_every_s
         try:
             while not stop.is_set():
@@ -248,7 +185,7 @@ class ExecutorService:
                 fetched: list[tuple[TopicPartition, int, r.RemediationCommand, asyncio.Future[None] | None]] = []
                 for tp, recs in batches.items():
                     for rec in recs:
-                        offsets.setdefault(tp, _Offsets()).start(rec.offset)
+                        offsets.setdefault(tp, Offsets()).start(rec.offset)
                         try:  # one record's failure is that record's: dead-lettered, the loop goes on
                             cmd = await self._decode(producer, tp, rec.offset, rec.key, rec.value)
                             if cmd is not None and cmd.id in self.answered:
@@ -266,12 +203,7 @@ class ExecutorService:
                         offsets[tp].finish(rec.offset)
                 for tp, offset, cmd, done in fetched:
                     try:
-                        on_node = targets_node(cmd.action, cmd.node)
-                        target = f"node:{cmd.node}" if on_node else f"job:{cmd.job}"
-                        if target not in queues:
-                            queues[target] = asyncio.Queue()
-                            workers.append(asyncio.create_task(target_worker(queues[target])))
-                        queues[target].put_nowait((tp, offset, cmd, order.waits_for(cmd), done))
+                        queues.put(cmd, (tp, offset, cmd, order.waits_for(cmd), done))
                     except Exception as exc:
                         if done is not None and not done.done():
                             done.set_result(None)
@@ -280,13 +212,7 @@ class ExecutorService:
                 await commit()
         finally:
             halt.set()
-            for q in queues.values():
-                q.put_nowait(None)
-            for w in workers:  # quick actions finish; long ones see `halt` and stop
-                try:
-                    await asyncio.wait_for(asyncio.shield(w), timeout=10.0)
-                except (TimeoutError, asyncio.CancelledError):
-                    w.cancel()
+            await queues.close()  # quick actions finish; long ones see `halt` and stop
             if self.elector.leading:
                 await commit()
             await consumer.stop()

@@ -315,10 +315,10 @@ class _Executor:
     """The executor service (as ``fleetmedic executor`` runs it) on its own thread and event loop."""
 
     def __init__(self, api: Any, s: Any, keys: KeySet, identity: str) -> None:
-        from fleetmedic.executor.kube import Cluster
+        from fleetmedic.executor.kube import KubeCluster
         from fleetmedic.executor.service import ExecutorService
 
-        self.service = ExecutorService(s, keys, Cluster(api, instance=identity), identity)
+        self.service = ExecutorService(s, keys, KubeCluster(api, instance=identity), identity)
         self.loop = asyncio.new_event_loop()
         self.stop = asyncio.Event()
         self.thread = threading.Thread(target=lambda: self.loop.run_until_complete(self.service.run(self.stop)),

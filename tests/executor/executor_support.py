@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client
@@ -12,8 +14,10 @@ from kubernetes import client
 from fleetmedic.config import Settings, parse_config
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.executor.cache import ClusterCache
-from fleetmedic.executor.kube import Cluster
-from fleetmedic.executor.node.apply import CommandExecutor
+from fleetmedic.executor.dispatch import CommandExecutor, kube_executor
+from fleetmedic.executor.fake_cluster import FakeCluster
+from fleetmedic.executor.kube import KubeCluster
+from fleetmedic.executor.workload.apply import WorkloadOutcome
 from fleetmedic.records import RemediationCommand
 from fleetmedic.signing import sign
 
@@ -40,7 +44,29 @@ def settings(namespace: str, extra: str = "", bootstrap: str = "127.0.0.1:1") ->
 
 def executor(api: client.ApiClient, s: Settings, identity: str = "test-executor",
              cache: ClusterCache | None = None) -> CommandExecutor:
-    return CommandExecutor(Cluster(api, instance=identity), s, KEY, identity=identity, cache=cache)
+    return kube_executor(KubeCluster(api, instance=identity), s, KEY, identity=identity, cache=cache)
+
+
+@dataclass
+class RecordingRestarter:
+    """A workload restarter that records what it was asked and answers ``outcome``."""
+
+    outcome: WorkloadOutcome = field(default_factory=lambda: WorkloadOutcome("applied", "restarted"))
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+    def restart(self, job: str, *, action: str, exclude_nodes: Sequence[str], params: Mapping[str, str],
+                dry_run: bool, actor: str) -> WorkloadOutcome:
+        self.calls.append({"job": job, "action": action, "exclude_nodes": list(exclude_nodes),
+                           "params": dict(params), "dry_run": dry_run, "actor": actor})
+        if dry_run:
+            return WorkloadOutcome("skipped", f"dry run: would restart {job}", {"dry_run": "true"})
+        return self.outcome
+
+
+def fake_executor(cluster: FakeCluster, s: Settings, identity: str = "test-executor",
+                  restarter: RecordingRestarter | None = None) -> CommandExecutor:
+    """The executor on the in-memory cluster (fast tests)."""
+    return CommandExecutor(cluster, s, KEY, identity=identity, restarter=restarter or RecordingRestarter())
 
 
 def command(action: str, node: str = "", job: str = "", cid: str | None = None, ttl: float = 600.0,

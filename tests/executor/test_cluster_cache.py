@@ -24,7 +24,7 @@ from fleetmedic.config import Settings
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv.kclient import connect
 from fleetmedic.executor.cache import ClusterCache
-from fleetmedic.executor.kube import Cluster
+from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.executor.workload.placement_apply import _NODE_CACHES, PlacementRestarter
 from tests.executor.placement_support import leaves_of, pick_suspect, recover, start_one_job_per_leaf
 from tests.executor.workloads_support import quarantine
@@ -110,7 +110,7 @@ def test_watch_keeps_the_cache_equal_to_the_api_server(
     try:
         assert cache.wait_synced(30.0)
         later = pod(fleet.nodes[1], 8)  # after: from the watch
-        cluster = Cluster(kube_api)
+        cluster = KubeCluster(kube_api)
 
         def agrees() -> bool:
             return (cache.requested_by_node().keys() & nodes == _listed_requests(kube_api, nodes).keys()
@@ -133,8 +133,8 @@ def test_watch_keeps_the_cache_equal_to_the_api_server(
 
         # the restart plans from the same node states with the cache as with its lists
         settings = Settings()
-        with_cache = PlacementRestarter(kube_api, settings, cache=cache)
-        listing = PlacementRestarter(kube_api, settings)
+        with_cache = PlacementRestarter(KubeCluster(kube_api), settings, cache=cache)
+        listing = PlacementRestarter(KubeCluster(kube_api), settings)
         own = {str(p.metadata.uid) for p in core.list_namespaced_pod(namespace).items
                if p.spec.node_name == fleet.nodes[0]}
         cached_states, none = with_cache._node_states(fleet.nodes)
@@ -161,16 +161,17 @@ def test_a_restart_placed_from_the_cache_stays_in_the_leaf_and_off_the_suspect(
     jobs = start_one_job_per_leaf(kube_api, namespace, fleet, pods=3, leaves=[min(leaf_of.values())])
     suspect = pick_suspect(kube_api, namespace, "job-0")
     quarantine(kube_api, suspect)
-    with connect(kube_config) as api:  # its own client: the per-client node list stays untouched
+    with connect(kube_config) as api:  # its own client and cluster: the per-cluster node list stays untouched
         cache = ClusterCache(api).start()
         try:
             assert cache.wait_synced(30.0)
             wait("the cordon reaches the cache", lambda: bool((s := cache.node(suspect)) and s.unschedulable))
-            restarter = PlacementRestarter(api, Settings(), cache=cache)
+            cluster = KubeCluster(api)
+            restarter = PlacementRestarter(cluster, Settings(), cache=cache)
             r = recover(kube_api, restarter, namespace, "job-0", jobs["job-0"], 3, suspect, leaf_of, {suspect: 0.0})
         finally:
             cache.close()
-        listed = _NODE_CACHES.get(api)
+        listed = _NODE_CACHES.get(cluster)
         assert listed is not None and listed._nodes is None  # placed from the cache: no node list
     assert r.outcome == "applied", r.reason
     assert r.details["capacity"] == "sufficient" and r.details["preferred_domain"] == f"leaf={r.leaf}", r.details

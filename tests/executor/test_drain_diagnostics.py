@@ -225,6 +225,6 @@ def test_a_drain_polls_the_cache_between_evictions_and_ends_only_on_the_api_serv
         assert r.outcome == "applied" and r.details["evicted_pods"] == f"{namespace}/later", r
         # about 4 polls in the 2 s before the eviction: the first from the API, the others from the
         # cache; the poll after the eviction and the one that ends the drain from the API
-        assert ex.ctx.pod_reads["cache"] >= 2 and ex.ctx.pod_reads["api"] >= 2, ex.ctx.pod_reads
+        assert ex.node.ctx.pod_reads["cache"] >= 2 and ex.node.ctx.pod_reads["api"] >= 2, ex.node.ctx.pod_reads
     finally:
         live.close()

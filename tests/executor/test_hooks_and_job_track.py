@@ -1,7 +1,7 @@
-"""Hooks and the job track on the real API server: a configured reset_gpu hook runs its Job (from the
-template, on the node) and reports its outcome; the job-track commands go through the ledger
-ConfigMap (recorded before the workload is touched, so a repeat is a duplicate) to the workload
-module, and a dry run changes nothing and records nothing."""
+"""Hooks and the job track: a configured reset_gpu hook runs its Job (from the template, on the node)
+and reports its outcome; the job-track commands go through the ledger (recorded before the workload
+is touched, so a repeat is a duplicate) to the workload restart, and a dry run changes nothing and
+records nothing. On the real API server, and the ledger's rules also on the in-memory cluster."""
 
 from __future__ import annotations
 
@@ -11,11 +11,19 @@ from pathlib import Path
 from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.executor.fake_cluster import FakeCluster
 from fleetmedic.executor.kube import LEDGER_NAME
 from fleetmedic.executor.node import plan as p
 from fleetmedic.k8s_keys import ANNOTATION_INFLIGHT, ANNOTATION_KWOK_COMPLETE, LABEL_ROLE
 from tests.executor.e2e_support import gpu_job, running_ranks
-from tests.executor.executor_support import command, executor, node_events, settings
+from tests.executor.executor_support import (
+    RecordingRestarter,
+    command,
+    executor,
+    fake_executor,
+    node_events,
+    settings,
+)
 from tests.waiting import wait
 
 HOOK = """apiVersion: batch/v1
@@ -81,3 +89,30 @@ def test_job_track_commands_are_recorded_in_the_ledger_once_and_dry_runs_record_
     assert ranks[0].node not in {x.node for x in moved}
     unknown = ex.handle(command("retry_in_place", job=f"{namespace}/no-such-job"))
     assert unknown.outcome == "failed"
+
+
+def test_the_ledger_records_a_job_command_before_its_restart_and_only_once() -> None:
+    cluster, restarter = FakeCluster(), RecordingRestarter()
+    ex = fake_executor(cluster, settings("fm"), restarter=restarter)
+    dry = ex.handle(command("restart_job", job="ml/train", exclude_nodes=["n1"], dry_run=True))
+    assert dry.outcome == "skipped" and dry.dry_run and restarter.calls[-1]["dry_run"] is True
+    assert not p.applied_ids(cluster.read_ledger("fm")[0])
+    seen_at_restart: list[set[str]] = []
+    restart = restarter.restart
+
+    def checking(job: str, **kw: object) -> object:
+        seen_at_restart.append(set(p.applied_ids(cluster.read_ledger("fm")[0])))
+        return restart(job, **kw)  # type: ignore[arg-type]
+
+    restarter.restart = checking  # type: ignore[method-assign,assignment]
+    cmd = command("restart_job", job="ml/train", exclude_nodes=["n1"])
+    first = ex.handle(cmd)
+    assert first.outcome == "applied" and seen_at_restart == [{cmd.id}]  # recorded before the restart
+    assert restarter.calls[-1] | {"params": {}} == {"job": "ml/train", "action": "restart_job", "exclude_nodes": ["n1"],
+                                                    "params": {}, "dry_run": False, "actor": "test-executor"}
+    assert restarter.calls[-1]["params"]["command_id"] == cmd.id
+    again = fake_executor(cluster, settings("fm"), identity="other", restarter=restarter).handle(cmd)
+    assert again.outcome == "skipped" and "duplicate" in again.reason and len(seen_at_restart) == 1
+    escalated = ex.handle(command("escalate", job="ml/train", params={"escalation": "page"}))
+    assert escalated.outcome == "skipped" and "'page'" in escalated.reason and len(seen_at_restart) == 1
+    assert ex.handle(command("drain", job="ml/train")).reason == "drain needs a node"

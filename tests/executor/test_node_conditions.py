@@ -50,7 +50,7 @@ def test_the_condition_follows_the_incidents_class_and_the_rule() -> None:
     assert (hw[1].status, hw[1].reason) == ("True", "HardwareReset")
     assert "hardware incident (hardware:node:n1:1700000000000)" in hw[1].message
     assert nc.isolated(_cmd("taint", "n1", "network:link:n1:1", rule="network-link"))[1:] == (
-        p.Condition("True", "NetworkLink", "fleetmedic taint for a network incident (network:link:n1:1): "
+        nc.Condition("True", "NetworkLink", "fleetmedic taint for a network incident (network:link:n1:1): "
                                            "rule network-link, incident network:link:n1:1"),)
     assert nc.isolated(_cmd("cordon", "n1", "degradation:node:n1:1"))[0] == CONDITION_GPU_DEGRADED  # type: ignore[index]
     assert nc.isolated(_cmd("cordon", "n1", "unknown:node:n1:1", rule="repeated-on-node"))[0] == CONDITION_SUSPECT  # type: ignore[index]

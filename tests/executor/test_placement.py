@@ -216,12 +216,11 @@ def test_a_jobset_child_job_gets_its_exclusion_and_the_preference_in_one_patch()
 
 def test_a_restart_only_if_waiting_leaves_a_placed_workload_alone() -> None:
     """Exclusions added to a restart waiting for capacity never restart a job already placed."""
-    from kubernetes import client
 
     from fleetmedic.executor.workload.placement_apply import not_waiting
 
-    def pod(node: str | None) -> client.V1Pod:
-        return client.V1Pod(spec=client.V1PodSpec(containers=[], node_name=node))
+    def pod(node: str | None) -> dict[str, Any]:
+        return {"metadata": {"name": "p"}, "spec": {"containers": [], "nodeName": node}}
 
     assert not_waiting([pod("n1"), pod("n2")]) == "all 2 pod(s) are placed already"
     assert not_waiting([pod("n1"), pod(None)]) == ""  # one waits: the exclusions are added

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from fleetmedic.config import PlacementSettings, Settings
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.executor.workload.placement_apply import PlacementRestarter
 from fleetmedic.executor.workload.placement_metrics import PlacementMetrics
 from fleetmedic.executor.workload.plan import excluded_nodes
@@ -51,7 +52,7 @@ from tests.waiting import wait
 def _restarter(api: client.ApiClient, **placement: object) -> tuple[PlacementRestarter, CollectorRegistry]:
     registry = CollectorRegistry()
     settings = Settings(placement=PlacementSettings(**placement))  # type: ignore[arg-type]
-    return PlacementRestarter(api, settings, PlacementMetrics(registry)), registry
+    return PlacementRestarter(KubeCluster(api), settings, PlacementMetrics(registry)), registry
 
 
 def test_replacements_stay_in_the_original_leaf_and_never_on_a_suspect(
@@ -190,9 +191,8 @@ def test_the_warm_standby_pool_is_used_first_and_tolerated(
 def test_the_executor_runs_restart_job_through_the_placement(
     kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet]
 ) -> None:
-    from fleetmedic.executor.kube import Cluster
+    from fleetmedic.executor.dispatch import kube_executor
     from fleetmedic.executor.metrics import ExecutorMetrics
-    from fleetmedic.executor.node.apply import CommandExecutor
     from tests.executor.executor_support import KEY, command, settings
 
     fleet = make_fleet(8, nodes_per_rack=2, racks_per_leaf=2)
@@ -201,7 +201,7 @@ def test_the_executor_runs_restart_job_through_the_placement(
     suspect = sorted(p.spec.node_name for p in live_pods(kube_api, namespace, "app=job-0"))[0]
     quarantine(kube_api, suspect)
     registry = CollectorRegistry()
-    ex = CommandExecutor(Cluster(kube_api, instance="t"), settings(namespace), KEY, identity="t",
+    ex = kube_executor(KubeCluster(kube_api, instance="t"), settings(namespace), KEY, identity="t",
                          metrics=ExecutorMetrics(registry))
 
     result = ex.handle(command("restart_job", job=f"{namespace}/job-0", exclude_nodes=[suspect]))
@@ -254,9 +254,9 @@ def test_the_node_cache_is_refreshed_for_a_node_it_does_not_know(
     """The shared node list (cached for placement.node_cache_s) must not hide a node that joined
     since: a job whose pods run there would get no topology (seen as a flaky placement test)."""
     restarter, _ = _restarter(kube_api, node_cache_s=3600.0)
-    before = {n.metadata.name for n in restarter.nodes()}
+    before = {n["metadata"]["name"] for n in restarter.nodes()}
     fleet = make_fleet(2)
     new = sorted(leaves_of(kube_api, fleet))
     assert not set(new) & before
-    assert {n.metadata.name for n in restarter.nodes()} == before  # cached: the TTL holds
-    assert set(new) <= {n.metadata.name for n in restarter.nodes(knowing=new)}
+    assert {n["metadata"]["name"] for n in restarter.nodes()} == before  # cached: the TTL holds
+    assert set(new) <= {n["metadata"]["name"] for n in restarter.nodes(knowing=new)}

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from fleetmedic.config import PlacementSettings, Settings
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.executor.workload.placement_apply import PlacementRestarter
 from fleetmedic.executor.workload.placement_metrics import PlacementMetrics
 from fleetmedic.executor.workload.plan import excluded_nodes
@@ -86,7 +87,7 @@ def test_a_jobset_restart_prefers_the_surviving_ranks_leaf_through_its_child_job
         quarantine(kube_api, suspect)
         registry = CollectorRegistry()
         settings = Settings(placement=PlacementSettings(node_cache_s=0.0))  # sees the repair below at once
-        restarter = PlacementRestarter(kube_api, settings, PlacementMetrics(registry))
+        restarter = PlacementRestarter(KubeCluster(kube_api), settings, PlacementMetrics(registry))
         # what a dry run must not change: spec (generation) and annotations; the controllers keep
         # updating status (and so resourceVersion) on their own
         versions = {j.metadata.name: (j.metadata.generation, j.metadata.annotations)
@@ -173,7 +174,7 @@ def test_a_jobset_without_healthy_capacity_is_reported_and_not_thrashed(
         quarantine(kube_api, suspect)
         registry = CollectorRegistry()
         settings = Settings(placement=PlacementSettings(capacity_wait_s=0.5, capacity_poll_s=0.1))
-        restarter = PlacementRestarter(kube_api, settings, PlacementMetrics(registry))
+        restarter = PlacementRestarter(KubeCluster(kube_api), settings, PlacementMetrics(registry))
 
         out = restarter.restart(f"{namespace}/placed", action="restart_job", exclude_nodes=[suspect], params={},
                                 dry_run=False, actor="t")

@@ -42,6 +42,7 @@ from prometheus_client import CollectorRegistry
 from fleetmedic.config import PlacementSettings, Settings
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv import proc, settings
+from fleetmedic.executor.kube import MERGE, KubeCluster
 from fleetmedic.executor.workload import kueue
 from fleetmedic.executor.workload.placement_apply import PlacementRestarter
 from fleetmedic.executor.workload.placement_metrics import PlacementMetrics
@@ -107,7 +108,7 @@ def kueue_crds(kube_api: client.ApiClient) -> str:
         return True
 
     wait("Kueue CRDs established", established, 60)
-    return str(wait("Workload API served", lambda: kueue.served_version(kube_api), 30))
+    return str(wait("Workload API served", lambda: kueue.served_version(KubeCluster(kube_api)), 30))
 
 
 def _self_signed(directory: Path) -> None:
@@ -202,7 +203,7 @@ def _queued_job(api: client.ApiClient, namespace: str, fleet: fl.Fleet, name: st
 
 
 def _workload(api: client.ApiClient, version: str, namespace: str, job_uid: str) -> dict[str, Any] | None:
-    return kueue.owning_workload(api, version, namespace, job_uid)
+    return kueue.owning_workload(KubeCluster(api), version, namespace, job_uid)
 
 
 def _conditions(workload: dict[str, Any]) -> dict[str, tuple[str, str]]:
@@ -231,8 +232,9 @@ def test_without_a_kueue_controller_nothing_is_left_inactive(
              "blockOwnerDeletion": True}]},
         "spec": {"active": True, "queueName": "team-a",
                  "podSets": [{"name": "main", "count": 2, "template": pod_template}]}})
-    assert kueue.owning_workload(kube_api, kueue_crds, namespace, uid)["metadata"]["name"] == "job-queued-1a2b3"
-    restarter = PlacementRestarter(kube_api, Settings())
+    owner = kueue.owning_workload(KubeCluster(kube_api), kueue_crds, namespace, uid)
+    assert owner is not None and owner["metadata"]["name"] == "job-queued-1a2b3"
+    restarter = PlacementRestarter(KubeCluster(kube_api), Settings())
     before = {p.metadata.uid for p in live_pods(kube_api, namespace, "app=queued")}
     suspect = next(p.spec.node_name for p in live_pods(kube_api, namespace, "app=queued"))
     quarantine(kube_api, suspect)
@@ -265,7 +267,7 @@ def test_real_kueue_requeues_the_job_with_the_placement(
     registry = CollectorRegistry()
     settings_ = Settings(placement=PlacementSettings(standby_label=LABEL_STANDBY))  # + its toleration
 
-    out = PlacementRestarter(kube_api, settings_, PlacementMetrics(registry)).restart(
+    out = PlacementRestarter(KubeCluster(kube_api), settings_, PlacementMetrics(registry)).restart(
         f"{namespace}/queued", action="restart_job", exclude_nodes=[suspect], params={"timeout_s": "60"},
         dry_run=False, actor="t")
 
@@ -301,7 +303,7 @@ def test_a_queue_label_without_a_workload_restarts_the_ordinary_way(
     wait("2 Running pods", lambda: running(kube_api, namespace, "app=plain", 2))
     suspect = live_pods(kube_api, namespace, "app=plain")[0].spec.node_name
     quarantine(kube_api, suspect)
-    out = PlacementRestarter(kube_api, Settings()).restart(f"{namespace}/plain", action="restart_job",
+    out = PlacementRestarter(KubeCluster(kube_api), Settings()).restart(f"{namespace}/plain", action="restart_job",
                                                            exclude_nodes=[suspect], params={}, dry_run=False,
                                                            actor="t")
     assert out.outcome == "applied" and out.details["mechanism"] == "suspend_resume", out.reason
@@ -369,7 +371,7 @@ def test_without_a_kueue_controller_a_jobset_is_left_active_and_untouched(
     suspect = before[0].spec.node_name
     quarantine(kube_api, suspect)
     children = _child_specs(kube_api, namespace)
-    restarter = PlacementRestarter(kube_api, Settings())
+    restarter = PlacementRestarter(KubeCluster(kube_api), Settings())
 
     # named by one of its child Jobs: resolves to the JobSet
     child = next(iter(children))
@@ -412,7 +414,7 @@ def test_real_kueue_requeues_a_jobset_with_the_placement_on_its_child_jobs(
     settings_ = Settings(placement=PlacementSettings(standby_label=LABEL_STANDBY))  # + its toleration
     registry = CollectorRegistry()
 
-    out = PlacementRestarter(kube_api, settings_, PlacementMetrics(registry)).restart(
+    out = PlacementRestarter(KubeCluster(kube_api), settings_, PlacementMetrics(registry)).restart(
         f"{namespace}/queued", action="restart_job", exclude_nodes=[suspect], params={"timeout_s": "60"},
         dry_run=False, actor="t")
 
@@ -471,8 +473,8 @@ def test_a_workload_deactivated_by_someone_else_is_left_alone_and_fleetmedics_ow
     quarantine(kube_api, suspect)
     custom = client.CustomObjectsApi(kube_api)
     custom.patch_namespaced_custom_object(kueue.GROUP, kueue_crds, namespace, "workloads", wname,
-                                          {"spec": {"active": False}}, _content_type=kueue.MERGE_PATCH)
-    restarter = PlacementRestarter(kube_api, Settings())
+                                          {"spec": {"active": False}}, _content_type=MERGE)
+    restarter = PlacementRestarter(KubeCluster(kube_api), Settings())
 
     other = restarter.restart(f"{namespace}/queued", action="restart_job", exclude_nodes=[suspect],
                               params={"timeout_s": "60"}, dry_run=False, actor="t")
@@ -483,7 +485,7 @@ def test_a_workload_deactivated_by_someone_else_is_left_alone_and_fleetmedics_ow
 
     custom.patch_namespaced_custom_object(kueue.GROUP, kueue_crds, namespace, "workloads", wname, {
         "metadata": {"annotations": {ANNOTATION_RESTART_IN_PROGRESS: "requeue Job"}}},
-        _content_type=kueue.MERGE_PATCH)  # as an executor that died after deactivating it leaves it
+        _content_type=MERGE)  # as an executor that died after deactivating it leaves it
     out = restarter.restart(f"{namespace}/queued", action="restart_job", exclude_nodes=[suspect],
                             params={"timeout_s": "60"}, dry_run=False, actor="t")
 

@@ -12,9 +12,9 @@ from dataclasses import replace
 import pytest
 
 from fleetmedic.config import ExecutorSettings, Settings
+from fleetmedic.executor.dispatch import CommandExecutor
 from fleetmedic.executor.node import long_plan as pl
 from fleetmedic.executor.node import plan as p
-from fleetmedic.executor.node.apply import CommandExecutor
 from fleetmedic.k8s_keys import (
     ANNOTATION_COMMANDS,
     ANNOTATION_CORDONED_BY,
@@ -70,7 +70,8 @@ def test_the_executor_refuses_a_command_signed_with_an_operator_key_before_touch
     drain = RemediationCommand(id="c1", action="drain", incident_id="inc-1", reason="ctl user", issued_at=1000.0,
                                expires_at=1300.0, node="n1")
     assert "signature" in (p.reject_reason(sign(drain, OPERATOR_KEY), KEY, 1100.0, max_future_skew_s=SKEW) or "")
-    ex = CommandExecutor(_NoCluster(), Settings(), KEY, identity="t", clock=lambda: 1100.0)  # type: ignore[arg-type]
+    ex = CommandExecutor(_NoCluster(), Settings(), KEY, identity="t", restarter=_NoCluster(),  # type: ignore[arg-type]
+                         clock=lambda: 1100.0)
     out = ex.handle(sign(drain, OPERATOR_KEY))
     assert out.outcome == "skipped" and "signature rejected" in out.reason
 

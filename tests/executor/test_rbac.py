@@ -16,9 +16,9 @@ from kubernetes import client, utils
 
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv.kclient import connect
-from fleetmedic.executor.kube import Cluster
+from fleetmedic.executor.dispatch import kube_executor
+from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.executor.leader import LeaseElector
-from fleetmedic.executor.node.apply import CommandExecutor
 from fleetmedic.k8s_keys import ANNOTATION_KWOK_COMPLETE, CONDITION_GPU_HARDWARE
 from tests.executor.e2e_support import gpu_job, running_ranks
 from tests.executor.executor_support import KEY, command, pinned_pod, running, settings
@@ -112,7 +112,7 @@ def test_the_executor_runs_under_the_service_account(
             client.CoreV1Api(sa_api).delete_node(name)
         assert refused.value.status == 403
         assert LeaseElector(sa_api, namespace, "fleetmedic-executor", "sa", 5.0).try_acquire_or_renew()
-        ex = CommandExecutor(Cluster(sa_api), s, KEY, identity="sa")
+        ex = kube_executor(KubeCluster(sa_api), s, KEY, identity="sa")
         hardware = {"params": {"incident_class": "hardware"}}  # the cordon writes fleetmedic.io/GPUHardware too
         outcomes = [ex.handle(command(a, name, **(hardware if a == "cordon" else {})))
                     for a in ("cordon", "taint", "drain", "run_diagnostics")]
@@ -137,7 +137,7 @@ def test_the_job_track_runs_under_the_service_account(
     wait("RBAC to take effect", lambda: _allowed(kube_api, executor_rbac, "patch", "nodes"), timeout=30)
     with connect(kube_config) as sa_api:
         sa_api.set_default_header("Impersonate-User", executor_rbac)
-        ex = CommandExecutor(Cluster(sa_api), settings(namespace), KEY, identity="sa")
+        ex = kube_executor(KubeCluster(sa_api), settings(namespace), KEY, identity="sa")
         sick = ranks[1].node
         for action in ("cordon", "taint"):
             assert ex.handle(command(action, sick)).outcome == "applied"

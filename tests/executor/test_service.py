@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from fleetmedic import records as r
 from fleetmedic.devenv import fleet as fl
-from fleetmedic.executor.kube import Cluster
+from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.executor.metrics import ExecutorMetrics
 from fleetmedic.executor.node import plan as p
 from fleetmedic.executor.service import ExecutorService
@@ -32,7 +32,7 @@ class Replica:
 
     def __init__(self, api: client.ApiClient, s: object, identity: str) -> None:
         self.registry = CollectorRegistry()
-        self.service = ExecutorService(s, KEY, Cluster(api, instance=identity), identity,  # type: ignore[arg-type]
+        self.service = ExecutorService(s, KEY, KubeCluster(api, instance=identity), identity,  # type: ignore[arg-type]
                                        ExecutorMetrics(self.registry))
         self.loop = asyncio.new_event_loop()
         self.stop = asyncio.Event()

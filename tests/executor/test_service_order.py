@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from fleetmedic.executor.service import IsolationOrder, _Offsets
+from fleetmedic.executor.queueing import IsolationOrder, Offsets
 from fleetmedic.records import RemediationCommand
 
 
@@ -39,7 +39,7 @@ def test_the_tracks_of_one_incident_wait_for_each_other_as_far_as_they_must() ->
 
 
 def test_the_committed_offset_is_the_lowest_command_without_a_result() -> None:
-    o = _Offsets()
+    o = Offsets()
     for offset in (5, 6, 7):
         o.start(offset)
     o.finish(6)

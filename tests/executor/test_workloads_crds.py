@@ -32,6 +32,7 @@ from kubernetes import client
 from kubernetes.client import ApiException
 
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.executor.workload.apply import restart_workload
 from fleetmedic.executor.workload.plan import HOSTNAME_LABEL, JOBSET, PYTORCHJOB, excluded_nodes
 from fleetmedic.k8s_keys import ANNOTATION_LAST_COMMAND, ANNOTATION_RESTART_ATTEMPTS
@@ -165,13 +166,13 @@ def test_pytorchjob_tolerating_all_taints_is_replaced_off_the_suspect_by_its_ope
         suspect = next(p.spec.node_name for p in before if p.metadata.labels[f"{PT}/replica-type"] == "master")
         quarantine(kube_api, suspect)
         old = {p.metadata.uid for p in before}
-        dry = restart_workload(kube_api, f"{namespace}/llm", action="restart_job", exclude_nodes=[suspect],
+        dry = restart_workload(KubeCluster(kube_api), f"{namespace}/llm", action="restart_job", exclude_nodes=[suspect],
                                params={}, dry_run=True, actor="t")
         assert dry.outcome == "skipped" and dry.details["kind"] == "PyTorchJob"
         assert {p.metadata.uid for p in live_pods(kube_api, namespace, selector)} == old
         watcher = BindingWatch(kube_api, namespace).start()
 
-        out = restart_workload(kube_api, f"{namespace}/llm", action="restart_job", exclude_nodes=[suspect],
+        out = restart_workload(KubeCluster(kube_api), f"{namespace}/llm", action="restart_job", exclude_nodes=[suspect],
                                params={"command_id": "c-7"}, dry_run=False, actor="t")
 
         assert out.outcome == "applied", out.reason
@@ -185,7 +186,7 @@ def test_pytorchjob_tolerating_all_taints_is_replaced_off_the_suspect_by_its_ope
     for rspec in job["spec"]["pytorchReplicaSpecs"].values():
         assert excluded_nodes(rspec["template"]["spec"]["affinity"]) == {suspect}
     assert job["metadata"]["annotations"][ANNOTATION_LAST_COMMAND] == "c-7"
-    missing = restart_workload(kube_api, f"{namespace}/gone", action="restart_job", exclude_nodes=[],
+    missing = restart_workload(KubeCluster(kube_api), f"{namespace}/gone", action="restart_job", exclude_nodes=[],
                                params={"kind": "PyTorchJob"}, dry_run=False, actor="t")
     assert missing.outcome == "failed" and "not found (looked for PyTorchJob)" in missing.reason
 
@@ -201,7 +202,7 @@ def test_jobset_child_jobs_are_recreated_off_the_suspect_and_retry_in_place_keep
         before = wait("4 Running pods", lambda: running(kube_api, namespace, selector, 4))
         old = {p.metadata.uid for p in before}
         # retry in place: same nodes, nothing excluded
-        out = restart_workload(kube_api, f"{namespace}/js", action="retry_in_place", exclude_nodes=[],
+        out = restart_workload(KubeCluster(kube_api), f"{namespace}/js", action="retry_in_place", exclude_nodes=[],
                                params={}, dry_run=False, actor="t")
         assert out.outcome == "applied", out.reason
         assert out.details["kind"] == "JobSet" and out.details["deleted"] == "4"
@@ -214,8 +215,8 @@ def test_jobset_child_jobs_are_recreated_off_the_suspect_and_retry_in_place_keep
         old = {p.metadata.uid for p in again}
         watcher = BindingWatch(kube_api, namespace).start()
         child = again[0].metadata.labels["batch.kubernetes.io/job-name"]
-        out = restart_workload(kube_api, f"{namespace}/{child}", action="restart_job", exclude_nodes=[suspect],
-                               params={}, dry_run=False, actor="t")
+        out = restart_workload(KubeCluster(kube_api), f"{namespace}/{child}", action="restart_job",
+                               exclude_nodes=[suspect], params={}, dry_run=False, actor="t")
         assert out.outcome == "applied", out.reason
         assert out.details["kind"] == "JobSet" and out.details["excluded_nodes"] == ""
         after = wait("4 new Running pods", lambda: running(kube_api, namespace, selector, 4, old), timeout=90)

@@ -19,6 +19,7 @@ from typing import Any
 from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.executor.workload.apply import restart_workload
 from fleetmedic.k8s_keys import (
     ANNOTATION_LAST_COMMAND,
@@ -58,7 +59,7 @@ def test_restart_job_recreates_every_pod_off_the_quarantined_node_and_records_it
     watcher = BindingWatch(kube_api, namespace).start()
     old = {p.metadata.uid for p in before}
 
-    out = restart_workload(kube_api, f"{namespace}/train", action="restart_job", exclude_nodes=[suspect],
+    out = restart_workload(KubeCluster(kube_api), f"{namespace}/train", action="restart_job", exclude_nodes=[suspect],
                            params={"command_id": "cmd-1"}, dry_run=False, actor="executor-0")
 
     assert out.outcome == "applied", out.reason
@@ -90,7 +91,7 @@ def test_indexed_job_tolerating_all_taints_gets_anti_affinity_and_keeps_its_indi
     watcher = BindingWatch(kube_api, namespace).start()
     old = {p.metadata.uid for p in before}
 
-    out = restart_workload(kube_api, f"{namespace}/idx", action="restart_job", exclude_nodes=[suspect],
+    out = restart_workload(KubeCluster(kube_api), f"{namespace}/idx", action="restart_job", exclude_nodes=[suspect],
                            params={"kind": "Job"}, dry_run=False, actor="t")
 
     assert out.outcome == "applied", out.reason
@@ -107,7 +108,7 @@ def test_indexed_job_tolerating_all_taints_gets_anti_affinity_and_keeps_its_indi
     # a second restart for another node accumulates the exclusion and counts the attempt
     other = next(p.spec.node_name for p in after)
     quarantine(kube_api, other)
-    again = restart_workload(kube_api, f"{namespace}/idx", action="restart_job", exclude_nodes=[other],
+    again = restart_workload(KubeCluster(kube_api), f"{namespace}/idx", action="restart_job", exclude_nodes=[other],
                              params={}, dry_run=False, actor="t")
     assert again.outcome == "applied", again.reason
     assert again.details["attempt"] == "2"
@@ -121,7 +122,7 @@ def test_retry_in_place_restarts_the_pods_on_the_same_nodes(
     before = _start(kube_api, namespace, fleet, "retry")
     old = {p.metadata.uid for p in before}
 
-    out = restart_workload(kube_api, f"{namespace}/retry", action="retry_in_place", exclude_nodes=[],
+    out = restart_workload(KubeCluster(kube_api), f"{namespace}/retry", action="retry_in_place", exclude_nodes=[],
                            params={}, dry_run=False, actor="t")
 
     assert out.outcome == "applied", out.reason
@@ -135,7 +136,7 @@ def test_requeue_job_recreates_the_whole_job(
 ) -> None:
     fleet = make_fleet(6)
     before = _start(kube_api, namespace, fleet, "rq")
-    out = restart_workload(kube_api, f"{namespace}/rq", action="requeue_job", exclude_nodes=[],
+    out = restart_workload(KubeCluster(kube_api), f"{namespace}/rq", action="requeue_job", exclude_nodes=[],
                            params={}, dry_run=False, actor="t")
     assert out.outcome == "applied", out.reason
     wait("4 new Running pods", lambda: running(kube_api, namespace, "app=rq", 4, {p.metadata.uid for p in before}))
@@ -149,7 +150,7 @@ def test_dry_run_reports_the_plan_and_changes_nothing(
     suspect = before[0].spec.node_name
     rv = _job(kube_api, namespace, "dry").metadata.resource_version
 
-    out = restart_workload(kube_api, f"{namespace}/dry", action="restart_job", exclude_nodes=[suspect],
+    out = restart_workload(KubeCluster(kube_api), f"{namespace}/dry", action="restart_job", exclude_nodes=[suspect],
                            params={}, dry_run=True, actor="t")
 
     assert out.outcome == "skipped" and out.details["dry_run"] == "true"
@@ -161,10 +162,10 @@ def test_dry_run_reports_the_plan_and_changes_nothing(
 def test_missing_job_fails_with_a_reason_and_a_foreign_suspension_is_left_alone(
     kube_api: client.ApiClient, namespace: str, crds: list[str], make_fleet: Callable[..., fl.Fleet]
 ) -> None:
-    out = restart_workload(kube_api, f"{namespace}/nope", action="restart_job", exclude_nodes=["n1"],
+    out = restart_workload(KubeCluster(kube_api), f"{namespace}/nope", action="restart_job", exclude_nodes=["n1"],
                            params={}, dry_run=False, actor="t")
     assert out.outcome == "failed" and "not found" in out.reason and f"{namespace}/nope" in out.reason
-    bad = restart_workload(kube_api, "no-slash", action="restart_job", exclude_nodes=[], params={},
+    bad = restart_workload(KubeCluster(kube_api), "no-slash", action="restart_job", exclude_nodes=[], params={},
                            dry_run=False, actor="t")
     assert bad.outcome == "failed" and bad.reason.startswith("job:")
 
@@ -172,8 +173,8 @@ def test_missing_job_fails_with_a_reason_and_a_foreign_suspension_is_left_alone(
     manifest = gpu_job("held", fleet, pods=1)
     manifest["spec"]["suspend"] = True
     client.BatchV1Api(kube_api).create_namespaced_job(namespace, client.V1Job.from_dict(manifest))
-    held = restart_workload(kube_api, f"{namespace}/held", action="restart_job", exclude_nodes=[], params={},
-                            dry_run=False, actor="t")
+    held = restart_workload(KubeCluster(kube_api), f"{namespace}/held", action="restart_job", exclude_nodes=[],
+                            params={}, dry_run=False, actor="t")
     assert held.outcome == "skipped" and "suspended by someone else" in held.reason
     assert _job(kube_api, namespace, "held").spec.suspend is True
 
@@ -189,7 +190,7 @@ def test_a_job_left_suspended_by_a_crashed_executor_is_resumed_by_the_next_comma
         "spec": {"suspend": True}})
     wait("the pods gone", lambda: not live_pods(kube_api, namespace, "app=crash"))
 
-    out = restart_workload(kube_api, f"{namespace}/crash", action="restart_job", exclude_nodes=[],
+    out = restart_workload(KubeCluster(kube_api), f"{namespace}/crash", action="restart_job", exclude_nodes=[],
                            params={}, dry_run=False, actor="executor-1")
 
     assert out.outcome == "applied", out.reason

@@ -23,6 +23,7 @@ from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv import settings
+from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.executor.workload.apply import restart_workload
 from fleetmedic.executor.workload.plan import excluded_nodes
 from fleetmedic.k8s_keys import ANNOTATION_EXCLUDED_NODES, ANNOTATION_RESTART_IN_PROGRESS
@@ -70,7 +71,7 @@ def test_real_jobset_controller_recreates_child_jobs_from_the_patched_template(
     old = {p.metadata.uid for p in before}
     watcher = BindingWatch(kube_api, namespace).start()
 
-    out = restart_workload(kube_api, f"{namespace}/real", action="restart_job", exclude_nodes=[suspect],
+    out = restart_workload(KubeCluster(kube_api), f"{namespace}/real", action="restart_job", exclude_nodes=[suspect],
                            params={}, dry_run=False, actor="t")
 
     assert out.outcome == "applied", out.reason
@@ -105,8 +106,8 @@ def test_with_the_real_jobset_webhooks_the_exclusion_goes_onto_the_suspended_chi
         old = {p.metadata.uid for p in before}
         watcher = BindingWatch(kube_api, namespace).start()
 
-        out = restart_workload(kube_api, f"{namespace}/hooked", action="restart_job", exclude_nodes=[suspect],
-                               params={"command_id": "c-1"}, dry_run=False, actor="t")
+        out = restart_workload(KubeCluster(kube_api), f"{namespace}/hooked", action="restart_job",
+                               exclude_nodes=[suspect], params={"command_id": "c-1"}, dry_run=False, actor="t")
 
         assert out.outcome == "applied", out.reason
         assert out.details["mechanism"] == "suspend_patch_children", out.details

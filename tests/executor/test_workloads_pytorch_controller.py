@@ -32,6 +32,7 @@ from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv import proc, settings
+from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.executor.workload.apply import restart_workload
 from tests.executor.workloads_support import (
     TOLERATE_ALL,
@@ -121,7 +122,7 @@ def test_real_training_operator_recreates_replicas_from_the_patched_templates(
     old = {p.metadata.uid for p in before}
     watcher = BindingWatch(kube_api, namespace).start()
 
-    out = restart_workload(kube_api, f"{namespace}/real", action="restart_job", exclude_nodes=[suspect],
+    out = restart_workload(KubeCluster(kube_api), f"{namespace}/real", action="restart_job", exclude_nodes=[suspect],
                            params={}, dry_run=False, actor="t")
 
     assert out.outcome == "applied", out.reason

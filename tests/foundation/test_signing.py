@@ -416,8 +416,8 @@ def test_the_skew_is_the_configured_one_everywhere_a_command_is_verified() -> No
     import inspect
 
     import fleetmedic.signing as signing
+    from fleetmedic.executor.dispatch import CommandExecutor
     from fleetmedic.executor.node import plan
-    from fleetmedic.executor.node.apply import CommandExecutor
     from fleetmedic.remediation.engine import DecisionEngine
     from fleetmedic.remediation.operator import apply_operator_command
 
@@ -429,7 +429,8 @@ def test_the_skew_is_the_configured_one_everywhere_a_command_is_verified() -> No
     tight = parse_config("streams: {max_future_skew_s: 30}", env={})
     assert plan.reject_reason(issued_ahead, KEY, 1000.0, max_future_skew_s=SKEW) is None
     assert "ahead of this clock" in (plan.reject_reason(issued_ahead, KEY, 1000.0, max_future_skew_s=30.0) or "")
-    ex = CommandExecutor(None, tight, KEY, identity="t", clock=lambda: 1000.0)  # type: ignore[arg-type]
+    ex = CommandExecutor(None, tight, KEY, identity="t", restarter=None,  # type: ignore[arg-type]
+                         clock=lambda: 1000.0)
     out = ex.handle(issued_ahead)  # refused before the cluster (None here) is touched
     assert out.outcome == "skipped" and "more than 30s of skew" in out.reason
     op = sign(operator_command(issued_at=1100, expires_at=1600), OPERATOR_KEY)

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Final
+from dataclasses import dataclass
+from typing import Final, Literal
 
-from fleetmedic.executor.node.plan import Condition
 from fleetmedic.k8s_keys import (
     CONDITION_DIAGNOSTICS_FAILED,
     CONDITION_GPU_DEGRADED,
@@ -45,6 +45,17 @@ CLASS_CONDITIONS: Final = (CONDITION_GPU_HARDWARE, CONDITION_GPU_DEGRADED, CONDI
                            CONDITION_DIAGNOSTICS_FAILED)
 CLASSES: Final = frozenset({"hardware", "degradation", "network", "transient_software", "job_bug", "unknown"})
 _RULE = re.compile(r"^rule ([A-Za-z0-9][\w.-]*)")
+
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A node condition's status, reason and message (its type is the key it is written under)."""
+
+    status: Literal["True", "False"]
+    reason: str
+    message: str
+
 
 ClassCondition = tuple[str, Condition]
 

@@ -25,11 +25,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetmedic.config import Settings
-from fleetmedic.executor.kube import Cluster
+from fleetmedic.executor.cluster import Cluster
 from fleetmedic.executor.metrics import ExecutorMetrics
 from fleetmedic.executor.node import conditions
 from fleetmedic.executor.node import long_plan as pl
 from fleetmedic.executor.node import plan as p
+from fleetmedic.executor.node.conditions import Condition
+from fleetmedic.executor.node.write import write_plan
 from fleetmedic.k8s_keys import (
     ANNOTATION_CORDONED_BY,
     ANNOTATION_DIAGNOSTICS,
@@ -56,13 +58,16 @@ class Context:
     clock: Callable[[], float]
     stop: threading.Event
     metrics: ExecutorMetrics | None
-    commit: Callable[[p.NodeView, RemediationCommand, p.NodePlan], None]  # patch + condition + event
     cache: ClusterCache | None = None  # nodes and pods by watch (None: every read lists from the API)
     pod_reads: Counter[str] = field(default_factory=Counter)  # the drain polls' reads: "api" or "cache"
 
     def sleep(self, seconds: float) -> None:
         if self.stop.wait(seconds):
             raise Interrupted()
+
+    def write(self, node: p.NodeView, cmd: RemediationCommand, plan: p.NodePlan) -> None:
+        """One step's change to the node (patch, condition, Event): :func:`.write.write_plan`."""
+        write_plan(self.cluster, node, cmd, plan, self.clock())
 
 
 def _inflight(cmd: RemediationCommand, now: float) -> str:
@@ -84,9 +89,9 @@ def drain(ctx: Context, cmd: RemediationCommand, node: p.NodeView) -> p.NodePlan
     if cordon:
         begin[ANNOTATION_CORDONED_BY] = p.ACTOR
     resumed = state.get("command") == cmd.id
-    ctx.commit(node, cmd, p.NodePlan(
+    ctx.write(node, cmd, p.NodePlan(
         "applied", unschedulable=True if cordon else None, labels={cfg.lifecycle_label: "draining"},
-        annotations=begin, condition=p.Condition("True", "Draining", f"fleetmedic drain: {cmd.reason}"[:1024]),
+        annotations=begin, condition=Condition("True", "Draining", f"fleetmedic drain: {cmd.reason}"[:1024]),
         event=p.Note("FleetmedicDrainResumed" if resumed else "FleetmedicDrainStarted",
                      f"{'resuming' if resumed else 'draining'} the node (incident {cmd.incident_id}): {cmd.reason}",
                      warning=True)))
@@ -142,7 +147,7 @@ def _drain_end(ctx: Context, cmd: RemediationCommand, node: p.NodeView, started:
                ANNOTATION_DRAIN: json.dumps({"command": cmd.id, "started": started, "state": "done",
                                              "evicted": evicted[:200]})}
         return p.NodePlan("applied", details=details, labels={cfg.lifecycle_label: "quarantined"}, annotations=ann,
-                          condition=p.Condition("True", "Drained", f"drained by fleetmedic: {cmd.reason}"[:1024]),
+                          condition=Condition("True", "Drained", f"drained by fleetmedic: {cmd.reason}"[:1024]),
                           event=p.Note("FleetmedicDrained", f"drained in {took:.0f}s, {len(evicted)} pod(s) evicted"))
     pdbs = sorted({b for bs in blocked.values() for b in bs if "/" in b})
     waiting = [x.ref for x in step.wait] + [x.ref for x in step.evict]
@@ -172,12 +177,12 @@ def run_job(ctx: Context, cmd: RemediationCommand, node: p.NodeView, doc: dict[s
     ref = f"{meta['namespace']}/{meta['name']}"
     state = p.annotation_json(node.annotations.get(state_key, ""))
     started = float(state["started"]) if state.get("command") == cmd.id and "started" in state else ctx.clock()
-    ctx.commit(node, cmd, p.NodePlan(
+    ctx.write(node, cmd, p.NodePlan(
         "applied", annotations={ANNOTATION_INFLIGHT: _inflight(cmd, started),
                                 state_key: json.dumps({"command": cmd.id, "job": ref, "verdict": "running",
                                                        "started": started})},
         labels={ctx.settings.executor.lifecycle_label: "diagnosing"} if cmd.action == "run_diagnostics" else {},
-        condition=p.Condition("True", "DiagnosticsRunning" if cmd.action == "run_diagnostics" else "HookRunning",
+        condition=Condition("True", "DiagnosticsRunning" if cmd.action == "run_diagnostics" else "HookRunning",
                               f"fleetmedic {cmd.action}: Job {ref}"),
         event=p.Note(f"Fleetmedic{p.camel(cmd.action)}Started", f"{cmd.action}: Job {ref} ({cmd.reason})")))
     ctx.cluster.create_job(doc)
@@ -206,7 +211,7 @@ def diagnostics(ctx: Context, cmd: RemediationCommand, node: p.NodeView) -> p.No
                                                "failed_tests": details.get("failed_tests", "")})}
     return p.NodePlan("applied", why[:4096] if not passed else "", details, annotations=ann,
                       labels={cfg.lifecycle_label: "validated" if passed else "quarantined"},
-                      condition=p.Condition("True", "DiagnosticsPassed" if passed else "DiagnosticsFailed",
+                      condition=Condition("True", "DiagnosticsPassed" if passed else "DiagnosticsFailed",
                                             f"{why} (Job {ref})"[:1024]),
                       event=p.Note("FleetmedicDiagnosticsPassed" if passed else "FleetmedicDiagnosticsFailed",
                                    f"{why} (Job {ref})", warning=not passed),

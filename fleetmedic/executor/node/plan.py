@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fleetmedic.config import ExecutorSettings
+from fleetmedic.executor.node.conditions import Condition, isolated, returned
 from fleetmedic.k8s_keys import (
     ANNOTATION_COMMANDS,
     ANNOTATION_CORDONED_BY,
@@ -86,13 +87,6 @@ class NodeView:
     resource_version: str = ""
     gpus: int = 0
     conditions: Mapping[str, str] = field(default_factory=dict)  # type -> status
-
-
-@dataclass(frozen=True)
-class Condition:
-    status: Literal["True", "False"]
-    reason: str
-    message: str
 
 
 @dataclass(frozen=True)
@@ -244,15 +238,11 @@ def plan_node_action(cmd: RemediationCommand, node: NodeView, cfg: ExecutorSetti
                                         or plan.annotations or plan.condition):
         return plan
     if cmd.action in ("cordon", "taint"):  # why the node is isolated, per class (conditions.py)
-        from fleetmedic.executor.node import conditions
-
-        cls = conditions.isolated(cmd)
+        cls = isolated(cmd)
         plan = _with(plan, class_conditions=(cls,) if cls else ())
     elif cmd.action == "return_to_service" and plan.outcome == "applied":
-        from fleetmedic.executor.node import conditions
-
-        plan = _with(plan, class_conditions=conditions.returned(node.conditions, plan.condition.message
-                                                                 if plan.condition else cmd.reason))
+        plan = _with(plan, class_conditions=returned(node.conditions, plan.condition.message
+                                                     if plan.condition else cmd.reason))
     ann = dict(plan.annotations)
     ann[ANNOTATION_REASON] = f"{cmd.action}: {cmd.reason}"[:1024]
     return _with(plan, annotations=ann)

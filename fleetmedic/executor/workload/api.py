@@ -1,56 +1,55 @@
 """The workload side's low-level calls to the API server, shared by :mod:`.apply`, :mod:`.jobset`
-and :mod:`.kueue` (imports run one way: they import this, this imports only :mod:`.plan`).
+and :mod:`.kueue` (imports run one way: they import this, this imports only :mod:`.plan`), all through the
+:class:`~fleetmedic.executor.cluster.WorkloadCluster`.
 
 - :func:`patch_workload`: a JSON patch of a workload, optionally bound to a resourceVersion
   (:class:`VersionChanged` when the object moved on: nothing was written, plan again);
 - :func:`wait_for`: poll a condition until a deadline (``TimeoutError`` naming what did not happen);
 - :func:`record_event`: a core/v1 Event on the workload, best effort;
-- :func:`api_message`: the API server's message of an ``ApiException``;
-- :data:`AdjustPlan` / :data:`AdjustChild`: the placement step's hooks into a restart
-  (:mod:`.placement_apply`).
+- :func:`pod_node`: the node a pod is bound to;
+- :class:`Placement`: what the placement step (:mod:`.placement_apply`) does within a restart.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import time
-import uuid
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import Any, Protocol
 
-from kubernetes import client
-from kubernetes.client import ApiException
-
+from fleetmedic.executor.cluster import ApiError, WorkloadCluster, event_body
 from fleetmedic.executor.workload.plan import RestartPlan, WorkloadKind
 from fleetmedic.k8s_keys import REPORTING_COMPONENT, SOURCE_COMPONENT
 
-log = logging.getLogger(__name__)
-JSON_PATCH = "application/json-patch+json"
-# (kind, workload, its live pods, plan) -> the plan to carry out; see fleetmedic.executor.workload.placement_apply
-AdjustPlan = Callable[[WorkloadKind, dict[str, Any], list[client.V1Pod], RestartPlan], RestartPlan]
-# (a JobSet's suspended child Job, the JSON-patch ops its own plan made) -> the ops to write to it
-AdjustChild = Callable[[dict[str, Any], list[dict[str, Any]]], list[dict[str, Any]]]
+
+class Placement(Protocol):
+    """The placement step of one restart (:mod:`.placement_apply`), handed to the restart
+    (:func:`.apply.restart_workload`, :func:`.kueue.requeue_if_managed`) before anything is written."""
+
+    def place(self, kind: WorkloadKind, obj: dict[str, Any], pods: list[dict[str, Any]],
+              plan: RestartPlan) -> RestartPlan:
+        """The plan to carry out, from the workload, its live pods and its own restart plan."""
+        ...
+
+    def child_ops(self, child: dict[str, Any], ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The JSON-patch ops to write to a JobSet's suspended child Job, from the ops its own plan made."""
+        ...
 
 
 class VersionChanged(Exception):
     """The first write's resourceVersion precondition failed (409): nothing was changed yet."""
 
 
-def patch_workload(api: client.ApiClient, kind: WorkloadKind, namespace: str, name: str,
+def patch_workload(cluster: WorkloadCluster, kind: WorkloadKind, namespace: str, name: str,
                    ops: list[dict[str, Any]], if_version: str = "") -> dict[str, Any]:
     """A JSON patch; with ``if_version``, only if the object is still at that resourceVersion."""
-    custom = client.CustomObjectsApi(api)
     if if_version:
         ops = [{"op": "replace", "path": "/metadata/resourceVersion", "value": if_version}, *ops]
     try:
-        result = custom.patch_namespaced_custom_object(
-            kind.group, kind.version, namespace, kind.plural, name, ops, _content_type=JSON_PATCH)
-    except ApiException as exc:
+        return cluster.patch_object(kind, namespace, name, ops)
+    except ApiError as exc:
         if if_version and exc.status == 409:
             raise VersionChanged() from None
         raise
-    return cast(dict[str, Any], result)
 
 
 def wait_for(ready: Callable[[], bool], timeout: float, what: str, interval: float = 0.1) -> None:
@@ -61,30 +60,17 @@ def wait_for(ready: Callable[[], bool], timeout: float, what: str, interval: flo
         time.sleep(interval)
 
 
-def record_event(api: client.ApiClient, kind: WorkloadKind, obj: Mapping[str, Any], reason: str,
-                 message: str, actor: str) -> None:
+def record_event(cluster: WorkloadCluster, kind: WorkloadKind, obj: Mapping[str, Any], reason: str,
+                 message: str, actor: str, *, warning: bool = False) -> None:
     """A core/v1 Event on the workload (``kubectl describe`` shows it); best effort."""
     meta = obj.get("metadata") or {}
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    event = {
-        "metadata": {"name": f"{meta.get('name')}.{uuid.uuid4().hex[:12]}", "namespace": meta.get("namespace")},
-        "involvedObject": {"apiVersion": kind.api_version, "kind": kind.kind, "name": meta.get("name"),
-                           "namespace": meta.get("namespace"), "uid": meta.get("uid")},
-        "reason": reason, "message": message[:1024], "type": "Normal", "count": 1,
-        "firstTimestamp": now, "lastTimestamp": now,
-        "source": {"component": SOURCE_COMPONENT},
-        "reportingComponent": REPORTING_COMPONENT, "reportingInstance": actor[:128] or "fleetmedic",
-    }
-    try:
-        body = cast(client.CoreV1Event, client.CoreV1Event.from_dict(event))
-        client.CoreV1Api(api).create_namespaced_event(str(meta.get("namespace")), body)
-    except ApiException as exc:
-        log.warning("event on %s %s/%s not recorded: %s", kind.kind, meta.get("namespace"), meta.get("name"),
-                    api_message(exc))
+    involved = {"apiVersion": kind.api_version, "kind": kind.kind, "name": meta.get("name"),
+                "namespace": meta.get("namespace"), "uid": meta.get("uid")}
+    cluster.record_event(event_body(involved, reason, message, namespace=str(meta.get("namespace")), warning=warning,
+                                    component=SOURCE_COMPONENT, reporting_component=REPORTING_COMPONENT,
+                                    instance=actor))
 
 
-def api_message(exc: ApiException) -> str:
-    try:
-        return str(json.loads(exc.body or "{}").get("message", exc.reason))
-    except (ValueError, AttributeError):
-        return str(exc.reason)
+def pod_node(pod: Mapping[str, Any]) -> str:
+    """The node a pod (JSON) is bound to, ``""`` while it waits to be scheduled."""
+    return str((pod.get("spec") or {}).get("nodeName") or "")

@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
-from kubernetes import client
-
-from fleetmedic.executor.workload.api import AdjustChild, patch_workload, wait_for
+from fleetmedic.executor.cluster import WorkloadCluster
+from fleetmedic.executor.workload.api import Placement, patch_workload, wait_for
 from fleetmedic.executor.workload.plan import (
     JOB,
     JOBSET,
@@ -37,54 +36,53 @@ from fleetmedic.executor.workload.plan import (
 from fleetmedic.k8s_keys import ANNOTATION_RESTART_IN_PROGRESS
 
 
-def suspend_and_patch_children(api: client.ApiClient, plan: RestartPlan, obj: Mapping[str, Any],
+def suspend_and_patch_children(cluster: WorkloadCluster, plan: RestartPlan, obj: Mapping[str, Any],
                                params: Mapping[str, str], timeout: float, actor: str,
-                               adjust_child: AdjustChild | None = None) -> int:
+                               placement: Placement | None = None) -> int:
     """Suspend, patch the child Jobs' node affinity, resume; returns how many children were patched.
-    ``adjust_child`` (the placement step, :mod:`.placement_apply`) turns each child's own exclusion
+    ``placement`` (the placement step, :mod:`.placement_apply`) turns each child's own exclusion
     ops into the ops that also carry the preference and tolerations: one patch."""
     meta = obj.get("metadata") or {}
     annotations: dict[str, str] = dict(meta.get("annotations") or {})
     if ANNOTATION_RESTART_IN_PROGRESS not in annotations:
         marker = annotation_patch(annotations, {ANNOTATION_RESTART_IN_PROGRESS: plan.summary})
-        patch_workload(api, JOBSET, plan.namespace, plan.name,
+        patch_workload(cluster, JOBSET, plan.namespace, plan.name,
                        [{"op": "add", "path": "/spec/suspend", "value": True}, *marker],
                        if_version=str(meta.get("resourceVersion")))
         annotations[ANNOTATION_RESTART_IN_PROGRESS] = plan.summary
     uid = str(meta.get("uid"))
-    wait_for(lambda: all_suspended(_children(api, plan, uid)), timeout,
+    wait_for(lambda: all_suspended(_children(cluster, plan, uid)), timeout,
              f"JobSet {plan.namespace}/{plan.name}: its child Jobs were not suspended")
-    patched = patch_children(api, plan, uid, params, actor, adjust_child)
+    patched = patch_children(cluster, plan, uid, params, actor, placement)
     resume = [{"op": "add", "path": "/spec/suspend", "value": False},
               *plan.annotation_ops(annotations, remove=[ANNOTATION_RESTART_IN_PROGRESS])]
-    patch_workload(api, JOBSET, plan.namespace, plan.name, resume)
+    patch_workload(cluster, JOBSET, plan.namespace, plan.name, resume)
     return patched
 
 
-def patch_children(api: client.ApiClient, plan: RestartPlan, uid: str, params: Mapping[str, str], actor: str,
-                   adjust_child: AdjustChild | None) -> int:
-    """Write each suspended child Job's plan (its exclusion; through ``adjust_child`` also the
+def patch_children(cluster: WorkloadCluster, plan: RestartPlan, uid: str, params: Mapping[str, str], actor: str,
+                   placement: Placement | None) -> int:
+    """Write each suspended child Job's plan (its exclusion; through ``placement`` also the
     placement) in one patch per child; returns how many children were patched."""
     patched = 0
-    for child in _children(api, plan, uid):
+    for child in _children(cluster, plan, uid):
         child_plan = plan_restart(JOB, child, action=plan.action, exclude_nodes=plan.excluded,
                                   current_nodes=plan.preferred, params=params, now=time.time(), actor=actor)
-        ops = adjust_child(child, child_plan.template_ops) if adjust_child else child_plan.template_ops
+        ops = placement.child_ops(child, child_plan.template_ops) if placement else child_plan.template_ops
         if ops:
-            patch_workload(api, JOB, plan.namespace, str(child["metadata"]["name"]), ops)
+            patch_workload(cluster, JOB, plan.namespace, str(child["metadata"]["name"]), ops)
             patched += 1
     return patched
 
 
-def _children(api: client.ApiClient, plan: RestartPlan, uid: str) -> list[dict[str, Any]]:
-    return child_jobs(api, plan.namespace, plan.name, uid)
+def _children(cluster: WorkloadCluster, plan: RestartPlan, uid: str) -> list[dict[str, Any]]:
+    return child_jobs(cluster, plan.namespace, plan.name, uid)
 
 
-def child_jobs(api: client.ApiClient, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
+def child_jobs(cluster: WorkloadCluster, namespace: str, name: str, uid: str) -> list[dict[str, Any]]:
     """The JobSet's live child Jobs (owned by ``uid``, not being deleted), as JSON dicts."""
-    listed = cast(dict[str, Any], client.CustomObjectsApi(api).list_namespaced_custom_object(
-        "batch", "v1", namespace, "jobs", label_selector=f"{JOBSET.job_label}={name}"))
-    return [j for j in listed.get("items") or []
+    listed = cluster.list_objects(JOB, namespace, f"{JOBSET.job_label}={name}")
+    return [j for j in listed
             if not j["metadata"].get("deletionTimestamp")
             and any(r.get("uid") == uid for r in j["metadata"].get("ownerReferences") or [])]
 

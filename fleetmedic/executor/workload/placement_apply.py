@@ -36,7 +36,6 @@ read afresh.
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import logging
 import threading
 import time
@@ -44,14 +43,13 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from kubernetes import client
-from kubernetes.client import ApiException
-
 from fleetmedic.config import Settings
-from fleetmedic.executor.cache import ClusterCache
+from fleetmedic.executor.cache import ClusterCache, node_state
+from fleetmedic.executor.cluster import ApiError, WorkloadCluster
 from fleetmedic.executor.workload import apply as wl
 from fleetmedic.executor.workload import kueue
 from fleetmedic.executor.workload import placement_plan as pm
+from fleetmedic.executor.workload.api import pod_node, record_event
 from fleetmedic.executor.workload.jobset import child_jobs
 from fleetmedic.executor.workload.placement_metrics import PlacementMetrics
 from fleetmedic.executor.workload.plan import (
@@ -65,39 +63,39 @@ from fleetmedic.executor.workload.plan import (
     parse_job_ref,
     pod_spec_paths,
 )
-from fleetmedic.k8s_keys import ANNOTATION_EXCLUDED_NODES, ANNOTATION_PLACEMENT, REPORTING_COMPONENT, SOURCE_COMPONENT
+from fleetmedic.k8s_keys import ANNOTATION_EXCLUDED_NODES, ANNOTATION_PLACEMENT
 
 log = logging.getLogger(__name__)
 PLACED_ACTIONS = frozenset({"restart_job", "requeue_job"})
-_NODE_CACHES: weakref.WeakKeyDictionary[client.ApiClient, NodeCache] = weakref.WeakKeyDictionary()
+_NODE_CACHES: weakref.WeakKeyDictionary[WorkloadCluster, NodeCache] = weakref.WeakKeyDictionary()
 
 
 class NodeCache:
-    """All nodes, listed at most once per ``ttl_s`` (shared by the restarters of one API client)."""
+    """All nodes (JSON), listed at most once per ``ttl_s`` (shared by the restarters of one cluster)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._at = 0.0
-        self._nodes: list[client.V1Node] | None = None
+        self._nodes: list[dict[str, Any]] | None = None
 
-    def get(self, api: client.ApiClient, ttl_s: float, now: float, refresh: bool = False) -> list[client.V1Node]:
+    def get(self, cluster: WorkloadCluster, ttl_s: float, now: float, refresh: bool = False) -> list[dict[str, Any]]:
         with self._lock:
             if refresh or self._nodes is None or now - self._at > ttl_s:
-                self._nodes, self._at = client.CoreV1Api(api).list_node().items, now
+                self._nodes, self._at = cluster.list_nodes(), now
             return self._nodes
 
 
 class PlacementRestarter:
-    def __init__(self, api: client.ApiClient, settings: Settings, metrics: PlacementMetrics | None = None,
+    def __init__(self, cluster: WorkloadCluster, settings: Settings, metrics: PlacementMetrics | None = None,
                  stop: threading.Event | None = None, clock: Callable[[], float] = time.monotonic,
                  cache: ClusterCache | None = None) -> None:
-        self.api = api
+        self.cluster = cluster
         self.cache = cache
         self.settings = settings
         self.metrics = metrics
         self.stop = stop or threading.Event()
         self.clock = clock
-        self._cache = _NODE_CACHES.setdefault(api, NodeCache())
+        self._cache = _NODE_CACHES.setdefault(cluster, NodeCache())
 
     # --- entry ------------------------------------------------------------------------------------
 
@@ -109,36 +107,29 @@ class PlacementRestarter:
             if placed is not None:
                 return placed
         if not cfg.enabled or action not in PLACED_ACTIONS:
-            return wl.restart_workload(self.api, job, action=action, exclude_nodes=exclude_nodes, params=params,
+            return wl.restart_workload(self.cluster, job, action=action, exclude_nodes=exclude_nodes, params=params,
                                        dry_run=dry_run, actor=actor)
         try:
             waiting = self._already_waiting(job, exclude_nodes, params)
-        except (WorkloadError, ApiException) as exc:
+        except (WorkloadError, ApiError) as exc:
             waiting = None
             log.debug("no waiting check for %s: %s", job, exc)
         if waiting is not None:
             return waiting
-        seen: dict[str, Any] = {}
-
-        def adjust(kind: WorkloadKind, obj: dict[str, Any], pods: list[client.V1Pod], plan: RestartPlan) -> RestartPlan:
-            return self._adjust(kind, obj, pods, plan, exclude_nodes, params, seen)
-
-        def adjust_child(child: dict[str, Any], ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
-            recipe: pm.Recipe | None = seen.get("recipe")
-            return pm.child_job_ops(child, ops, recipe) if recipe is not None else ops
+        step = RestartPlacement(self, exclude_nodes, params)
+        seen = step.seen
 
         if cfg.kueue == "auto":  # a Kueue-managed Job or JobSet: through its Workload (kueue.py)
-            queued = kueue.requeue_if_managed(self.api, job, action=action, exclude_nodes=exclude_nodes,
-                                              params=params, dry_run=dry_run, actor=actor, adjust=adjust,
-                                              adjust_child=adjust_child)
+            queued = kueue.requeue_if_managed(self.cluster, job, action=action, exclude_nodes=exclude_nodes,
+                                              params=params, dry_run=dry_run, actor=actor, placement=step)
             if queued is not None:  # Kueue keeps it queued with its priority: no capacity wait of ours
                 details = {**queued.details, **seen.get("details", {})}
                 if queued.outcome == "applied" and self.metrics and "capacity" in details:
                     self.metrics.placements.labels(capacity=details["capacity"]).inc()
                 return dataclasses.replace(queued, details=details)
 
-        out = wl.restart_workload(self.api, job, action=action, exclude_nodes=exclude_nodes, params=params,
-                                  dry_run=dry_run, actor=actor, adjust_plan=adjust, adjust_child=adjust_child)
+        out = wl.restart_workload(self.cluster, job, action=action, exclude_nodes=exclude_nodes, params=params,
+                                  dry_run=dry_run, actor=actor, placement=step)
         verdict: pm.CapacityVerdict | None = seen.get("verdict")
         details = {**out.details, **seen.get("details", {})}
         if verdict is None or out.outcome != "applied":
@@ -154,11 +145,11 @@ class PlacementRestarter:
 
     # --- planning ---------------------------------------------------------------------------------
 
-    def _adjust(self, kind: WorkloadKind, obj: Mapping[str, Any], pods: Sequence[client.V1Pod], plan: RestartPlan,
+    def _adjust(self, kind: WorkloadKind, obj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], plan: RestartPlan,
                 exclude: Sequence[str], params: Mapping[str, str], seen: dict[str, Any]) -> RestartPlan:
         cfg = self.settings.placement
         seen.update(kind=kind, obj=obj)
-        current = [p.spec.node_name for p in pods if p.spec and p.spec.node_name]
+        current = [pod_node(p) for p in pods if pod_node(p)]
         states, nodes = self._node_states(current)
         fresh = {name: self._read_state(name) for name in sorted(set(exclude))}
         paths = pod_spec_paths(kind, obj)
@@ -188,7 +179,7 @@ class PlacementRestarter:
         if still:  # cannot happen: place() ANDs them into every required term
             raise WorkloadError(f"excluded node(s) {', '.join(still)} neither isolated nor excluded by the plan")
         demands = self._demands(kind, obj, new_specs, len(pods))
-        own = {str(p.metadata.uid) for p in pods if p.metadata}
+        own = {str(p["metadata"].get("uid")) for p in pods if p.get("metadata")}
         states = self._with_requests(nodes, own) if nodes is not None else self._cached_requests(states, own)
         verdict = pm.capacity_verdict(demands, list(states.values()), exclude, topo, domain)
         annotations = {**plan.annotations,
@@ -237,15 +228,15 @@ class PlacementRestarter:
 
     # --- the cluster --------------------------------------------------------------------------------
 
-    def nodes(self, knowing: Sequence[str] = ()) -> list[client.V1Node]:
+    def nodes(self, knowing: Sequence[str] = ()) -> list[dict[str, Any]]:
         """All nodes, listed at most once per ``placement.node_cache_s`` unless the cached list lacks
         one of ``knowing`` (a node that joined since: its job's pods run there)."""
-        cached = self._cache.get(self.api, self.settings.placement.node_cache_s, self.clock())
+        cached = self._cache.get(self.cluster, self.settings.placement.node_cache_s, self.clock())
         if set(knowing) - {_name(n) for n in cached}:
-            return self._cache.get(self.api, self.settings.placement.node_cache_s, self.clock(), refresh=True)
+            return self._cache.get(self.cluster, self.settings.placement.node_cache_s, self.clock(), refresh=True)
         return cached
 
-    def _node_states(self, knowing: Sequence[str]) -> tuple[dict[str, pm.NodeState], list[client.V1Node] | None]:
+    def _node_states(self, knowing: Sequence[str]) -> tuple[dict[str, pm.NodeState], list[dict[str, Any]] | None]:
         """Every node's state (no requests applied), and the listed nodes when not from the cache."""
         cache = self.cache
         if cache is None or not cache.synced:
@@ -266,40 +257,23 @@ class PlacementRestarter:
                 for name, s in states.items()}
 
     def _read_state(self, name: str) -> pm.NodeState | None:
-        try:
-            return self._state(client.CoreV1Api(self.api).read_node(name), {})
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        node = self.cluster.get_node(name)
+        return self._state(node, {}) if node is not None else None
 
-    def _with_requests(self, nodes: Sequence[client.V1Node], own: set[str]) -> dict[str, pm.NodeState]:
+    def _with_requests(self, nodes: Sequence[Mapping[str, Any]], own: set[str]) -> dict[str, pm.NodeState]:
         """Node states with the GPUs live pods (other than the workload's own ``own``) request."""
         res = self.settings.placement.gpu_resource
         requested: dict[str, int] = {}
-        pods = client.CoreV1Api(self.api).list_pod_for_all_namespaces(
-            field_selector="status.phase!=Succeeded,status.phase!=Failed").items
-        for p in pods:
-            if not (p.spec and p.spec.node_name) or (p.metadata and p.metadata.uid in own):
+        for p in self.cluster.live_pods():
+            node = pod_node(p)
+            if not node or (p.get("metadata") or {}).get("uid") in own:
                 continue
-            requested[p.spec.node_name] = requested.get(p.spec.node_name, 0) + pm.pod_gpus(_spec_dict(p), res)
+            requested[node] = requested.get(node, 0) + pm.pod_gpus(p.get("spec") or {}, res)
         return {_name(n): self._state(n, requested) for n in nodes}
 
-    def _state(self, node: client.V1Node, requested: Mapping[str, int]) -> pm.NodeState:
-        res = self.settings.placement.gpu_resource
-        name = _name(node)
-        alloc = (node.status.allocatable or {}) if node.status else {}
-        conditions = (node.status.conditions or []) if node.status else []
-        ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
-        taints = tuple((t.key, t.effect) for t in ((node.spec.taints or []) if node.spec else []))
-        try:
-            gpus = int(str(alloc.get(res, "0")))
-        except ValueError:
-            gpus = 0
-        labels = dict((node.metadata.labels if node.metadata else None) or {})
-        return pm.NodeState(name=name, labels=labels, allocatable=gpus,
-                            requested=requested.get(name, 0), unschedulable=bool(node.spec and node.spec.unschedulable),
-                            ready=ready, taints=taints)
+    def _state(self, node: Mapping[str, Any], requested: Mapping[str, int]) -> pm.NodeState:
+        state = node_state(node, self.settings.placement.gpu_resource)
+        return dataclasses.replace(state, requested=requested.get(state.name, 0))
 
     # --- scarce capacity ----------------------------------------------------------------------------
 
@@ -307,11 +281,11 @@ class PlacementRestarter:
         """``skipped`` when an ``only_if_waiting`` command finds the workload gone or no pod of it
         waiting to be scheduled: the job was placed, and is not restarted for nodes suspected since."""
         namespace, name = parse_job_ref(job)
-        found = wl.find_workload(self.api, namespace, name, params.get("kind", ""))
+        found = wl.find_workload(self.cluster, namespace, name, params.get("kind", ""))
         if found is None:
             return wl.WorkloadOutcome("skipped", f"workload {job} not found: nothing waits to be placed")
         kind, obj = found
-        why = not_waiting(wl.workload_pods(self.api, kind, obj))
+        why = not_waiting(wl.workload_pods(self.cluster, kind, obj))
         return wl.WorkloadOutcome("skipped", f"{kind.kind} {job}: {why}; not restarted") if why else None
 
     def _already_waiting(self, job: str, exclude: Sequence[str],
@@ -319,21 +293,21 @@ class PlacementRestarter:
         """``skipped`` when the workload's pods already wait unscheduled and every excluded node is
         kept off them: restarting again would only recreate pending pods."""
         namespace, name = parse_job_ref(job)
-        found = wl.find_workload(self.api, namespace, name, params.get("kind", ""))
+        found = wl.find_workload(self.cluster, namespace, name, params.get("kind", ""))
         if found is None:
             return None
         kind, obj = found
-        pods = wl.workload_pods(self.api, kind, obj)
-        pending = [p for p in pods if not (p.spec and p.spec.node_name)]
+        pods = wl.workload_pods(self.cluster, kind, obj)
+        pending = [p for p in pods if not pod_node(p)]
         if not pending:
             return None
         specs = [spec for _, spec in pod_spec_paths(kind, obj)]
         if kind is JOBSET:  # the exclusion may be on the child Jobs only (the webhook refused the template)
             meta = obj.get("metadata") or {}
-            children = child_jobs(self.api, namespace, name, str(meta.get("uid")))
+            children = child_jobs(self.cluster, namespace, name, str(meta.get("uid")))
             specs = [((c.get("spec") or {}).get("template") or {}).get("spec") or {} for c in children] or specs
         fresh = {n: self._read_state(n) for n in sorted(set(exclude))}
-        if pm.unisolated(exclude, fresh, specs) or any(p.spec.node_name in set(exclude) for p in pods if p.spec):
+        if pm.unisolated(exclude, fresh, specs) or any(pod_node(p) in set(exclude) for p in pods):
             return None
         return wl.WorkloadOutcome("skipped", f"{kind.kind} {job}: {len(pending)} replacement pod(s) already wait for "
                                              "capacity and the excluded nodes are kept off; not restarting again",
@@ -344,17 +318,17 @@ class PlacementRestarter:
                        kind: WorkloadKind, obj: Mapping[str, Any], action: str, actor: str) -> wl.WorkloadOutcome:
         message = f"no healthy capacity for the replacement pods: {verdict.missing()}; they wait in the " \
                   "scheduler's queue with their priority"
-        warning_event(self.api, kind, obj, "FleetmedicCapacityWait", message, actor)
+        record_event(self.cluster, kind, obj, "FleetmedicCapacityWait", message, actor, warning=True)
         if self.metrics:
             self.metrics.waits.labels(action=action).inc()
         t0 = self.clock()
         limit = self.settings.placement.capacity_wait_s
         scheduled = False
         while limit > 0 and not self.stop.is_set():
-            fresh = wl.find_workload(self.api, str(obj["metadata"]["namespace"]), str(obj["metadata"]["name"]),
+            fresh = wl.find_workload(self.cluster, str(obj["metadata"]["namespace"]), str(obj["metadata"]["name"]),
                                      kind.kind)
-            pods = wl.workload_pods(self.api, kind, fresh[1]) if fresh else []
-            if pods and all(p.spec and p.spec.node_name for p in pods) and len(pods) >= verdict.pods:
+            pods = wl.workload_pods(self.cluster, kind, fresh[1]) if fresh else []
+            if pods and all(pod_node(p) for p in pods) and len(pods) >= verdict.pods:
                 scheduled = True
                 break
             if self.clock() - t0 >= limit:
@@ -368,10 +342,29 @@ class PlacementRestarter:
         return dataclasses.replace(out, reason=f"{out.reason}; {message}", details=details)
 
 
-def not_waiting(pods: Sequence[client.V1Pod]) -> str:
+@dataclasses.dataclass
+class RestartPlacement:
+    """The placement step of one restart (the :class:`~.api.Placement` the restart is handed);
+    ``seen`` keeps what it decided (kind, workload, recipe, verdict, details) for the result."""
+
+    restarter: PlacementRestarter
+    exclude: Sequence[str]
+    params: Mapping[str, str]
+    seen: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def place(self, kind: WorkloadKind, obj: dict[str, Any], pods: list[dict[str, Any]],
+              plan: RestartPlan) -> RestartPlan:
+        return self.restarter._adjust(kind, obj, pods, plan, self.exclude, self.params, self.seen)
+
+    def child_ops(self, child: dict[str, Any], ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        recipe: pm.Recipe | None = self.seen.get("recipe")
+        return pm.child_job_ops(child, ops, recipe) if recipe is not None else ops
+
+
+def not_waiting(pods: Sequence[Mapping[str, Any]]) -> str:
     """Why a workload with these pods has nothing waiting to be scheduled ("" when a pod waits, or none
     exists yet: its controller is still recreating them)."""
-    if not pods or any(not (p.spec and p.spec.node_name) for p in pods):
+    if not pods or any(not pod_node(p) for p in pods):
         return ""
     return f"all {len(pods)} pod(s) are placed already"
 
@@ -401,40 +394,5 @@ def _isolation_words(exclude: Sequence[str], fresh: Mapping[str, pm.NodeState | 
     return ",".join(words)
 
 
-def warning_event(api: client.ApiClient, kind: WorkloadKind, obj: Mapping[str, Any], reason: str, message: str,
-                  actor: str) -> None:
-    """A Warning core/v1 Event on the workload (``kubectl describe`` shows it); best effort."""
-    meta = obj.get("metadata") or {}
-    now = dt.datetime.now(dt.UTC)
-    body = client.CoreV1Event(
-        metadata=client.V1ObjectMeta(generate_name=f"{meta.get('name')}.", namespace=meta.get("namespace")),
-        involved_object=client.V1ObjectReference(api_version=kind.api_version, kind=kind.kind, name=meta.get("name"),
-                                                 namespace=meta.get("namespace"), uid=meta.get("uid")),
-        reason=reason, message=message[:1024], type="Warning", count=1, first_timestamp=now, last_timestamp=now,
-        source=client.V1EventSource(component=SOURCE_COMPONENT), reporting_component=REPORTING_COMPONENT,
-        reporting_instance=actor[:128] or "fleetmedic")
-    try:
-        client.CoreV1Api(api).create_namespaced_event(str(meta.get("namespace")), body)
-    except ApiException as exc:
-        log.warning("event on %s %s/%s not recorded: %s", kind.kind, meta.get("namespace"), meta.get("name"),
-                    exc.reason)
-
-
-def _name(obj: Any) -> str:
-    meta = getattr(obj, "metadata", None)
-    return str(getattr(meta, "name", "") or "")
-
-
-def _spec_dict(pod: client.V1Pod) -> dict[str, Any]:
-    """The parts of a typed pod spec :func:`.placement_plan.pod_gpus` reads, as plain dicts."""
-    def containers(items: Any) -> list[dict[str, Any]]:
-        out = []
-        for c in items or []:
-            r = c.resources
-            out.append({"resources": {"requests": dict((r.requests if r else None) or {}),
-                                      "limits": dict((r.limits if r else None) or {})}})
-        return out
-
-    spec = pod.spec
-    return {"containers": containers(spec.containers if spec else None),
-            "initContainers": containers(spec.init_containers if spec else None)}
+def _name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")
