@@ -102,6 +102,7 @@ def run_operator_command(args: argparse.Namespace) -> int:
     cmd = sign(OperatorCommand(
         id=f"op-{uuid.uuid4().hex}", action=args.action, actor=args.actor or getpass.getuser(), reason=args.reason,
         issued_at=now, expires_at=now + OPERATOR_TTL_S, node=getattr(args, "node", "") or "",
+        cluster=settings.cluster.name,  # signed: only the decision stage of this cluster applies it
     ), key)
     try:
         with quiet_kafka_logs():

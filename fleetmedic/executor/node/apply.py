@@ -2,13 +2,14 @@
 :class:`~fleetmedic.executor.kube.Cluster`.
 
 The order of checks for every command: signature and expiry (refused: ``skipped`` with the reason),
-then the target. Node track: the node must exist; a command id recorded on it is a duplicate
-(``skipped``, whoever applied it); a node with the opt-out label is left alone (``skipped``); dry run
-(``command.dry_run`` or ``safety.dry_run``) reports what it would do (``skipped``, ``dry run: would
-...``) and changes nothing. The change and the command id are written in one patch guarded by the
-node's resourceVersion, so two executors cannot both apply it. Job track: the id is recorded in the
-ledger ConfigMap *before* the workload is restarted (at most once), then
-``fleetmedic.executor.workload.apply.restart_workload`` does the work.
+the cluster it is addressed to (:func:`~fleetmedic.signing.cluster_refusal`; the service refuses
+those before they get here, without a result), then the target. Node track: the node must exist; a
+command id recorded on it is a duplicate (``skipped``, whoever applied it); a node with the opt-out
+label is left alone (``skipped``); dry run (``command.dry_run`` or ``safety.dry_run``) reports what
+it would do (``skipped``, ``dry run: would ...``) and changes nothing. The change and the command id
+are written in one patch guarded by the node's resourceVersion, so two executors cannot both apply
+it. Job track: the id is recorded in the ledger ConfigMap *before* the workload is restarted (at
+most once), then ``fleetmedic.executor.workload.apply.restart_workload`` does the work.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from fleetmedic.executor.node import plan as p
 from fleetmedic.executor.workload.placement_apply import PlacementRestarter
 from fleetmedic.k8s_keys import ANNOTATION_COMMANDS
 from fleetmedic.records import Outcome, RemediationCommand, RemediationResult
-from fleetmedic.signing import KeySet, as_command_keys
+from fleetmedic.signing import KeySet, as_command_keys, cluster_refusal
 
 log = logging.getLogger(__name__)
 ATTEMPTS = 5  # re-reads after a 409 before giving up
@@ -76,6 +77,12 @@ class CommandExecutor:
             if self.metrics:
                 self.metrics.rejected.labels(reason="expired" if rejected.startswith("expired") else "signature").inc()
             return self._result(cmd, "skipped", rejected)
+        c = self.settings.cluster
+        foreign = cluster_refusal(cmd, c.name, accept_unlabeled=c.accept_unlabeled_commands)
+        if foreign:  # the service refuses these before handing them over; this is the last line
+            if self.metrics:
+                self.metrics.rejected.labels(reason="cluster").inc()
+            return self._result(cmd, "skipped", f"refused: {foreign}")
         dry = cmd.dry_run or self.settings.safety.dry_run
         if dry and cmd.id in self._dry_seen:
             return self._result(cmd, "skipped", "duplicate command id (already applied)", dry=True)
