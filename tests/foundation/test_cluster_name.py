@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from fleetmedic import records as r
-from fleetmedic.config import ConfigError, parse_config
+from fleetmedic.config import ConfigError, config_warnings, parse_config
 from fleetmedic.serving import Health, serve
 from fleetmedic.signing import KeySet, SignatureError, cluster_refusal, sign, sign_bytes, verify, verify_bytes
 
@@ -39,6 +39,13 @@ def test_the_cluster_defaults_to_unnamed_and_comes_from_the_environment_too() ->
     s = parse_config("", env={})
     assert s.cluster.name == "" and s.cluster.accept_unlabeled_commands is False
     assert parse_config("", env={"FLEETMEDIC__CLUSTER__NAME": "gpu-west-2"}).cluster.name == "gpu-west-2"
+
+
+def test_accepting_unlabeled_commands_under_a_name_is_a_warning() -> None:
+    assert config_warnings(parse_config("cluster: {accept_unlabeled_commands: true}", env={})) == []
+    (warning,) = config_warnings(parse_config("cluster: {name: gpu-east-1, accept_unlabeled_commands: true}",
+                                              env={}))
+    assert warning.startswith("cluster.accept_unlabeled_commands: true") and "'gpu-east-1'" in warning
 
 
 # --- records ------------------------------------------------------------------------------------
