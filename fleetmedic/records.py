@@ -59,12 +59,25 @@ JobRef = Annotated[
     ),
 ]
 Version = Annotated[int, Meta(ge=1, le=SCHEMA_VERSION, description="schema version of the message")]
+#: a cluster's name (``cluster.name`` in the config): empty, or a DNS-1123 label (lower-case
+#: letters, digits and ``-``, starting and ending alphanumeric, at most 63 characters)
+CLUSTER_NAME_PATTERN: Final = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$"
+ClusterName = Annotated[
+    str,
+    Meta(pattern=CLUSTER_NAME_PATTERN, max_length=63,
+         description="the cluster the record comes from (its producer's `cluster.name`); empty when unset"),
+]
 
 
 class Record(Struct, frozen=True, kw_only=True):
-    """Base of every wire record."""
+    """Base of every wire record.
+
+    ``cluster`` names the cluster the record comes from (its producer's ``cluster.name``), so one
+    Kafka can carry several clusters' records; empty when the producer has no name. Consumers
+    skip records of another cluster (docs/operations.md, "Several clusters")."""
 
     schema_version: Version = SCHEMA_VERSION
+    cluster: ClusterName = ""
 
 
 # --- GPU telemetry ------------------------------------------------------------------------------
@@ -700,6 +713,19 @@ def convert(record_type: type[R], obj: Any) -> R:
 
 def to_builtins(record: Record) -> Any:
     return msgspec.to_builtins(record)
+
+
+def labelled(record: R, cluster: str) -> R:
+    """``record`` with ``cluster`` as its cluster (the same object when it has it already): what a
+    producer stamps on what it sends."""
+    return record if record.cluster == cluster else msgspec.structs.replace(record, cluster=cluster)
+
+
+def foreign(record: Record, cluster: str) -> bool:
+    """True if ``record`` names a cluster other than ``cluster``: a consumer of ``cluster`` skips it.
+    A record that names no cluster belongs to every cluster (a producer without ``cluster.name``,
+    or one that is not fleetmedic's); commands are stricter (the executor's own rule)."""
+    return bool(record.cluster) and record.cluster != cluster
 
 
 def _invalid(record_type: type[Any], exc: Exception) -> InvalidRecord:

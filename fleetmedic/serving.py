@@ -12,7 +12,12 @@ answering it. So each process's event loop *beats* (:meth:`Health.beat_every`, o
 - ``/readyz`` (readiness) is 200 once the process says it is ready (the decision stage restored and
   replayed, the executor holding its consumer, an exporter publishing) and is alive, 503 with the
   reason otherwise.
-- Any other path serves the metrics, as before (Prometheus scrapes ``/metrics``).
+- Any other path serves the metrics (Prometheus scrapes ``/metrics``).
+
+With ``cluster.name`` set, every sample served carries the label ``cluster=<name>``
+(:class:`ClusterLabelled`), whatever registered it: one Prometheus, or one Grafana over several,
+then tells the clusters apart without a relabelling rule of its own. The metric objects themselves
+stay unlabelled (tests and code read them by their own labels).
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import RestrictedRegistry
 
 DEFAULT_BEAT_EVERY_S = 5.0
 
@@ -79,6 +86,49 @@ class Health:
             await asyncio.sleep(every_s)
 
 
+#: the label every metric gets from ``cluster.name`` (the dashboard's variable and the alerts' grouping)
+CLUSTER_LABEL = "cluster"
+
+
+def _with_cluster(families: Iterable[Metric], cluster: str) -> Iterator[Metric]:
+    """Each family with ``cluster=<cluster>`` on every sample (one with a ``cluster`` label keeps its own)."""
+    for family in families:
+        labelled = Metric(family.name, family.documentation, family.type, family.unit)
+        labelled.samples = [s._replace(labels={CLUSTER_LABEL: cluster, **s.labels}) for s in family.samples]
+        yield labelled
+
+
+class ClusterLabelled(CollectorRegistry):
+    """What ``source`` collects, with ``cluster=<cluster>`` on every sample. Served in place of ``source``."""
+
+    def __init__(self, source: CollectorRegistry, cluster: str) -> None:
+        super().__init__(auto_describe=False)
+        self.source = source
+        self.cluster = cluster
+
+    def collect(self) -> Iterator[Metric]:
+        return _with_cluster(self.source.collect(), self.cluster)
+
+    def restricted_registry(self, names: Iterable[str]) -> RestrictedRegistry:
+        """The ``name[]`` query of ``/metrics``: only those families, labelled the same."""
+        return _RestrictedLabelled(names, self)
+
+
+class _RestrictedLabelled(RestrictedRegistry):
+    def __init__(self, names: Iterable[str], labelled: ClusterLabelled) -> None:
+        super().__init__(names, labelled)
+        self._inner = labelled.source.restricted_registry(names)
+        self._cluster = labelled.cluster
+
+    def collect(self) -> Iterator[Metric]:
+        return _with_cluster(self._inner.collect(), self._cluster)
+
+
+def exposed(registry: CollectorRegistry, cluster: str) -> CollectorRegistry:
+    """What ``/metrics`` serves of ``registry``: labelled with ``cluster`` when it is set."""
+    return ClusterLabelled(registry, cluster) if cluster else registry
+
+
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
 
@@ -88,9 +138,10 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
-def health_app(registry: CollectorRegistry, health: Health) -> Callable[..., Iterable[bytes]]:
-    """The WSGI app: the two probes, and the metrics on every other path."""
-    metrics = make_wsgi_app(registry)
+def health_app(registry: CollectorRegistry, health: Health, cluster: str = "") -> Callable[..., Iterable[bytes]]:
+    """The WSGI app: the two probes, and the metrics on every other path (labelled with ``cluster``
+    when it is set: :func:`exposed`)."""
+    metrics = make_wsgi_app(exposed(registry, cluster))
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
@@ -104,9 +155,10 @@ def health_app(registry: CollectorRegistry, health: Health) -> Callable[..., Ite
     return app
 
 
-def serve(registry: CollectorRegistry, port: int, addr: str, health: Health) -> WSGIServer:
+def serve(registry: CollectorRegistry, port: int, addr: str, health: Health, cluster: str = "") -> WSGIServer:
     """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``addr:port`` (0: a free port) from a
-    daemon thread. ``server.server_address`` says where; ``server.shutdown()`` stops it."""
-    server = make_server(addr, port, health_app(registry, health), _Server, handler_class=_QuietHandler)
+    daemon thread; every metric labelled ``cluster=<cluster>`` when it is set (``cluster.name``).
+    ``server.server_address`` says where; ``server.shutdown()`` stops it."""
+    server = make_server(addr, port, health_app(registry, health, cluster), _Server, handler_class=_QuietHandler)
     threading.Thread(target=server.serve_forever, name="fleetmedic-http", daemon=True).start()
     return server

@@ -181,6 +181,21 @@ def verify(command: RemediationCommand | OperatorCommand, key: bytes, now: float
     check_times(command, now, max_future_skew_s)
 
 
+def cluster_refusal(command: RemediationCommand | OperatorCommand, cluster: str, *,
+                    accept_unlabeled: bool = False) -> str | None:
+    """Why a verifier serving ``cluster`` (its ``cluster.name``) must not act on ``command``, or
+    ``None``. ``cluster`` is inside the signature, so it is what the signer addressed: a command for
+    another cluster is refused, and one that names no cluster only where the verifier has no name
+    either, or ``accept_unlabeled`` (``cluster.accept_unlabeled_commands``) allows it."""
+    if command.cluster == cluster or (not command.cluster and accept_unlabeled):
+        return None
+    if not command.cluster:
+        return (f"command {command.id}: names no cluster, and this one is {cluster!r} "
+                f"(cluster.accept_unlabeled_commands is false)")
+    here = f"this one is {cluster!r}" if cluster else "this one has no cluster.name"
+    return f"command {command.id}: addressed to cluster {command.cluster!r}, and {here}"
+
+
 # --- a set of keys by id (command keys, operator keys) -------------------------------------------
 
 

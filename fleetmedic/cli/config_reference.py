@@ -136,6 +136,8 @@ def type_text(t: mi.Type) -> str:
         return "float" + _bounds(t)
     if isinstance(t, mi.StrType):
         return "string"
+    if isinstance(t, mi.Metadata):
+        return type_text(t.type)
     if isinstance(t, mi.NoneType):
         return "null"
     if isinstance(t, mi.LiteralType):

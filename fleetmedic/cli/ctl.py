@@ -37,7 +37,7 @@ from fleetmedic.cli.common import (
     signing_key,
 )
 from fleetmedic.config import Settings
-from fleetmedic.records import AuditRecord, InvalidRecord, OperatorCommand, decode, encode
+from fleetmedic.records import AuditRecord, InvalidRecord, OperatorCommand, decode, encode, foreign
 from fleetmedic.signing import UnusableKey, operator_keys, sign, sign_bytes
 
 OPERATOR_TTL_S = 600.0
@@ -102,6 +102,7 @@ def run_operator_command(args: argparse.Namespace) -> int:
     cmd = sign(OperatorCommand(
         id=f"op-{uuid.uuid4().hex}", action=args.action, actor=args.actor or getpass.getuser(), reason=args.reason,
         issued_at=now, expires_at=now + OPERATOR_TTL_S, node=getattr(args, "node", "") or "",
+        cluster=settings.cluster.name,  # signed: only the decision stage of this cluster applies it
     ), key)
     try:
         with quiet_kafka_logs():
@@ -184,8 +185,8 @@ async def _audit(settings: Settings, args: argparse.Namespace) -> None:
                     except InvalidRecord as exc:
                         print(f"offset {msg.offset}: {exc}", file=sys.stderr)
                         continue
-                    if rec.ts < since or (args.node and rec.node != args.node):
-                        continue
+                    if rec.ts < since or (args.node and rec.node != args.node) or foreign(rec, settings.cluster.name):
+                        continue  # another cluster's record (a shared audit topic) is not this one's story
                     print(encode(rec).decode() if args.json else format_audit(rec), flush=True)
     finally:
         await consumer.stop()

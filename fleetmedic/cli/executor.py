@@ -84,7 +84,7 @@ async def _serve(settings: Settings, keys: KeySet, identity: str) -> int:
     registry = CollectorRegistry()
     metrics = ExecutorMetrics(registry)
     health = Health(settings.metrics.stall_after_s)
-    server = serve(registry, settings.metrics.port, settings.metrics.bind_address, health)
+    server = serve(registry, settings.metrics.port, settings.metrics.bind_address, health, settings.cluster.name)
     log = logging.getLogger("fleetmedic.executor")
     log.info("executor %s; metrics on http://%s:%d/metrics; command keys accepted: %s%s", identity,
              *server.server_address[:2], ", ".join(sorted(keys.keys)),

@@ -158,10 +158,10 @@ async def _run(connector: str, settings: Settings, output: str | None, duration:
     port = settings.metrics.port if metrics_port is None else metrics_port
     health = Health(settings.metrics.stall_after_s)
     if port >= 0:
-        server = serve(registry, port, settings.metrics.bind_address, health)
+        server = serve(registry, port, settings.metrics.bind_address, health, settings.cluster.name)
         logging.getLogger("fleetmedic.connectors").info(
             "metrics on http://%s:%d/metrics", settings.metrics.bind_address, server.server_port)
-    sink: Sink = JsonlSink(output) if output else KafkaSink(settings)
+    sink: Sink = JsonlSink(output, settings.cluster.name) if output else KafkaSink(settings)
     if connector == "remote-write":
         from fleetmedic.connectors.remote_write_server import HealthSink
 

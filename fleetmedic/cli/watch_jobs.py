@@ -71,7 +71,7 @@ async def _serve(settings: Settings) -> int:
 
     registry = CollectorRegistry()
     health = Health(settings.metrics.stall_after_s)
-    server = serve(registry, settings.metrics.port, settings.metrics.bind_address, health)
+    server = serve(registry, settings.metrics.port, settings.metrics.bind_address, health, settings.cluster.name)
     log = logging.getLogger("fleetmedic.watch_jobs")
     log.info("metrics on %s:%d", settings.metrics.bind_address, server.server_port)
     api = kube_client(settings)

@@ -19,8 +19,8 @@ Pure: :func:`parse_config` takes text and an environment mapping; only :func:`re
 The rooms, each read alone; every public name is re-exported here (``from fleetmedic.config import X``):
 
 - the sections, one module per part of the pipeline: :mod:`.messaging` (Kafka, topics, signing),
-  :mod:`.detection`, :mod:`.decisions` (triage, policy, safety), :mod:`.cluster` (executor,
-  placement, job watch, node conditions), :mod:`.connectors` (ingest, exporters), all on
+  :mod:`.detection`, :mod:`.decisions` (triage, policy, safety), :mod:`.cluster` (the cluster's
+  name, executor, placement, job watch, node conditions), :mod:`.connectors` (ingest, exporters), all on
   :mod:`.section` (the base and the bounded numbers); :mod:`.settings` holds :class:`Settings`;
 - :mod:`.names`: what the names under map and list fields must be;
 - :mod:`.loader`: the hardened YAML loader; :mod:`.parse`: text to :class:`Settings`, errors, overrides;
@@ -30,6 +30,7 @@ The rooms, each read alone; every public name is re-exported here (``from fleetm
 from __future__ import annotations
 
 from fleetmedic.config.cluster import (
+    ClusterSettings,
     ConditionRule,
     ConditionSettings,
     ConditionStatus,
@@ -131,6 +132,7 @@ __all__ = [
     "ActionStep",
     "BaselineSettings",
     "BreakerSettings",
+    "ClusterSettings",
     "CommandKeySettings",
     "ConditionRule",
     "ConditionSettings",

@@ -1,5 +1,6 @@
-"""Kubernetes, acted on and read: the executor, topology-aware placement of restarted jobs, the
-job watch (``fleetmedic watch-jobs``) and the node conditions it turns into findings."""
+"""Kubernetes, acted on and read: the cluster this deployment serves (its name), the executor,
+topology-aware placement of restarted jobs, the job watch (``fleetmedic watch-jobs``) and the node
+conditions it turns into findings."""
 
 from __future__ import annotations
 
@@ -20,9 +21,21 @@ from fleetmedic.k8s_keys import (
     TAINT_QUARANTINE,
     TAINT_STANDBY,
 )
-from fleetmedic.records import Severity
+from fleetmedic.records import ClusterName, Severity
 
 NamespaceDrainPolicy = Literal["evict_now", "wait_for_completion", "evict_after_timeout"]
+
+
+class ClusterSettings(Section, frozen=True, kw_only=True):
+    """The cluster this deployment serves, so one Kafka and one Grafana can serve several. ``name``
+    goes into every record fleetmedic produces (``cluster``, inside a command's signature) and onto
+    every metric (a ``cluster`` label, when set); consumers skip records of another cluster, and the
+    executor refuses a command addressed to one (docs/operations.md, "Several clusters")."""
+
+    name: ClusterName = ""
+    # the executor of a named cluster acts on a command that names no cluster (from a decision stage
+    # without `cluster.name`) only when this is true
+    accept_unlabeled_commands: bool = False
 
 
 class ExecutorSettings(Section, frozen=True, kw_only=True):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, get_args, get_origin
+from typing import Annotated, Any, Final, get_args, get_origin
 
 import msgspec
 import yaml
@@ -15,6 +15,7 @@ from msgspec import Struct
 from fleetmedic.config.loader import MAX_DEPTH, LimitError, load_yaml
 from fleetmedic.config.names import NAMES, Names, did_you_mean
 from fleetmedic.config.settings import Settings
+from fleetmedic.records import CLUSTER_NAME_PATTERN
 
 ENV_PREFIX = "FLEETMEDIC__"
 
@@ -113,11 +114,22 @@ def _join(path: str, key: object) -> str:
     return f"{path}.{key}" if path else str(key)
 
 
+#: what a string that does not match a pattern of the config should be, in words (msgspec names the regex)
+_PATTERN_WORDS: Final[dict[str, str]] = {
+    CLUSTER_NAME_PATTERN: "must be empty or a DNS-1123 label: lower-case letters, digits and `-`, starting and "
+                          "ending with a letter or digit, at most 63 characters (e.g. `gpu-east-1`)",
+}
+
+
 def _error_of(exc: Exception, value: Any, tp: Any, where: str) -> tuple[str, str]:
     """``(path, reason)`` of msgspec's error converting ``value`` (found at ``where``) to ``tp``."""
     m = _AT.match(str(exc))
     reason, rel = (m.group("reason"), _dotted(m.group("path") or "", value, tp)) if m else (str(exc), "")
     path = _join(where, rel) if rel else where
+    if reason.startswith("Expected `str` matching regex"):
+        reason = next((words for pattern, words in _PATTERN_WORDS.items() if repr(pattern) in reason), reason)
+    elif path == "cluster.name" and reason.startswith("Expected `str` of length"):
+        reason = _PATTERN_WORDS[CLUSTER_NAME_PATTERN]
     unknown = _UNKNOWN.match(reason)
     if unknown:
         key = unknown.group("key")

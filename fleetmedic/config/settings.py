@@ -8,7 +8,13 @@ from typing import Annotated
 from msgspec import Meta
 
 from fleetmedic.bus import MAX_STATE_BYTES
-from fleetmedic.config.cluster import ConditionSettings, ExecutorSettings, JobWatchSettings, PlacementSettings
+from fleetmedic.config.cluster import (
+    ClusterSettings,
+    ConditionSettings,
+    ExecutorSettings,
+    JobWatchSettings,
+    PlacementSettings,
+)
 from fleetmedic.config.connectors import ExporterSettings, IngestSettings
 from fleetmedic.config.decisions import PolicySettings, SafetySettings, TriageSettings
 from fleetmedic.config.detection import DetectionSettings
@@ -45,6 +51,7 @@ class StreamsSettings(Section, frozen=True, kw_only=True):
 
 
 class Settings(Section, frozen=True, kw_only=True):
+    cluster: ClusterSettings = ClusterSettings()
     kafka: KafkaSettings = KafkaSettings()
     topics: TopicSettings = TopicSettings()
     signing: SigningSettings = SigningSettings()

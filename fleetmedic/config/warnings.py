@@ -36,7 +36,10 @@ def config_warnings(settings: Settings) -> list[str]:
       decisions look normal; ``dry_run: true`` is the way to observe only), ``max_per_rack`` or
       ``max_per_switch`` of 0 (no node in a labelled rack / behind a labelled leaf is ever isolated);
     - ``signing.command_ttl_s`` above one hour (:data:`WARN_COMMAND_TTL_S`): a signed command stays
-      valid, and can be replayed or applied late on stale evidence, that long (the default is 300 s).
+      valid, and can be replayed or applied late on stale evidence, that long (the default is 300 s);
+    - ``cluster.accept_unlabeled_commands`` with a ``cluster.name``: the executor acts on commands
+      that name no cluster, which on a topic clusters share may be any cluster's (meant for the
+      switch to a name, then off).
     """
     s = settings.safety
     b = s.breaker
@@ -67,6 +70,10 @@ def config_warnings(settings: Settings) -> list[str]:
         out.append(f"signing.command_ttl_s: {settings.signing.command_ttl_s:g}s: a signed command stays valid "
                    f"(replayable, or applied late on stale evidence) that long; over {WARN_COMMAND_TTL_S:g}s is "
                    f"dangerous (default 300s)")
+    if settings.cluster.name and settings.cluster.accept_unlabeled_commands:
+        out.append(f"cluster.accept_unlabeled_commands: true: the executor of {settings.cluster.name!r} also acts on "
+                   "commands that name no cluster, which on a topic clusters share may be another cluster's (turn "
+                   "it off once every decision stage has its cluster.name)")
     if settings.signing.allow_demo_keys:
         out.append("signing.allow_demo_keys: true: the demo's published keys are accepted; anyone can sign "
                    "commands and operator commands (only the demo may set this)")

@@ -41,7 +41,7 @@ from fleetmedic.connectors.kube_jobs_map import JobTracker
 from fleetmedic.connectors.kube_nodes_map import NodeTracker
 from fleetmedic.connectors.node_conditions import ConditionTracker
 from fleetmedic.kube_watch import Gone, NotServed, event_of, list_objects, resource_version, watch_lines
-from fleetmedic.records import Finding, JobEvent, NodeObservation, encode
+from fleetmedic.records import Finding, JobEvent, NodeObservation, Record, encode, labelled
 
 log = logging.getLogger(__name__)
 RESOURCES: dict[str, tuple[str, str]] = {  # kind -> (API prefix, plural)
@@ -282,6 +282,11 @@ class JobWatcher:
 
         topic, nodes_topic = self.settings.topics.topic("jobs.events"), self.settings.topics.topic("cluster.nodes")
         findings_topic = self.settings.topics.topic("findings")
+        cluster = self.settings.cluster.name  # on every record it sends
+
+        def value(record: Record) -> bytes:
+            return encode(labelled(record, cluster))
+
         producer = AIOKafkaProducer(**producer_options(self.settings.kafka, TELEMETRY))
         await _start_with_retry(producer, self.jw.reconnect_backoff_s, self.jw.max_backoff_s, until)
         loop = asyncio.get_running_loop()
@@ -296,14 +301,14 @@ class JobWatcher:
                 if item[0] == "Node":
                     obs = self.handle_node(item[1], item[2])
                     if obs is not None:
-                        fut = await producer.send(nodes_topic, key=obs.node.encode(), value=encode(obs))
+                        fut = await producer.send(nodes_topic, key=obs.node.encode(), value=value(obs))
                         fut.add_done_callback(self._sent_node(obs.node))
                     for finding in self.handle_node_conditions(item[1], item[2]):
-                        fut = await producer.send(findings_topic, key=finding.node.encode(), value=encode(finding))
+                        fut = await producer.send(findings_topic, key=finding.node.encode(), value=value(finding))
                         fut.add_done_callback(self._sent_finding(finding))
                     continue
                 for event in self.handle(*item):
-                    fut = await producer.send(topic, key=event.job.encode(), value=encode(event))
+                    fut = await producer.send(topic, key=event.job.encode(), value=value(event))
                     fut.add_done_callback(self._sent(event.event))
         finally:
             self.stop.set()

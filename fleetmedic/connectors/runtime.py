@@ -18,6 +18,8 @@ A connector is a *source* (sampling on an interval, or consuming a Kafka topic) 
   records, queue depth, the time of the last successful send.
 - **Stopping.** :func:`run_until_stopped` sets the stop event on SIGTERM/SIGINT; the pump then
   sends what is queued for up to ``drain_timeout_s`` and the sink is closed.
+- **The cluster.** The sinks label every record with ``cluster.name`` (``cluster``), so several
+  clusters' exporters can share one Kafka.
 - **Dead letters** (a connector's own, for input it could not read) are best effort: the pump sends
   them apart from the other records, one at a time, after those went out. One that cannot be
   sent (refused by the broker as too large, a topic error, a value that does not encode) is dropped
@@ -43,7 +45,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from fleetmedic.config import Settings
 from fleetmedic.connectors.errors import SourceUnavailable
-from fleetmedic.records import DeadLetter, GpuTelemetry, JobEvent, PortTelemetry, Record, encode
+from fleetmedic.records import DeadLetter, GpuTelemetry, JobEvent, PortTelemetry, Record, encode, labelled
 
 log = logging.getLogger("fleetmedic.connectors")
 
@@ -223,6 +225,7 @@ class KafkaSink:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.cluster = settings.cluster.name  # on every record it sends
         self._producer: Any = None
 
     async def start(self) -> None:
@@ -243,7 +246,9 @@ class KafkaSink:
     async def send_batch(self, items: list[Outgoing]) -> None:
         if self._producer is None:
             await self.start()
-        futures = [await self._producer.send(i.topic, value=encode(i.record), key=i.key.encode()) for i in items]
+        cluster = self.cluster
+        futures = [await self._producer.send(i.topic, value=encode(labelled(i.record, cluster)), key=i.key.encode())
+                   for i in items]
         await asyncio.gather(*futures)
 
     async def stop(self) -> None:
@@ -255,8 +260,9 @@ class KafkaSink:
 class JsonlSink:
     """Writes ``{"topic", "key", "record"}`` per line to a file (``--output FILE``; ``-`` = stdout)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, cluster: str = "") -> None:
         self.path = path
+        self.cluster = cluster  # on every record it writes
         self._fh: IO[str] | None = None
 
     async def start(self) -> None:
@@ -265,7 +271,8 @@ class JsonlSink:
 
     async def send_batch(self, items: list[Outgoing]) -> None:
         lines = "".join(
-            json.dumps({"topic": i.topic, "key": i.key, "record": json.loads(encode(i.record))}) + "\n" for i in items
+            json.dumps({"topic": i.topic, "key": i.key, "record": json.loads(encode(labelled(i.record, self.cluster)))})
+            + "\n" for i in items
         )
         if self.path == "-":
             print(lines, end="", flush=True)

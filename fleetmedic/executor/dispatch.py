@@ -2,8 +2,9 @@
 track, the one place the routing rule (:func:`fleetmedic.actions.targets_node`) is applied.
 
 The order of checks for every command: signature and expiry (refused: ``skipped`` with the reason;
-an expired long action this executor's predecessor started is finished all the same), then a dry
-run already answered (``skipped``), then the track:
+an expired long action this executor's predecessor started is finished all the same), the cluster
+it is addressed to (:func:`~fleetmedic.signing.cluster_refusal`; the service refuses those before
+they get here, without a result), then a dry run already answered (``skipped``), then the track:
 
 - node track (:class:`~.node.apply.NodeTrack`): the node's commands, quick and long;
 - job track (:class:`~.workload.track.JobTrack`): the ledger, then the workload restart.
@@ -31,7 +32,7 @@ from fleetmedic.executor.node.apply import NodeTrack
 from fleetmedic.executor.workload.placement_apply import PlacementRestarter
 from fleetmedic.executor.workload.track import JobTrack, Restarter
 from fleetmedic.records import RemediationCommand, RemediationResult
-from fleetmedic.signing import KeySet, as_command_keys
+from fleetmedic.signing import KeySet, as_command_keys, cluster_refusal
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,12 @@ class CommandExecutor:
             if self.metrics:
                 self.metrics.rejected.labels(reason="expired" if rejected.startswith("expired") else "signature").inc()
             return p.result_of(cmd, "skipped", self.clock(), self.identity, rejected)
+        c = self.settings.cluster
+        foreign = cluster_refusal(cmd, c.name, accept_unlabeled=c.accept_unlabeled_commands)
+        if foreign:  # the service refuses these before handing them over; this is the last line
+            if self.metrics:
+                self.metrics.rejected.labels(reason="cluster").inc()
+            return p.result_of(cmd, "skipped", self.clock(), self.identity, f"refused: {foreign}")
         dry = cmd.dry_run or self.settings.safety.dry_run
         if dry and cmd.id in self._dry_seen:
             return p.result_of(cmd, "skipped", self.clock(), self.identity, "duplicate command id (already applied)",

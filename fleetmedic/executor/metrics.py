@@ -22,7 +22,8 @@ class ExecutorMetrics:
                             registry=registry)
         self.drains = Gauge("fleetmedic_executor_drains_in_progress", "Node drains in progress", registry=registry)
         self.rejected = Counter("fleetmedic_executor_rejected_total",
-                                "Commands not acted on: bad signature, expired, undecodable",
+                                "Commands not acted on: bad signature, expired, undecodable, addressed to "
+                                "another cluster (cluster)",
                                 ["reason"], registry=registry)
         self.redelivered = Counter("fleetmedic_executor_redelivered_total",
                                    "Commands delivered again after their result was on the broker (an offset "

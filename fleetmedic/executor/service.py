@@ -19,6 +19,10 @@
   renew would go on acting next to the one that took the Lease over).
 - Losing the Lease stops everything at once: long actions are interrupted without a result (the next
   leader resumes them), nothing more is committed.
+- A command addressed to another cluster (``cluster`` is signed with it), or naming none where
+  ``cluster.name`` is set and ``cluster.accept_unlabeled_commands`` is not, is refused: counted,
+  dead-lettered with the reason, never acted on and never answered (:meth:`ExecutorService._foreign`).
+  Results and dead letters carry this executor's ``cluster.name``.
 - A message that does not decode is dead-lettered with the reason and counted; it never stops the loop.
   Nor does one whose handling in the loop raises: it is dead-lettered with the exception's type,
   message and last frame (``fleetmedic_record_errors_total{stage="executor"}``) and its offset
@@ -51,7 +55,15 @@ from fleetmedic.executor.leader import LeaseElector
 from fleetmedic.executor.metrics import ExecutorMetrics
 from fleetmedic.executor.node.long_apply import Interrupted
 from fleetmedic.executor.queueing import ORDER_WAIT_S, IsolationOrder, Offsets, TargetQueues
-from fleetmedic.signing import SIGNATURE_HEADER, KeySet, SignatureError, as_command_keys, header, verify_bytes
+from fleetmedic.signing import (
+    SIGNATURE_HEADER,
+    KeySet,
+    SignatureError,
+    as_command_keys,
+    cluster_refusal,
+    header,
+    verify_bytes,
+)
 
 log = logging.getLogger("fleetmedic.executor")
 MAX_THREADS = 64
@@ -193,7 +205,8 @@ class ExecutorService:
                                     self.metrics.redelivered.inc()
                                 log.info("command %s delivered again; its result is on the broker already", cmd.id)
                                 cmd = None
-                            if cmd is not None and (signed := await self._header(producer, tp, rec)) is not None:
+                            if (cmd is not None and (signed := await self._header(producer, tp, rec)) is not None
+                                    and not await self._foreign(producer, tp, rec, cmd)):
                                 if signed:
                                     by_header.add((tp, rec.offset))
                                 fetched.append((tp, rec.offset, cmd, order.register(cmd)))
@@ -228,7 +241,7 @@ class ExecutorService:
         broker restarted still gets its one result, and its offset is committed after it. False when
         leadership ends first or the broker refuses it for good (logged and counted): the offset
         stays uncommitted, and the next leader handles the command again."""
-        value, delay, failed = r.encode(result), 0.5, False
+        value, delay, failed = r.encode(r.labelled(result, self.settings.cluster.name)), 0.5, False
         while True:
             try:
                 await producer.send_and_wait(topic, key=cmd.id.encode(), value=value)
@@ -270,6 +283,23 @@ class ExecutorService:
             return None
         return True
 
+    async def _foreign(self, producer: AIOKafkaProducer, tp: TopicPartition, rec: Any,
+                       cmd: r.RemediationCommand) -> bool:
+        """True if ``cmd`` is addressed to another cluster, or names none where this one has a name
+        (:func:`~fleetmedic.signing.cluster_refusal`): then it is not acted on, counted
+        (``fleetmedic_executor_rejected_total{reason="cluster"}``), logged and dead-lettered with the
+        reason, which is its audit record. It gets no result: a result is read as the answer to
+        the command of that id, and another cluster's decision stage may have issued the same id."""
+        c = self.settings.cluster
+        why = cluster_refusal(cmd, c.name, accept_unlabeled=c.accept_unlabeled_commands)
+        if why is None:
+            return False
+        log.warning("command at %s:%d refused: %s", tp.topic, rec.offset, why)
+        if self.metrics:
+            self.metrics.rejected.labels(reason="cluster").inc()
+        await self._dead_letter(producer, tp, rec.offset, rec.key, rec.value, f"refused: {why}")
+        return True
+
     async def _decode(self, producer: AIOKafkaProducer, tp: TopicPartition, offset: int, key: bytes | None,
                       value: bytes | None) -> r.RemediationCommand | None:
         try:
@@ -297,7 +327,8 @@ class ExecutorService:
         raises: a refused dead letter is logged, with the record's place and hash, and counted."""
         dead = r.DeadLetter(ts=time.time(), topic=tp.topic, stage="executor", error=error[:4096],
                             original=value or b"", partition=tp.partition, offset=offset,
-                            key=key.decode(errors="replace") if key else None, exception=exception, frame=frame)
+                            key=key.decode(errors="replace") if key else None, exception=exception, frame=frame,
+                            cluster=self.settings.cluster.name)
         try:
             await producer.send_and_wait(self.settings.topics.topic("deadletter"), key=tp.topic.encode(),
                                          value=r.encode(dead))

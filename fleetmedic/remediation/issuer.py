@@ -36,7 +36,7 @@ class Issuer:
             node=node, job=job, incident_id=incident.id if incident else incident_id,
             incident_class=incident.incident_class if incident else None, command_ids=command_ids or [],
             rule=rule, track=track, state_from=state_from, state_to=state_to, actor=actor, budget=budget,
-            dry_run=self.settings.safety.dry_run,
+            dry_run=self.settings.safety.dry_run, cluster=self.settings.cluster.name,
         ))
 
     def command(self, out: Decisions, now: float, cid: str, action: str, incident_id: str, job: str, reason: str,
@@ -49,6 +49,7 @@ class Issuer:
             id=cid, action=action, incident_id=incident_id, reason=reason[:4096], issued_at=now,  # type: ignore[arg-type]
             expires_at=now + self.settings.signing.command_ttl_s, node=node, job=job, track=track,
             dry_run=self.settings.safety.dry_run, exclude_nodes=exclude or [], params=params,
+            cluster=self.settings.cluster.name,  # signed with the rest: the executor of another cluster refuses it
         )
         self.state.commands[cid] = CommandInfo(action=action, track=track, incident_id=incident_id, issued_at=now,
                                                node=node, job=job)

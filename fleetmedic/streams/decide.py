@@ -83,6 +83,7 @@ from fleetmedic.remediation.operator import apply_operator_command, is_replay
 from fleetmedic.signing import (
     CommandExpired,
     SignatureError,
+    cluster_refusal,
     operator_keys,
     sign,
     verify_record,
@@ -286,6 +287,10 @@ class DecideStage:
     async def _ahead(self, record: object, src: Source) -> bool:
         return await self.outputs.ahead_of_clock(record, src, "decide")
 
+    def _foreign(self, record: r.Record, src: Source) -> bool:
+        """Another cluster's record (on a topic clusters share): skipped and counted."""
+        return self.outputs.other_cluster(record, src, "decide")
+
     async def _handle(self, src: Source) -> None:
         if src.topic == self.summaries:
             await self._fleet_input(src)
@@ -293,18 +298,18 @@ class DecideStage:
         name = self.logical.get(src.topic, "")
         if name == "findings":
             finding = await self.outputs.decode(r.Finding, src, "decide")
-            if finding is not None and not await self._ahead(finding, src) and self._first_time(finding.id,
-                                                                                                  finding.ts):
+            if (finding is not None and not self._foreign(finding, src) and not await self._ahead(finding, src)
+                    and self._first_time(finding.id, finding.ts)):
                 await self._send_decisions(self.engine.on_finding(finding, self.clock.observe(finding.ts)))
         elif name == "jobs.events":
             job = await self.outputs.decode(r.JobEvent, src, "decide")
-            if job is not None and not await self._ahead(job, src):
+            if job is not None and not self._foreign(job, src) and not await self._ahead(job, src):
                 now = self.clock.observe(job.ts)
                 await self.outputs.findings(self.fleet_stage.on_job(job))
                 await self._send_decisions(self.engine.on_job_event(job, now))
         elif name == "remediation.results":
             result = await self.outputs.decode(r.RemediationResult, src, "decide")
-            if result is not None and not await self._ahead(result, src):
+            if result is not None and not self._foreign(result, src) and not await self._ahead(result, src):
                 await self._send_decisions(self.engine.on_result(result, self.clock.observe(result.ts)))
         elif name == "cluster.nodes":
             await self._node_observation(src)
@@ -313,7 +318,7 @@ class DecideStage:
 
     async def _node_observation(self, src: Source) -> None:
         obs = await self.outputs.decode(r.NodeObservation, src, "decide")
-        if obs is None or await self._ahead(obs, src):
+        if obs is None or self._foreign(obs, src) or await self._ahead(obs, src):
             return
         now = self.clock.observe(obs.ts)
         if obs.deleted:
@@ -326,8 +331,17 @@ class DecideStage:
 
     async def _operator_command(self, src: Source) -> None:
         cmd = await self.outputs.decode(r.OperatorCommand, src, "decide")
+        if cmd is not None and self._foreign(cmd, src):  # another cluster's operator's: not ours to judge
+            return
         if cmd is None or await self._ahead(cmd, src):  # issued in the future: refused before it moves time
             self.operator_commands.labels("rejected").inc()
+            return
+        c = self.settings.cluster
+        unaddressed = cluster_refusal(cmd, c.name, accept_unlabeled=c.accept_unlabeled_commands)
+        if unaddressed:  # it names no cluster, and this one has a name: refused as the executor would
+            self.operator_commands.labels("rejected").inc()
+            log.warning("decide: operator command %s rejected: %s", cmd.id, unaddressed)
+            await self.outputs.dead_letter(src, "decide", f"operator command {cmd.id} rejected: {unaddressed}")
             return
         try:  # operator keys only, never the command key; re-read each time (a rotated Secret is picked up)
             keys = operator_keys(self.settings.signing, os.environ, command_key=self.key)
@@ -393,7 +407,7 @@ class DecideStage:
                             src.partition, src.offset)
         elif key.startswith(PORT_KEY_PREFIX):
             port = await self.outputs.decode(r.PortTelemetry, src, "decide")
-            if port is not None and not await self._ahead(port, src):
+            if port is not None and not self._foreign(port, src) and not await self._ahead(port, src):
                 self.clock.observe(port.ts)
                 await self.outputs.findings(self.fleet_stage.on_port(port))
 

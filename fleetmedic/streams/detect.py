@@ -212,6 +212,7 @@ class DetectStage:
         taken: list[ConsumerRecord[bytes, bytes]] = []
         decode, partition_of = self.decode_gpu.decode, self.partition_of
         last_sample, replayed = self.node_stage.gpu.last_sample_ts, 0
+        cluster, foreign = self.outputs.cluster, 0
         # the bound on event time: a record is judged against the wall clock, or its broker timestamp
         # when earlier (a replay judges it as the live run did)
         wall, bound = time.time(), self.settings.streams.max_future_skew_s
@@ -220,6 +221,9 @@ class DetectStage:
                 msg = decode(rec.value or b"")
             except r.InvalidRecord as exc:
                 await self.outputs.dead_letter(Source.of_record(rec), "detect", f"{exc.path}: {exc.reason}")
+                continue
+            if msg.cluster and msg.cluster != cluster:  # another cluster's, on a shared topic (records.foreign)
+                foreign += 1
                 continue
             if (event_time(msg) > reference_clock(wall, rec.timestamp) + bound
                     and await self.outputs.ahead_of_clock(msg, Source.of_record(rec), "detect")):
@@ -233,6 +237,8 @@ class DetectStage:
             partition_of[msg.node] = partition
         if replayed:
             self.metrics.replayed.inc(replayed)
+        if foreign:
+            self.outputs.skipped(self.gpu_topic, "detect", "other_cluster", foreign)
         if not msgs:
             return
         self.dirty.update(m.node for m in msgs)
@@ -276,7 +282,8 @@ class DetectStage:
         """A kernel-log event (``kernel.events``, keyed by node like ``telemetry.gpu``)."""
         src = Source.of_record(rec)
         ev = await self.outputs.decode(r.KernelEvent, src, "detect")
-        if ev is None or await self.outputs.ahead_of_clock(ev, src, "detect"):
+        if ev is None or self.outputs.other_cluster(ev, src, "detect") or await self.outputs.ahead_of_clock(
+                ev, src, "detect"):
             return
         self.partition_of.setdefault(ev.node, rec.partition)
         self.dirty.add(ev.node)
@@ -285,7 +292,8 @@ class DetectStage:
     async def _port(self, rec: ConsumerRecord[bytes, bytes]) -> None:
         src = Source.of_record(rec)
         msg = await self.outputs.decode(r.PortTelemetry, src, "detect")
-        if msg is None or await self.outputs.ahead_of_clock(msg, src, "detect"):
+        if msg is None or self.outputs.other_cluster(msg, src, "detect") or await self.outputs.ahead_of_clock(
+                msg, src, "detect"):
             return
         if msg.device_kind == "host":
             self.partition_of.setdefault(msg.device, rec.partition)

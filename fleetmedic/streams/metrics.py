@@ -59,6 +59,10 @@ class PipelineMetrics:
         self.dead_letters_failed = Counter("fleetmedic_dead_letters_failed", "Dead letters the producer refused or "
                                            "could not queue (logged with the record's place and hash)",
                                            ["topic", "stage"], registry=registry)
+        self.skipped = Counter("fleetmedic_records_skipped", "Records consumed and left alone on purpose, per "
+                               "topic, stage and reason: other_cluster (labelled with a cluster other than "
+                               "cluster.name: another cluster's, on a shared topic)",
+                               ["topic", "stage", "reason"], registry=registry)
         self.ahead_of_clock = Counter("fleetmedic_records_ahead_of_clock", "Records stamped more than "
                                       "streams.max_future_skew_s ahead of the clock: dead-lettered, no clock moved",
                                       ["topic", "stage"], registry=registry)

@@ -13,6 +13,11 @@ length, partition, offset and key) when
   frame, counted in ``fleetmedic_record_errors_total{stage,exception}``. The stage goes on: replay is
   deterministic, so a record that crashed a stage would crash it again after every restart.
 
+A record labelled with another cluster (``cluster`` other than ``cluster.name``: another
+cluster's, on a topic they share) is no error: it is skipped and counted
+(``fleetmedic_records_skipped_total{reason="other_cluster"}``, :meth:`Outputs.other_cluster`), never
+dead-lettered. What the stages produce is labelled with ``cluster.name`` (:meth:`Outputs.send`).
+
 Sending a dead letter never raises: a refused one is logged with the record's place and hash and
 counted (``fleetmedic_dead_letters_failed_total``).
 """
@@ -90,6 +95,8 @@ class Outputs:
         self.settings = settings
         self.metrics = metrics
         self.names = {t.name: settings.topics.topic(t.name) for t in TOPICS}
+        self.cluster = settings.cluster.name
+        self._skip_logged: set[tuple[str, str]] = set()
         self._producer: AIOKafkaProducer | None = None
         self._starting = asyncio.Lock()
 
@@ -103,14 +110,17 @@ class Outputs:
         return self._producer
 
     async def send(self, name: str, key: str, record: r.Record) -> asyncio.Future[RecordMetadata]:
-        """Queue ``record`` on the logical topic ``name``; returns once it is in the send buffer, with
-        the future of its acknowledgement."""
-        return await self.send_raw(self.names[name], key.encode(), r.encode(record))
+        """Queue ``record``, labelled with ``cluster.name``, on the logical topic ``name``; returns once
+        it is in the send buffer, with the future of its acknowledgement."""
+        return await self.send_raw(self.names[name], key.encode(), r.encode(r.labelled(record, self.cluster)))
 
     async def send_signed(self, name: str, key: str, record: r.Record, key_id: str,
                           signing_key: bytes) -> asyncio.Future[RecordMetadata]:
         """As :meth:`send`, with the signature headers over the value bytes exactly as produced
-        (:func:`~fleetmedic.signing.sign_bytes`)."""
+        (:func:`~fleetmedic.signing.sign_bytes`). The record goes out as signed: its issuer labelled
+        it, inside its in-body signature (relabelled, it would no longer verify)."""
+        if record.cluster != self.cluster:
+            raise ValueError(f"a signed record for cluster {record.cluster!r} in a stage of cluster {self.cluster!r}")
         value = r.encode(record)
         headers = sign_bytes(value, key_id, signing_key)
         return await self.send_raw(self.names[name], key.encode(), value, headers=headers)
@@ -145,7 +155,7 @@ class Outputs:
         refuses is logged, with the record's place and hash, and counted)."""
         dl = r.DeadLetter(ts=time.time(), topic=src.topic, stage=stage, error=error[:MAX_ERROR], original=src.value,
                           partition=src.partition, offset=src.offset, key=_text(src.key), exception=exception,
-                          frame=frame)
+                          frame=frame, cluster=self.cluster)
         self.metrics.dead_letters.labels(src.topic, stage).inc()
         try:
             await self.send_raw(self.names["deadletter"], src.topic.encode(), r.encode(dl))
@@ -163,6 +173,23 @@ class Outputs:
         log.error("%s: %s[%d]@%d raised %s: %s (at %s); dead-lettered, going on", stage, src.topic, src.partition,
                   src.offset, kind, message, frame, exc_info=exc)
         await self.dead_letter(src, stage, f"{kind}: {message}", exception=kind, frame=frame)
+
+    def other_cluster(self, record: r.Record, src: Source, stage: str) -> bool:
+        """True (and counted) if ``record`` names a cluster other than ``cluster.name``: the stage
+        skips it. A record that names no cluster is every cluster's (:func:`~fleetmedic.records.foreign`)."""
+        if not r.foreign(record, self.cluster):
+            return False
+        self.skipped(src.topic, stage, "other_cluster")
+        return True
+
+    def skipped(self, topic: str, stage: str, reason: str, n: int = 1) -> None:
+        """Count ``n`` records of ``topic`` the stage left alone on purpose, with the reason (logged
+        once per topic and reason)."""
+        self.metrics.skipped.labels(topic, stage, reason).inc(n)
+        if (topic, reason) not in self._skip_logged:
+            self._skip_logged.add((topic, reason))
+            log.info("%s: skipping records of %s: %s (counted in fleetmedic_records_skipped_total; logged once)",
+                     stage, topic, reason)
 
     async def ahead_of_clock(self, record: object, src: Source, stage: str) -> bool:
         """True (and ``src`` dead-lettered, counted) if ``record`` is stamped more than

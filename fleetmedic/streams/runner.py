@@ -84,7 +84,7 @@ def run(settings: Settings, key: bytes, datadir: str, loglevel: str, role: Role 
 
     health = Health(settings.metrics.stall_after_s)
     decide = asyncio.run(prepare())
-    server = serve(registry, settings.metrics.port, settings.metrics.bind_address, health)
+    server = serve(registry, settings.metrics.port, settings.metrics.bind_address, health, settings.cluster.name)
     log.info("metrics on http://%s:%d/metrics", *server.server_address[:2])
     health.ready()  # restored and replayed: the stages start now
     # a micro-batch allocates tens of thousands of small objects (decoded records): with the default

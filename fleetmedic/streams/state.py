@@ -259,7 +259,8 @@ async def command_ids_since(settings: Settings, offset: int, timeout: float = 30
 
 async def ids_since(settings: Settings, name: str, record_type: type[r.RemediationCommand] | type[r.AuditRecord],
                     offset: int, timeout: float = 30.0) -> set[str]:
-    """Ids of the records on the one-partition logical topic ``name`` from ``offset`` on."""
+    """Ids of this cluster's records on the one-partition logical topic ``name`` from ``offset`` on
+    (another cluster's, on a topic they share, may carry the same ids: they are not ours)."""
     tp = TopicPartition(settings.topics.topic(name), 0)
     consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False,
                                 auto_offset_reset="earliest", request_timeout_ms=int(timeout * 1000))
@@ -279,9 +280,11 @@ async def ids_since(settings: Settings, name: str, record_type: type[r.Remediati
                 raise TimeoutError(f"{tp.topic}: no records within {timeout}s (offset {position} of {end})")
             for rec in batch.get(tp, []):
                 try:
-                    ids.add(r.decode(record_type, rec.value or b"").id)
+                    record = r.decode(record_type, rec.value or b"")
                 except r.InvalidRecord:
                     continue
+                if not r.foreign(record, settings.cluster.name):
+                    ids.add(record.id)
             position = await consumer.position(tp)
         return ids
     finally:

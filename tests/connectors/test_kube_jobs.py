@@ -19,7 +19,7 @@ from typing import Any
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
-from fleetmedic.config import JobWatchSettings, KafkaSettings, Settings, TopicSettings
+from fleetmedic.config import ClusterSettings, JobWatchSettings, KafkaSettings, Settings, TopicSettings
 from fleetmedic.connectors.kube_jobs import Gone, JobWatcher, JobWatchMetrics, ResourceWatch, resource_path
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.k8s_keys import LABEL_FLEET, LABEL_LEAF, LABEL_POOL, LABEL_RACK
@@ -258,7 +258,8 @@ def test_watcher_publishes_node_observations_for_foreign_cordons_and_label_chang
     fleet is published once at start (its rack, leaf and pool labels only); a cordon by someone else,
     a cordon with fleetmedic's annotation and placement/rail label changes each give one observation,
     keyed by node; a label fleetmedic does not use gives none. A condition node-problem-detector
-    writes (KernelDeadlock) gives one finding on ``findings``, keyed by node."""
+    writes (KernelDeadlock) gives one finding on ``findings``, keyed by node. Both carry the
+    watcher's ``cluster.name``."""
     from aiokafka import AIOKafkaConsumer
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
@@ -270,7 +271,8 @@ def test_watcher_publishes_node_observations_for_foreign_cordons_and_label_chang
     prefix = f"jwn-{uuid.uuid4().hex[:8]}."
     topic = f"{prefix}cluster.nodes"
     settings = Settings(kafka=KafkaSettings(bootstrap_servers=kafka_bootstrap), topics=TopicSettings(prefix=prefix),
-                        jobwatch=JobWatchSettings(namespaces=[namespace], kinds=["Job"], watch_timeout_s=5))
+                        jobwatch=JobWatchSettings(namespaces=[namespace], kinds=["Job"], watch_timeout_s=5),
+                        cluster=ClusterSettings(name="gpu-east-1"))
     registry = CollectorRegistry()
     core = client.CoreV1Api(kube_api)
     got: list[NodeObservation] = []
@@ -348,6 +350,7 @@ def test_watcher_publishes_node_observations_for_foreign_cordons_and_label_chang
     assert (registry.get_sample_value("fleetmedic_jobwatch_node_observations_total") or 0) >= len(mine)
     assert [(key, f.node, f.detector, f.evidence[0].metric) for key, f in found] == [
         (b.encode(), b, "node_condition", "uncertain:KernelDeadlock")]
+    assert {o.cluster for o in mine} | {f.cluster for _, f in found} == {"gpu-east-1"}  # labelled as sent
 
 
 def test_a_stub_keeps_what_a_deletion_is_reported_with_and_nothing_else() -> None:

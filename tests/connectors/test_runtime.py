@@ -142,7 +142,8 @@ def test_the_cli_exporter_serves_metrics_and_drains_on_sigterm(
     target = fixture_exporter(dcgm_text)
     (metrics_port,) = proc.free_ports(1)
     config = tmp_path / "c.yaml"
-    config.write_text(f"exporters: {{prometheus: {{targets: ['{target}'], interval_s: 0.2}}}}\n")
+    config.write_text(f"exporters: {{prometheus: {{targets: ['{target}'], interval_s: 0.2}}}}\n"
+                      "cluster: {name: gpu-east-1}\n")
     out = tmp_path / "records.jsonl"
     p = subprocess.Popen([sys.executable, "-m", "fleetmedic.cli", "exporter", "prometheus", "--config", str(config),
                           "--output", str(out), "--metrics-port", str(metrics_port)], cwd=ROOT,
@@ -153,7 +154,8 @@ def test_the_cli_exporter_serves_metrics_and_drains_on_sigterm(
             time.sleep(0.1)
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as resp:
             text = resp.read().decode()
-        assert 'fleetmedic_connector_records_out_total{connector="prometheus",topic="fleetmedic.telemetry.gpu"}' in text
+        assert ('fleetmedic_connector_records_out_total{cluster="gpu-east-1",connector="prometheus",'
+                'topic="fleetmedic.telemetry.gpu"}') in text
         p.send_signal(signal.SIGTERM)
         log = p.communicate(timeout=30)[0].decode()
     finally:
@@ -162,6 +164,37 @@ def test_the_cli_exporter_serves_metrics_and_drains_on_sigterm(
     assert p.returncode == 0, log
     records = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(records) >= 2 and records[0]["record"]["node"] == "gpu-node-7"
+    assert {x["record"]["cluster"] for x in records} == {"gpu-east-1"}
+
+
+def test_the_sinks_label_every_record_with_the_cluster(tmp_path: Path) -> None:
+    class Producer:
+        def __init__(self) -> None:
+            self.values: list[bytes] = []
+
+        async def send(self, topic: str, value: bytes, key: bytes) -> asyncio.Future[None]:
+            self.values.append(value)
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+
+    named = parse_config("cluster: {name: gpu-east-1}", env={})
+    kafka, producer = KafkaSink(named), Producer()
+    kafka._producer = producer
+    files = {name: JsonlSink(str(tmp_path / f"{name}.jsonl"), cluster) for name, cluster in
+             (("named", "gpu-east-1"), ("unnamed", ""))}
+
+    async def go() -> None:
+        for sink in (kafka, *files.values()):
+            await sink.send_batch([_item(1), _item(2)])
+        for sink in files.values():
+            await sink.stop()
+
+    asyncio.run(go())
+    assert [r.decode(r.GpuTelemetry, v).cluster for v in producer.values] == ["gpu-east-1"] * 2
+    for name, cluster in (("named", "gpu-east-1"), ("unnamed", "")):
+        lines = (tmp_path / f"{name}.jsonl").read_text().splitlines()
+        assert [json.loads(x)["record"]["cluster"] for x in lines] == [cluster] * 2
 
 
 def test_a_consumer_that_cannot_reach_its_broker_retries_and_stops_cleanly() -> None:

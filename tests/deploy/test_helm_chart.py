@@ -59,6 +59,20 @@ def test_renders_every_component_with_least_exposure() -> None:
     assert decide["spec"]["replicas"] == 1 and decide["spec"]["strategy"] == {"type": "Recreate"}
 
 
+def test_the_cluster_name_value_names_the_cluster_in_the_config() -> None:
+    def config(*sets: str) -> str:
+        (cm,) = _by_kind(render("ops", *sets), "ConfigMap")
+        return parse_config(cm["data"]["fleetmedic.yaml"], env={}).cluster.name
+
+    assert config() == ""
+    assert config("clusterName=gpu-east-1") == "gpu-east-1"
+    assert config("config.cluster.name=gpu-east-1") == "gpu-east-1"
+    assert config("clusterName=gpu-east-1", "config.cluster.name=gpu-east-1") == "gpu-east-1"
+    assert "clusterName \"gpu-east-1\" and config.cluster.name \"gpu-west-2\" differ" in render_error(
+        "clusterName=gpu-east-1", "config.cluster.name=gpu-west-2")
+    assert "clusterName" in render_error("clusterName=GPU_East")  # values.schema.json: a DNS-1123 label
+
+
 def test_containers_run_real_subcommands_with_a_valid_config() -> None:
     objs = render("ops", "config.safety.dry_run=false", "config.detection.sample_interval_s=5")
     (cm,) = _by_kind(objs, "ConfigMap")

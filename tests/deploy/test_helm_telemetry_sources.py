@@ -188,9 +188,11 @@ def test_dcgm_exporter_with_the_operator_and_strimzi_applies_to_the_real_api_ser
     assert not allowed("list", namespace, "secrets")
     # the install notes (of a release beside, whose objects the applied ones do not own) say where the
     # telemetry comes from and who may scrape
-    sets = (*KEYS, *PEERS, *OPERATOR, "telemetry.source=dcgm-exporter", f"telemetry.dcgmExporter.namespace={namespace}")
+    sets = (*KEYS, *PEERS, *OPERATOR, "telemetry.source=dcgm-exporter", f"telemetry.dcgmExporter.namespace={namespace}",
+            "clusterName=gpu-east-1")
     notes = helm("install", f"{release}n", str(CHART), "-n", namespace, "--dry-run=client",
                  "--kubeconfig", str(kube_config),
                  *[a for s in sets for a in ("--set", s)]).stdout.split("NOTES:", 1)[1]
     assert "GPU telemetry: dcgm-exporter (telemetry.source)" in notes and namespace in notes
     assert "The NetworkPolicies let these reach the metrics port" in notes and "app.kubernetes.io/name" in notes
+    assert "Cluster: gpu-east-1 (clusterName). Every record and metric carries cluster=gpu-east-1" in notes

@@ -1,8 +1,8 @@
 """The executor's pure planning (fleetmedic.executor.node.plan), without a cluster: screening (a
-command signed with an operator key is refused) and idempotency records, the node changes of each
-quick action and what they never undo, the drain plan per namespace policy, the diagnostics Job and
-its minimal privileges, hook templates (values substituted into parsed strings, never into YAML),
-verdicts from Job conditions."""
+command signed with an operator key, or addressed to another cluster, is refused) and idempotency
+records, the node changes of each quick action and what they never undo, the drain plan per
+namespace policy, the diagnostics Job and its minimal privileges, hook templates (values substituted
+into parsed strings, never into YAML), verdicts from Job conditions."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import json
 from dataclasses import replace
 
 import pytest
+from prometheus_client import CollectorRegistry
 
-from fleetmedic.config import ExecutorSettings, Settings
+from fleetmedic.config import ExecutorSettings, Settings, parse_config
 from fleetmedic.executor.dispatch import CommandExecutor
+from fleetmedic.executor.metrics import ExecutorMetrics
 from fleetmedic.executor.node import long_plan as pl
 from fleetmedic.executor.node import plan as p
 from fleetmedic.k8s_keys import (
@@ -74,6 +76,18 @@ def test_the_executor_refuses_a_command_signed_with_an_operator_key_before_touch
                          clock=lambda: 1100.0)
     out = ex.handle(sign(drain, OPERATOR_KEY))
     assert out.outcome == "skipped" and "signature rejected" in out.reason
+
+
+def test_the_executor_refuses_a_command_for_another_cluster_before_touching_the_cluster() -> None:
+    east = parse_config("cluster: {name: gpu-east-1}", env={})
+    metrics = ExecutorMetrics(CollectorRegistry())
+    ex = CommandExecutor(_NoCluster(), east, KEY, identity="t", restarter=_NoCluster(), clock=lambda: 1100.0,  # type: ignore[arg-type]
+                         metrics=metrics)
+    west = ex.handle(cmd("drain", cluster="gpu-west-2"))  # signed for cluster gpu-west-2: genuine, not ours
+    assert west.outcome == "skipped" and "addressed to cluster 'gpu-west-2'" in west.reason
+    unlabeled = ex.handle(cmd("drain"))
+    assert unlabeled.outcome == "skipped" and "names no cluster" in unlabeled.reason
+    assert metrics.rejected.labels(reason="cluster")._value.get() == 2
 
 
 def test_recorded_command_id_is_a_duplicate_inflight_id_resumes_and_expired_ids_are_forgotten() -> None:

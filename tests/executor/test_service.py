@@ -1,7 +1,8 @@
 """Two executor replicas on the real broker and API server: one leads (Lease), acts on each command
 exactly once and publishes one result per command; an invalid message is dead-lettered; when the
 leader stops, the standby takes the Lease over and goes on from the committed offsets; the metrics
-count commands by action and outcome and show the leader."""
+count commands by action and outcome and show the leader; from a commands topic that several
+clusters share, an executor acts only on its own cluster's commands."""
 
 from __future__ import annotations
 
@@ -115,3 +116,40 @@ def test_two_replicas_apply_each_command_exactly_once_and_the_standby_takes_over
     assert len(letters) == 1 and letters[0].stage == "executor" and "$.id" in letters[0].error
     lease = client.CoordinationV1Api(kube_api).read_namespaced_lease(s.executor.lease_name, namespace)
     assert lease.spec.lease_transitions >= 1
+
+
+def test_an_executor_acts_only_on_its_own_clusters_commands_from_a_shared_topic(
+    kube_api: client.ApiClient, kafka_bootstrap: str, namespace: str, make_fleet: Callable[..., fl.Fleet]
+) -> None:
+    """One commands topic carries two clusters' commands (and one from an unnamed decision stage):
+    the executor of gpu-east-1 cordons only its own node, refuses the others before touching the
+    cluster (dead-lettered with the reason, counted, no result), and labels what it publishes."""
+    core = client.CoreV1Api(kube_api)
+    nodes = make_fleet(3).nodes
+    s = settings(namespace, extra="cluster: {name: gpu-east-1}\n", bootstrap=kafka_bootstrap)
+    asyncio.run(ensure_topics(s))
+    commands_topic, results_topic = s.topics.topic("remediation.commands"), s.topics.topic("remediation.results")
+    ours = command("cordon", nodes[0], cluster="gpu-east-1")
+    west = command("cordon", nodes[1], cluster="gpu-west-2")  # genuinely signed, for another cluster
+    unlabeled = command("cordon", nodes[2])
+    asyncio.run(produce(kafka_bootstrap, [(commands_topic, c.node.encode(), r.encode(c))
+                                          for c in (west, ours, unlabeled)]))
+    replica = Replica(kube_api, s, "east-executor")
+    try:
+        wait("the leader", replica.leading, timeout=30)
+        wait("our command's result", lambda: replica.service.results_published >= 1, timeout=60)
+        wait("two refusals", lambda: replica.registry.get_sample_value(
+            "fleetmedic_executor_rejected_total", {"reason": "cluster"}) == 2, timeout=30)
+    finally:
+        replica.close()
+
+    got = collect_sync(kafka_bootstrap, [results_topic], lambda c: False, timeout=5)
+    results = [r.decode(r.RemediationResult, v) for v in got.values(results_topic)]
+    assert [(x.command_id, x.outcome, x.cluster) for x in results] == [(ours.id, "applied", "gpu-east-1")]
+    assert core.read_node(nodes[0]).spec.unschedulable
+    assert not core.read_node(nodes[1]).spec.unschedulable and not core.read_node(nodes[2]).spec.unschedulable
+    dead = collect_sync(kafka_bootstrap, [s.topics.topic("deadletter")], lambda c: bool(c.by_topic), timeout=10)
+    letters = [r.decode(r.DeadLetter, v) for v in dead.values(s.topics.topic("deadletter"))]
+    assert [(d.stage, d.cluster) for d in letters] == [("executor", "gpu-east-1")] * 2
+    assert "addressed to cluster 'gpu-west-2'" in letters[0].error and "names no cluster" in letters[1].error
+    assert replica.count("cordon", "applied") == 1 and replica.count("cordon", "skipped") == 0

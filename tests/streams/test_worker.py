@@ -7,6 +7,8 @@
 - dead letters: malformed telemetry (not JSON, a field of the wrong type) lands on the dead-letter
   topic with the field path, the original bytes and its offset; the good messages after it on the
   same partition are still processed.
+- several clusters on shared topics: the worker of one cluster acts on its own cluster's records
+  only, skips (and counts) the other's, and labels what it produces and its metrics.
 """
 
 from __future__ import annotations
@@ -167,3 +169,56 @@ def test_malformed_telemetry_goes_to_the_dead_letter_topic_and_the_worker_goes_o
     assert {k for k, _, _, _ in got.by_topic[dead]} == {gpu.encode()}  # keyed by source topic
     found = [f for f in (r.decode(r.Finding, v) for v in got.values(findings)) if f.node == node]
     assert found[0].detector == "xid_rules"
+
+
+def test_a_worker_of_one_cluster_decides_on_its_own_clusters_records_from_shared_topics(kafka_bootstrap: str,
+                                                                                      tmp_path: Path) -> None:
+    """Two clusters' telemetry and job events on the same topics: the worker of gpu-east-1 acts on
+    the XID 79 of its own node only (the other cluster's XID 79 on another node is skipped,
+    counted), labels what it produces, and its /metrics carry cluster="gpu-east-1"."""
+    run = new_run(kafka_bootstrap, tmp_path, extra="cluster: {name: gpu-east-1}\n")
+    asyncio.run(ensure_topics(run.settings))
+    east, west = "gpu-east-1", "gpu-west-2"
+    gpu, jobs = run.topic("telemetry.gpu"), run.topic("jobs.events")
+    placement = r.JobEvent(job=JOB, event="placement", ts=T0, world_size=4,
+                           placement=[r.RankPlacement(rank=i, node=n, gpus=list(range(8)))
+                                      for i, n in enumerate(NODES)])
+    start = r.JobEvent(job=JOB, event="start", ts=T0)
+    other_job = r.JobEvent(job="west/train", event="placement", ts=T0, world_size=1,
+                           placement=[r.RankPlacement(rank=0, node="gpu-node-0", gpus=list(range(8)))], cluster=west)
+    asyncio.run(produce(kafka_bootstrap, [(jobs, e.job.encode(), r.encode(e)) for e in (
+        msgspec.structs.replace(placement, cluster=east), msgspec.structs.replace(start, cluster=east), other_job)]))
+    rng = np.random.default_rng(7)
+    ours = [msgspec.structs.replace(m, cluster=east) for m in _telemetry(6, 3, rng)]  # XID 79 on SICK
+    theirs = [msgspec.structs.replace(gpu_message("gpu-node-0", T0 + 10 * (k + 1), rng,
+                                                  xids=[r.XidEvent(gpu=1, xid=79, ts=T0 + 10 * (k + 1))]
+                                                  if k == 3 else None), cluster=west) for k in range(6)]
+    # the other cluster has a gpu-node-0 too: its samples, first, touch nothing of ours
+    telemetry = [(gpu, m.node.encode(), r.encode(m)) for m in (*theirs, *ours)]
+    findings, commands, audit = run.topic("findings"), run.topic("remediation.commands"), run.topic("remediation.audit")
+
+    def done(c: Collected) -> bool:
+        cmds = _commands(c, commands)
+        audited = {cid for a in (r.decode(r.AuditRecord, v) for v in c.values(audit)) for cid in a.command_ids}
+        return {("cordon", SICK), ("restart_job", JOB)} <= {(x.action, x.node or x.job) for x in cmds} and (
+            {x.id for x in cmds} <= audited)
+
+    with worker(run):
+        asyncio.run(produce(kafka_bootstrap, telemetry))
+        got = collect_sync(kafka_bootstrap, [findings, commands, audit], done, timeout=40)
+        assert done(got), f"got {[(t, len(v)) for t, v in got.by_topic.items()]}"
+        scraped = _scrape(run.log.read_text())
+
+    cmds = _commands(got, commands)
+    assert {c.cluster for c in cmds} == {east} and "gpu-node-0" not in {c.node for c in cmds}
+    for cmd in cmds:
+        verify(cmd, load_key(KEY), now=cmd.issued_at, max_future_skew_s=run.settings.streams.max_future_skew_s)
+    found = [r.decode(r.Finding, v) for v in got.values(findings)]
+    assert found and {f.cluster for f in found} == {east} and "gpu-node-0" not in {f.node for f in found}
+    assert {a.cluster for a in (r.decode(r.AuditRecord, v) for v in got.values(audit))} == {east}
+    assert (f'fleetmedic_records_skipped_total{{cluster="{east}",reason="other_cluster",stage="detect",'
+            f'topic="{gpu}"}} 6.0') in scraped
+    assert (f'fleetmedic_records_skipped_total{{cluster="{east}",reason="other_cluster",stage="decide",'
+            f'topic="{jobs}"}} 1.0') in scraped
+    samples = [line for line in scraped.splitlines() if line.startswith("fleetmedic_")]
+    assert samples and all(f'cluster="{east}"' in line for line in samples)

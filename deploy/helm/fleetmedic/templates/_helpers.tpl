@@ -61,6 +61,13 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- $_ := set $defaults "exporters" (dict "remote_write" $receiver) -}}
 {{- end -}}
 {{- $defaults = mustMergeOverwrite $defaults (include "fleetmedic.sourceConfig" . | fromJson) -}}
+{{- with .Values.clusterName -}}
+{{- $given := (($.Values.config | default dict).cluster | default dict).name | default "" -}}
+{{- if and $given (ne $given .) -}}
+{{- fail (printf "clusterName %q and config.cluster.name %q differ: set one of them" . $given) -}}
+{{- end -}}
+{{- $_ := set $defaults "cluster" (dict "name" .) -}}
+{{- end -}}
 {{- toYaml (mustMergeOverwrite $defaults (deepCopy .Values.config)) -}}
 {{- end -}}
 
