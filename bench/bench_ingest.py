@@ -51,6 +51,8 @@ from fleetmedic.connectors.remote_write import (
     Assembler,
     LabelCache,
     SampleCounts,
+)
+from fleetmedic.connectors.remote_write_codec import (
     WriteRequest,
     decode_request,
     encode_request,

@@ -50,13 +50,15 @@ from fleetmedic.config import Settings
 from fleetmedic.connectors.prometheus_text import ExpositionReader
 from fleetmedic.connectors.remote_write import (
     Assembler,
-    BadRequest,
     LabelCache,
     SampleCounts,
-    decode_request,
     parse_listen,
 )
 from fleetmedic.connectors.remote_write_auth import Credentials, TlsFiles, check_exposure
+from fleetmedic.connectors.remote_write_codec import (
+    BadRequest,
+    decode_request,
+)
 from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox, Outgoing, Sink, telemetry_outgoing
 
 log = logging.getLogger("fleetmedic.connectors.remote_write")

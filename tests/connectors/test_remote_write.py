@@ -22,16 +22,18 @@ from fleetmedic import records as r
 from fleetmedic.config import Settings, parse_config
 from fleetmedic.connectors.prometheus_text import ExpositionReader
 from fleetmedic.connectors.remote_write import (
-    STALE_NAN_BITS,
     Assembler,
-    BadRequest,
     LabelCache,
     SampleCounts,
+    parse_listen,
+    write_request_samples,
+)
+from fleetmedic.connectors.remote_write_codec import (
+    STALE_NAN_BITS,
+    BadRequest,
     decode_request,
     encode_request,
-    parse_listen,
     snappy_length,
-    write_request_samples,
 )
 from fleetmedic.connectors.remote_write_server import HealthSink, RemoteWriteReceiver
 from fleetmedic.connectors.runtime import ConnectorMetrics, JsonlSink, KafkaSink, Outbox, PumpSettings, pump

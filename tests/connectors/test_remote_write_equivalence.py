@@ -31,10 +31,12 @@ from fleetmedic.connectors.prometheus_text import (
     known_name,
 )
 from fleetmedic.connectors.remote_write import (
-    STALE_NAN_BITS,
     Assembler,
     LabelCache,
     SampleCounts,
+)
+from fleetmedic.connectors.remote_write_codec import (
+    STALE_NAN_BITS,
     WriteRequest,
     decode_request,
     is_stale_marker,

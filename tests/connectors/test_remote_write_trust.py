@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry
 from fleetmedic import records as r
 from fleetmedic.config import Settings, parse_config
 from fleetmedic.connectors import remote_write as rw_module
-from fleetmedic.connectors.remote_write import encode_request
+from fleetmedic.connectors.remote_write_codec import WriteRequest, encode_request
 from fleetmedic.connectors.remote_write_server import HealthSink, RemoteWriteReceiver
 from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox, Outgoing, PumpSettings, pump
 from fleetmedic.devenv.tls import Ca, issue, make_ca
@@ -435,7 +435,7 @@ def _raw_request(series: list[list[tuple[str, str]]], ts_ms: int) -> bytes:
     """A WriteRequest whose series carry their labels as given (duplicates and order kept)."""
     import cramjam
 
-    request = rw_module.WriteRequest()
+    request = WriteRequest()
     for labels in series:
         ts = request.timeseries.add()
         for name, value in labels:

@@ -9,7 +9,8 @@ from typing import Any
 
 from fleetmedic.config import Settings
 from fleetmedic.connectors.prometheus_text import ExpositionReader
-from fleetmedic.connectors.remote_write import SampleCounts, decode_request, encode_request, write_request_samples
+from fleetmedic.connectors.remote_write import SampleCounts, write_request_samples
+from fleetmedic.connectors.remote_write_codec import decode_request, encode_request
 
 HEADERS = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy",
            "X-Prometheus-Remote-Write-Version": "0.1.0"}
