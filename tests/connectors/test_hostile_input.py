@@ -31,7 +31,7 @@ from fleetmedic.connectors.prometheus_api import api_samples
 from fleetmedic.connectors.prometheus_ingest import PrometheusSource, target_label
 from fleetmedic.connectors.prometheus_text import MAX_REASONS, OTHER_REASON, ExpositionReader
 from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox
-from fleetmedic.evaluation.backtest import InputReader
+from fleetmedic.evaluation.backtest_inputs import InputReader
 from tests.connectors.test_prometheus import dcgm_text
 
 TS_MS = 1_700_000_000_000
