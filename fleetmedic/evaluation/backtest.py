@@ -3,7 +3,7 @@
 Inputs (files or directories, mixed freely; :mod:`fleetmedic.evaluation.backtest_inputs` reads
 them): JSONL of fleetmedic records, Prometheus text exposition and OpenMetrics, recorded kernel
 logs, each possibly gzip-compressed, and the history a Prometheus server holds (``prometheus=``:
-:mod:`fleetmedic.connectors.prometheus_history`).
+:mod:`fleetmedic.connectors.prometheus.history`).
 
 Records of all inputs are merged in timestamp order and fed through the same stage objects the
 pipeline runs: detection (:mod:`fleetmedic.models.stages`) and the decision engine (triage,
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings
-from fleetmedic.connectors.prometheus_text import count
+from fleetmedic.connectors.prometheus.text import count
 from fleetmedic.evaluation.backtest_inputs import TEXT_SUFFIXES, InputReader, Telemetry
 from fleetmedic.evaluation.kernel_logs import KernelLogOptions
 from fleetmedic.models.event_time import refuse_future
@@ -222,7 +222,7 @@ class Progress:
 
 class RecordSource(Protocol):
     """Records from elsewhere than files, in time order (the CLI's ``--prometheus`` history:
-    :class:`fleetmedic.connectors.prometheus_history.History`)."""
+    :class:`fleetmedic.connectors.prometheus.history.History`)."""
 
     skipped: Counter[str]  # reason -> samples that could not be used
     ignored: Counter[str]  # series present but not read

@@ -22,7 +22,7 @@ is searched for files of these kinds; the others in it are ignored, and the summ
 
 Each file's records come in time order, and :meth:`InputReader.records` merges the files (and
 any other record streams: the history a Prometheus server holds, ``prometheus=``, read by
-:mod:`fleetmedic.connectors.prometheus_history`) by time.
+:mod:`fleetmedic.connectors.prometheus.history`) by time.
 
 Bad input never stops the run: lines that are not UTF-8, longer than the caps or unreadable are
 skipped and counted, a file that cannot be read further stops only itself, and the other files'
@@ -51,7 +51,7 @@ import msgspec
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings
-from fleetmedic.connectors.prometheus_text import MAX_LINE_CHARS, ExpositionReader, Sample, count
+from fleetmedic.connectors.prometheus.text import MAX_LINE_CHARS, ExpositionReader, Sample, count
 from fleetmedic.evaluation.kernel_logs import KERNEL_SUFFIXES, KernelLogOptions, kernel_log_records
 
 Telemetry = r.GpuTelemetry | r.PortTelemetry | r.JobEvent | r.KernelEvent

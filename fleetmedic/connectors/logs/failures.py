@@ -1,6 +1,6 @@
 """Pure part of the log connector: a log shipper's JSON line -> :class:`LogLine`, and
 :class:`FailureLogGate`, which turns classified lines into rate-limited failure JobEvents (see
-:mod:`fleetmedic.connectors.log_events` for the behaviour).
+:mod:`fleetmedic.connectors.logs.events` for the behaviour).
 
 :func:`parse_log_message` raises :class:`BadLogLine` and nothing else, whatever the bytes; sizes
 are checked before any regex or conversion, and a line's text is cut to :data:`MAX_LOG_TEXT_CHARS`

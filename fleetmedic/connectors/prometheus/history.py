@@ -6,13 +6,13 @@ and at most an hour each, so an answer stays small; each is retried up to 4 time
 timeout, 429 or 5xx (1, 2, 4, 8 s apart), and a 4xx is an error that names the server's reason. The
 points of one query come series by series and are mapped, series by series, by the same reader
 as exposition files (:meth:`ExpositionReader.read_columns
-<fleetmedic.connectors.prometheus_text.ExpositionReader.read_columns>`), so one step of one node is
+<fleetmedic.connectors.prometheus.text.ExpositionReader.read_columns>`), so one step of one node is
 one record. A callback reports progress (queries done, of how many).
 
 An answer is decoded straight into typed structs (msgspec): no dict per point, no sample tuple, no
 sort. One the typed decode does not take as it is (another result type, a value such as ``+Inf``,
 an over-long label or value, an entry without ``__name__``...) is read by the general reader
-(:func:`~fleetmedic.connectors.prometheus_api.api_samples`), which skips and counts what is bad;
+(:func:`~fleetmedic.connectors.prometheus.api.api_samples`), which skips and counts what is bad;
 both give the same records and the same counts.
 """
 
@@ -33,9 +33,9 @@ from typing import Any, Protocol
 import msgspec
 
 from fleetmedic.config import Settings
-from fleetmedic.connectors.prometheus_api import ApiAnswerError, api_samples, plan_chunks
-from fleetmedic.connectors.prometheus_ingest import MAX_ANSWER_BYTES, target_label
-from fleetmedic.connectors.prometheus_text import (
+from fleetmedic.connectors.prometheus.api import ApiAnswerError, api_samples, plan_chunks
+from fleetmedic.connectors.prometheus.ingest import MAX_ANSWER_BYTES, target_label
+from fleetmedic.connectors.prometheus.text import (
     MAX_LABEL_VALUE_CHARS,
     MAX_VALUE_CHARS,
     TS_MAX,
@@ -79,7 +79,7 @@ _MATRIX = msgspec.json.Decoder(_Matrix)
 
 def matrix_columns(body: bytes, skipped: Counter[str]) -> list[Column]:
     """The series of a ``/api/v1/query_range`` answer, each with its usable points; bad points
-    counted in ``skipped`` as :func:`~fleetmedic.connectors.prometheus_api.api_samples` counts
+    counted in ``skipped`` as :func:`~fleetmedic.connectors.prometheus.api.api_samples` counts
     them. Raises :class:`ApiAnswerError` for an answer that is not a query result, and
     ``ValueError`` for one that is not JSON."""
     refused = json_limit_error(body, len(body))  # its size is bounded where it is read

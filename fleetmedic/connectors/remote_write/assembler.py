@@ -1,13 +1,13 @@
 """Pure part of ``fleetmedic exporter remote-write`` (the HTTP server is
-:mod:`fleetmedic.connectors.remote_write_server`, the wire format
-:mod:`fleetmedic.connectors.remote_write_codec`): a Prometheus remote-write 1.0 request's series ->
-samples -> records, with the mapping of :mod:`fleetmedic.connectors.prometheus_text`.
+:mod:`fleetmedic.connectors.remote_write.server`, the wire format
+:mod:`fleetmedic.connectors.remote_write.codec`): a Prometheus remote-write 1.0 request's series ->
+samples -> records, with the mapping of :mod:`fleetmedic.connectors.prometheus.text`.
 
-- **Messages** (:mod:`fleetmedic.connectors.remote_write_codec`: headers, snappy, protobuf):
+- **Messages** (:mod:`fleetmedic.connectors.remote_write.codec`: headers, snappy, protobuf):
   Prometheus writes one sample per series, after its
   labels (the queue manager's layout); such a series is its label bytes followed by one
   ``samples`` entry, and when those label bytes are a label set already read, the sample is
-  decoded from the tail alone (:func:`~fleetmedic.connectors.remote_write_codec.tail_sample`: a
+  decoded from the tail alone (:func:`~fleetmedic.connectors.remote_write.codec.tail_sample`: a
   double and a varint, strictly in that layout) and the labels are the cached ones. Any other
   series (first seen, several samples, another layout) is parsed whole with ``TimeSeries.labels``
   declared as ``bytes``: its label set is a tuple of byte strings that a :class:`LabelCache` maps
@@ -16,11 +16,11 @@ samples -> records, with the mapping of :mod:`fleetmedic.connectors.prometheus_t
   checked) once. Both ways give the same samples: protobuf reads a message's bytes as the
   concatenation of its fields.
 - **Samples**: a series whose ``__name__`` fleetmedic reads
-  (:func:`~fleetmedic.connectors.prometheus_text.known_name`, so OpenMetrics ``_total`` names too)
+  (:func:`~fleetmedic.connectors.prometheus.text.known_name`, so OpenMetrics ``_total`` names too)
   gives samples (:func:`read_request`, :func:`write_request_samples` in the form of the exposition
   reader's parser); other series are counted as ignored. Prometheus's staleness markers (a NaN of
   its own bit pattern, written when a series disappears) are counted apart and dropped; other NaNs,
-  infinities, label values over :data:`~fleetmedic.connectors.prometheus_text.MAX_LABEL_VALUE_CHARS`
+  infinities, label values over :data:`~fleetmedic.connectors.prometheus.text.MAX_LABEL_VALUE_CHARS`
   and out-of-range timestamps are skipped and counted per reason. So are the samples of a series
   fleetmedic reads whose labels a record cannot carry: a label name given twice (never "the last
   one wins"), a control character (NUL, C0, DEL, C1) in a label name or value, a node longer than
@@ -30,7 +30,7 @@ samples -> records, with the mapping of :mod:`fleetmedic.connectors.prometheus_t
   are held per node (its GPU series apart from its port series) and scrape time (within the
   reader's ``group_tolerance_ms`` of the scrape's first sample, the grouping of
   :meth:`ExpositionReader.read_samples
-  <fleetmedic.connectors.prometheus_text.ExpositionReader.read_samples>`), and released
+  <fleetmedic.connectors.prometheus.text.ExpositionReader.read_samples>`), and released
   ``assemble_s`` after the first of them arrived; the released scrapes become records through the
   reader's own record making (``_flush``: range checks, DCGM blanks, XIDs, link states), with the
   mapping every other Prometheus path uses (``ExpositionReader._series``: node from
@@ -38,7 +38,7 @@ samples -> records, with the mapping of :mod:`fleetmedic.connectors.prometheus_t
   per request: what a label set says (series, node, GPU, target field) is worked out once and kept
   on its :class:`LabelCache` entry, so a sample of a known series is its tail decoded, one lookup
   of its label bytes and its value put into its node's open scrape (that commonest case is a C
-  loop, :mod:`fleetmedic.connectors._remote_write`, where the package was built with a C compiler;
+  loop, :mod:`fleetmedic.connectors.remote_write._remote_write`, where the package was built with a C compiler;
   the Python loop does the same, slower, with equal results). Series the reader cannot map
   (no node label, a GPU label that is not an index) are skipped and counted when they arrive.
   A sample of a scrape already released (a retry of a request whose answer was lost, a WAL replay,
@@ -57,7 +57,7 @@ from dataclasses import dataclass, field, replace
 from itertools import repeat
 from typing import Any, Final, get_args
 
-from fleetmedic.connectors.prometheus_text import (
+from fleetmedic.connectors.prometheus.text import (
     MAX_LABEL_VALUE_CHARS,
     SECONDS_AS_MS_HIGH,
     SECONDS_AS_MS_LOW,
@@ -71,7 +71,7 @@ from fleetmedic.connectors.prometheus_text import (
     count,
     known_name,
 )
-from fleetmedic.connectors.remote_write_codec import (
+from fleetmedic.connectors.remote_write.codec import (
     VALUED_HEAD,
     VALUED_TAIL,
     ZERO_HEAD,
@@ -86,7 +86,7 @@ from fleetmedic.records import GpuTelemetry, Name, NodeName, PortTelemetry
 _HoldInline = Callable[[Iterator[bytes], dict[bytes, Any], dict[bytes, float]], tuple[bytes | None, int, int, int]]
 _native_hold_inline: _HoldInline | None
 try:  # _read's commonest case in C (_remote_write.c), built with the package where a C compiler is found
-    from fleetmedic.connectors._remote_write import hold_inline as _native_hold_inline
+    from fleetmedic.connectors.remote_write._remote_write import hold_inline as _native_hold_inline
 except ImportError:  # pragma: no cover - the Python loop does the same, slower
     _native_hold_inline = None
 
@@ -111,7 +111,7 @@ class _LabelSet:
     """One label set of a :class:`LabelCache`: the series fleetmedic reads (None: not one), its
     labels without ``__name__`` and why its samples cannot be used ("" when they can). Once an
     :class:`Assembler` (``owner``) has held one of its samples, also what it resolved: the reader's
-    :class:`~fleetmedic.connectors.prometheus_text._Series` (node, GPU, target field...), the
+    :class:`~fleetmedic.connectors.prometheus.text._Series` (node, GPU, target field...), the
     :class:`_Node` its samples are held under (None: the reader cannot map the series, e.g. it has
     no node label) and, for a plain GPU series, ``(index, target field, uuid key, uuid)`` (the
     uuid only where the series of its GPU disagree on it: :attr:`_Node.uuids`)."""
@@ -262,11 +262,11 @@ class Points:
 
 def _read(request: Any, skipped: Counter[str], counts: SampleCounts, cache: LabelCache,
           into: Assembler | None, out: Points) -> int:
-    """Reads the series of a (:func:`~.remote_write_codec.decode_request`) WriteRequest (see the
+    """Reads the series of a (:func:`~.codec.decode_request`) WriteRequest (see the
     module docstring): the samples of series fleetmedic reads are held by ``into`` or, without one,
     collected in ``out``; the others are counted. Returns how many were read (with ``into``: how
     many it took; the others were late or of series the reader cannot map). A series or label that
-    cannot be read (not UTF-8...) raises :class:`~.remote_write_codec.BadRequest`."""
+    cannot be read (not UTF-8...) raises :class:`~.codec.BadRequest`."""
     prefixes = cache._prefixes.get
     #: ``0x10`` + a 6-byte timestamp varint (2004-2109 in ms) -> seconds, for those decoded in this
     #: request (so checked: in range, and a whole varint)
@@ -379,7 +379,7 @@ def _read(request: Any, skipped: Counter[str], counts: SampleCounts, cache: Labe
 
 def _leftovers(hold_inline: _HoldInline, series: Iterator[bytes], prefixes: dict[bytes, Any],
                stamps: dict[bytes, float], counted: list[int]) -> Iterator[bytes]:
-    """The series ``hold_inline`` (:mod:`fleetmedic.connectors._remote_write`) hands back: those
+    """The series ``hold_inline`` (:mod:`fleetmedic.connectors.remote_write._remote_write`) hands back: those
     that are not ``_read``'s inline case; the late and ignored series it counted are added to
     ``counted``."""
     while True:
@@ -393,7 +393,7 @@ def _leftovers(hold_inline: _HoldInline, series: Iterator[bytes], prefixes: dict
 
 def read_request(request: Any, skipped: Counter[str], counts: SampleCounts, cache: LabelCache | None = None
                  ) -> Points:
-    """The samples of a (:func:`~.remote_write_codec.decode_request`) WriteRequest's series
+    """The samples of a (:func:`~.codec.decode_request`) WriteRequest's series
     fleetmedic reads; the rest counted (see the module docstring)."""
     cache = LabelCache() if cache is None else cache
     out = Points(cache=cache)
@@ -471,7 +471,7 @@ class Assembler:
         return self.pending + n <= self.max_pending
 
     def take(self, request: Any, skipped: Counter[str], counts: SampleCounts, cache: LabelCache) -> int | None:
-        """Reads a (:func:`~.remote_write_codec.decode_request`) WriteRequest and holds its samples;
+        """Reads a (:func:`~.codec.decode_request`) WriteRequest and holds its samples;
         returns how many were taken (the others were late, or of series the reader cannot map), or
         None when they would take the samples held past ``max_pending`` (nothing is held). A request
         with room for as many samples as it has series (Prometheus writes one sample per series) is

@@ -7,16 +7,16 @@ when it times out, lists again when the server says the version is too old (410 
 reconnects with exponential backoff after any other error. A workload kind whose API is not served
 (CRD missing) is looked for again every ``missing_kind_retry_s``. Watch events are raw JSON dicts
 (no model decoding, so a malformed object cannot break a stream) and go through a bounded queue
-(watches block when it is full) to :class:`fleetmedic.connectors.kube_jobs_map.JobTracker`, whose
+(watches block when it is full) to :class:`fleetmedic.connectors.kube.jobs_map.JobTracker`, whose
 ``JobEvent`` records are produced to ``jobs.events`` keyed by job ("namespace/name"). After a
 re-list the tracker is told of objects that disappeared meanwhile. Everything is counted in
 ``fleetmedic_jobwatch_*`` metrics on the registry passed in.
 
 With ``jobwatch.watch_nodes`` it also watches Nodes (cluster-scoped, one watch): the
-:class:`fleetmedic.connectors.kube_nodes_map.NodeTracker` turns them into ``NodeObservation``
+:class:`fleetmedic.connectors.kube.nodes_map.NodeTracker` turns them into ``NodeObservation``
 records (cordon, who made it, the placement and opt-out labels; deleted nodes) produced to
 ``cluster.nodes`` keyed by node, which the decision stage reads for its topology and fleet size.
-The same watch feeds :class:`fleetmedic.connectors.node_conditions.ConditionTracker`: a node
+The same watch feeds :class:`fleetmedic.connectors.kube.node_conditions.ConditionTracker`: a node
 condition (the kubelet's, node-problem-detector's, NVSentinel's) that changes into a state a rule of
 the ``conditions`` section names becomes a ``Finding`` on ``findings``, keyed by node.
 """
@@ -37,13 +37,13 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from fleetmedic.config import JobWatchSettings, Settings
-from fleetmedic.connectors.kube_jobs_map import JobTracker
-from fleetmedic.connectors.kube_nodes_map import NodeTracker
-from fleetmedic.connectors.node_conditions import ConditionTracker
+from fleetmedic.connectors.kube.jobs_map import JobTracker
+from fleetmedic.connectors.kube.node_conditions import ConditionTracker
+from fleetmedic.connectors.kube.nodes_map import NodeTracker
 from fleetmedic.kube_watch import Gone, NotServed, event_of, list_objects, resource_version, watch_lines
 from fleetmedic.records import Finding, JobEvent, NodeObservation, encode
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("fleetmedic.connectors.kube_jobs")
 RESOURCES: dict[str, tuple[str, str]] = {  # kind -> (API prefix, plural)
     "Pod": ("/api/v1", "pods"),
     "Job": ("/apis/batch/v1", "jobs"),

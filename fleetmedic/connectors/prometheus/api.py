@@ -1,14 +1,14 @@
 """Pure part of the Prometheus connector's api mode: a ``/api/v1/query`` (or ``query_range``) answer
 -> samples, and the per-target watermarks that publish each scrape once (see
-:mod:`fleetmedic.connectors.prometheus_ingest`); and of ``backtest --prometheus``
-(:mod:`fleetmedic.connectors.prometheus_history`): times and steps as Prometheus takes them
+:mod:`fleetmedic.connectors.prometheus.ingest`); and of ``backtest --prometheus``
+(:mod:`fleetmedic.connectors.prometheus.history`): times and steps as Prometheus takes them
 (:func:`parse_time`, :func:`parse_duration`) and the range cut into queries under the server's
 points limit (:func:`plan_chunks`); and of scrape mode's pod discovery: exporter pods (the
 Kubernetes API's JSON) -> scrape targets with their node (:func:`pod_targets`).
 
 An answer that is not a query result raises :class:`ApiAnswerError`; a bad entry or point in it is
 skipped and counted (reasons name the series when fleetmedic reads it, never the bad value), with
-lengths checked before any conversion as in :mod:`fleetmedic.connectors.prometheus_text`."""
+lengths checked before any conversion as in :mod:`fleetmedic.connectors.prometheus.text`."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetmedic.config import PodDiscoverySettings
-from fleetmedic.connectors.prometheus_text import (
+from fleetmedic.connectors.prometheus.text import (
     MAX_LABEL_VALUE_CHARS,
     MAX_VALUE_CHARS,
     TS_MAX,

@@ -9,7 +9,7 @@
   ``CounterSelect2``.
 
 Both count data in 4-byte words, as :class:`~fleetmedic.records.PortSample` does (node-exporter's
-infiniband collector reports bytes; :mod:`~fleetmedic.connectors.prometheus_text` divides by 4).
+infiniband collector reports bytes; :mod:`~fleetmedic.connectors.prometheus.text` divides by 4).
 Which switch or HCA a block belongs to, and which node it faces, comes from the topology in
 ``exporters.infiniband.topology``: a switch port by its LID and port number, a local HCA port by
 its device name (``-C mlx5_0 -P 1``). One PortTelemetry per device per interval; a block no
@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from fleetmedic.config import InfinibandPortLink, Settings
-from fleetmedic.connectors.perfquery import parse_perfquery, perfquery_argv, port_records
+from fleetmedic.connectors.infiniband.perfquery import parse_perfquery, perfquery_argv, port_records
 from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox, sleep_or_stop, telemetry_outgoing
 
 

@@ -5,7 +5,7 @@ Prometheus (or any remote-write 1.0 sender) posts to ``exporters.remote_write.pa
 (``/api/v1/write``). The answer tells the sender what to do with the request:
 
 - **204**: taken, and kept until Kafka has it. Its samples are held until their scrape is complete
-  (:class:`~fleetmedic.connectors.remote_write.Assembler`, ``assemble_s``), then mapped to records
+  (:class:`~fleetmedic.connectors.remote_write.assembler.Assembler`, ``assemble_s``), then mapped to records
   and queued for Kafka; the queue is sent and retried with backoff as for every connector
   (:mod:`fleetmedic.connectors.runtime`), and drained on SIGTERM. A record of a 204 is never
   dropped to make room (:meth:`Outbox.keep <fleetmedic.connectors.runtime.Outbox.keep>`): the
@@ -15,7 +15,7 @@ Prometheus (or any remote-write 1.0 sender) posts to ``exporters.remote_write.pa
   ``max_decompressed_bytes``, bad snappy, bad protobuf); the sender drops it. The body of the
   answer says why. A request whose reading raises (a bug) is also answered 400, counted as
   ``internal_<exception>`` and logged: retried, it would fail again and stall the sender's queue.
-- **401**: the request carries no accepted credentials (:mod:`fleetmedic.connectors.remote_write_auth`).
+- **401**: the request carries no accepted credentials (:mod:`fleetmedic.connectors.remote_write.auth`).
 - **503** (with ``Retry-After: retry_after_s``): try again later. Publishing to Kafka is failing
   (the last send failed and records are waiting), the outbox holds ``exporters.queue_max`` records,
   ``max_pending_samples`` are held already, the bodies being received would pass
@@ -47,15 +47,15 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from fleetmedic.config import Settings
-from fleetmedic.connectors.prometheus_text import ExpositionReader
-from fleetmedic.connectors.remote_write import (
+from fleetmedic.connectors.prometheus.text import ExpositionReader
+from fleetmedic.connectors.remote_write.assembler import (
     Assembler,
     LabelCache,
     SampleCounts,
     parse_listen,
 )
-from fleetmedic.connectors.remote_write_auth import Credentials, TlsFiles, check_exposure
-from fleetmedic.connectors.remote_write_codec import (
+from fleetmedic.connectors.remote_write.auth import Credentials, TlsFiles, check_exposure
+from fleetmedic.connectors.remote_write.codec import (
     BadRequest,
     decode_request,
 )

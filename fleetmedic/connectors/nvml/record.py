@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 import msgspec
 
 from fleetmedic import records as r
-from fleetmedic.connectors.nvml_seam import GpuReading
+from fleetmedic.connectors.nvml.seam import GpuReading
 
 
 def build_record(node: str, ts: float, readings: Iterable[GpuReading], lost: Iterable[int],

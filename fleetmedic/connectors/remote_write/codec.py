@@ -1,6 +1,6 @@
 """The wire format of Prometheus remote write 1.0: the request's headers, its snappy block and its
-protobuf messages, read and written (:mod:`fleetmedic.connectors.remote_write` makes records of
-the series; :mod:`fleetmedic.connectors.remote_write_server` is the HTTP server).
+protobuf messages, read and written (:mod:`fleetmedic.connectors.remote_write.assembler` makes records of
+the series; :mod:`fleetmedic.connectors.remote_write.server` is the HTTP server).
 
 - **The request** (:func:`decode_request`): ``POST`` with ``Content-Type: application/x-protobuf``
   (a ``proto=`` parameter, when given, must name ``prometheus.WriteRequest``), ``Content-Encoding:

@@ -4,7 +4,7 @@ Runs on every GPU node (a DaemonSet, docs/connectors.md). Reads the kernel log f
 (default) or from the journal (``--source journal``: ``journalctl -k -o json --follow``), or a
 recorded log (``--input FILE``: ``cat /dev/kmsg`` records, ``journalctl -o json`` lines or plain
 ``dmesg`` lines), classifies each message with the log pattern library and publishes
-(:mod:`fleetmedic.connectors.kmsg_map`) every device fault as a ``KernelEvent`` on
+(:mod:`fleetmedic.connectors.kernel.kmsg_map`) every device fault as a ``KernelEvent`` on
 ``kernel.events`` keyed by the node: XIDs with their GPU index (from the PCI address, through NVML
 or ``--pci-map``), SXids with their NVSwitch, PCIe AER errors with the GPU or NIC port at that
 address, machine checks, EDAC, GSP and mlx5 errors; and mlx5 port state as ``PortTelemetry``.
@@ -41,7 +41,7 @@ from typing import Any, Protocol
 from fleetmedic import records as r
 from fleetmedic.config import Settings
 from fleetmedic.connectors.errors import SourceUnavailable
-from fleetmedic.connectors.kmsg_map import (
+from fleetmedic.connectors.kernel.kmsg_map import (
     BadRecord,
     KernelEvent,
     KernelRecord,
@@ -54,7 +54,7 @@ from fleetmedic.connectors.kmsg_map import (
     parse_pci_map,
     pci_key,
 )
-from fleetmedic.connectors.nvml_exporter import node_name, read_boot_id
+from fleetmedic.connectors.nvml.exporter import node_name, read_boot_id
 from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox, Outgoing, sleep_or_stop, telemetry_outgoing
 from fleetmedic.remediation.log_patterns import PatternError, load_library
 
@@ -150,7 +150,7 @@ def host_boot_time() -> float:
 def gpu_map_from_nvml(nvml: Any) -> dict[str, int]:
     """PCI address -> GPU index of this node's GPUs, through the NVML seam (a lost GPU has no PCI info
     and is left out)."""
-    from fleetmedic.connectors.nvml_seam import NvmlSeam
+    from fleetmedic.connectors.nvml.seam import NvmlSeam
 
     seam = NvmlSeam(nvml)
     seam.init()
@@ -288,7 +288,7 @@ class KmsgSource:
             return {}
         try:
             if nvml is None:
-                from fleetmedic.connectors.nvml_exporter import import_pynvml
+                from fleetmedic.connectors.nvml.exporter import import_pynvml
 
                 nvml = import_pynvml()
             gpus = gpu_map_from_nvml(nvml)

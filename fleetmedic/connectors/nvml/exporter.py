@@ -1,7 +1,7 @@
 """``fleetmedic exporter nvml``: this node's GPUs through NVML -> one GpuTelemetry per interval.
 
 Runs on every GPU node (a DaemonSet). Each ``exporters.nvml.interval_s`` it reads every GPU's
-fields through :class:`~fleetmedic.connectors.nvml_seam.NvmlSeam` and publishes one record keyed by
+fields through :class:`~fleetmedic.connectors.nvml.seam.NvmlSeam` and publishes one record keyed by
 the node, with the XID events NVML delivered since the previous record (a thread waits on an NVML
 event set and stamps each event when it arrives).
 
@@ -31,8 +31,8 @@ from typing import Any
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings
-from fleetmedic.connectors.nvml_record import build_record
-from fleetmedic.connectors.nvml_seam import GpuLost, GpuReading, NvmlSeam, NvmlUnavailable
+from fleetmedic.connectors.nvml.record import build_record
+from fleetmedic.connectors.nvml.seam import GpuLost, GpuReading, NvmlSeam, NvmlUnavailable
 from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox, sleep_or_stop, telemetry_outgoing
 
 log = logging.getLogger("fleetmedic.connectors.nvml")

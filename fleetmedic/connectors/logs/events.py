@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 
 from fleetmedic.config import Settings
-from fleetmedic.connectors.log_failures import BadLogLine, FailureLogGate, parse_log_message
+from fleetmedic.connectors.logs.failures import BadLogLine, FailureLogGate, parse_log_message
 from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox, run_consumer, telemetry_outgoing
 from fleetmedic.remediation.log_patterns import default_library, load_library
 

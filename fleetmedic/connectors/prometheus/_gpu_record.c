@@ -1,10 +1,10 @@
 /* The columns of a GpuTelemetry record in C: the common case of ExpositionReader.gpu_record
- * (fleetmedic/connectors/prometheus_text.py), which every exposition path shares (text, OpenMetrics,
+ * (fleetmedic/connectors/prometheus/text.py), which every exposition path shares (text, OpenMetrics,
  * range queries, remote write).
  *
  * common_columns(per_gpu, checks) -> (columns, rest)
  *   per_gpu: one dict per GPU (in ``gpus`` order) of metric -> value, as the readers hold them;
- *   checks: metric -> (integral, lowest, highest, series), prometheus_text._GPU_CHECKS.
+ *   checks: metric -> (integral, lowest, highest, series), prometheus/text.py's _GPU_CHECKS.
  *   columns: metric -> the column, for each metric in ``checks`` that every GPU reported as a float
  *   within [lowest, highest] (ints made of them by truncation where the metric is integral, as
  *   Python's int() does; otherwise the very float objects). rest: every other metric in ``checks``

@@ -1,4 +1,4 @@
-"""Who may send to the remote-write receiver (:mod:`fleetmedic.connectors.remote_write_server`):
+"""Who may send to the remote-write receiver (:mod:`fleetmedic.connectors.remote_write.server`):
 what a Prometheus ``remote_write`` block can present, checked against files that are read again
 when they change, so a rotated secret takes effect without a restart.
 

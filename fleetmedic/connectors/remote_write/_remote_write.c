@@ -1,4 +1,4 @@
-/* The remote-write receiver's commonest series, held in C (remote_write._read's inline case).
+/* The remote-write receiver's commonest series, held in C (assembler._read's inline case).
  *
  * Prometheus writes each series of a request as its label bytes followed by one sample, and sends
  * the same label sets scrape after scrape. For such a series whose label bytes are a label set the
@@ -15,9 +15,9 @@
  *   cannot hold, which is returned (None at the end); held: the series held here, late: those of
  *   them whose node's scrape was released already (counted, not held); ignored: series of label
  *   sets fleetmedic does not read (not held, not in ``held``). prefixes: label bytes ->
- *   remote_write._LabelSet; stamps: the 7 tail bytes (0x10 and a 6-byte varint) -> seconds.
+ *   assembler._LabelSet; stamps: the 7 tail bytes (0x10 and a 6-byte varint) -> seconds.
  *
- * The checks, in the order the Python loop makes them (remote_write._read):
+ * The checks, in the order the Python loop makes them (assembler._read):
  *   - valued: raw[-16] == 0x09, prefixes[raw[:-18]], raw[-18:-15] == 12 10 09, stamps[raw[-7:]];
  *   - else zero-valued: raw[-9:-7] == 12 07, prefixes[raw[:-9]], stamps[raw[-7:]] (value 0.0);
  *   - then: set.node None and set.name None: ignored (a series fleetmedic does not read);
@@ -35,7 +35,7 @@
 
 static PyObject *s_node, *s_ts, *s_gpu, *s_rows, *s_meta, *s_name, *s_series, *s_uuid;
 
-/* An attribute of one of the receiver's slotted classes (remote_write._LabelSet, _Node), read at
+/* An attribute of one of the receiver's slotted classes (assembler._LabelSet, _Node), read at
    its slot's offset: about a fifth of PyObject_GetAttr's cost, which was a fifth of this loop's.
    The offset is found once per (type, name) from the class's member descriptor; an attribute that
    is not a plain object slot (a property, a subclass overriding it...) takes PyObject_GetAttr.
@@ -235,7 +235,7 @@ error:
 PyDoc_STRVAR(hold_inline_doc,
 "hold_inline(series, prefixes, stamps) -> (raw or None, held, late)\n"
 "\n"
-"Holds the series of the iterator ``series`` that are remote_write._read's inline case, until one\n"
+"Holds the series of the iterator ``series`` that are assembler._read's inline case, until one\n"
 "that is not (returned, for the Python loop) or the end (None). See _remote_write.c.");
 
 static PyObject *hold_inline(PyObject *Py_UNUSED(self), PyObject *args) {

@@ -44,7 +44,7 @@ from typing import Any, Final, cast
 import yaml
 
 from fleetmedic import records as r
-from fleetmedic.connectors.kernel_log_lines import stamp
+from fleetmedic.connectors.kernel.log_lines import stamp
 from fleetmedic.remediation.log_patterns import LineMatch, PatternLibrary
 
 SOURCE: Final = "kmsg"
@@ -173,7 +173,7 @@ class RecordReader:
     Lines that cannot be read come back as :class:`BadRecord`.
 
     ``stamped``: a plain line's time and host are read from its stamps
-    (:func:`fleetmedic.connectors.kernel_log_lines.stamp`; ``year`` for syslog stamps, ``boot_time``
+    (:func:`fleetmedic.connectors.kernel.log_lines.stamp`; ``year`` for syslog stamps, ``boot_time``
     for the kernel's uptime stamps); else a plain line has no time (the exporter stamps it when it
     reads it). ``boot_time`` None: kmsg records and uptime stamps have no time either."""
 

@@ -1,9 +1,9 @@
 """Pure mapping for the Kafka telemetry connector: Telegraf / prometheus-kafka-adapter JSON -> points
--> per-node window records (see :mod:`fleetmedic.connectors.kafka_telemetry` for the behaviour).
+-> per-node window records (see :mod:`fleetmedic.connectors.kafka_telemetry.exporter` for the behaviour).
 
 :meth:`PointMapper.points` raises :class:`BadMessage` and nothing else, whatever the bytes: sizes,
 value lengths and digit counts are checked before any conversion (as in
-:mod:`fleetmedic.connectors.prometheus_text`), and timestamps must be in the records' range.
+:mod:`fleetmedic.connectors.prometheus.text`), and timestamps must be in the records' range.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import msgspec
 
 from fleetmedic import records as r
 from fleetmedic.config import IngestSettings, KafkaTelemetrySettings
-from fleetmedic.connectors.prometheus_text import (
+from fleetmedic.connectors.prometheus.text import (
     _IB_LEGACY,
     DCGM_TO_METRIC,
     MAX_VALUE_CHARS,

@@ -1,5 +1,5 @@
 """Pure part of the InfiniBand connector: perfquery output (default and ``-x``) -> counters, and
-counters + topology -> PortTelemetry (see :mod:`fleetmedic.connectors.infiniband`).
+counters + topology -> PortTelemetry (see :mod:`fleetmedic.connectors.infiniband.exporter`).
 
 :func:`parse_perfquery` never raises: line lengths and digit counts are checked before any regex or
 ``int()``, and what cannot be read is counted per reason.
@@ -15,7 +15,7 @@ from typing import Any
 
 from fleetmedic import records as r
 from fleetmedic.config import InfinibandExporterSettings, InfinibandPortLink
-from fleetmedic.connectors.prometheus_text import ascii_index, count
+from fleetmedic.connectors.prometheus.text import ascii_index, count
 
 _HEADER = re.compile(r"^# Port (?P<ext>extended )?counters: Lid (?P<lid>[0-9]+) port (?P<port>[0-9]+|ALL)")
 _LINE = re.compile(r"^(?P<name>[A-Za-z0-9]+):\.*(?P<value>\S*)\s*$")

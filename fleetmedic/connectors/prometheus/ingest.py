@@ -3,7 +3,7 @@
 Two modes (``exporters.prometheus.mode``):
 
 - ``scrape``: GET every target's text exposition each ``interval_s`` (dcgm-exporter on :9400,
-  node-exporter on :9100) and map it with :class:`~fleetmedic.connectors.prometheus_text.ExpositionReader`;
+  node-exporter on :9100) and map it with :class:`~fleetmedic.connectors.prometheus.text.ExpositionReader`;
   samples without a timestamp (the exporters write none) get the scrape time, and every sample gets
   the target's ``instance`` label (``host:port``) as Prometheus adds it, so node-exporter's samples
   (which name no node) and dcgm-exporter's from an exporter whose ``Hostname`` is its pod have a node.
@@ -40,7 +40,7 @@ from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit
 
 from fleetmedic.config import PodDiscoverySettings, Settings
-from fleetmedic.connectors.prometheus_api import (
+from fleetmedic.connectors.prometheus.api import (
     ApiAnswerError,
     ScrapeTarget,
     Watermarks,
@@ -48,7 +48,7 @@ from fleetmedic.connectors.prometheus_api import (
     map_samples,
     pod_targets,
 )
-from fleetmedic.connectors.prometheus_text import ExpositionReader, Sample, is_known_series
+from fleetmedic.connectors.prometheus.text import ExpositionReader, Sample, is_known_series
 from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox, sleep_or_stop, telemetry_outgoing
 from fleetmedic.records import GpuTelemetry, PortTelemetry, json_limit_error
 
@@ -323,7 +323,7 @@ class PodLister:
             api.close()
 
     def list(self) -> list[dict[str, Any]]:
-        from fleetmedic.connectors.kube_jobs import resource_path
+        from fleetmedic.connectors.kube.jobs import resource_path
         from fleetmedic.kube_watch import list_objects
 
         items, _ = list_objects(self.client(), resource_path("Pod", self.d.namespace), self.d.label_selector)

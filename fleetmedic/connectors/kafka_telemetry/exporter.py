@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings
-from fleetmedic.connectors.kafka_telemetry_map import BadMessage, PointMapper, Windows
+from fleetmedic.connectors.kafka_telemetry.exporter_map import BadMessage, PointMapper, Windows
 from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox, Outgoing, run_consumer, telemetry_outgoing
 
 

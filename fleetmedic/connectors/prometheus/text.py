@@ -57,7 +57,7 @@ _CommonColumns = Callable[[list[dict[str, float]], dict[str, tuple[bool, float, 
                           tuple[dict[str, list[float | int | None]], list[str]]]
 _native_common_columns: _CommonColumns | None
 try:  # gpu_record's common columns in C (_gpu_record.c), built with the package where a compiler is found
-    from fleetmedic.connectors._gpu_record import common_columns as _native_common_columns
+    from fleetmedic.connectors.prometheus._gpu_record import common_columns as _native_common_columns
 except ImportError:  # pragma: no cover - the Python loop does the same, slower
     _native_common_columns = None
 
