@@ -28,6 +28,8 @@ from typing import Annotated, Any, Final, Generic, Literal, TypeVar
 import msgspec
 from msgspec import Meta, Struct, field
 
+from fleetmedic.actions import Action
+
 SCHEMA_VERSION: Final = 1
 
 # --- constrained scalar types -------------------------------------------------------------------
@@ -370,22 +372,6 @@ class Incident(Record, frozen=True, kw_only=True, tag="incident", tag_field="typ
 
 # --- remediation --------------------------------------------------------------------------------
 
-Action = Literal[
-    "cordon",
-    "uncordon",
-    "taint",
-    "untaint",
-    "drain",
-    "label",
-    "restart_job",
-    "requeue_job",
-    "retry_in_place",
-    "run_diagnostics",
-    "reset_gpu",
-    "reboot_node",
-    "return_to_service",
-    "escalate",
-]
 Track = Literal["job", "node"]
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetmedic import records as r
+from fleetmedic.actions import ISOLATING
 from fleetmedic.config import Settings
 from fleetmedic.evaluation.report import Overview, Plot, Row, Section, bucket, render, utc
 from fleetmedic.models.gpu_detector import GpuDetector
@@ -293,7 +294,7 @@ def _overview(meta: dict[str, Any], findings: list[r.Finding], subs: list[Subjec
     facts.append(("incidents", f"{len(incs)}" + (" (" + ", ".join(f"{k} {n}" for k, n in classes.most_common())
                                                   + ")" if classes else "")))
     plans = planned(commands)[0]
-    node_actions = Counter(p.action for p in plans if p.action in ("cordon", "taint", "drain"))
+    node_actions = Counter(p.action for p in plans if p.action in ISOLATING)
     facts.append(("would act", f"{len(plans)} actions" + (
         " (" + ", ".join(f"{a} {n} nodes" for a, n in node_actions.items()) + ")" if node_actions else "")))
     rows = []

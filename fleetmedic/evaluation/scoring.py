@@ -60,11 +60,10 @@ import msgspec
 import numpy as np
 from msgspec import Struct
 
+from fleetmedic.actions import ISOLATING, RELEASING
 from fleetmedic.evaluation.truth import RunMeta, TruthRecord
 from fleetmedic.records import Incident, RemediationCommand
 
-ISOLATE = frozenset({"cordon", "taint", "drain", "escalate"})
-RELEASE = frozenset({"uncordon", "untaint", "return_to_service"})
 INFRA_CLASSES = frozenset({"hardware", "degradation", "network"})
 _GPU_NAME = re.compile(r"^(?P<node>.+?)[/:](?:gpu)?(?P<gpu>\d+)$")
 
@@ -197,10 +196,10 @@ def isolation_episodes(commands: Iterable[RemediationCommand]) -> list[tuple[str
     for c in sorted(commands, key=lambda c: (c.issued_at, c.id)):
         if not c.node or c.dry_run:
             continue
-        isolating = c.action in ISOLATE and (c.action != "escalate" or is_repair(c))
+        isolating = c.action in ISOLATING or (c.action == "escalate" and is_repair(c))
         if isolating and c.node not in open_:
             open_[c.node] = c.issued_at
-        elif c.action in RELEASE and c.node in open_:
+        elif c.action in RELEASING and c.node in open_:
             out.append((c.node, open_.pop(c.node), c.issued_at))
     out.extend((n, s, float("inf")) for n, s in open_.items())
     out.sort(key=lambda e: (e[1], e[0]))

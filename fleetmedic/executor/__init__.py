@@ -1,12 +1,12 @@
 """The Kubernetes executor: carries out signed remediation commands on a cluster and reports results.
 
-Rooms (docs/executor.md). Pure modules (``*plan*``, :mod:`.vocabulary`) import no ``kubernetes``
-and do no I/O (import-linter's pure-core contract); the ``*apply*`` modules carry their plans out.
+Rooms (docs/executor.md). Pure modules (``*plan*``) import no ``kubernetes`` and do no I/O
+(import-linter's pure-core contract); the ``*apply*`` modules carry their plans out. Each action
+takes the route :mod:`fleetmedic.actions` puts it on: quick node, long node, job.
 
 - :mod:`.service`: the process. Leads through :mod:`.leader` (a coordination.k8s.io Lease), consumes
   ``remediation.commands``, runs one command per target at a time, publishes results, commits
   offsets; :mod:`.metrics` (Prometheus).
-- :mod:`.vocabulary` (pure): every ``records.Action`` on its route: quick node, long node, job.
 - :mod:`.kube`: the seam to the API server (:class:`~.kube.Cluster`: nodes, conditions, Events,
   pods and evictions, Jobs, the job-command ledger).
 - :mod:`.node`, the node track:

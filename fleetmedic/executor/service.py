@@ -44,6 +44,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 
 from fleetmedic import records as r
+from fleetmedic.actions import JOB_ACTIONS, NODE_QUICK, targets_node
 from fleetmedic.bus import DECISIONS, client_options, producer_options
 from fleetmedic.config import Settings
 from fleetmedic.executor.cache import ClusterCache
@@ -52,7 +53,6 @@ from fleetmedic.executor.leader import LeaseElector
 from fleetmedic.executor.metrics import ExecutorMetrics
 from fleetmedic.executor.node.apply import CommandExecutor
 from fleetmedic.executor.node.long_apply import Interrupted
-from fleetmedic.executor.vocabulary import JOB_ACTIONS, NODE_QUICK
 from fleetmedic.signing import SIGNATURE_HEADER, KeySet, SignatureError, as_command_keys, header, verify_bytes
 
 log = logging.getLogger("fleetmedic.executor")
@@ -266,7 +266,7 @@ class ExecutorService:
                         offsets[tp].finish(rec.offset)
                 for tp, offset, cmd, done in fetched:
                     try:
-                        on_node = cmd.node and cmd.action not in JOB_ACTIONS
+                        on_node = targets_node(cmd.action, cmd.node)
                         target = f"node:{cmd.node}" if on_node else f"job:{cmd.job}"
                         if target not in queues:
                             queues[target] = asyncio.Queue()

@@ -32,7 +32,8 @@ from typing import Final
 
 from fleetmedic.config import XidAction
 
-ISOLATING_ACTIONS: Final[frozenset[str]] = frozenset({"reset_gpu", "reboot_node", "isolate"})
+#: the XID catalog's actions (not remediation actions: :mod:`fleetmedic.actions`) that call for isolating the node
+ISOLATING_XID_ACTIONS: Final[frozenset[str]] = frozenset({"reset_gpu", "reboot_node", "isolate"})
 
 BUCKET_ACTIONS: Final[dict[str, XidAction]] = {
     "IGNORE": "ignore",
@@ -61,7 +62,7 @@ class XidInfo:
 
     @property
     def isolates(self) -> bool:
-        return self.action in ISOLATING_ACTIONS
+        return self.action in ISOLATING_XID_ACTIONS
 
 
 class XidCatalog:

@@ -188,7 +188,8 @@ class Accounting:
                                              isolated_at=min(isolated) if isolated else None)
 
     def job_progress(self, job: str, event: str, attempt: int, now: float) -> str | None:
-        """Advance a recovery; returns the incident id when the job made its first good step."""
+        """Advance a recovery; returns the incident id when the job made its first good step (its first
+        progress report). A failure of the restarted attempt sets the recovery back to waiting for a start."""
         t = self.state.timelines.get(job)
         if t is None:
             return None
@@ -198,18 +199,29 @@ class Accounting:
         elif event == "start" and t.started_at is None:
             t.placed_at = t.placed_at if t.placed_at is not None else now
             t.started_at = now
+        elif event == "failure" and attempt > t.failed_attempt:
+            t.started_at = None
         elif event == "progress":
-            placed = t.placed_at if t.placed_at is not None else now
-            started = t.started_at if t.started_at is not None else placed
-            self._sample("detect", t.detected_at - t.fault_at)
-            if t.isolated_at is not None:
-                self._sample("isolate", t.isolated_at - t.detected_at)
-            self._sample("wait_for_capacity", placed - t.restart_at)
-            self._sample("restore", started - placed)
-            self._sample("first_good_step", now - started)
-            del self.state.timelines[job]
-            return t.incident_id
+            return self._recovered(t, now)
         return None
+
+    def recoveries_due(self, now: float, after_s: float) -> list[tuple[str, str]]:
+        """(job, incident id) of the recoveries whose restarted attempt has run ``after_s`` without
+        failing: recovered, for job watchers that see pods run but no training steps."""
+        due = [t for t in self.state.timelines.values() if t.started_at is not None and now - t.started_at >= after_s]
+        return [(t.job, self._recovered(t, now)) for t in due]
+
+    def _recovered(self, t: Timeline, now: float) -> str:
+        placed = t.placed_at if t.placed_at is not None else now
+        started = t.started_at if t.started_at is not None else placed
+        self._sample("detect", t.detected_at - t.fault_at)
+        if t.isolated_at is not None:
+            self._sample("isolate", t.isolated_at - t.detected_at)
+        self._sample("wait_for_capacity", placed - t.restart_at)
+        self._sample("restore", started - placed)
+        self._sample("first_good_step", now - started)
+        del self.state.timelines[t.job]
+        return t.incident_id
 
     def _sample(self, phase: str, value: float) -> None:
         self.state.phase_totals[phase] = self.recovered(phase) + 1

@@ -244,6 +244,7 @@ class DecisionEngine:
         fleet = self.fleet_size
         self.nodes.tick(now, out)
         self.jobs.follow_suspects(now, out)
+        self.jobs.recoveries(now, out)
         if self.gate.breaker.poll(now, fleet, self.topology):
             self.issuer.audit(out, now, "breaker_resumed", f"circuit breaker closed by rule (resume: auto) after "
                               f"{self.settings.safety.breaker.auto_resume_after_s:g}s with suspicion below the trip "

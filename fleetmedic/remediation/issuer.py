@@ -1,12 +1,13 @@
 """The engine's pen: writes what one call decided into its :class:`~.engine_state.Decisions`, as
 numbered audit records (each with the budget where it matters) and remediation commands with
-deterministic ids (``<incident>/<action>/<target>/<attempt>``). An id is issued at most once; what
+deterministic ids (:func:`fleetmedic.actions.command_id`). An id is issued at most once; what
 was issued is remembered (:class:`~.engine_state.CommandInfo`) until its result comes back."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
+from fleetmedic.actions import command_id
 from fleetmedic.config import Settings
 from fleetmedic.records import AuditDecision, AuditRecord, Incident, NodeState, RemediationCommand, Track
 from fleetmedic.remediation.engine_state import CommandInfo, Decisions, EngineState
@@ -56,7 +57,7 @@ class Issuer:
     def node_commands(self, now: float, out: Decisions) -> Issue:
         """The ``issue`` callback the lifecycle gets: a node's plan step becomes a node-track command."""
         def issue(rec: NodeRecord, action: str, params: dict[str, str], attempt: str, reason: str) -> str:
-            cid = f"{rec.incident_id or 'node'}/{action}/{rec.name}/{attempt}"
+            cid = command_id(rec.incident_id or "node", action, rec.name, attempt)
             self.command(out, now, cid, action, rec.incident_id, "", reason, params, node=rec.name, track="node")
             return cid
         return issue

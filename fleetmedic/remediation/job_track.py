@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from fleetmedic.actions import MOVING, command_id
 from fleetmedic.config import Settings
 from fleetmedic.records import JobEvent, NodeState, RemediationResult
 from fleetmedic.remediation.accounting import Accounting
@@ -60,14 +61,14 @@ class JobTrack:
         attempt = rec.attempt if rec else a.attempt
         inc = a.incident
         # one escalation per incident and job; other actions once per incident, job and attempt
-        cid = f"{inc.id}/{action}/{job}" + ("" if action == "escalate" else f"/{attempt}")
+        cid = command_id(inc.id, action, job, None if action == "escalate" else attempt)
         if cid in self.state.commands or any(h.id == cid for h in self.state.held):
             return
         reason = f"{decision.explanation}: {a.explanation}"
         if action == "retry_in_place":
             self._hold_retry(cid, params, job, attempt, reason, a, decision, now, out)
             return
-        if action in ("restart_job", "requeue_job"):
+        if action in MOVING:
             self._move(cid, action, params, job, attempt, reason, a, now, out)
         else:
             if action == "escalate":
@@ -179,9 +180,9 @@ class JobTrack:
         """The executor could not carry out a job command: a human is told."""
         self.issuer.audit(out, now, "escalated", f"{info.action} of {info.job} failed: {result.reason}", job=info.job,
                           incident_id=info.incident_id, track="job")
-        self.issuer.command(out, now, f"{info.incident_id}/escalate/{info.job}/{info.action}-failed", "escalate",
-                            info.incident_id, info.job, f"{info.action} failed: {result.reason}",
-                            {"escalation": "notify"})
+        cid = command_id(info.incident_id, "escalate", info.job, f"{info.action}-failed")
+        self.issuer.command(out, now, cid, "escalate", info.incident_id, info.job,
+                            f"{info.action} failed: {result.reason}", {"escalation": "notify"})
 
     def on_event(self, e: JobEvent, now: float, out: Decisions) -> None:
         """Account a job event: attempts, running time, placements on held nodes, recoveries done."""
@@ -203,10 +204,20 @@ class JobTrack:
             acc.job_running(e.job, now)
         elif e.event in ("failure", "completion"):
             acc.job_stopped(e.job, now)
-        resolved = acc.job_progress(e.job, e.event, e.attempt, now)
-        if resolved:
-            self.incidents.untrack(resolved, now, out, job=e.job)
-        if e.event == "completion":
-            for inc_id, tracks in list(self.state.tracks.items()):
-                if e.job in tracks.jobs:
-                    self.incidents.untrack(inc_id, now, out, job=e.job)
+        if acc.job_progress(e.job, e.event, e.attempt, now) or e.event == "completion":
+            self._job_done(e.job, now, out)
+
+    def recoveries(self, now: float, out: Decisions) -> None:
+        """Restarted jobs that ran ``policy.recovered_after_s`` without failing are recovered (0: only a
+        progress report recovers a job)."""
+        after = self.settings.policy.recovered_after_s
+        if after > 0 and self.accounting.state.timelines:
+            for job, _ in self.accounting.recoveries_due(now, after):
+                self._job_done(job, now, out)
+
+    def _job_done(self, job: str, now: float, out: Decisions) -> None:
+        """The job recovered (or completed): no incident waits for it any more, whichever of them
+        moved it last (a job that failed again before it recovered is tracked by several)."""
+        for inc_id, tracks in list(self.state.tracks.items()):
+            if job in tracks.jobs:
+                self.incidents.untrack(inc_id, now, out, job=job)

@@ -37,15 +37,11 @@ from dataclasses import dataclass
 
 import msgspec
 
+from fleetmedic.actions import DISRUPTIVE, ISOLATING, NODE_LONG, NODE_QUICK, TRACKED
 from fleetmedic.config import ActionStep, PolicySettings
 from fleetmedic.records import NodeState, RemediationResult
 from fleetmedic.remediation.kinds import Isolation, kind_of
 
-QUICK = frozenset({"cordon", "taint", "label", "escalate"})
-LONG = frozenset({"drain", "run_diagnostics", "reset_gpu", "reboot_node"})
-ISOLATING = frozenset({"cordon", "taint", "drain"})
-DISRUPTIVE = frozenset({"reset_gpu", "reboot_node"})
-TRACKED = frozenset({"cordon", "taint", "drain", "run_diagnostics", "reset_gpu", "reboot_node"})
 OUT_OF_SERVICE: frozenset[NodeState] = frozenset({"quarantined", "diagnosing", "repair_needed"})
 
 
@@ -187,8 +183,8 @@ class Lifecycle:
             return events
         while rec.plan:
             step = rec.plan[0]
-            waiting = any(f.action in LONG for f in rec.inflight)
-            if waiting and not (step.attempt > 1 and step.action in QUICK):
+            waiting = any(f.action in NODE_LONG for f in rec.inflight)
+            if waiting and not (step.attempt > 1 and step.action in NODE_QUICK):
                 break
             if (step.at_job_boundary and busy) or step.not_before > now:
                 break
@@ -206,7 +202,7 @@ class Lifecycle:
                 events += self._move(rec, "diagnosing", now, "diagnostics started", (cid,))
             elif step.action in ISOLATING or step.action in DISRUPTIVE:
                 events += self._move(rec, "quarantined", now, f"{step.action} issued", (cid,))
-            if step.action in LONG:
+            if step.action in NODE_LONG:
                 break
         return events
 
@@ -354,7 +350,7 @@ class Lifecycle:
         if flight.attempt <= self.policy.action_retries:
             idle = flight.action in ("run_diagnostics", "reset_gpu")
             delay = self.policy.action_retry_delay_s * flight.attempt
-            later = now + delay if refused and flight.action in LONG else 0.0
+            later = now + delay if refused and flight.action in NODE_LONG else 0.0
             rec.plan.insert(0, PlanStep(action=flight.action, params=flight.params, attempt=flight.attempt + 1,
                                         at_job_boundary=idle, not_before=later))
             return self.advance(rec, now, busy, issue)

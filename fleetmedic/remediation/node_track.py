@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
+from fleetmedic.actions import ISOLATING, command_id
 from fleetmedic.config import Settings
 from fleetmedic.records import Finding, Incident, NodeState, RemediationResult
 from fleetmedic.remediation.accounting import Accounting
@@ -20,7 +21,6 @@ from fleetmedic.remediation.incident_tracks import IncidentTracker
 from fleetmedic.remediation.issuer import Issuer
 from fleetmedic.remediation.kinds import Isolation, kind_of
 from fleetmedic.remediation.lifecycle import (
-    ISOLATING,
     OUT_OF_SERVICE,
     Issue,
     Lifecycle,
@@ -206,7 +206,7 @@ class NodeTrack:
         """A switch cannot be isolated: the node steps of a switch incident escalate its repair."""
         inc = a.incident
         for s in (x for x in inc.suspects if x.kind == "switch"):
-            self.issuer.command(out, now, f"{inc.id}/escalate/{s.name}/1", "escalate", inc.id, "",
+            self.issuer.command(out, now, command_id(inc.id, "escalate", s.name, 1), "escalate", inc.id, "",
                                 f"{decision.explanation}: {a.explanation}",
                                 {"target_kind": "switch", "escalation": "repair"}, node=s.name, track="node")
 

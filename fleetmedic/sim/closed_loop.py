@@ -75,9 +75,6 @@ if TYPE_CHECKING:
     from fleetmedic.sim.telemetry import GpuModel, PortModel
     from fleetmedic.sim.workload import Interruption, Workload
 
-ISOLATING_ACTIONS = frozenset({"cordon", "taint", "drain", "escalate"})
-
-
 EXECUTOR = "fleetmedic-simulator"
 
 

@@ -75,3 +75,39 @@ def test_placing_a_job_on_a_held_node_is_counted_and_audited() -> None:
     w.place("ml/new", ["node-2", "node-3"])
     assert w.engine.report(w.now)["repeats"]["placements_on_isolated_nodes"] == 1
     assert w.decisions("repeat_placement")[0].node == "node-3"
+
+
+def test_a_restarted_attempt_that_runs_long_enough_is_recovered_and_a_failure_sets_it_back() -> None:
+    a = Accounting()
+    a.recovery_started("ml/a", "inc", failed_attempt=0, fault_at=90.0, detected_at=100.0, suspects=[], now=100.0)
+    a.job_progress("ml/a", "placement", 1, 160.0)
+    a.job_progress("ml/a", "start", 1, 190.0)
+    assert a.recoveries_due(700.0, 600.0) == []
+    a.job_progress("ml/a", "failure", 1, 700.0)  # the restarted attempt failed: not recovered
+    assert a.recoveries_due(2000.0, 600.0) == []
+    a.job_progress("ml/a", "start", 2, 2000.0)
+    assert a.recoveries_due(2599.0, 600.0) == []
+    assert a.recoveries_due(2600.0, 600.0) == [("ml/a", "inc")]
+    assert a.report(2600.0)["mttr_s"]["first_good_step"]["mean"] == 600.0
+
+
+def test_a_job_that_runs_again_without_progress_reports_resolves_every_incident_that_moved_it() -> None:
+    """The Kubernetes job watcher sees pods run, not training steps: a restarted job that keeps running
+    is recovered after ``policy.recovered_after_s``, and every incident that waited for it resolves
+    (one that moved it before it had recovered included), so their suspects are no longer avoided."""
+    w = World()  # policy.recovered_after_s: 600 by default
+    w.place("ml/a", NODES)
+    w.advance(50)
+    w.fail("ml/a", "node-3", [ECC])
+    w.advance(40)
+    first = w.last_incident(node="node-3")
+    w.advance(100)  # restarted; it fails again on another node before it has recovered
+    w.fail("ml/a", w.placements["ml/a"][0], [ECC])
+    w.advance(40)
+    second = w.last_incident(job="ml/a")
+    assert second.id != first.id and len(w.cmds("restart_job", job="ml/a")) == 2
+    w.advance(3600)  # runs, no progress reports; the suspects are diagnosed and returned
+    status = {i.id: i.status for i in w.incidents}
+    assert status[first.id] == "resolved" and status[second.id] == "resolved"
+    assert w.engine.report(w.now)["mttr_s"]["first_good_step"]["count"] == 1
+    assert not w.engine.suspected_nodes()

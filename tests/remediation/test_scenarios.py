@@ -151,6 +151,22 @@ def test_software_faults_and_job_bugs_isolate_no_node() -> None:
     assert classes <= {"transient_software", "job_bug"} and "job_bug" in classes
 
 
+def test_a_job_bug_failing_again_in_its_incident_is_escalated_once() -> None:
+    # the job track's escalation id leaves the attempt out (fleetmedic.actions.command_id): the job's
+    # next attempt failing the same way merges into the incident and asks no human a second time
+    w = World(n=32)
+    w.place("ml/a", nodes(0, 8))
+    w.advance(60)
+    fail_with(w, "ml/a", None, KEYERROR)
+    w.advance(60)
+    w.place("ml/a", nodes(0, 8), attempt=2)
+    w.advance(60)
+    fail_with(w, "ml/a", None, KEYERROR)
+    w.advance(60)
+    assert {i.id for i in w.incidents if i.incident_class == "job_bug"} == {w.last_incident(job="ml/a").id}
+    assert [c.id for c in w.cmds("escalate", job="ml/a")] == [f"{w.last_incident(job='ml/a').id}/escalate/ml/a"]
+
+
 def test_a_telemetry_storm_stays_within_budget_and_trips_the_breaker() -> None:
     w = World(n=64, auto_execute=False, config="safety: {max_quarantined_fraction: 0.25}")
     for i in range(0, 64, 2):  # half the fleet looks bad at once

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from fleetmedic.actions import DISRUPTIVE, JOB_TRACK_ACTIONS, NODE_LONG, NODE_QUICK, targets_node
 from fleetmedic.config import Settings
 from fleetmedic.executor.cache import ClusterCache
 from fleetmedic.executor.kube import ApiError, Cluster, Conflict
@@ -26,7 +27,6 @@ from fleetmedic.executor.metrics import ExecutorMetrics
 from fleetmedic.executor.node import long_apply as la
 from fleetmedic.executor.node import long_plan as pl
 from fleetmedic.executor.node import plan as p
-from fleetmedic.executor.vocabulary import JOB_ACTIONS, NODE_LONG, NODE_QUICK
 from fleetmedic.executor.workload.placement_apply import PlacementRestarter
 from fleetmedic.k8s_keys import ANNOTATION_COMMANDS
 from fleetmedic.records import Outcome, RemediationCommand, RemediationResult
@@ -80,10 +80,7 @@ class CommandExecutor:
         if dry and cmd.id in self._dry_seen:
             return self._result(cmd, "skipped", "duplicate command id (already applied)", dry=True)
         try:
-            if cmd.node and cmd.action not in JOB_ACTIONS:
-                result = self._node_command(cmd, dry)
-            else:
-                result = self._job_command(cmd, dry)
+            result = self._node_command(cmd, dry) if targets_node(cmd.action, cmd.node) else self._job_command(cmd, dry)
         except ApiError as exc:
             result = self._result(cmd, "failed", str(exc), dry=dry)
         if dry:
@@ -137,7 +134,7 @@ class CommandExecutor:
             plan = la.diagnostics(self.ctx, cmd, node)
         elif hook_file:
             plan = la.hook(self.ctx, cmd, node, hook_file)
-        elif action in ("reset_gpu", "reboot_node"):
+        elif action in DISRUPTIVE:
             plan = p.no_hook_plan(cmd)
         else:
             return self._result(cmd, "failed", f"{action} needs a job, not a node")
@@ -187,7 +184,7 @@ class CommandExecutor:
     # --- job track --------------------------------------------------------------------------------
 
     def _job_command(self, cmd: RemediationCommand, dry: bool) -> RemediationResult:
-        if cmd.action not in JOB_ACTIONS and cmd.action != "escalate":
+        if cmd.action not in JOB_TRACK_ACTIONS:
             return self._result(cmd, "failed", f"{cmd.action} needs a node", dry=dry)
         ns = self.settings.executor.lease_namespace
         for _ in range(ATTEMPTS):

@@ -32,7 +32,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from fleetmedic.executor.vocabulary import JOB_ACTIONS
+from fleetmedic.actions import JOB_ACTIONS
 from fleetmedic.k8s_keys import (
     ANNOTATION_EXCLUDED_NODES,
     ANNOTATION_IN_PLACE_NODES,

@@ -25,6 +25,7 @@ import re
 from collections.abc import Iterable
 
 from fleetmedic import records as r
+from fleetmedic.actions import JOB_ACTIONS, RELEASING
 from fleetmedic.config import Settings
 from fleetmedic.evaluation.scoring import is_repair
 from fleetmedic.remediation.log_patterns import default_library
@@ -363,14 +364,14 @@ class Fleetmedic:
                 self._result(world, cmd, at, "applied", details={"evicted_jobs": ",".join(evicted)} if evicted else {})
 
             world.at(t + world.a.drain_grace_s, evict)
-        elif a in ("uncordon", "untaint", "return_to_service"):
+        elif a in RELEASING:
             if world.nodes[n].busy:
                 self._result(world, cmd, t, "failed", f"node busy: {world.nodes[n].busy}")
                 return
             world.uncordon(n, t)
             self._result(world, cmd, t, "applied")
             self._observed(world, n, t)
-        elif a in ("restart_job", "requeue_job", "retry_in_place"):
+        elif a in JOB_ACTIONS:
             job = next((j for j in world.jobs if j.ref == cmd.job), None)
             if job is None:
                 self._result(world, cmd, t, "failed", f"unknown job {cmd.job}")
