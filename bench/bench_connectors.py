@@ -19,8 +19,8 @@ from collections.abc import Callable
 import msgspec
 
 from fleetmedic.config import IngestSettings, KafkaTelemetrySettings
-from fleetmedic.connectors.kafka_telemetry_map import PointMapper, Windows
-from fleetmedic.connectors.prometheus_text import _LINE, ExpositionReader
+from fleetmedic.connectors.kafka_telemetry.exporter_map import PointMapper, Windows
+from fleetmedic.connectors.prometheus.text import _LINE, ExpositionReader
 
 SERIES = ["GPU_TEMP", "MEMORY_TEMP", "POWER_USAGE", "SM_CLOCK", "MEM_CLOCK", "GPU_UTIL", "FB_USED", "FB_FREE",
           "ECC_SBE_VOL_TOTAL", "ECC_DBE_VOL_TOTAL", "PCIE_REPLAY_COUNTER", "CLOCK_THROTTLE_REASONS"]

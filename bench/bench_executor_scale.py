@@ -75,7 +75,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetmedic import kube_watch
 from fleetmedic import records as r
 from fleetmedic.config import Settings, parse_config
-from fleetmedic.connectors.kube_jobs import JobWatcher
+from fleetmedic.connectors.kube.jobs import JobWatcher
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv import settings as dev_settings
 from fleetmedic.devenv.kube import Kube, Ports

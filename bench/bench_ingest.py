@@ -16,7 +16,7 @@ same run on the same bytes.
     receiver's label cache and held per node and scrape) and ``Assembler.records`` (the scrapes
     mapped to records). Also prints the CPU time per sample of each stage (decode, read + hold,
     records) of the best round, and the same path in Python only (without the C loop of
-    ``fleetmedic/connectors/_remote_write.c`` and the C columns of ``_gpu_record.c``), in
+    ``fleetmedic/connectors/remote_write/_remote_write.c`` and the C columns of ``_gpu_record.c``), in
     interleaved rounds. The bodies are what Prometheus sends for the
     same dcgm-exporter series with its target labels (``instance``, ``job``) added: ``--scrapes``
     scrapes of the fleet, each cut into requests of ``max_samples_per_send`` (2,000) samples; the
@@ -44,13 +44,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings
-from fleetmedic.connectors.prometheus_api import api_samples
-from fleetmedic.connectors.prometheus_history import matrix_columns
-from fleetmedic.connectors.prometheus_text import ExpositionReader
-from fleetmedic.connectors.remote_write import (
+from fleetmedic.connectors.prometheus.api import api_samples
+from fleetmedic.connectors.prometheus.history import matrix_columns
+from fleetmedic.connectors.prometheus.text import ExpositionReader
+from fleetmedic.connectors.remote_write.assembler import (
     Assembler,
     LabelCache,
     SampleCounts,
+)
+from fleetmedic.connectors.remote_write.codec import (
     WriteRequest,
     decode_request,
     encode_request,
@@ -268,8 +270,8 @@ def remote_write_case(args: argparse.Namespace, samples: int) -> None:
             path.scrape(scrape, split)
         return time.process_time() - t0, split
 
-    import fleetmedic.connectors.prometheus_text as pt
-    import fleetmedic.connectors.remote_write as rw
+    import fleetmedic.connectors.prometheus.text as pt
+    import fleetmedic.connectors.remote_write.assembler as rw
 
     native, columns = rw._native_hold_inline, pt._native_common_columns
     runs: dict[str, list[tuple[float, dict[str, float]]]] = {"c": [], "python": []}
@@ -289,7 +291,7 @@ def remote_write_case(args: argparse.Namespace, samples: int) -> None:
     n = samples * args.scrapes
     for name, label in (("c", "(d) remote write -> records"), ("python", "    the same, Python only")):
         if not runs[name]:
-            print(f"{label}: not measured (fleetmedic.connectors._remote_write is not built)")
+            print(f"{label}: not measured (fleetmedic.connectors.remote_write._remote_write is not built)")
             continue
         ours, split = min(runs[name], key=lambda x: x[0])
         row(label, n, ours, "snappy + protobuf decode", floor)

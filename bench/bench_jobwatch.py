@@ -17,7 +17,7 @@ import json
 import time
 from typing import Any
 
-from fleetmedic.connectors.kube_jobs_map import JobTracker
+from fleetmedic.connectors.kube.jobs_map import JobTracker
 
 
 def _pod(job: int, rank: int, node: str, phase: str, uid_suffix: str = "", failed: bool = False) -> dict[str, Any]:

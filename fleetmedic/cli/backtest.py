@@ -68,8 +68,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _main(args: argparse.Namespace) -> int:
-    from fleetmedic.connectors.prometheus_api import parse_duration, parse_time
-    from fleetmedic.connectors.prometheus_history import History, HistoryError
+    from fleetmedic.connectors.prometheus.api import parse_duration, parse_time
+    from fleetmedic.connectors.prometheus.history import History, HistoryError
     from fleetmedic.evaluation.kernel_logs import KernelLogOptions
 
     settings = settings_or_none(args.config)

@@ -81,7 +81,7 @@ def duration(text: str) -> float:
 
 def timestamp(text: str) -> float:
     """An argparse type: a time as RFC 3339 (``2026-05-01T12:00:00Z``) or Unix seconds."""
-    from fleetmedic.connectors.prometheus_api import parse_time
+    from fleetmedic.connectors.prometheus.api import parse_time
 
     try:
         return parse_time(text)

@@ -146,8 +146,8 @@ async def _run(connector: str, settings: Settings, output: str | None, duration:
     from fleetmedic.serving import Health, serve
 
     if connector == "remote-write":
-        from fleetmedic.connectors.remote_write import parse_listen
-        from fleetmedic.connectors.remote_write_auth import check_exposure
+        from fleetmedic.connectors.remote_write.assembler import parse_listen
+        from fleetmedic.connectors.remote_write.auth import check_exposure
 
         rw = settings.exporters.remote_write  # before anything starts
         check_exposure(parse_listen(getattr(options, "listen", "") or rw.listen)[0], rw)
@@ -163,7 +163,7 @@ async def _run(connector: str, settings: Settings, output: str | None, duration:
             "metrics on http://%s:%d/metrics", settings.metrics.bind_address, server.server_port)
     sink: Sink = JsonlSink(output, settings.cluster.name) if output else KafkaSink(settings)
     if connector == "remote-write":
-        from fleetmedic.connectors.remote_write_server import HealthSink
+        from fleetmedic.connectors.remote_write.server import HealthSink
 
         sink = HealthSink(sink)  # the receiver answers 503 while sending fails
     stop = asyncio.Event()
@@ -199,35 +199,35 @@ def build_source(connector: str, settings: Settings, outbox: Outbox, metrics: Co
                  options: argparse.Namespace | None = None, registry: CollectorRegistry | None = None,
                  sink: Sink | None = None, shutdown: asyncio.Event | None = None) -> Source:
     if connector == "prometheus":
-        from fleetmedic.connectors.prometheus_ingest import PrometheusSource
+        from fleetmedic.connectors.prometheus.ingest import PrometheusSource
 
         return PrometheusSource(settings, outbox, metrics).run
     if connector == "remote-write":
         from prometheus_client import CollectorRegistry as Registry
 
-        from fleetmedic.connectors.remote_write_server import HealthSink, RemoteWriteReceiver
+        from fleetmedic.connectors.remote_write.server import HealthSink, RemoteWriteReceiver
 
         return RemoteWriteReceiver(settings, outbox, metrics, registry or Registry(),
                                    health=sink if isinstance(sink, HealthSink) else None,
                                    listen=getattr(options, "listen", "") or None, shutdown=shutdown).run
     if connector == "nvml":
-        from fleetmedic.connectors.nvml_exporter import NvmlSource, import_pynvml
+        from fleetmedic.connectors.nvml.exporter import NvmlSource, import_pynvml
 
         return NvmlSource(import_pynvml(), settings, outbox, metrics).run
     if connector == "kafka":
-        from fleetmedic.connectors.kafka_telemetry import KafkaTelemetrySource
+        from fleetmedic.connectors.kafka_telemetry.exporter import KafkaTelemetrySource
 
         return KafkaTelemetrySource(settings, outbox, metrics).run
     if connector == "infiniband":
-        from fleetmedic.connectors.infiniband import PerfquerySource
+        from fleetmedic.connectors.infiniband.exporter import PerfquerySource
 
         return PerfquerySource(settings, outbox, metrics).run
     if connector == "logs":
-        from fleetmedic.connectors.log_events import LogSource
+        from fleetmedic.connectors.logs.events import LogSource
 
         return LogSource(settings, outbox, metrics).run
     if connector == "kmsg":
-        from fleetmedic.connectors.kmsg import KmsgSource, kmsg_options
+        from fleetmedic.connectors.kernel.kmsg import KmsgSource, kmsg_options
 
         return KmsgSource(settings, outbox, metrics, kmsg_options(options)).run
     raise ValueError(f"unknown connector {connector!r}")

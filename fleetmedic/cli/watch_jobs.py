@@ -66,7 +66,7 @@ async def _serve(settings: Settings) -> int:
     from kubernetes import client
     from prometheus_client import CollectorRegistry
 
-    from fleetmedic.connectors.kube_jobs import JobWatcher
+    from fleetmedic.connectors.kube.jobs import JobWatcher
     from fleetmedic.serving import Health, serve
 
     registry = CollectorRegistry()

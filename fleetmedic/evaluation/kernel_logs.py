@@ -4,8 +4,8 @@ records ``fleetmedic exporter kmsg`` would have published, in time order.
 
 - **Which files**: ``*.kmsg``, ``*.dmesg``, ``*.journal`` (``journalctl -o json``), ``*.log``
   (syslog: ``kern.log``, ``syslog``); each line is told apart as the exporter's reader does
-  (:class:`~fleetmedic.connectors.kmsg_map.RecordReader`), with the time and host read from its stamp
-  (:mod:`fleetmedic.connectors.kernel_log_lines`).
+  (:class:`~fleetmedic.connectors.kernel.kmsg_map.RecordReader`), with the time and host read from its stamp
+  (:mod:`fleetmedic.connectors.kernel.log_lines`).
 - **Which node**: the host the line names (a syslog or ``short-iso`` stamp's, the journal's
   ``_HOSTNAME``), else the file's name without its suffix (``gpu-node-7.dmesg`` -> ``gpu-node-7``).
 - **Which GPU**: an XID line names a PCI address; ``pci_map`` (``--pci-map``, the exporter's format)
@@ -16,7 +16,7 @@ records ``fleetmedic exporter kmsg`` would have published, in time order.
   ``boot_time``. A line without a time that can be placed is counted per file and skipped.
 
 The classified lines go through the exporter's mapper
-(:class:`~fleetmedic.connectors.kmsg_map.KmsgMapper`: the log pattern library, the XID joiner), one
+(:class:`~fleetmedic.connectors.kernel.kmsg_map.KmsgMapper`: the log pattern library, the XID joiner), one
 per node, with each line's own time as the clock. Only lines of device faults become records, so
 what is held until the file ends is small whatever the log's size.
 """
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleetmedic import records as r
-from fleetmedic.connectors.kmsg_map import BadRecord, KmsgMapper, RecordReader, parse_pci_map
+from fleetmedic.connectors.kernel.kmsg_map import BadRecord, KmsgMapper, RecordReader, parse_pci_map
 from fleetmedic.remediation.log_patterns import PatternLibrary, default_library
 
 KERNEL_SUFFIXES = (".kmsg", ".dmesg", ".journal", ".log")

@@ -12,7 +12,7 @@ repeats (an application faulting every few seconds) still counts once per occurr
 source reports every occurrence; two reports from the same source are always two events.
 
 The memory is a list of ``(ts, gpu, code, sources)`` tuples (``sources``: a bit per source), kept
-in the node's state (:class:`~fleetmedic.models.gpu_detector.NodeGpuState`) and bounded: entries
+in the node's state (:class:`~fleetmedic.models.gpu_state.NodeGpuState`) and bounded: entries
 older than the newest by more than twice the window are dropped, and at most :data:`MAX_ENTRIES`
 are kept. Pure: no I/O, no clock.
 """

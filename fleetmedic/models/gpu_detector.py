@@ -1,8 +1,10 @@
 """GPU detection for a node's telemetry: baselines, drift, throttling, hard-fault rules and XIDs.
 
 :class:`GpuDetector` turns :class:`~fleetmedic.records.GpuTelemetry` into
-:class:`~fleetmedic.records.Finding` values. Its state is one :class:`NodeGpuState` per node,
-saved and loaded a node at a time (:class:`~fleetmedic.models.state.NodeState`: stage 1 writes it
+:class:`~fleetmedic.records.Finding` values. Its state is one
+:class:`~fleetmedic.models.gpu_state.NodeGpuState` per node, kept in the slabs of
+:class:`~fleetmedic.models.gpu_state.GpuNodeStates` (this module holds the rules), saved and loaded
+a node at a time (:class:`~fleetmedic.models.state.NodeState`: stage 1 writes it
 to its compacted state topic, key: node). Two entry points:
 
 - :meth:`GpuDetector.observe` for one message;
@@ -60,10 +62,9 @@ record holding less than half of the node's GPUs (the median of a few GPUs is no
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from operator import attrgetter
 
-import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
@@ -76,13 +77,11 @@ from fleetmedic.models.gpu_signals import (
     HW_THERMAL,
     KNOWN_SIGNALS,
     MEAN,
-    PLANES,
     RATE_SIGNALS,
     RESIDUAL_SIGNALS,
     THROTTLE_MASK,
     USED_METRICS,
     VAR,
-    WATCHED,
     BaselineParams,
     M,
     SignalPlan,
@@ -92,8 +91,8 @@ from fleetmedic.models.gpu_signals import (
     signals_at,
     step_baselines_at,
 )
+from fleetmedic.models.gpu_state import F64, GpuNodeStates, LiveNode, Slab
 from fleetmedic.models.sample_columns import MetricBatch, bit_fields, columns
-from fleetmedic.models.state import require_finite, require_finite_time
 from fleetmedic.models.xid_catalog import XidCatalog, default_catalog
 from fleetmedic.records import (
     DetectionMetrics,
@@ -105,8 +104,6 @@ from fleetmedic.records import (
     Severity,
     XidEvent,
 )
-
-F64 = NDArray[np.float64]
 
 
 def metrics_array(msg: DetectionTelemetry) -> F64:
@@ -120,139 +117,9 @@ def metrics_batch(msgs: Sequence[DetectionTelemetry]) -> F64:
     return columns(msgs, USED_METRICS)
 
 
-class NodeGpuState(msgspec.Struct, kw_only=True):
-    """Everything the detector remembers about one node: the format of
-    :meth:`GpuDetector.node_bytes` (msgpack)."""
-
-    gpus: tuple[int, ...]
-    signals: tuple[str, ...]
-    planes: bytes  # float64 [K, S, G]
-    prev: bytes  # float64 [W, G]
-    throttle: bytes  # float64 [G]
-    max_width: bytes  # float64 [G]
-    prev_ts: float = float("nan")
-    boot_id: str = ""
-    samples: int = 0
-    active: dict[str, list[float]] = {}  # condition -> [last reported, last seen]
-    xid_log: list[tuple[float, int, int]] = []
-    absent: dict[int, list[float]] = {}  # GPU -> [first record without it, records in a row without it]
-    siblings: bytes = b""  # float64 [siblings.signals, G]: smoothed rates (empty: zeros)
-    xid_seen: list[tuple[float, int, int, int]] = []  # XIDs by source, one event not two (models/event_dedup.py)
-
-
-_encode_node = msgspec.msgpack.Encoder().encode
-_decode_node = msgspec.msgpack.Decoder(NodeGpuState).decode
-
-
-def _check_finite(st: NodeGpuState) -> None:
-    """Refuse a saved node state no detector could have written: baselines, throttle counts and
-    smoothed rates are finite; a previous sample and the widest link may be NaN (none yet), never
-    infinite; every time is finite."""
-    for part in ("planes", "throttle", "siblings"):
-        require_finite(part, np.frombuffer(getattr(st, part), dtype=np.float64))
-    for part in ("prev", "max_width"):
-        require_finite(part, np.frombuffer(getattr(st, part), dtype=np.float64), nan_is_none=True)
-    require_finite_time("prev_ts", st.prev_ts)
-    require_finite("active", [t for v in st.active.values() for t in v])
-    require_finite("xid_log", [e[0] for e in st.xid_log])
-    require_finite("absent", [t for v in st.absent.values() for t in v])
-    require_finite("xid_seen", [e[0] for e in st.xid_seen])
-
-
-class _Slab:
-    """The arrays of every node with the same GPU count, one slot per node (grown by doubling), so a
-    micro-batch gathers and scatters its nodes' state with one indexing operation per array."""
-
-    planes: F64  # [cap, K, S, G]
-    prev: F64  # [cap, W, G]
-    throttle: F64  # [cap, G]
-    max_width: F64  # [cap, G]
-    prev_ts: F64  # [cap]
-    samples: NDArray[np.int64]  # [cap]
-    last: F64  # [cap, S, G] the latest signals (not persisted)
-    sib: F64  # [cap, R, G] smoothed rates of the sibling-compared signals
-
-    def __init__(self, gpus: int, signals: int, siblings: int = 0) -> None:
-        self.g, self.s, self.r = gpus, signals, siblings
-        self.used = 0
-        self.free: list[int] = []
-        self._allocate(16, first=True)
-
-    def _allocate(self, cap: int, first: bool = False) -> None:
-        k, g, s = PLANES, self.g, self.s
-        planes, prev = np.zeros((cap, k, s, g)), np.full((cap, len(WATCHED), g), np.nan)
-        throttle, max_width = np.zeros((cap, g)), np.full((cap, g), np.nan)
-        prev_ts, samples, last = np.full(cap, np.nan), np.zeros(cap, dtype=np.int64), np.full((cap, s, g), np.nan)
-        sib = np.zeros((cap, self.r, g))
-        if not first:
-            n = self.used
-            planes[:n], prev[:n], throttle[:n] = self.planes[:n], self.prev[:n], self.throttle[:n]
-            max_width[:n], prev_ts[:n], samples[:n], last[:n] = (
-                self.max_width[:n], self.prev_ts[:n], self.samples[:n], self.last[:n])
-            sib[:n] = self.sib[:n]
-        self.planes, self.prev, self.throttle, self.max_width = planes, prev, throttle, max_width
-        self.prev_ts, self.samples, self.last, self.sib = prev_ts, samples, last, sib
-
-    def alloc(self) -> int:
-        if self.free:
-            return self.free.pop()
-        if self.used == len(self.prev_ts):
-            self._allocate(2 * self.used)
-        self.used += 1
-        return self.used - 1
-
-    def release(self, slot: int) -> None:
-        self.planes[slot], self.prev[slot], self.throttle[slot], self.max_width[slot] = 0.0, np.nan, 0.0, np.nan
-        self.prev_ts[slot], self.samples[slot], self.last[slot], self.sib[slot] = np.nan, 0, np.nan, 0.0
-        self.free.append(slot)
-
-
 _NODE, _GPUS, _BOOT_ID, _XIDS, _TS = (attrgetter(a) for a in ("node", "gpus", "boot_id", "xids", "ts"))
 _GPU_LIST, _XID_LOG, _ACTIVE, _SLOT, _ABSENT = (
     attrgetter(a) for a in ("gpu_list", "xid_log", "active", "slot", "absent"))
-
-
-@dataclass
-class _Live:
-    """One node: its slot in the slab of its GPU count, and the rarely used Python-level state."""
-
-    gpus: tuple[int, ...]
-    slab: _Slab
-    slot: int
-    boot_id: str = ""
-    active: dict[str, list[float]] = field(default_factory=dict)
-    xid_log: list[tuple[float, int, int]] = field(default_factory=list)
-    # GPUs missing from the latest records: GPU -> [first record without it, records in a row without it]
-    absent: dict[int, list[float]] = field(default_factory=dict)
-    xid_seen: list[tuple[float, int, int, int]] = field(default_factory=list)  # event_dedup's entries
-    gpu_list: list[int] = field(init=False)  # ``gpus`` as messages carry them, for a cheap comparison
-
-    def __post_init__(self) -> None:
-        self.gpu_list = list(self.gpus)
-
-    @property
-    def planes(self) -> F64:
-        return self.slab.planes[self.slot]  # type: ignore[no-any-return]
-
-    @property
-    def prev(self) -> F64:
-        return self.slab.prev[self.slot]  # type: ignore[no-any-return]
-
-    @property
-    def throttle(self) -> F64:
-        return self.slab.throttle[self.slot]  # type: ignore[no-any-return]
-
-    @property
-    def max_width(self) -> F64:
-        return self.slab.max_width[self.slot]  # type: ignore[no-any-return]
-
-    @property
-    def prev_ts(self) -> float:
-        return float(self.slab.prev_ts[self.slot])
-
-    @property
-    def samples(self) -> int:
-        return int(self.slab.samples[self.slot])
 
 
 class GpuDetector:
@@ -302,63 +169,26 @@ class GpuDetector:
             alpha=self.alpha, warmup=settings.baseline.warmup_samples, min_std=settings.baseline.min_std,
             protect_z=settings.baseline.protect_z, continuity=settings.continuity_samples,
             cusum_k=settings.cusum.drift_k, cusum_h=settings.cusum.threshold_h)
-        self._nodes: dict[str, _Live] = {}
-        self._slabs: dict[int, _Slab] = {}
+        self.states = GpuNodeStates(self.names, len(self.sibling_names))
 
     # --- state ---------------------------------------------------------------------------------
 
     def nodes(self) -> list[str]:
-        return list(self._nodes)
+        return list(self.states.live)
 
     def node_bytes(self, node: str) -> bytes | None:
-        """The node's state (a :class:`NodeGpuState`, msgpack), or None before its first message."""
-        live = self._nodes.get(node)
-        if live is None:
-            return None
-        return _encode_node(NodeGpuState(
-            gpus=live.gpus,
-            signals=self.names,
-            planes=live.planes.tobytes(),
-            prev=live.prev.tobytes(),
-            throttle=live.throttle.tobytes(),
-            max_width=live.max_width.tobytes(),
-            prev_ts=live.prev_ts,
-            boot_id=live.boot_id,
-            samples=live.samples,
-            active={k: list(v) for k, v in live.active.items()},
-            xid_log=list(live.xid_log),
-            absent={k: list(v) for k, v in live.absent.items()},
-            siblings=live.slab.sib[live.slot].tobytes(),
-            xid_seen=list(live.xid_seen),
-        ))
+        """The node's state (a :class:`~fleetmedic.models.gpu_state.NodeGpuState`, msgpack), or None
+        before its first message."""
+        return self.states.node_bytes(node)
 
     def load_node(self, node: str, data: bytes) -> None:
         """Replace the node's state with what :meth:`node_bytes` wrote; :class:`ValueError` (the
         node's state left as it was) for a baseline, counter or time that is not finite."""
-        st = _decode_node(data)
-        _check_finite(st)
-        g = len(st.gpus)
-        self.forget(node)
-        live = self._nodes[node] = self._new_live(st.gpus)
-        slab, i = live.slab, live.slot
-        if st.signals == self.names:  # else the monitored signals changed (config): relearn baselines
-            slab.planes[i] = np.frombuffer(st.planes, dtype=np.float64).reshape(PLANES, len(self.names), g)
-        slab.prev[i] = np.frombuffer(st.prev, dtype=np.float64).reshape(len(WATCHED), g)
-        slab.throttle[i] = np.frombuffer(st.throttle, dtype=np.float64)
-        slab.max_width[i] = np.frombuffer(st.max_width, dtype=np.float64)
-        slab.prev_ts[i], slab.samples[i] = st.prev_ts, st.samples
-        if len(st.siblings) == slab.sib[i].nbytes:  # else the compared signals changed (config): start again
-            slab.sib[i] = np.frombuffer(st.siblings, dtype=np.float64).reshape(slab.r, g)
-        live.boot_id = st.boot_id
-        live.active = {k: list(v) for k, v in st.active.items()}
-        live.xid_log = list(st.xid_log)
-        live.absent = {k: list(v) for k, v in st.absent.items()}
-        live.xid_seen = list(st.xid_seen)
-
+        self.states.load_node(node, data)
     def signals(self, node: str) -> tuple[tuple[str, ...], F64, F64, F64] | None:
         """The node's latest signals and their baselines: ``(names, value, mean, std)``, each ``[S, G]``
         (for reports and debugging; ``None`` before the node's first sample)."""
-        live = self._nodes.get(node)
+        live = self.states.live.get(node)
         if live is None or live.samples == 0:
             return None
         std = np.maximum(np.sqrt(live.planes[VAR]), self.plan.std_floor)
@@ -368,20 +198,12 @@ class GpuDetector:
         """The time of the node's latest sample taken into its baselines (None: none yet). Stage 1
         does not take a sample stamped before it again: a restart that resumes from offsets older
         than the node state it loaded replays samples the state already holds."""
-        live = self._nodes.get(node)
+        live = self.states.live.get(node)
         return live.prev_ts if live is not None and live.samples > 0 else None
 
     def forget(self, node: str) -> None:
         """Drop a node's state (e.g. after repair: baselines start again)."""
-        live = self._nodes.pop(node, None)
-        if live is not None:
-            live.slab.release(live.slot)
-
-    def _new_live(self, gpus: tuple[int, ...]) -> _Live:
-        slab = self._slabs.get(len(gpus))
-        if slab is None:
-            slab = self._slabs[len(gpus)] = _Slab(len(gpus), len(self.names), len(self.sibling_names))
-        return _Live(gpus=gpus, slab=slab, slot=slab.alloc())
+        self.states.forget(node)
 
     # --- observing -----------------------------------------------------------------------------
 
@@ -419,7 +241,7 @@ class GpuDetector:
 
     def _aligned(self, msgs: Sequence[DetectionTelemetry]) -> bool:
         """Whether every message's node is new or reports the GPUs it has reported before, in order."""
-        lives = list(map(self._nodes.get, map(_NODE, msgs)))
+        lives = list(map(self.states.live.get, map(_NODE, msgs)))
         if None not in lives and list(map(_GPU_LIST, lives)) == list(map(_GPUS, msgs)):
             return True
         return all(lv is None or lv.gpu_list == m.gpus for lv, m in zip(lives, msgs, strict=True))
@@ -427,7 +249,7 @@ class GpuDetector:
     def _width(self, msg: DetectionTelemetry) -> int:
         """The GPU count of the slab the message's node is observed in: the GPUs it reports and those
         it reported before (a record lacking some leaves their columns empty)."""
-        live = self._nodes.get(msg.node)
+        live = self.states.live.get(msg.node)
         if live is None or live.gpu_list == msg.gpus or live.samples == 0:  # samples 0: see _observe_distinct
             return len(msg.gpus)
         return len(set(live.gpus).union(msg.gpus))
@@ -443,7 +265,7 @@ class GpuDetector:
         # per-message Python work is a few comprehensions; the rare cases (a new node, a changed GPU
         # set, a reboot, a GPU missing) are handled for those messages only
         n = len(msgs)
-        nodes = self._nodes
+        nodes = self.states.live
         lives = list(map(nodes.get, map(_NODE, msgs)))
         # each test below is one C-level comparison of two lists in the usual case; the Python loop
         # over the messages runs only when it fails
@@ -453,17 +275,17 @@ class GpuDetector:
         for i in odd:
             msg, live, gpus = msgs[i], lives[i], tuple(msgs[i].gpus)
             if live is None:
-                live = nodes[msg.node] = self._new_live(gpus)
+                live = nodes[msg.node] = self.states.new(gpus)
             elif live.samples == 0:  # known from XIDs alone (observe_events): the telemetry says its GPUs
-                live = nodes[msg.node] = self._realigned(live, gpus)
+                live = nodes[msg.node] = self.states.realigned(live, gpus)
             else:
                 if not set(gpus) <= set(live.gpus):  # a GPU not seen before: the node's columns grow
-                    live = nodes[msg.node] = self._realigned(live, tuple(sorted({*live.gpus, *gpus})))
+                    live = nodes[msg.node] = self.states.realigned(live, tuple(sorted({*live.gpus, *gpus})))
                 if live.gpu_list != msg.gpus:
                     where = {g: j for j, g in enumerate(live.gpus)}
                     spread[i] = [where[g] for g in gpus]
             lives[i] = live
-        known: list[_Live] = lives  # type: ignore[assignment]  # every entry is set above
+        known: list[LiveNode] = lives  # type: ignore[assignment]  # every entry is set above
         boot_changed = np.zeros(n, dtype=bool)
         if list(map(_BOOT_ID, known)) != list(map(_BOOT_ID, msgs)):
             for i in [i for i, (lv, m) in enumerate(zip(known, msgs, strict=True)) if lv.boot_id != m.boot_id]:
@@ -570,9 +392,9 @@ class GpuDetector:
         the node's metric state moves: its clock (``prev_ts``), samples, baselines and GPU columns.
         A node not seen before is created with ``gpus`` (its GPU map), taken over by the GPUs its
         first telemetry record lists."""
-        live = self._nodes.get(node)
+        live = self.states.live.get(node)
         if live is None:
-            live = self._nodes[node] = self._new_live(tuple(sorted({*gpus, *(x.gpu for x in xids)})))
+            live = self.states.live[node] = self.states.new(tuple(sorted({*gpus, *(x.gpu for x in xids)})))
         g = len(live.gpus)
         msg = DetectionTelemetry(node=node, ts=ts, gpus=list(live.gpus), metrics=_NO_METRICS, xids=list(xids))
         conditions = self._xid_conditions(msg, live, np.zeros(g, dtype=bool), np.full((len(USED_METRICS), g), np.nan),
@@ -581,7 +403,7 @@ class GpuDetector:
 
     # --- missing GPUs and siblings -------------------------------------------------------------
 
-    def _absence(self, msg: DetectionTelemetry, live: _Live, gone: NDArray[np.bool_],
+    def _absence(self, msg: DetectionTelemetry, live: LiveNode, gone: NDArray[np.bool_],
                  reporting: int) -> tuple[list[_Condition], list[int]]:
         """Account for the node's GPUs missing from ``msg`` (``gone``, by column): the conditions of
         those now lost, and the columns of GPUs back after an absence."""
@@ -608,7 +430,7 @@ class GpuDetector:
                                   evidence=ev, gpu=gpu, hint="reboot_node"))
         return out, back
 
-    def _siblings(self, y: F64, x: F64, prev: F64, reset: NDArray[np.bool_], slab: _Slab, idx: NDArray[np.intp],
+    def _siblings(self, y: F64, x: F64, prev: F64, reset: NDArray[np.bool_], slab: Slab, idx: NDArray[np.intp],
                   present: NDArray[np.bool_], reporting: NDArray[np.int64]) -> tuple[
                       NDArray[np.bool_], F64, F64] | None:
         """Smooth the sibling-compared rates of each GPU (in the slab's rows) and compare each with
@@ -639,7 +461,7 @@ class GpuDetector:
             return None
         return flagged, smooth, np.broadcast_to(median, smooth.shape)
 
-    def _sibling_conditions(self, msg: DetectionTelemetry, live: _Live, flagged: NDArray[np.bool_], smooth: F64,
+    def _sibling_conditions(self, msg: DetectionTelemetry, live: LiveNode, flagged: NDArray[np.bool_], smooth: F64,
                             median: F64) -> list[_Condition]:
         sb, out = self.settings.siblings, []
         for k, j in zip(*np.nonzero(flagged), strict=True):
@@ -754,28 +576,8 @@ class GpuDetector:
                           summary=f"HW power brake on {len(braked)} of {len(gpus)} GPUs: power delivery (PSU) fault",
                           evidence=ev, gpu=None, hint="isolate")
 
-    def _realigned(self, live: _Live, gpus: tuple[int, ...]) -> _Live:
-        """The node reported a GPU it had not before: a fresh slot for ``gpus``, keeping what is known of
-        the GPUs in both."""
-        fresh = self._new_live(gpus)
-        src, dst = live.slab, fresh.slab
-        for j, gpu in enumerate(gpus):
-            if gpu in live.gpus:
-                k = live.gpus.index(gpu)
-                dst.planes[fresh.slot, ..., j] = src.planes[live.slot, ..., k]
-                dst.prev[fresh.slot, :, j] = src.prev[live.slot, :, k]
-                dst.throttle[fresh.slot, j] = src.throttle[live.slot, k]
-                dst.max_width[fresh.slot, j] = src.max_width[live.slot, k]
-                dst.sib[fresh.slot, :, j] = src.sib[live.slot, :, k]
-        dst.prev_ts[fresh.slot], dst.samples[fresh.slot] = live.prev_ts, live.samples
-        fresh.boot_id, fresh.active, fresh.xid_log = live.boot_id, live.active, live.xid_log
-        fresh.xid_seen = live.xid_seen
-        fresh.absent = {g: v for g, v in live.absent.items() if g in gpus}
-        src.release(live.slot)
-        return fresh
-
     def _xid_conditions(
-        self, msg: DetectionTelemetry, live: _Live, gauge_changed: NDArray[np.bool_], x: F64, source: int = TELEMETRY
+        self, msg: DetectionTelemetry, live: LiveNode, gauge_changed: NDArray[np.bool_], x: F64, source: int = TELEMETRY
     ) -> list[_Condition]:
         events: list[tuple[float, int, int, str]] = [(e.ts, e.gpu, e.xid, e.message) for e in msg.xids]
         # dcgm-exporter's XID gauge holds the last XID: a new one is a change of value
@@ -824,7 +626,7 @@ class GpuDetector:
         live.xid_log = log[-256:]
         return out
 
-    def _report(self, msg: DetectionTelemetry, live: _Live, conditions: Iterable[_Condition]) -> list[Finding]:
+    def _report(self, msg: DetectionTelemetry, live: LiveNode, conditions: Iterable[_Condition]) -> list[Finding]:
         """Report conditions that are new, or due again; forget those absent for ``reassert_s``.
 
         ``live.active`` maps a condition to ``[last reported, last seen]``: a condition that dips
@@ -902,7 +704,7 @@ def _hard_conditions(x: F64, prev: F64, reset: NDArray[np.bool_], dbe_threshold:
 _LOST_GPU_XIDS = frozenset({79})
 
 
-def _lost_gpu_xid(msg: DetectionTelemetry, live: _Live, gpu: int, since: float) -> int | None:
+def _lost_gpu_xid(msg: DetectionTelemetry, live: LiveNode, gpu: int, since: float) -> int | None:
     """An XID saying ``gpu`` fell off the bus, in ``msg`` or logged since ``since``; None if none."""
     for e in msg.xids:
         if e.gpu == gpu and e.xid in _LOST_GPU_XIDS:

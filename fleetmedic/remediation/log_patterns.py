@@ -10,7 +10,7 @@ classes the detectors use), and so are lines in which the driver reports an XID 
 library also extracts the rank and host a line names, so triage can map a line to a node through
 the job's placement.
 
-Kernel and driver lines (the node-local kernel-log exporter, :mod:`fleetmedic.connectors.kmsg_map`)
+Kernel and driver lines (the node-local kernel-log exporter, :mod:`fleetmedic.connectors.kernel.kmsg_map`)
 use three more keys of a pattern: ``device`` (what the line is about: gpu, nvswitch, pcie, nic,
 cpu, memory), ``severity`` (info, warning, critical) and the regular expression's named groups
 (``pci`` for the device's PCI address, ``code``, ``port``...), returned in :attr:`LineMatch.groups`.

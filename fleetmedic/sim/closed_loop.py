@@ -54,9 +54,9 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 import numpy as np
@@ -65,14 +65,15 @@ from msgspec import Struct
 from fleetmedic.evaluation.scoring import is_repair
 from fleetmedic.records import RemediationCommand, RemediationResult
 from fleetmedic.sim import logs
-from fleetmedic.sim.faults import REMEDY_LEVEL, Fault
+from fleetmedic.sim.faults import REMEDY_LEVEL, Fault, FaultSet
 from fleetmedic.sim.logs import FailureReport
-from fleetmedic.sim.placement import PlacementCounts, placement_counts
+from fleetmedic.sim.placement import PlacementCounts, Replacement, count_replacements, restarter
 from fleetmedic.sim.workload import PENDING
 
 if TYPE_CHECKING:
-    from fleetmedic.sim.engine import Simulator
-    from fleetmedic.sim.workload import Interruption
+    from fleetmedic.sim.fleet import Fleet
+    from fleetmedic.sim.telemetry import GpuModel, PortModel
+    from fleetmedic.sim.workload import Interruption, Workload
 
 EXECUTOR = "fleetmedic-simulator"
 
@@ -168,8 +169,25 @@ def _stats(xs: list[float]) -> PhaseStats:
                       p90_s=round(float(np.percentile(a, 90)), 3), max_s=round(float(a.max()), 3))
 
 
+class LoopHost(Protocol):
+    """What the closed loop may touch (the simulator implements it)."""
+
+    seed: int
+    start: float
+    fleet: Fleet
+    workload: Workload
+    gpu: GpuModel
+    ports: PortModel
+    faults: FaultSet
+
+    def skew(self, node: int) -> float: ...
+    def faults_on(self, node: int, t: float) -> list[Fault]: ...
+    def fault_cause(self, node: int, t: float) -> str: ...
+    def clear_faults(self, node: int, t: float, level: int, by: str, gpu: int | None) -> list[str]: ...
+
+
 class ClosedLoop:
-    def __init__(self, sim: Simulator, spec: LoopSpec) -> None:
+    def __init__(self, sim: LoopHost, spec: LoopSpec) -> None:
         self.sim = sim
         self.spec = spec
         n = sim.fleet.n
@@ -592,6 +610,27 @@ class ClosedLoop:
         rec.update(detect_s=d[0], isolate_s=d[1], wait_capacity_s=d[2], restore_s=d[3], first_good_step_s=d[4],
                    mttr_s=round(marks[-1] - marks[0], 3))
         return OutageRecord(**rec)  # type: ignore[arg-type]
+
+
+def suspects(causes: Iterable[Fault], t: float) -> dict[int, str]:
+    """The nodes of the faults behind an outage that are active at ``t`` and whose truth says isolate
+    the node (or the node behind the bad link), with their fault's kind; a switch fault blames no node."""
+    return {f.node: f.info.name for f in causes
+            if f.node >= 0 and f.leaf < 0 and f.info.expected in ("isolate_node", "isolate_link")
+            and f.onset <= t < f.end and (f.cleared_at is None or t < f.cleared_at)}
+
+
+def placement_counts(interruptions: Iterable[Interruption], fault_by_id: dict[str, Fault],
+                     node_su: np.ndarray) -> dict[str, PlacementCounts]:
+    """The re-placements of every outage, summed: ``all`` and per restarter."""
+    groups: dict[str, list[tuple[Replacement, dict[int, str]]]] = {"all": []}
+    for intr in interruptions:
+        for rec in intr.placements:  # the faults behind the failures so far, not a later one
+            causes = [fault_by_id[f[1]] for f in intr.failures if f[1] in fault_by_id and f[0] <= rec.t]
+            pair = (rec, suspects(causes, rec.t))
+            groups["all"].append(pair)
+            groups.setdefault(restarter(rec.by), []).append(pair)
+    return {k: count_replacements(v, node_su) for k, v in groups.items()}
 
 
 def _diag_test(f: Fault) -> str:

@@ -35,7 +35,7 @@ from fleetmedic.records import JobEvent, RemediationCommand, RemediationResult
 from fleetmedic.sim.batch import GpuBatch, Identity, PortBatch
 from fleetmedic.sim.closed_loop import Accounting, ClosedLoop, LoopSpec
 from fleetmedic.sim.fault_spec import plan_faults
-from fleetmedic.sim.faults import Fault, FaultSet, make_fault
+from fleetmedic.sim.faults import REMEDY_LEVEL, Fault, FaultSet, make_fault
 from fleetmedic.sim.fleet import Fleet, FleetSpec, build_fleet
 from fleetmedic.sim.logs import FailureReport
 from fleetmedic.sim.telemetry import GpuModel, NoiseSpec, PortModel
@@ -170,7 +170,6 @@ class Simulator:
         return hits[0].id if hits else ""
 
     def clear_faults(self, node: int, t: float, level: int, by: str, gpu: int | None) -> list[str]:
-        from fleetmedic.sim.faults import REMEDY_LEVEL
 
         cleared = []
         for f in self.faults.faults:

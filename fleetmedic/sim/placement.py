@@ -28,14 +28,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 from msgspec import Struct
-
-if TYPE_CHECKING:
-    from fleetmedic.sim.faults import Fault
-    from fleetmedic.sim.workload import Interruption
 
 PREFERENCES = ("fleetmedic", "none", "all")
 
@@ -203,24 +198,3 @@ def count_replacements(records: Iterable[tuple[Replacement, Mapping[int, str]]],
                            in_leaf_any=in_leaf_any, on_suspect_known=known,
                            on_suspect_undetected=on_suspect - known, on_flagged=flagged,
                            undetected_by_kind=dict(sorted(undetected.items())))
-
-
-def suspects(causes: Iterable[Fault], t: float) -> dict[int, str]:
-    """The nodes of the faults behind an outage that are active at ``t`` and whose truth says isolate
-    the node (or the node behind the bad link), with their fault's kind; a switch fault blames no node."""
-    return {f.node: f.info.name for f in causes
-            if f.node >= 0 and f.leaf < 0 and f.info.expected in ("isolate_node", "isolate_link")
-            and f.onset <= t < f.end and (f.cleared_at is None or t < f.cleared_at)}
-
-
-def placement_counts(interruptions: Iterable[Interruption], fault_by_id: dict[str, Fault],
-                     node_su: np.ndarray) -> dict[str, PlacementCounts]:
-    """The re-placements of every outage, summed: ``all`` and per restarter."""
-    groups: dict[str, list[tuple[Replacement, dict[int, str]]]] = {"all": []}
-    for intr in interruptions:
-        for rec in intr.placements:  # the faults behind the failures so far, not a later one
-            causes = [fault_by_id[f[1]] for f in intr.failures if f[1] in fault_by_id and f[0] <= rec.t]
-            pair = (rec, suspects(causes, rec.t))
-            groups["all"].append(pair)
-            groups.setdefault(restarter(rec.by), []).append(pair)
-    return {k: count_replacements(v, node_su) for k, v in groups.items()}

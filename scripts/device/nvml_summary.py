@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 
 def probe(nvml: Any, out: TextIO) -> int:
-    from fleetmedic.connectors.nvml_seam import GpuLost, NvmlSeam
+    from fleetmedic.connectors.nvml.seam import GpuLost, NvmlSeam
     from fleetmedic.records import GPU_METRICS
 
     seam = NvmlSeam(nvml)

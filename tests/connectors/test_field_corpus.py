@@ -13,7 +13,7 @@ import yaml
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings, parse_config
-from fleetmedic.connectors.prometheus_text import (
+from fleetmedic.connectors.prometheus.text import (
     DCGM_FP64_BLANK,
     DCGM_INT64_BLANK,
     DCGM_TO_METRIC,

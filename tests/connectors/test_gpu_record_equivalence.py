@@ -1,5 +1,5 @@
 """:meth:`ExpositionReader.gpu_record` with its common columns made in C
-(``fleetmedic/connectors/_gpu_record.c``) and without: for random per-GPU values (in range, out of
+(``fleetmedic/connectors/prometheus/_gpu_record.c``) and without: for random per-GPU values (in range, out of
 range, DCGM blanks, integral fields, ints, non-finite values, GPUs missing a metric, keys that are
 not GPU metrics) the same record and the same skip reasons, with the same counts."""
 
@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings
-from fleetmedic.connectors import prometheus_text as pt
-from fleetmedic.connectors.prometheus_text import DCGM_FP64_BLANK, DCGM_INT64_BLANK, ExpositionReader
+from fleetmedic.connectors.prometheus import text as pt
+from fleetmedic.connectors.prometheus.text import DCGM_FP64_BLANK, DCGM_INT64_BLANK, ExpositionReader
 
 # integral and float fields, ratios (0..1), counters, temperatures: each with its own bounds
 METRICS = ["gpu_temp", "power_usage", "ecc_dbe_vol_total", "prof_dram_active", "sm_clock", "fb_used",
@@ -53,7 +53,7 @@ def _record(by_gpu: dict[int, dict[str, Any]], native: bool) -> tuple[bytes | No
 @given(st.dictionaries(st.integers(0, 15), ROW, min_size=1, max_size=8))
 def test_the_c_columns_give_the_python_loops_record_and_reasons(by_gpu: dict[int, dict[str, Any]]) -> None:
     if pt._native_common_columns is None:
-        pytest.skip("fleetmedic.connectors._gpu_record is not built (the test below fails for that)")
+        pytest.skip("fleetmedic.connectors.prometheus._gpu_record is not built (the test below fails for that)")
     assert _record(by_gpu, True) == _record(by_gpu, False)
 
 
@@ -61,7 +61,8 @@ def test_the_c_columns_are_built_and_take_the_common_case() -> None:
     """The package builds the C columns wherever a C compiler is found (scripts/test installs with
     one); without one gpu_record runs the Python loop, slower, and this test fails to say so."""
     common = pt._native_common_columns
-    assert common is not None, "fleetmedic.connectors._gpu_record is not built: pip install -e . with a C compiler"
+    assert common is not None, ("fleetmedic.connectors.prometheus._gpu_record is not built: "
+                                "pip install -e . with a C compiler")
     per_gpu = [{"gpu_temp": 40.0 + g, "ecc_dbe_vol_total": 3.0, "prof_dram_active": 0.25 if g else 7.0,
                 "fb_used": 100.0, "_state": 1.0} for g in range(4)]
     del per_gpu[2]["fb_used"]

@@ -23,15 +23,15 @@ from prometheus_client import CollectorRegistry
 
 from fleetmedic import records as r
 from fleetmedic.config import IngestSettings, KafkaTelemetrySettings, LogExporterSettings, Settings, parse_config
-from fleetmedic.connectors import prometheus_ingest
-from fleetmedic.connectors.kafka_telemetry_map import BadMessage, PointMapper
-from fleetmedic.connectors.log_failures import BadLogLine, parse_log_message
-from fleetmedic.connectors.perfquery import parse_perfquery
-from fleetmedic.connectors.prometheus_api import api_samples
-from fleetmedic.connectors.prometheus_ingest import PrometheusSource, target_label
-from fleetmedic.connectors.prometheus_text import MAX_REASONS, OTHER_REASON, ExpositionReader
+from fleetmedic.connectors.infiniband.perfquery import parse_perfquery
+from fleetmedic.connectors.kafka_telemetry.exporter_map import BadMessage, PointMapper
+from fleetmedic.connectors.logs.failures import BadLogLine, parse_log_message
+from fleetmedic.connectors.prometheus import ingest as prometheus_ingest
+from fleetmedic.connectors.prometheus.api import api_samples
+from fleetmedic.connectors.prometheus.ingest import PrometheusSource, target_label
+from fleetmedic.connectors.prometheus.text import MAX_REASONS, OTHER_REASON, ExpositionReader
 from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox
-from fleetmedic.evaluation.backtest import InputReader
+from fleetmedic.evaluation.backtest_inputs import InputReader
 from tests.connectors.test_prometheus import dcgm_text
 
 TS_MS = 1_700_000_000_000

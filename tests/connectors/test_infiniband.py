@@ -13,9 +13,9 @@ from prometheus_client import CollectorRegistry
 
 from fleetmedic import records as r
 from fleetmedic.config import InfinibandPortLink, IngestSettings, parse_config
-from fleetmedic.connectors.infiniband import PerfquerySource
-from fleetmedic.connectors.perfquery import Topology, parse_perfquery, port_records
-from fleetmedic.connectors.prometheus_text import ExpositionReader
+from fleetmedic.connectors.infiniband.exporter import PerfquerySource
+from fleetmedic.connectors.infiniband.perfquery import Topology, parse_perfquery, port_records
+from fleetmedic.connectors.prometheus.text import ExpositionReader
 from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox
 
 DEFAULT = """# Port counters: Lid 214 port 35 (CapMask: 0x5A00)

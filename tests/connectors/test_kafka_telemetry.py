@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 
 from fleetmedic import records as r
 from fleetmedic.config import IngestSettings, KafkaTelemetrySettings, Settings, parse_config
-from fleetmedic.connectors.kafka_telemetry import KafkaTelemetrySource
-from fleetmedic.connectors.kafka_telemetry_map import BadMessage, PointMapper, Windows
+from fleetmedic.connectors.kafka_telemetry.exporter import KafkaTelemetrySource
+from fleetmedic.connectors.kafka_telemetry.exporter_map import BadMessage, PointMapper, Windows
 from fleetmedic.connectors.runtime import ConnectorMetrics, KafkaSink, Outbox, PumpSettings, run_until_stopped
 from tests.streams.harness import collect_sync, produce
 
@@ -81,7 +81,7 @@ def test_ib_port_state_comes_from_both_state_series_as_in_the_exposition_reader(
         state: str | None, phys: str | None, link: str) -> None:
     """node-exporter's ``node_infiniband_physical_state_id`` counts on the Kafka path as in the
     exposition reader: the same port read both ways gets the same link state."""
-    from fleetmedic.connectors.prometheus_text import ExpositionReader
+    from fleetmedic.connectors.prometheus.text import ExpositionReader
 
     mapper = PointMapper(KafkaTelemetrySettings(format="prometheus_kafka_adapter"))
     windows = Windows(10.0, 5.0, IngestSettings(), "kafka-adapter")

@@ -25,7 +25,7 @@ from fleetmedic import records as r
 from fleetmedic.cli.main import main
 from fleetmedic.config import Settings
 from fleetmedic.connectors.errors import SourceUnavailable
-from fleetmedic.connectors.kmsg import (
+from fleetmedic.connectors.kernel.kmsg import (
     KmsgDevice,
     KmsgOptions,
     KmsgSource,
@@ -34,7 +34,7 @@ from fleetmedic.connectors.kmsg import (
     load_state,
     nic_map_from_sysfs,
 )
-from fleetmedic.connectors.kmsg_map import (
+from fleetmedic.connectors.kernel.kmsg_map import (
     BadRecord,
     KernelRecord,
     KmsgMapper,

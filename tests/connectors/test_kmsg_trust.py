@@ -10,7 +10,7 @@ from typing import Any
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings
-from fleetmedic.connectors.kmsg_map import KernelRecord, KmsgMapper, parse_journal, parse_kmsg
+from fleetmedic.connectors.kernel.kmsg_map import KernelRecord, KmsgMapper, parse_journal, parse_kmsg
 from fleetmedic.remediation.log_patterns import default_library
 from fleetmedic.sim.embedded import EmbeddedPipeline
 

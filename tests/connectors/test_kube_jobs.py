@@ -20,7 +20,7 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry
 
 from fleetmedic.config import ClusterSettings, JobWatchSettings, KafkaSettings, Settings, TopicSettings
-from fleetmedic.connectors.kube_jobs import Gone, JobWatcher, JobWatchMetrics, ResourceWatch, resource_path
+from fleetmedic.connectors.kube.jobs import Gone, JobWatcher, JobWatchMetrics, ResourceWatch, resource_path
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.k8s_keys import LABEL_FLEET, LABEL_LEAF, LABEL_POOL, LABEL_RACK
 from fleetmedic.records import JobEvent, decode
@@ -354,7 +354,7 @@ def test_watcher_publishes_node_observations_for_foreign_cordons_and_label_chang
 
 
 def test_a_stub_keeps_what_a_deletion_is_reported_with_and_nothing_else() -> None:
-    from fleetmedic.connectors.kube_jobs import _stub, _unstub
+    from fleetmedic.connectors.kube.jobs import _stub, _unstub
 
     node = {"metadata": {"name": "n1", "uid": "u1", "labels": {LABEL_RACK: "r1"}, "annotations": {"a": "b"},
                          "resourceVersion": "7"}, "spec": {"unschedulable": True}, "status": {}}

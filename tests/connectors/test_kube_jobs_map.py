@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleetmedic.connectors.kube_jobs_map import JobTracker, job_of_pod
+from fleetmedic.connectors.kube.jobs_map import JobTracker, job_of_pod
 
 GPU = {"nvidia.com/gpu": "8"}
 
@@ -214,12 +214,12 @@ def test_what_the_watch_keeps_of_each_object_still_reports_its_deletion_after_a_
     """The job watcher keeps a stub of every object (to report those deleted while it was not
     watching); the stubs are smaller than the objects, yet each deletion still lands."""
     from fleetmedic.config import Settings
-    from fleetmedic.connectors.kube_jobs import _stub as _kept
-    from fleetmedic.connectors.kube_jobs import _unstub
+    from fleetmedic.connectors.kube.jobs import _stub as _kept
+    from fleetmedic.connectors.kube.jobs import _unstub
 
     def _stub(kind: str, obj: dict[str, Any]) -> dict[str, Any]:  # what a relist reports of it
         return _unstub(kind, _kept(kind, obj))
-    from fleetmedic.connectors.kube_nodes_map import NodeTracker
+    from fleetmedic.connectors.kube.nodes_map import NodeTracker
 
     t = JobTracker()
     t.observe_workload("Job", "ADDED", workload({"parallelism": 2}), 0.0)

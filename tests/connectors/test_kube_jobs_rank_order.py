@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from fleetmedic.connectors import kube_jobs_map as m
-from fleetmedic.connectors.kube_jobs_map import JobState, JobTracker, PodView
+from fleetmedic.connectors.kube import jobs_map as m
+from fleetmedic.connectors.kube.jobs_map import JobState, JobTracker, PodView
 
 GPU = {"nvidia.com/gpu": "8"}
 

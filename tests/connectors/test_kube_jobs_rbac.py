@@ -16,7 +16,7 @@ from kubernetes import client, utils
 from prometheus_client import CollectorRegistry
 
 from fleetmedic.config import JobWatchSettings, Settings
-from fleetmedic.connectors.kube_jobs import JobWatcher
+from fleetmedic.connectors.kube.jobs import JobWatcher
 from fleetmedic.devenv.kclient import connect
 
 MANIFEST = Path(__file__).parents[2] / "deploy" / "rbac" / "jobwatch.yaml"

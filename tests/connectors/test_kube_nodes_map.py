@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fleetmedic.config import Settings
-from fleetmedic.connectors.kube_nodes_map import NodeTracker
+from fleetmedic.connectors.kube.nodes_map import NodeTracker
 from fleetmedic.k8s_keys import ANNOTATION_CORDONED_BY
 from fleetmedic.records import NodeObservation, decode, encode
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-PURE = ["prometheus_text", "prometheus_api", "kafka_telemetry_map", "log_failures", "perfquery", "nvml_record",
-        "nvml_seam", "errors", "remote_write", "remote_write_auth", "node_conditions", "kmsg_map", "kube_jobs_map",
-        "kube_nodes_map"]
+PURE = ["prometheus.text", "prometheus.api", "kafka_telemetry.exporter_map", "logs.failures", "infiniband.perfquery",
+        "nvml.record", "nvml.seam", "errors", "remote_write.assembler", "remote_write.codec", "remote_write.auth",
+        "kube.node_conditions", "kernel.kmsg_map", "kernel.log_lines", "kube.jobs_map", "kube.nodes_map"]
 ADAPTERS = ["prometheus_client", "aiokafka", "aiohttp", "faust", "kubernetes", "pynvml"]
 
 

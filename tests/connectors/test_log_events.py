@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 
 from fleetmedic import records as r
 from fleetmedic.config import LogExporterSettings, Settings
-from fleetmedic.connectors.log_events import LogSource
-from fleetmedic.connectors.log_failures import BadLogLine, FailureLogGate, LogLine, parse_log_message
+from fleetmedic.connectors.logs.events import LogSource
+from fleetmedic.connectors.logs.failures import BadLogLine, FailureLogGate, LogLine, parse_log_message
 from fleetmedic.connectors.runtime import ConnectorMetrics, KafkaSink, Outbox, PumpSettings, run_until_stopped
 from fleetmedic.remediation.log_patterns import default_library
 from tests.streams.harness import collect_sync, produce

@@ -16,8 +16,8 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry
 
 from fleetmedic.config import ConfigError, JobWatchSettings, Settings, parse_config
-from fleetmedic.connectors.kube_jobs import JobWatcher
-from fleetmedic.connectors.node_conditions import ConditionTracker
+from fleetmedic.connectors.kube.jobs import JobWatcher
+from fleetmedic.connectors.kube.node_conditions import ConditionTracker
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.records import Finding, decode, encode
 from fleetmedic.remediation.triage.records import finding_class, finding_isolation

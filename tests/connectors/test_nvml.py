@@ -20,9 +20,9 @@ from prometheus_client import CollectorRegistry
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings, parse_config
-from fleetmedic.connectors.nvml_exporter import XID_GPU_LOST, NvmlSource
-from fleetmedic.connectors.nvml_record import build_record
-from fleetmedic.connectors.nvml_seam import GpuReading, NvmlSeam, NvmlUnavailable
+from fleetmedic.connectors.nvml.exporter import XID_GPU_LOST, NvmlSource
+from fleetmedic.connectors.nvml.record import build_record
+from fleetmedic.connectors.nvml.seam import GpuReading, NvmlSeam, NvmlUnavailable
 from fleetmedic.connectors.runtime import ConnectorMetrics, JsonlSink, Outbox, PumpSettings, run_until_stopped
 from tests.connectors import fake_pynvml as fake
 from tests.connectors.fake_pynvml import FakeGpu, FakeNvml

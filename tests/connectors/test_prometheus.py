@@ -16,9 +16,9 @@ from prometheus_client import CollectorRegistry
 
 from fleetmedic import records as r
 from fleetmedic.config import IngestSettings, Settings
-from fleetmedic.connectors.prometheus_api import ApiAnswerError, Watermarks, api_samples
-from fleetmedic.connectors.prometheus_ingest import PrometheusSource
-from fleetmedic.connectors.prometheus_text import ExpositionReader
+from fleetmedic.connectors.prometheus.api import ApiAnswerError, Watermarks, api_samples
+from fleetmedic.connectors.prometheus.ingest import PrometheusSource
+from fleetmedic.connectors.prometheus.text import ExpositionReader
 from fleetmedic.connectors.runtime import ConnectorMetrics, KafkaSink, Outbox, PumpSettings, run_until_stopped
 from tests.streams.harness import Collected, collect_sync
 

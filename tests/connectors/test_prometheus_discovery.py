@@ -18,8 +18,8 @@ from prometheus_client import CollectorRegistry
 
 from fleetmedic import records as r
 from fleetmedic.config import PodDiscoverySettings, Settings, parse_config
-from fleetmedic.connectors.prometheus_api import pod_targets
-from fleetmedic.connectors.prometheus_ingest import PrometheusSource
+from fleetmedic.connectors.prometheus.api import pod_targets
+from fleetmedic.connectors.prometheus.ingest import PrometheusSource
 from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox
 
 FIELD = Path(__file__).parents[1] / "data" / "field"

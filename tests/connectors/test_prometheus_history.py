@@ -22,7 +22,7 @@ import pytest
 from fleetmedic import records as r
 from fleetmedic.cli.main import main
 from fleetmedic.config import parse_config
-from fleetmedic.connectors.prometheus_history import History
+from fleetmedic.connectors.prometheus.history import History
 from tests.conftest import require_tool
 
 PROMTOOL = os.environ.get("FLEETMEDIC_PROMTOOL", "/usr/bin/promtool")
@@ -187,8 +187,8 @@ def _answer(entries: list[tuple[dict[str, str], list[list[Any]]]]) -> bytes:
 def _general_path(body: bytes) -> tuple[list[Any], dict[str, int]]:
     """What History did before the typed decode: json.loads, api_samples, the samples sorted by
     time through read_samples (the oracle)."""
-    from fleetmedic.connectors.prometheus_api import api_samples
-    from fleetmedic.connectors.prometheus_text import ExpositionReader
+    from fleetmedic.connectors.prometheus.api import api_samples
+    from fleetmedic.connectors.prometheus.text import ExpositionReader
 
     reader = ExpositionReader.for_settings(parse_config(""), source="prometheus-history", ignore_unknown=True)
     samples = sorted(api_samples(json.loads(body), reader.skipped), key=lambda s: s[3] or 0.0)
@@ -196,8 +196,8 @@ def _general_path(body: bytes) -> tuple[list[Any], dict[str, int]]:
 
 
 def _column_path(body: bytes) -> tuple[list[Any], dict[str, int]]:
-    from fleetmedic.connectors.prometheus_history import matrix_columns
-    from fleetmedic.connectors.prometheus_text import ExpositionReader
+    from fleetmedic.connectors.prometheus.history import matrix_columns
+    from fleetmedic.connectors.prometheus.text import ExpositionReader
 
     reader = ExpositionReader.for_settings(parse_config(""), source="prometheus-history", ignore_unknown=True)
     return list(reader.read_columns(matrix_columns(body, reader.skipped))), dict(reader.skipped)
@@ -210,7 +210,7 @@ def test_an_answer_gives_the_same_records_and_counts_through_the_typed_decode_as
     general reader on answers with bad points, unread series and shapes the typed decode leaves to it."""
     from collections import Counter
 
-    from fleetmedic.connectors.prometheus_history import _typed_columns
+    from fleetmedic.connectors.prometheus.history import _typed_columns
 
     t0 = 1_767_000_000
     entries: list[tuple[dict[str, str], list[list[Any]]]] = []

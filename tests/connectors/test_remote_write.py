@@ -20,20 +20,22 @@ from prometheus_client import CollectorRegistry
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings, parse_config
-from fleetmedic.connectors.prometheus_text import ExpositionReader
-from fleetmedic.connectors.remote_write import (
-    STALE_NAN_BITS,
+from fleetmedic.connectors.prometheus.text import ExpositionReader
+from fleetmedic.connectors.remote_write.assembler import (
     Assembler,
-    BadRequest,
     LabelCache,
     SampleCounts,
-    decode_request,
-    encode_request,
     parse_listen,
-    snappy_length,
     write_request_samples,
 )
-from fleetmedic.connectors.remote_write_server import HealthSink, RemoteWriteReceiver
+from fleetmedic.connectors.remote_write.codec import (
+    STALE_NAN_BITS,
+    BadRequest,
+    decode_request,
+    encode_request,
+    snappy_length,
+)
+from fleetmedic.connectors.remote_write.server import HealthSink, RemoteWriteReceiver
 from fleetmedic.connectors.runtime import ConnectorMetrics, JsonlSink, KafkaSink, Outbox, PumpSettings, pump
 
 FIELD = Path(__file__).parents[1] / "data" / "field"
@@ -319,7 +321,7 @@ def test_the_pure_part_imports_no_adapter_library() -> None:
     import subprocess
     import sys
 
-    code = ("import sys\nimport fleetmedic.connectors.remote_write\n"
+    code = ("import sys\nimport fleetmedic.connectors.remote_write.assembler\n"
             "print(sorted(m for m in ['prometheus_client', 'aiokafka', 'aiohttp', 'faust', 'kubernetes'] "
             "if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

@@ -3,7 +3,7 @@ straight into their node's open scrape) against the general path it replaced: ev
 plainly by the protobuf runtime, filtered as remote write filters them, then grouped and mapped by
 :meth:`ExpositionReader.read_samples`. For random request sets the records, the skip reasons and
 the sample counts are the same, with the commonest series held by the C loop
-(``fleetmedic/connectors/_remote_write.c``) and without it."""
+(``fleetmedic/connectors/remote_write/_remote_write.c``) and without it."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings
-from fleetmedic.connectors.prometheus_text import (
+from fleetmedic.connectors.prometheus.text import (
     MAX_LABEL_VALUE_CHARS,
     TS_MAX,
     TS_MIN,
@@ -30,11 +30,13 @@ from fleetmedic.connectors.prometheus_text import (
     count,
     known_name,
 )
-from fleetmedic.connectors.remote_write import (
-    STALE_NAN_BITS,
+from fleetmedic.connectors.remote_write.assembler import (
     Assembler,
     LabelCache,
     SampleCounts,
+)
+from fleetmedic.connectors.remote_write.codec import (
+    STALE_NAN_BITS,
     WriteRequest,
     decode_request,
     is_stale_marker,
@@ -156,7 +158,7 @@ def _one_pass(bodies: list[bytes], cache: LabelCache) -> tuple[list[Any], Counte
 @contextlib.contextmanager
 def _native(on: bool) -> Iterator[None]:
     """With (the default) or without the C loop of the inline hold."""
-    import fleetmedic.connectors.remote_write as rw
+    import fleetmedic.connectors.remote_write.assembler as rw
 
     saved = rw._native_hold_inline
     rw._native_hold_inline = saved if on else None
@@ -187,7 +189,7 @@ def test_the_one_pass_path_gives_the_general_paths_records(native: bool, series:
 def test_the_fast_path_is_what_reads_a_repeated_request() -> None:
     """Guards the test above: with a warm cache, Prometheus-shaped requests (one sample per
     series, sorted labels) are read without parsing a series whole."""
-    import fleetmedic.connectors.remote_write as rw
+    import fleetmedic.connectors.remote_write.assembler as rw
 
     series = [([("__name__", n), ("Hostname", "a"), ("gpu", str(g))], [(v, T0_MS)])
               for n in GPU_SERIES[:3] for g in range(8) for v in (0.0, 41.0)]
@@ -215,10 +217,11 @@ def test_the_c_loop_is_built_and_holds_a_repeated_request() -> None:
     """The package builds the C loop wherever a C compiler is found (scripts/test installs with
     one); a machine without one runs the Python loop, slower, and fails this test to say so. With
     a warm cache, it holds a Prometheus-shaped request but what must be resolved or opened first."""
-    import fleetmedic.connectors.remote_write as rw
+    import fleetmedic.connectors.remote_write.assembler as rw
 
     native = rw._native_hold_inline
-    assert native is not None, "fleetmedic.connectors._remote_write is not built: pip install -e . with a C compiler"
+    assert native is not None, ("fleetmedic.connectors.remote_write._remote_write is not built: "
+                                "pip install -e . with a C compiler")
     series = [([("__name__", n), ("Hostname", "a"), ("gpu", str(g))], [(v, T0_MS + 15_000 * k)])
               for k in range(2) for n in [*GPU_SERIES[:3], "up"] for g in range(8) for v in (0.0, 41.0)]
     bodies = [_encode(series[:64]), _encode(series[64:])]
@@ -249,7 +252,7 @@ def test_the_c_loop_is_built_and_holds_a_repeated_request() -> None:
 def _gpu_record_per_value(reader: ExpositionReader, by_gpu: dict[int, dict[str, float]], info: dict[str, str]
                           ) -> r.GpuTelemetry | None:
     """gpu_record as it checked values before its columns were checked whole: one at a time."""
-    from fleetmedic.connectors.prometheus_text import _GPU_BOUNDS, DCGM_FP64_BLANK, DCGM_INT64_BLANK
+    from fleetmedic.connectors.prometheus.text import _GPU_BOUNDS, DCGM_FP64_BLANK, DCGM_INT64_BLANK
 
     gpus = sorted(by_gpu)
     columns: dict[str, list[float | int | None]] = {}

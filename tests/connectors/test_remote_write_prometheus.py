@@ -23,7 +23,7 @@ import pytest
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings
-from fleetmedic.connectors.prometheus_text import ExpositionReader
+from fleetmedic.connectors.prometheus.text import ExpositionReader
 from fleetmedic.devenv import proc, tls
 from tests.conftest import unavailable
 from tests.connectors.conftest import PROMETHEUS

@@ -33,9 +33,9 @@ from prometheus_client import CollectorRegistry
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings, parse_config
-from fleetmedic.connectors import remote_write as rw_module
-from fleetmedic.connectors.remote_write import encode_request
-from fleetmedic.connectors.remote_write_server import HealthSink, RemoteWriteReceiver
+from fleetmedic.connectors.remote_write import assembler as rw_module
+from fleetmedic.connectors.remote_write.codec import WriteRequest, encode_request
+from fleetmedic.connectors.remote_write.server import HealthSink, RemoteWriteReceiver
 from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox, Outgoing, PumpSettings, pump
 from fleetmedic.devenv.tls import Ca, issue, make_ca
 
@@ -390,7 +390,7 @@ def test_tls_with_client_certificates_whose_ca_rotates_without_a_restart(tmp_pat
 
 
 def test_tls_files_that_do_not_make_a_context_leave_the_last_good_one(tmp_path: Path) -> None:
-    from fleetmedic.connectors.remote_write_auth import TlsFiles
+    from fleetmedic.connectors.remote_write.auth import TlsFiles
 
     ca = make_ca(tmp_path)
     server = issue(ca, tmp_path, "server")
@@ -435,7 +435,7 @@ def _raw_request(series: list[list[tuple[str, str]]], ts_ms: int) -> bytes:
     """A WriteRequest whose series carry their labels as given (duplicates and order kept)."""
     import cramjam
 
-    request = rw_module.WriteRequest()
+    request = WriteRequest()
     for labels in series:
         ts = request.timeseries.add()
         for name, value in labels:

@@ -8,8 +8,9 @@ from collections import Counter
 from typing import Any
 
 from fleetmedic.config import Settings
-from fleetmedic.connectors.prometheus_text import ExpositionReader
-from fleetmedic.connectors.remote_write import SampleCounts, decode_request, encode_request, write_request_samples
+from fleetmedic.connectors.prometheus.text import ExpositionReader
+from fleetmedic.connectors.remote_write.assembler import SampleCounts, write_request_samples
+from fleetmedic.connectors.remote_write.codec import decode_request, encode_request
 
 HEADERS = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy",
            "X-Prometheus-Remote-Write-Version": "0.1.0"}

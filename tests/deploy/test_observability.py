@@ -24,7 +24,7 @@ METRIC = re.compile(r"\bfleetmedic_[a-z0-9_]+\b")
 
 def exported_metric_names() -> set[str]:
     from fleetmedic.config import Settings
-    from fleetmedic.connectors.kube_jobs import JobWatchMetrics
+    from fleetmedic.connectors.kube.jobs import JobWatchMetrics
     from fleetmedic.connectors.runtime import ConnectorMetrics
     from fleetmedic.executor.metrics import ExecutorMetrics
     from fleetmedic.remediation.engine import DecisionEngine

@@ -16,8 +16,8 @@ import pytest
 from fleetmedic import records as r
 from fleetmedic.cli.main import main
 from fleetmedic.config import Settings, parse_config
-from fleetmedic.connectors.prometheus_api import parse_duration, parse_time, plan_chunks
-from fleetmedic.connectors.prometheus_text import ExpositionReader
+from fleetmedic.connectors.prometheus.api import parse_duration, parse_time, plan_chunks
+from fleetmedic.connectors.prometheus.text import ExpositionReader
 
 FIELD = Path(__file__).parents[1] / "data" / "field"
 T0 = 1_790_000_000.0

@@ -16,7 +16,7 @@ import pytest
 
 from fleetmedic import records as r
 from fleetmedic.cli.main import main
-from fleetmedic.connectors.kernel_log_lines import stamp
+from fleetmedic.connectors.kernel.log_lines import stamp
 
 CORPUS = Path(__file__).parents[1] / "data" / "kmsg"
 

@@ -50,7 +50,7 @@ def test_every_producer_of_the_package_is_idempotent_with_acks_all() -> None:
     sites = _constructions()
     places = {site.split(":")[0] for site, _ in sites}
     # the connectors, the job watcher, the executor, ctl, both stages and the simulator's producers
-    assert {"fleetmedic/connectors/runtime.py", "fleetmedic/connectors/kube_jobs.py",
+    assert {"fleetmedic/connectors/runtime.py", "fleetmedic/connectors/kube/jobs.py",
             "fleetmedic/executor/service.py", "fleetmedic/cli/ctl.py", "fleetmedic/streams/outputs.py",
             "fleetmedic/streams/state.py", "fleetmedic/sim/kafka_producer.py"} <= places, places
     assert not [site for site, call in sites if not _idempotent(call)], "producers not idempotent with acks=all"

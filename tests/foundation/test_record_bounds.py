@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 
 from fleetmedic import records as r
 from fleetmedic.config import KafkaTelemetrySettings, Settings
-from fleetmedic.connectors.kafka_telemetry_map import BadMessage, PointMapper
-from fleetmedic.connectors.kmsg_map import BadRecord, parse_journal
-from fleetmedic.connectors.prometheus_history import matrix_columns
+from fleetmedic.connectors.kafka_telemetry.exporter_map import BadMessage, PointMapper
+from fleetmedic.connectors.kernel.kmsg_map import BadRecord, parse_journal
+from fleetmedic.connectors.prometheus.history import matrix_columns
 from fleetmedic.streams.decide import DecideStage
 from fleetmedic.streams.detect import DetectStage
 from fleetmedic.streams.outputs import Source

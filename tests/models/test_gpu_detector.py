@@ -66,9 +66,9 @@ def test_an_anomaly_does_not_poison_the_baseline() -> None:
     det = detector()
     run(det, 100)
     sig = det.names.index("gpu_temp")
-    before = det._nodes["n0"].planes[MEAN, sig, 5]
+    before = det.states.live["n0"].planes[MEAN, sig, 5]
     run(det, 60, start=100, hot=lambda k: {5: 10.0})
-    after = det._nodes["n0"].planes[MEAN, sig, 5]
+    after = det.states.live["n0"].planes[MEAN, sig, 5]
     assert abs(after - before) < 1.0  # the +10 degC residual was not learned
     found = run(det, 61, start=160, hot=lambda k: {5: 10.0})
     assert any(f.gpu == 5 and f.evidence[0].metric == "gpu_temp" for f in found)  # still judged anomalous

@@ -258,7 +258,7 @@ def test_a_one_node_job_bug_on_a_node_back_on_probation_isolates_nothing() -> No
 def test_a_node_isolated_for_a_node_condition_returns_only_once_diagnostics_passed_and_the_condition_cleared() -> None:
     """Diagnostics test GPUs: a read-only filesystem passes them. The node awaits repair until the node
     watch reports the condition cleared, is validated again, then returns."""
-    from fleetmedic.connectors.node_conditions import ConditionTracker
+    from fleetmedic.connectors.kube.node_conditions import ConditionTracker
     from tests.remediation.world import World as EngineWorld
 
     w = EngineWorld()

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from fleetmedic.config import IngestSettings
-from fleetmedic.connectors.prometheus_text import ExpositionReader
+from fleetmedic.connectors.prometheus.text import ExpositionReader
 from fleetmedic.records import GpuTelemetry, PortTelemetry
 from fleetmedic.sim.engine import SimConfig, Simulator
 from fleetmedic.sim.exposition import ExpositionWriter, gpu_exposition, port_exposition

@@ -106,11 +106,11 @@ def test_a_silent_node_is_forgotten_after_the_window_and_a_regular_one_never_is(
     assert "steady" not in {n for n, _ in evicted}, "a node seen regularly is never forgotten"
     # the passers-by, each seen once, go too once silent; the steady node's state was never reset
     assert {n for n, why in evicted if why == "silence"} >= {f"passer-{k}" for k in range(1, 30)}
-    assert int(stage.gpu._nodes["steady"].samples) == samples
+    assert int(stage.gpu.states.live["steady"].samples) == samples
 
     # a forgotten node that returns starts fresh: a new baseline, warming up again
     stage.on_gpu([gpu_message("quiet", T0 + 1000, rng, gpus=GPUS)])
-    assert int(stage.gpu._nodes["quiet"].samples) == 1
+    assert int(stage.gpu.states.live["quiet"].samples) == 1
 
 
 def _records(stage: DetectStage, msgs: list[r.GpuTelemetry], first: int = 0,

@@ -16,7 +16,7 @@ from aiokafka import TopicPartition
 from fleetmedic import records as r
 from fleetmedic.bus import partitions_of
 from fleetmedic.config import Settings, parse_config
-from fleetmedic.connectors.kmsg_map import KernelRecord, KmsgMapper, parse_pci_map
+from fleetmedic.connectors.kernel.kmsg_map import KernelRecord, KmsgMapper, parse_pci_map
 from fleetmedic.models.stages import SummaryColumns
 from fleetmedic.remediation.log_patterns import default_library
 from fleetmedic.streams.detect import DetectStage

@@ -17,7 +17,8 @@ from aiokafka import TopicPartition
 from fleetmedic import records as r
 from fleetmedic.config import Settings
 from fleetmedic.models.baseline import EwmaBaseline
-from fleetmedic.models.gpu_detector import GpuDetector, NodeGpuState
+from fleetmedic.models.gpu_detector import GpuDetector
+from fleetmedic.models.gpu_state import NodeGpuState
 from fleetmedic.models.kernel_events import KernelEventDetector
 from fleetmedic.models.port_detector import PortDetector
 from fleetmedic.models.stages import NodeDetection

@@ -159,7 +159,7 @@ def finding_isolation(f: Finding) -> Isolation:
     links down, other critical findings)."""
     metric = next((e.metric for e in f.evidence if e.metric), "")
     signature = f"{f.detector}:{metric or f.kind}"
-    if f.detector == "node_condition":  # a node condition's rule names its kind (connectors/node_conditions.py)
+    if f.detector == "node_condition":  # a node condition's rule names its kind (connectors/kube/node_conditions.py)
         kind, _, ctype = metric.partition(":")
         if kind in KIND_RANK and finding_class(f) is not None:
             return Isolation(cast(IsolationKind, kind), f"node_condition:{ctype}")

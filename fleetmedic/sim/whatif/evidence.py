@@ -1,13 +1,13 @@
 """What fleetmedic's inputs would carry for a fault's evidence, built the way the real sources build it.
 
 - ``xid:<code>``: the driver's ``NVRM: Xid`` line, classified by the kernel-log exporter's mapper
-  (:class:`~fleetmedic.connectors.kmsg_map.KmsgMapper`, the shipped log-pattern library) into the
+  (:class:`~fleetmedic.connectors.kernel.kmsg_map.KmsgMapper`, the shipped log-pattern library) into the
   :class:`~fleetmedic.records.KernelEvent` stage 1 reads.
 - ``ib_link_down``, ``nic_speed_low``: the node's NIC port as the InfiniBand connector reports it
   (:class:`~fleetmedic.records.PortTelemetry`), first healthy, then down or trained low; stage 1's
   port detector makes the finding.
 - ``node_condition:<Type>[=<Status>]``: the Node as the watch lists it, through the shipped condition
-  rules (:class:`~fleetmedic.connectors.node_conditions.ConditionTracker`).
+  rules (:class:`~fleetmedic.connectors.kube.node_conditions.ConditionTracker`).
 - GPU-counter evidence (``pcie_width_low``, ``thermal_slowdown``, ``power_brake``, ``nvlink_errors``,
   ``ecc_sbe_rate``) and ``straggler``: the finding the GPU detector (or the straggler detector)
   emits for it, with its detector, kind, severity, metric and action hint
@@ -22,8 +22,8 @@ from typing import Any, Final
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings
-from fleetmedic.connectors.kmsg_map import KernelRecord, KmsgMapper, pci_key
-from fleetmedic.connectors.node_conditions import ConditionTracker
+from fleetmedic.connectors.kernel.kmsg_map import KernelRecord, KmsgMapper, pci_key
+from fleetmedic.connectors.kube.node_conditions import ConditionTracker
 from fleetmedic.remediation.log_patterns import PatternLibrary
 from fleetmedic.sim import xids
 

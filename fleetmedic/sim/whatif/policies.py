@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable
-from typing import Protocol
 
 from fleetmedic import records as r
 from fleetmedic.actions import JOB_ACTIONS, RELEASING
@@ -37,17 +36,6 @@ from fleetmedic.sim.whatif.mapping import NPD_KERNEL_CONDITIONS
 from fleetmedic.sim.whatif.world import Fault, Job, World
 
 _REFUSED = re.compile(r"refused(?: \([a-z ]+\))?: ([^(;:]+)")
-
-
-class Policy(Protocol):
-    name: str
-
-    def start(self, world: World, t: float) -> None: ...
-    def fault_started(self, world: World, f: Fault, t: float) -> None: ...
-    def fault_repaired(self, world: World, f: Fault, t: float) -> None: ...
-    def job_failed(self, world: World, job: Job, node: int, was_on: list[int], t: float, why: str) -> None: ...
-    def job_placed(self, world: World, job: Job, t: float) -> None: ...
-    def suspected(self, world: World, node: int, t: float) -> bool: ...
 
 
 def relogged(f: Fault | None, why: str, t: float) -> bool:

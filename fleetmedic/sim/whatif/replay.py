@@ -21,8 +21,8 @@ from typing import Any
 from fleetmedic.config import Settings
 from fleetmedic.sim.whatif.history import History
 from fleetmedic.sim.whatif.mapping import Mapping
-from fleetmedic.sim.whatif.policies import Fleetmedic, Manual, NpdDraino, Policy
-from fleetmedic.sim.whatif.world import JOB_BUCKETS, Assumptions, World
+from fleetmedic.sim.whatif.policies import Fleetmedic, Manual, NpdDraino
+from fleetmedic.sim.whatif.world import JOB_BUCKETS, Assumptions, Policy, World
 
 BASELINES = ("manual", "npd-draino")
 

@@ -31,13 +31,10 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 from fleetmedic.sim.whatif.history import History, HistoryFault
 from fleetmedic.sim.whatif.mapping import Entry, Mapping
-
-if TYPE_CHECKING:
-    from fleetmedic.sim.whatif.policies import Policy
 
 SAMPLE_S: Final = 3600.0  # the capacity timeline's interval
 JobState = Literal["running", "waiting_to_detect", "waiting_for_capacity", "restart_overhead"]
@@ -187,6 +184,19 @@ class Tally:
     diagnostics: int = 0
     mttr_phases: dict[str, list[float]] = field(default_factory=lambda: {
         "detect": [], "wait_for_capacity": [], "restart": [], "total": []})
+
+
+class Policy(Protocol):
+    """What the world calls on the policy it replays (the policies implement it)."""
+
+    name: str
+
+    def start(self, world: World, t: float) -> None: ...
+    def fault_started(self, world: World, f: Fault, t: float) -> None: ...
+    def fault_repaired(self, world: World, f: Fault, t: float) -> None: ...
+    def job_failed(self, world: World, job: Job, node: int, was_on: list[int], t: float, why: str) -> None: ...
+    def job_placed(self, world: World, job: Job, t: float) -> None: ...
+    def suspected(self, world: World, node: int, t: float) -> bool: ...
 
 
 class World:

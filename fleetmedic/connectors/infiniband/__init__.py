@@ -1,0 +1,3 @@
+"""InfiniBand: the port exporter (``fleetmedic exporter infiniband``) and its parser of ``perfquery``
+output.
+"""

@@ -1,0 +1,3 @@
+"""Telemetry from a user's Kafka topics (``fleetmedic exporter kafka``) and its mapping of their JSON
+formats.
+"""

@@ -1,0 +1,3 @@
+"""Training jobs' logs: the log exporter (``fleetmedic exporter logs``) and its reading of failures
+from log lines.
+"""
