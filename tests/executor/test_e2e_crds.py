@@ -2,7 +2,7 @@
 workload's nodes -> ``fleetmedic worker`` -> ``fleetmedic executor`` -> node cordoned and tainted, the
 workload's pods recreated Running off that node (no pod bound there while it is held), diagnostics,
 the node returned. No training-operator or JobSet controller runs in the test cluster: the test plays
-their part with the reconcilers of tests/executor/test_workloads_crds.py (documented there). The
+their part with the reconcilers of tests/executor/workload/test_workloads_crds.py (documented there). The
 PyTorchJob tolerates every taint, so only the node anti-affinity the executor adds keeps it off."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from fleetmedic.devenv import fleet as fl
 from fleetmedic.k8s_keys import TAINT_QUARANTINE
 from fleetmedic.streams.app import ensure_topics
 from tests.executor.e2e_support import PodWatch, chain_config, start, stop_all, telemetry, wait_ready
-from tests.executor.test_workloads_crds import (
+from tests.executor.workload.test_workloads_crds import (
     JS,
     PT,
     _jobset,

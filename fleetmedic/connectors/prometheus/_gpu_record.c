@@ -13,7 +13,7 @@
  *   Keys not in ``checks`` are ignored, as gpu_record ignores them.
  *
  * In Python the column loop costs about 5 us a metric (8 GPUs); here about a tenth.
- * tests/connectors/test_gpu_record_equivalence.py holds the two to the same records and counts.
+ * tests/connectors/prometheus/test_gpu_record_equivalence.py holds the two to the same records and counts.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

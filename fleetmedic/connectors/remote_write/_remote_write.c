@@ -7,7 +7,7 @@
  * store it in the GPU's row of that scrape. In Python that costs about 1.5 us a series; here about
  * a fifth. Everything else (the first series of a node's scrape, a new label set, another layout, a
  * non-finite value...) is handed back to the Python loop, which does the same checks again and takes
- * its general path, so the two give the same result (tests/connectors/test_remote_write_equivalence.py
+ * its general path, so the two give the same result (tests/connectors/remote_write/test_remote_write_equivalence.py
  * runs the property test with and without this module).
  *
  * hold_inline(series, prefixes, stamps) -> (raw or None, held, late, ignored)

@@ -51,7 +51,7 @@ from fleetmedic.connectors.runtime import ConnectorMetrics, JsonlSink, Outbox, P
 from fleetmedic.remediation.log_patterns import default_library
 from tests.connectors.fake_pynvml import FakeGpu, FakeNvml
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "kmsg"
+DATA = Path(__file__).resolve().parents[2] / "data" / "kmsg"
 BOOT = 1_700_000_000.0
 GPUS = {"0000:3b:00": 0, "0000:5e:00": 1, "0000:86:00": 2, "0000:af:00": 3}
 

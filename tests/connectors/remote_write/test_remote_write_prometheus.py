@@ -29,11 +29,11 @@ from tests.conftest import unavailable
 from tests.connectors.conftest import PROMETHEUS
 from tests.streams.harness import collect_sync
 
-FIELD = Path(__file__).parents[1] / "data" / "field"
+FIELD = Path(__file__).parents[2] / "data" / "field"
 KOPS = (FIELD / "dcgm-exporter" / "kops-l4-gpu-operator.prom").read_text()
 LKE = (FIELD / "dcgm-exporter" / "lke-rtx4000-gpu-operator-v25.10.0.prom").read_text()
 IB = (FIELD / "node-exporter" / "e2e-output-infiniband-v1.12.1.prom").read_text()
-DOCS = Path(__file__).parents[2] / "docs" / "operations.md"
+DOCS = Path(__file__).parents[3] / "docs" / "operations.md"
 
 pytestmark = [pytest.mark.kafka, pytest.mark.promtool]
 

@@ -22,7 +22,7 @@ from fleetmedic.connectors.prometheus.api import pod_targets
 from fleetmedic.connectors.prometheus.ingest import PrometheusSource
 from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox
 
-FIELD = Path(__file__).parents[1] / "data" / "field"
+FIELD = Path(__file__).parents[2] / "data" / "field"
 
 
 def _pod(name: str, node: str = "gpu-1", ip: str = "10.244.1.5", phase: str = "Running", port: int = 9400,

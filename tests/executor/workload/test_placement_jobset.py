@@ -41,7 +41,7 @@ from fleetmedic.k8s_keys import (
 )
 from tests.executor.jobset_support import create_when_served, register_webhooks, unregister_webhooks
 from tests.executor.placement_support import leaves_of, set_cordon
-from tests.executor.test_workloads_jobset_controller import (  # noqa: F401  (the fixture and the skip mark)
+from tests.executor.workload.test_workloads_jobset_controller import (  # noqa: F401  (the fixture and the skip mark)
     jobset_controller,
     pytestmark,
 )

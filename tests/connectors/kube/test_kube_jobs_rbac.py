@@ -19,7 +19,7 @@ from fleetmedic.config import JobWatchSettings, Settings
 from fleetmedic.connectors.kube.jobs import JobWatcher
 from fleetmedic.devenv.kclient import connect
 
-MANIFEST = Path(__file__).parents[2] / "deploy" / "rbac" / "jobwatch.yaml"
+MANIFEST = Path(__file__).parents[3] / "deploy" / "rbac" / "jobwatch.yaml"
 GROUPS = {"pods": "", "jobs": "batch", "pytorchjobs": "kubeflow.org", "jobsets": "jobset.x-k8s.io", "nodes": ""}
 KINDS = ("Pod", "Job", "PyTorchJob", "JobSet", "Node")
 

@@ -24,7 +24,7 @@ from fleetmedic.connectors.prometheus.text import (
 )
 from fleetmedic.sim.exposition import GPU_HELP, IB_SERIES, port_meta_lines
 
-FIELD = Path(__file__).parents[1] / "data" / "field"
+FIELD = Path(__file__).parents[2] / "data" / "field"
 DCGM = FIELD / "dcgm-exporter"
 NODE_EXPORTER = FIELD / "node-exporter"
 SCRAPE_TS = 1_760_000_000.0

@@ -27,7 +27,7 @@ from fleetmedic.connectors.runtime import ConnectorMetrics, JsonlSink, Outbox, P
 from tests.connectors import fake_pynvml as fake
 from tests.connectors.fake_pynvml import FakeGpu, FakeNvml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _source(nvml: FakeNvml, settings: Settings | None = None) -> tuple[NvmlSource, CollectorRegistry]:

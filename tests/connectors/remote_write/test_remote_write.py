@@ -38,7 +38,7 @@ from fleetmedic.connectors.remote_write.codec import (
 from fleetmedic.connectors.remote_write.server import HealthSink, RemoteWriteReceiver
 from fleetmedic.connectors.runtime import ConnectorMetrics, JsonlSink, KafkaSink, Outbox, PumpSettings, pump
 
-FIELD = Path(__file__).parents[1] / "data" / "field"
+FIELD = Path(__file__).parents[2] / "data" / "field"
 DCGM_TEXT = (FIELD / "dcgm-exporter" / "kops-l4-gpu-operator.prom").read_text()
 IB_TEXT = (FIELD / "node-exporter" / "e2e-output-infiniband-v1.12.1.prom").read_text()
 #: the kops file's series, and those of them fleetmedic reads (the exposition reader's parse)
