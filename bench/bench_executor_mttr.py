@@ -32,14 +32,9 @@ from pathlib import Path
 import numpy as np
 from kubernetes import client
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from fleetmedic import records as r
 from fleetmedic.devenv import fleet as fl
-from fleetmedic.devenv.kclient import connect
-from fleetmedic.signing import load_key, sign
-from fleetmedic.streams.app import ensure_topics
-from tests.executor.e2e_support import (
+from fleetmedic.devenv.chain import (
     SIGNING_KEY,
     Chain,
     chain_config,
@@ -52,8 +47,11 @@ from tests.executor.e2e_support import (
     telemetry,
     wait_ready,
 )
-from tests.streams.harness import produce
-from tests.waiting import wait
+from fleetmedic.devenv.kafka import produce
+from fleetmedic.devenv.kclient import connect
+from fleetmedic.devenv.waiting import wait
+from fleetmedic.signing import load_key, sign
+from fleetmedic.streams.app import ensure_topics
 
 JOB = "train"
 

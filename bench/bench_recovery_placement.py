@@ -45,16 +45,12 @@ from typing import Any
 
 from kubernetes import client
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from fleetmedic.config import PlacementSettings, Settings
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.devenv.jobset import JS_GROUP, JS_VERSION, register_webhooks, unregister_webhooks
+from fleetmedic.devenv.jobset import jobset_controller as run_jobset_controller
 from fleetmedic.devenv.kclient import connect
-from fleetmedic.executor.kube import KubeCluster
-from fleetmedic.executor.workload.placement_apply import PlacementRestarter
-from tests.executor.jobset_support import JS_GROUP, JS_VERSION, register_webhooks, unregister_webhooks
-from tests.executor.jobset_support import jobset_controller as run_jobset_controller
-from tests.executor.placement_support import (
+from fleetmedic.devenv.placement import (
     Recovery,
     ScheduleWatch,
     leaves_of,
@@ -62,8 +58,10 @@ from tests.executor.placement_support import (
     repeat_placements,
     start_one_job_per_leaf,
 )
-from tests.executor.workloads_support import gpu_job, live_pods, quarantine
-from tests.waiting import wait
+from fleetmedic.devenv.waiting import wait
+from fleetmedic.devenv.workloads import gpu_job, live_pods, quarantine
+from fleetmedic.executor.kube import KubeCluster
+from fleetmedic.executor.workload.placement_apply import PlacementRestarter
 
 
 def pct(values: list[float], q: float) -> float:

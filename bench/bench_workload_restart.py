@@ -20,17 +20,14 @@ import statistics
 import sys
 import time
 import uuid
-from pathlib import Path
 
 from kubernetes import client
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv.kclient import connect
+from fleetmedic.devenv.workloads import QUARANTINE_TAINT, gpu_job, quarantine
 from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.executor.workload.apply import restart_workload
-from tests.executor.workloads_support import QUARANTINE_TAINT, gpu_job, quarantine
 
 PODS = 4
 

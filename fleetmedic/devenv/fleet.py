@@ -116,7 +116,7 @@ def create_fleet(
     fleet = Fleet(name or new_fleet_name(), [])
     for i in range(count):
         body = node_manifest(fleet.name, i, topo)
-        node = core.create_node(_model(client.V1Node, body))
+        node = core.create_node(model(client.V1Node, body))
         if not (node.status and node.status.allocatable and GPU in node.status.allocatable):
             core.patch_node_status(body["metadata"]["name"], {"status": body["status"]})
         fleet.nodes.append(body["metadata"]["name"])
@@ -173,7 +173,7 @@ def install_crds(api: client.ApiClient, paths: Iterable[Path], timeout: float = 
             names.append(doc["metadata"]["name"])
             try:
                 # the manifests are large: skip deserialising the echo
-                crd = _model(client.V1CustomResourceDefinition, doc)
+                crd = model(client.V1CustomResourceDefinition, doc)
                 ext.create_custom_resource_definition(crd, _preload_content=False)
             except ApiException as exc:
                 if exc.status != 409:
@@ -193,8 +193,8 @@ def _established(api: client.ApiClient, name: str) -> bool:
     return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
 
-def _model(cls: type[M], doc: dict[str, Any]) -> M:
-    """A typed model from a manifest dict (the v37 client validates bodies with pydantic)."""
+def model(cls: type[M], doc: dict[str, Any]) -> M:
+    """A typed model from a manifest dict (the v37 client validates bodies with pydantic); never None."""
     obj = cls.from_dict(doc)  # type: ignore[attr-defined]
     if obj is None:
         raise ValueError(f"empty {cls.__name__} manifest")

@@ -4,6 +4,8 @@ Runs the jars ``fleetmedic dev build`` fetched from Maven Central: formats the s
 then starts ``kafka.Kafka`` with a generated ``server.properties``. Ready means an aiokafka admin
 client can list topics (an open port is not enough: the broker answers before it has joined its
 own KRaft quorum).
+
+:func:`produce` publishes messages in order, each acknowledged, for tests and benches.
 """
 
 from __future__ import annotations
@@ -192,6 +194,19 @@ async def _list_topics(bootstrap: str) -> list[str]:
     finally:
         with contextlib.suppress(Exception):
             await admin.close()
+
+
+async def produce(bootstrap: str, messages: list[tuple[str, bytes, bytes]]) -> None:
+    """``(topic, key, value)`` in order, each acknowledged before the next."""
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        for topic, key, value in messages:
+            await producer.send_and_wait(topic, key=key, value=value)
+    finally:
+        await producer.stop()
 
 
 def reachable(bootstrap: str, timeout: float = 10.0) -> bool:

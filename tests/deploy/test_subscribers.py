@@ -40,6 +40,9 @@ from aiokafka import AIOKafkaConsumer
 
 from fleetmedic import records as r
 from fleetmedic.config import parse_config
+from fleetmedic.devenv.kafka import produce
+from fleetmedic.devenv.synth import gpu_message
+from fleetmedic.devenv.waiting import wait
 from fleetmedic.signing import (
     KEY_ID_HEADER,
     SIGNATURE_HEADER,
@@ -52,10 +55,8 @@ from fleetmedic.signing import (
 )
 from fleetmedic.streams.app import ensure_topics
 from tests.conftest import require_tool
-from tests.models.synth import gpu_message
-from tests.streams.harness import KEY, Run, collect_sync, new_run, produce, worker
+from tests.streams.harness import KEY, Run, collect_sync, new_run, worker
 from tests.streams.test_worker import JOB, NODES, SICK
-from tests.waiting import wait
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "subscribers"

@@ -14,7 +14,7 @@ from fleetmedic import records as r
 from fleetmedic.cli.main import main
 from fleetmedic.config import Settings, parse_config
 from fleetmedic.connectors.prometheus.text import ExpositionReader
-from tests.models.synth import gpu_message
+from fleetmedic.devenv.synth import gpu_message
 
 T0 = 1.79e9
 

@@ -13,9 +13,9 @@ import numpy as np
 from fleetmedic import records as r
 from fleetmedic.cli.main import main
 from fleetmedic.config import Settings
+from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.evaluation.backtest import Backtest
 from tests.evaluation.test_backtest import T0, prom_lines, write_jsonl
-from tests.models.synth import gpu_message
 
 FAR = 3_990_000_000.0  # 2096-06
 

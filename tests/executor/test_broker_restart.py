@@ -29,15 +29,15 @@ from kubernetes import client
 from fleetmedic import records as r
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv import proc
-from fleetmedic.devenv.kafka import Kafka
+from fleetmedic.devenv.kafka import Kafka, produce
+from fleetmedic.devenv.waiting import wait
 from fleetmedic.executor.service import consumer_group
 from fleetmedic.k8s_keys import ANNOTATION_DRAIN, ANNOTATION_INFLIGHT
 from fleetmedic.streams.app import ensure_topics
 from tests.executor.executor_support import command, pinned_pod, running, settings
 from tests.executor.test_service import Replica
-from tests.streams.harness import collect_sync, produce
+from tests.streams.harness import collect_sync
 from tests.streams.scenario import dedicated_broker
-from tests.waiting import wait
 
 
 def _kill_9(broker: Kafka) -> None:

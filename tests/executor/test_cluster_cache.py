@@ -23,12 +23,12 @@ from kubernetes import client
 from fleetmedic.config import Settings
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv.kclient import connect
+from fleetmedic.devenv.placement import leaves_of, pick_suspect, recover, start_one_job_per_leaf
+from fleetmedic.devenv.waiting import wait
+from fleetmedic.devenv.workloads import quarantine
 from fleetmedic.executor.cache import ClusterCache
 from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.executor.workload.placement_apply import _NODE_CACHES, PlacementRestarter
-from tests.executor.placement_support import leaves_of, pick_suspect, recover, start_one_job_per_leaf
-from tests.executor.workloads_support import quarantine
-from tests.waiting import wait
 
 GPU = "nvidia.com/gpu"
 

@@ -14,6 +14,7 @@ import pytest
 from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.devenv.waiting import wait
 from fleetmedic.executor.cluster import ApiError, Cluster, Conflict
 from fleetmedic.executor.fake_cluster import FakeCluster
 from fleetmedic.executor.kube import KubeCluster
@@ -22,7 +23,6 @@ from fleetmedic.executor.node.long_plan import PodView
 from fleetmedic.executor.node.plan import Note, Taint
 from fleetmedic.k8s_keys import ANNOTATION_KWOK_COMPLETE, CONDITION_NETWORK, CONDITION_QUARANTINE
 from tests.executor.executor_support import node_events, pinned_pod, running
-from tests.waiting import wait
 
 
 @dataclass

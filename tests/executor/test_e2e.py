@@ -23,9 +23,7 @@ from kubernetes import client
 
 from fleetmedic import records as r
 from fleetmedic.devenv import fleet as fl
-from fleetmedic.k8s_keys import ANNOTATION_CORDONED_BY, TAINT_QUARANTINE
-from fleetmedic.streams.app import ensure_topics
-from tests.executor.e2e_support import (
+from fleetmedic.devenv.chain import (
     PodWatch,
     chain_config,
     gpu_job,
@@ -36,8 +34,11 @@ from tests.executor.e2e_support import (
     telemetry,
     wait_ready,
 )
-from tests.streams.harness import collect_sync, produce
-from tests.waiting import wait
+from fleetmedic.devenv.kafka import produce
+from fleetmedic.devenv.waiting import wait
+from fleetmedic.k8s_keys import ANNOTATION_CORDONED_BY, TAINT_QUARANTINE
+from fleetmedic.streams.app import ensure_topics
+from tests.streams.harness import collect_sync
 
 
 def _quarantined(core: client.CoreV1Api, node: str) -> bool:

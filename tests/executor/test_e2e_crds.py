@@ -19,9 +19,11 @@ from kubernetes import client
 
 from fleetmedic import records as r
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.devenv.chain import PodWatch, chain_config, start, stop_all, telemetry, wait_ready
+from fleetmedic.devenv.waiting import wait
+from fleetmedic.devenv.workloads import running
 from fleetmedic.k8s_keys import TAINT_QUARANTINE
 from fleetmedic.streams.app import ensure_topics
-from tests.executor.e2e_support import PodWatch, chain_config, start, stop_all, telemetry, wait_ready
 from tests.executor.workload.test_workloads_crds import (
     JS,
     PT,
@@ -31,8 +33,6 @@ from tests.executor.workload.test_workloads_crds import (
     _reconcile_pytorchjob,
     played_operator,
 )
-from tests.executor.workloads_support import running
-from tests.waiting import wait
 
 KINDS: dict[str, tuple[str, str, str, Callable[..., dict[str, Any]], Callable[..., None], str]] = {
     # kind: (group, version, plural, manifest, operator, pod label naming the workload)
@@ -73,7 +73,7 @@ def test_hard_fault_on_a_node_of_a_crd_workload_replaces_it_and_returns_the_node
         events = [place, r.JobEvent(job=job_ref, event="start", ts=now - 30, workload_kind=kind)]
         watch = PodWatch(kube_api, namespace)
         try:
-            from tests.streams.harness import produce
+            from fleetmedic.devenv.kafka import produce
 
             asyncio.run(produce(kafka_bootstrap, [(chain.topic("jobs.events"), job_ref.encode(), r.encode(e))
                                                   for e in events]))

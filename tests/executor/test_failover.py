@@ -17,14 +17,15 @@ from kubernetes import client
 
 from fleetmedic import records as r
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.devenv.chain import SIGNING_KEY, chain_config, start, stop_all
+from fleetmedic.devenv.kafka import produce
+from fleetmedic.devenv.waiting import wait
 from fleetmedic.executor.node import plan as p
 from fleetmedic.k8s_keys import ANNOTATION_DRAIN, ANNOTATION_INFLIGHT
 from fleetmedic.signing import load_key, sign
 from fleetmedic.streams.app import ensure_topics
-from tests.executor.e2e_support import SIGNING_KEY, chain_config, start, stop_all
 from tests.executor.executor_support import node_events, pinned_pod, running
-from tests.streams.harness import collect_sync, produce
-from tests.waiting import wait
+from tests.streams.harness import collect_sync
 
 
 def _holder(coord: client.CoordinationV1Api, namespace: str, name: str) -> str:

@@ -11,11 +11,12 @@ from pathlib import Path
 from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.devenv.chain import gpu_job, running_ranks
+from fleetmedic.devenv.waiting import wait
 from fleetmedic.executor.fake_cluster import FakeCluster
 from fleetmedic.executor.kube import LEDGER_NAME
 from fleetmedic.executor.node import plan as p
 from fleetmedic.k8s_keys import ANNOTATION_INFLIGHT, ANNOTATION_KWOK_COMPLETE, LABEL_ROLE
-from tests.executor.e2e_support import gpu_job, running_ranks
 from tests.executor.executor_support import (
     RecordingRestarter,
     command,
@@ -24,7 +25,6 @@ from tests.executor.executor_support import (
     node_events,
     settings,
 )
-from tests.waiting import wait
 
 HOOK = """apiVersion: batch/v1
 kind: Job

@@ -15,14 +15,14 @@ import yaml
 from kubernetes import client, utils
 
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.devenv.chain import gpu_job, running_ranks
 from fleetmedic.devenv.kclient import connect
+from fleetmedic.devenv.waiting import wait
 from fleetmedic.executor.dispatch import kube_executor
 from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.executor.leader import LeaseElector
 from fleetmedic.k8s_keys import ANNOTATION_KWOK_COMPLETE, CONDITION_GPU_HARDWARE
-from tests.executor.e2e_support import gpu_job, running_ranks
 from tests.executor.executor_support import KEY, command, pinned_pod, running, settings
-from tests.waiting import wait
 
 MANIFEST = Path(__file__).parents[2] / "deploy" / "rbac" / "executor.yaml"
 

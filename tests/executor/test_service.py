@@ -18,14 +18,15 @@ from prometheus_client import CollectorRegistry
 
 from fleetmedic import records as r
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.devenv.kafka import produce
+from fleetmedic.devenv.waiting import wait
 from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.executor.metrics import ExecutorMetrics
 from fleetmedic.executor.node import plan as p
 from fleetmedic.executor.service import ExecutorService
 from fleetmedic.streams.app import ensure_topics
 from tests.executor.executor_support import KEY, command, settings
-from tests.streams.harness import collect_sync, produce
-from tests.waiting import wait
+from tests.streams.harness import collect_sync
 
 
 class Replica:

@@ -17,6 +17,7 @@ import pytest
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings
+from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.models.baseline import EwmaBaseline
 from fleetmedic.models.gpu_detector import GpuDetector
 from fleetmedic.models.kernel_events import KernelEventDetector
@@ -26,7 +27,6 @@ from fleetmedic.models.port_detector import PortDetector
 from fleetmedic.models.stages import FleetDetection
 from fleetmedic.models.state import NodeState, State
 from fleetmedic.models.straggler import StragglerDetector
-from tests.models.synth import gpu_message
 
 S = Settings().detection
 

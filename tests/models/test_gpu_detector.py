@@ -9,9 +9,9 @@ import pytest
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings, parse_config
+from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.models.gpu_detector import GpuDetector
 from fleetmedic.models.stages import stage1_batch
-from tests.models.synth import gpu_message
 
 DT = 10.0
 

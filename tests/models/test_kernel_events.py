@@ -14,12 +14,12 @@ import numpy as np
 from fleetmedic import records as r
 from fleetmedic.config import parse_config
 from fleetmedic.connectors.kernel.kmsg_map import KernelRecord, KmsgMapper, parse_pci_map
+from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.models import event_dedup as dd
 from fleetmedic.models.gpu_state import NodeGpuState
 from fleetmedic.models.stages import NodeDetection
 from fleetmedic.remediation.log_patterns import default_library
 from fleetmedic.remediation.triage.records import finding_class, finding_isolation
-from tests.models.synth import gpu_message
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "kmsg"
 T0 = 1_700_000_000.0

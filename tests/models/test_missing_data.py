@@ -10,11 +10,11 @@ import numpy as np
 
 from fleetmedic import records as r
 from fleetmedic.config import parse_config
+from fleetmedic.devenv.synth import blank_gpu, gpu_message, only_gpus
 from fleetmedic.models.gpu_detector import GpuDetector
 from fleetmedic.models.gpu_signals import COUNT, PLANES
 from fleetmedic.models.gpu_state import NodeGpuState
 from fleetmedic.models.stages import NodeDetection, stage1_batch
-from tests.models.synth import blank_gpu, gpu_message, only_gpus
 
 DT = 10.0
 ALL = list(range(8))

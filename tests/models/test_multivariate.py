@@ -15,10 +15,10 @@ from numpy.typing import NDArray
 
 import fleetmedic
 from fleetmedic.config import MultivariateSettings, Settings
+from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.models.multivariate import FEATURES, MultivariateModel
 from fleetmedic.models.multivariate_state import ModelPart
 from fleetmedic.models.stages import NodeDetection
-from tests.models.synth import gpu_message
 
 NODES = [f"n{i}" for i in range(12)]
 

@@ -9,9 +9,9 @@ import numpy as np
 
 from fleetmedic import records as r
 from fleetmedic.config import parse_config
+from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.models.gpu_detector import GpuDetector
 from fleetmedic.models.gpu_signals import WATCHED, M, W, compute_signals
-from tests.models.synth import gpu_message
 
 DT = 10.0
 NVLINK = ("nvlink_crc_flit_error_count_total", "nvlink_crc_data_error_count_total",

@@ -10,13 +10,13 @@ import pytest
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings, parse_config
+from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.models.baseline import EwmaBaseline, alpha_for_halflife
 from fleetmedic.models.multivariate import MultivariateModel, NodeWindowFeatures
 from fleetmedic.models.peers import PeerComparison, node_summary
 from fleetmedic.models.port_detector import PortDetector
 from fleetmedic.models.stages import FleetDetection
 from fleetmedic.models.straggler import StragglerDetector
-from tests.models.synth import gpu_message
 
 S = Settings().detection
 

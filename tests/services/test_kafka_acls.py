@@ -38,9 +38,9 @@ from fleetmedic.cli import ctl
 from fleetmedic.config import Settings, parse_config
 from fleetmedic.connectors.runtime import KafkaSink, Outgoing
 from fleetmedic.devenv.kafka_cluster import KafkaCluster
+from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.executor.service import consumer_group as executor_group
 from fleetmedic.streams.app import ensure_topics
-from tests.models.synth import gpu_message
 from tests.services.cluster_harness import secure_run
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.devenv.waiting import wait
 from fleetmedic.k8s_keys import LABEL_FLEET
-from tests.waiting import wait
 
 
 def _job(name: str, fleet: fl.Fleet) -> client.V1Job:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer
 
 from fleetmedic.config import Settings, parse_config
 from fleetmedic.devenv.proc import tail
@@ -92,17 +92,6 @@ def wait_for_log(run: Run, proc: subprocess.Popen[bytes], text: str, count: int 
         assert proc.poll() is None, f"worker exited {proc.returncode}; log:\n{tail(path, 60)}"
         assert time.monotonic() < deadline, f"no {text!r} in the worker log after {timeout}s:\n{tail(path, 60)}"
         time.sleep(0.2)
-
-
-async def produce(bootstrap: str, messages: list[tuple[str, bytes, bytes]]) -> None:
-    """``(topic, key, value)`` in order, each acknowledged before the next."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    await producer.start()
-    try:
-        for topic, key, value in messages:
-            await producer.send_and_wait(topic, key=key, value=value)
-    finally:
-        await producer.stop()
 
 
 @dataclass

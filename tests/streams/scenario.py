@@ -12,8 +12,8 @@ import numpy as np
 from fleetmedic import records as r
 from fleetmedic.devenv import proc
 from fleetmedic.devenv.kafka import Kafka
+from fleetmedic.devenv.synth import gpu_message
 from tests.conftest import unavailable
-from tests.models.synth import gpu_message
 from tests.streams.harness import Run
 
 T0 = 1_700_000_000.0

@@ -21,13 +21,13 @@ from prometheus_client import CollectorRegistry
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings, parse_config
+from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.executor.metrics import ExecutorMetrics
 from fleetmedic.executor.service import ExecutorService
 from fleetmedic.signing import sign, verify
 from fleetmedic.streams.decide import DecideStage
 from fleetmedic.streams.detect import DetectStage
 from fleetmedic.streams.outputs import Source
-from tests.models.synth import gpu_message
 from tests.streams.fakes import FakeOutputs, consumer_record, sample
 from tests.streams.test_hardening import NODES, T0, _xid_finding
 

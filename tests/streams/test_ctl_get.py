@@ -26,9 +26,10 @@ import numpy as np
 from fleetmedic import records as r
 from fleetmedic.cli import main as cli
 from fleetmedic.cli.ctl_get import fold_breaker, fold_nodes, format_breaker, format_nodes, held
+from fleetmedic.devenv.kafka import produce
+from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.streams.app import ensure_topics
-from tests.models.synth import gpu_message
-from tests.streams.harness import OPERATOR_KEY, Run, collect_sync, new_run, produce, wait_for_log, worker
+from tests.streams.harness import OPERATOR_KEY, Run, collect_sync, new_run, wait_for_log, worker
 from tests.streams.test_worker import _scrape
 
 N = 8

@@ -18,13 +18,13 @@ from prometheus_client import CollectorRegistry
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings, parse_config
+from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.models.stages import FleetDetection, NodeDetection, summarise_batch
 from fleetmedic.streams.app import ensure_topics
 from fleetmedic.streams.detect import DetectStage
 from fleetmedic.streams.metrics import PipelineMetrics
 from fleetmedic.streams.outputs import Outputs
 from fleetmedic.streams.state import decode_node_state
-from tests.models.synth import gpu_message
 from tests.streams.fakes import FakeOutputs, consumer_record, sample
 
 T0 = 1_790_000_000.0

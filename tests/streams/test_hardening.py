@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings, parse_config
+from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.executor.metrics import ExecutorMetrics
 from fleetmedic.executor.service import ExecutorService
 from fleetmedic.models.event_time import ahead_of_clock, event_time, reference_clock, refuse_future
@@ -39,7 +40,6 @@ from fleetmedic.streams.detect import DetectStage
 from fleetmedic.streams.outputs import Source
 from fleetmedic.streams.snapshot_parts import SnapshotScan, SnapshotUnreadable, part_key
 from fleetmedic.streams.state import DecideSnapshot, DetectPartition, NodeStageState
-from tests.models.synth import gpu_message
 from tests.streams.fakes import BROKER_LIMIT, FakeOutputs, consumer_record, sample
 
 KEY = b"k" * 40

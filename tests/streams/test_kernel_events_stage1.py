@@ -17,10 +17,10 @@ from fleetmedic import records as r
 from fleetmedic.bus import partitions_of
 from fleetmedic.config import Settings, parse_config
 from fleetmedic.connectors.kernel.kmsg_map import KernelRecord, KmsgMapper, parse_pci_map
+from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.models.stages import SummaryColumns
 from fleetmedic.remediation.log_patterns import default_library
 from fleetmedic.streams.detect import DetectStage
-from tests.models.synth import gpu_message
 from tests.streams.fakes import FakeOutputs, consumer_record
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "kmsg"

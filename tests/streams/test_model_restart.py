@@ -21,10 +21,11 @@ import numpy as np
 
 from fleetmedic import records as r
 from fleetmedic.bus import detect_group, detect_state_topic
+from fleetmedic.devenv.kafka import produce
+from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.streams.app import ensure_topics
 from fleetmedic.streams.state import load_detect_partition
-from tests.models.synth import gpu_message
-from tests.streams.harness import Run, new_run, produce, start_worker, worker
+from tests.streams.harness import Run, new_run, start_worker, worker
 from tests.streams.test_restart import NODES, T0, _committed
 
 EXTRA = ("streams: {detect_snapshot_every_s: 1.0}\n"

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fleetmedic import records as r
+from fleetmedic.devenv.kafka import produce
 from fleetmedic.signing import sign
 from fleetmedic.streams.app import ensure_topics
 from tests.streams.harness import (
@@ -32,7 +33,6 @@ from tests.streams.harness import (
     Run,
     collect_sync,
     new_run,
-    produce,
     start_worker,
     stop_worker,
     wait_for_log,

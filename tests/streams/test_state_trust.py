@@ -16,6 +16,7 @@ from aiokafka import TopicPartition
 
 from fleetmedic import records as r
 from fleetmedic.config import Settings
+from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.models.baseline import EwmaBaseline
 from fleetmedic.models.gpu_detector import GpuDetector
 from fleetmedic.models.gpu_state import NodeGpuState
@@ -27,7 +28,6 @@ from fleetmedic.streams.decide import DecideStage, restore
 from fleetmedic.streams.detect import DetectStage
 from fleetmedic.streams.outputs import Source
 from fleetmedic.streams.state import DetectPartition, NodeStageState, SnapshotCorrupt, decode_snapshot
-from tests.models.synth import gpu_message
 from tests.streams.fakes import FakeOutputs, sample
 
 T0 = 1_790_000_000.0

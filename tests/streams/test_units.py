@@ -85,8 +85,8 @@ def test_the_fleet_stage_fed_node_summaries_decides_as_one_fed_raw_telemetry_and
 
     from fleetmedic import records as r
     from fleetmedic.config import Settings
+    from fleetmedic.devenv.synth import gpu_message
     from fleetmedic.models.stages import FleetDetection, SummaryColumns, summary_columns
-    from tests.models.synth import gpu_message
 
     detection = Settings().detection
     nodes = [f"n{i}" for i in range(6)]

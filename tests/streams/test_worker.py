@@ -24,12 +24,13 @@ import numpy as np
 
 from fleetmedic import records as r
 from fleetmedic.bus import partitions_of
+from fleetmedic.devenv.kafka import produce
+from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.remediation.engine import DecisionEngine
 from fleetmedic.signing import load_key, verify
 from fleetmedic.streams.app import ensure_topics
 from fleetmedic.streams.state import decode_snapshot, load_snapshot
-from tests.models.synth import gpu_message
-from tests.streams.harness import KEY, Collected, collect_sync, new_run, produce, wait_for_log, worker
+from tests.streams.harness import KEY, Collected, collect_sync, new_run, wait_for_log, worker
 
 NODES = [f"gpu-node-{i}" for i in range(4)]
 SICK = "gpu-node-2"

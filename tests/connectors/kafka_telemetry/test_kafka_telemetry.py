@@ -17,7 +17,8 @@ from fleetmedic.config import IngestSettings, KafkaTelemetrySettings, Settings, 
 from fleetmedic.connectors.kafka_telemetry.exporter import KafkaTelemetrySource
 from fleetmedic.connectors.kafka_telemetry.exporter_map import BadMessage, PointMapper, Windows
 from fleetmedic.connectors.runtime import ConnectorMetrics, KafkaSink, Outbox, PumpSettings, run_until_stopped
-from tests.streams.harness import collect_sync, produce
+from fleetmedic.devenv.kafka import produce
+from tests.streams.harness import collect_sync
 
 T0 = 1_700_000_000  # a window boundary for window_s 10
 

@@ -17,8 +17,9 @@ from fleetmedic.config import LogExporterSettings, Settings
 from fleetmedic.connectors.logs.events import LogSource
 from fleetmedic.connectors.logs.failures import BadLogLine, FailureLogGate, LogLine, parse_log_message
 from fleetmedic.connectors.runtime import ConnectorMetrics, KafkaSink, Outbox, PumpSettings, run_until_stopped
+from fleetmedic.devenv.kafka import produce
 from fleetmedic.remediation.log_patterns import default_library
-from tests.streams.harness import collect_sync, produce
+from tests.streams.harness import collect_sync
 
 ECC = "RuntimeError: CUDA error: uncorrectable ECC error encountered"
 NCCL = ("[rank3]:[E ProcessGroupNCCL.cpp:563] [Rank 3] Watchdog caught collective operation timeout: "

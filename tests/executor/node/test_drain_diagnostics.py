@@ -16,6 +16,7 @@ import pytest
 from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.devenv.waiting import wait
 from fleetmedic.executor.cache import ClusterCache
 from fleetmedic.executor.node import long_plan as pl
 from fleetmedic.executor.node import plan as p
@@ -30,7 +31,6 @@ from fleetmedic.k8s_keys import (
     TAINT_QUARANTINE,
 )
 from tests.executor.executor_support import command, executor, node_events, pinned_pod, running, settings
-from tests.waiting import wait
 
 
 def _daemonset(name: str, fleet: fl.Fleet) -> client.V1DaemonSet:

@@ -22,6 +22,17 @@ from prometheus_client import CollectorRegistry
 
 from fleetmedic.config import PlacementSettings, Settings
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.devenv.placement import (
+    ScheduleWatch,
+    leaves_of,
+    pick_suspect,
+    recover,
+    recover_round,
+    repeat_placements,
+    start_one_job_per_leaf,
+)
+from fleetmedic.devenv.waiting import wait
+from fleetmedic.devenv.workloads import BindingWatch, gpu_job, live_pods, quarantine, running
 from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.executor.workload.placement_apply import PlacementRestarter
 from fleetmedic.executor.workload.placement_metrics import PlacementMetrics
@@ -36,17 +47,6 @@ from fleetmedic.k8s_keys import (
     TAINT_QUARANTINE,
     TAINT_STANDBY,
 )
-from tests.executor.placement_support import (
-    ScheduleWatch,
-    leaves_of,
-    pick_suspect,
-    recover,
-    recover_round,
-    repeat_placements,
-    start_one_job_per_leaf,
-)
-from tests.executor.workloads_support import BindingWatch, gpu_job, live_pods, quarantine, running
-from tests.waiting import wait
 
 
 def _restarter(api: client.ApiClient, **placement: object) -> tuple[PlacementRestarter, CollectorRegistry]:

@@ -27,6 +27,10 @@ from prometheus_client import CollectorRegistry
 
 from fleetmedic.config import PlacementSettings, Settings
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.devenv.jobset import create_when_served, register_webhooks, unregister_webhooks
+from fleetmedic.devenv.placement import leaves_of, set_cordon
+from fleetmedic.devenv.waiting import wait
+from fleetmedic.devenv.workloads import BindingWatch, live_pods, pod_spec, quarantine, running
 from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.executor.workload.placement_apply import PlacementRestarter
 from fleetmedic.executor.workload.placement_metrics import PlacementMetrics
@@ -39,14 +43,10 @@ from fleetmedic.k8s_keys import (
     LABEL_RACK,
     TAINT_QUARANTINE,
 )
-from tests.executor.jobset_support import create_when_served, register_webhooks, unregister_webhooks
-from tests.executor.placement_support import leaves_of, set_cordon
 from tests.executor.workload.test_workloads_jobset_controller import (  # noqa: F401  (the fixture and the skip mark)
     jobset_controller,
     pytestmark,
 )
-from tests.executor.workloads_support import BindingWatch, live_pods, pod_spec, quarantine, running
-from tests.waiting import wait
 
 JS_GROUP, JS_VERSION = "jobset.x-k8s.io", "v1alpha2"
 SELECTOR = "jobset.sigs.k8s.io/jobset-name=placed"

@@ -2,7 +2,7 @@
 (fleetmedic.executor.workload.kueue), against **Kueue's own CRDs and the real Kueue controller manager**
 (sigs.k8s.io/kueue, built from the Go module proxy by ``fleetmedic dev build``), run out of cluster
 against the test cluster; the JobSet tests also run the **real JobSet controller** (v0.12.0) with
-its webhooks registered for the test's namespace (tests/executor/jobset_support.py).
+its webhooks registered for the test's namespace (fleetmedic/devenv/jobset.py).
 
 Kueue runs with its ``batch/job`` and ``jobset.x-k8s.io/jobset`` integrations for the test's
 namespace only, no leader election, its certificate management off (self-signed certificates
@@ -42,6 +42,23 @@ from prometheus_client import CollectorRegistry
 from fleetmedic.config import PlacementSettings, Settings
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv import proc, settings
+from fleetmedic.devenv.jobset import (
+    JS_GROUP,
+    JS_VERSION,
+    create_when_served,
+    register_webhooks,
+    unregister_webhooks,
+)
+from fleetmedic.devenv.jobset import jobset_controller as run_jobset_controller
+from fleetmedic.devenv.waiting import wait
+from fleetmedic.devenv.workloads import (
+    GPUS,
+    gpu_job,
+    live_pods,
+    pod_spec,
+    quarantine,
+    running,
+)
 from fleetmedic.executor.kube import MERGE, KubeCluster
 from fleetmedic.executor.workload import kueue
 from fleetmedic.executor.workload.placement_apply import PlacementRestarter
@@ -55,24 +72,7 @@ from fleetmedic.k8s_keys import (
     LABEL_STANDBY,
     TAINT_STANDBY,
 )
-from tests.executor.jobset_support import (
-    JS_GROUP,
-    JS_VERSION,
-    create_when_served,
-    register_webhooks,
-    unregister_webhooks,
-)
-from tests.executor.jobset_support import jobset_controller as run_jobset_controller
-from tests.executor.workloads_support import (
-    GPUS,
-    gpu_job,
-    live_pods,
-    pod_spec,
-    quarantine,
-    real_controller,
-    running,
-)
-from tests.waiting import wait
+from tests.executor.workload.helpers_controllers import real_controller
 
 KUEUE, pytestmark = real_controller("FLEETMEDIC_KUEUE", settings.layout().kueue_manager, "Kueue manager")
 JOBSET_MANAGER, JOBSET_MARKS = real_controller("FLEETMEDIC_JOBSET_MANAGER", settings.layout().jobset_manager,

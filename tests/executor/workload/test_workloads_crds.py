@@ -32,11 +32,8 @@ from kubernetes import client
 from kubernetes.client import ApiException
 
 from fleetmedic.devenv import fleet as fl
-from fleetmedic.executor.kube import KubeCluster
-from fleetmedic.executor.workload.apply import restart_workload
-from fleetmedic.executor.workload.plan import HOSTNAME_LABEL, JOBSET, PYTORCHJOB, excluded_nodes
-from fleetmedic.k8s_keys import ANNOTATION_LAST_COMMAND, ANNOTATION_RESTART_ATTEMPTS
-from tests.executor.workloads_support import (
+from fleetmedic.devenv.waiting import wait
+from fleetmedic.devenv.workloads import (
     TOLERATE_ALL,
     BindingWatch,
     live_pods,
@@ -44,7 +41,10 @@ from tests.executor.workloads_support import (
     quarantine,
     running,
 )
-from tests.waiting import wait
+from fleetmedic.executor.kube import KubeCluster
+from fleetmedic.executor.workload.apply import restart_workload
+from fleetmedic.executor.workload.plan import HOSTNAME_LABEL, JOBSET, PYTORCHJOB, excluded_nodes
+from fleetmedic.k8s_keys import ANNOTATION_LAST_COMMAND, ANNOTATION_RESTART_ATTEMPTS
 
 PT = "training.kubeflow.org"
 JS = "jobset.sigs.k8s.io"

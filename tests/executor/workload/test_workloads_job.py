@@ -19,6 +19,15 @@ from typing import Any
 from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.devenv.waiting import wait
+from fleetmedic.devenv.workloads import (
+    TOLERATE_ALL,
+    BindingWatch,
+    gpu_job,
+    live_pods,
+    quarantine,
+    running,
+)
 from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.executor.workload.apply import restart_workload
 from fleetmedic.k8s_keys import (
@@ -27,15 +36,6 @@ from fleetmedic.k8s_keys import (
     ANNOTATION_RESTART_ATTEMPTS,
     ANNOTATION_RESTART_IN_PROGRESS,
 )
-from tests.executor.workloads_support import (
-    TOLERATE_ALL,
-    BindingWatch,
-    gpu_job,
-    live_pods,
-    quarantine,
-    running,
-)
-from tests.waiting import wait
 
 INDEX = "batch.kubernetes.io/job-completion-index"
 

@@ -23,21 +23,21 @@ from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv import settings
-from fleetmedic.executor.kube import KubeCluster
-from fleetmedic.executor.workload.apply import restart_workload
-from fleetmedic.executor.workload.plan import excluded_nodes
-from fleetmedic.k8s_keys import ANNOTATION_EXCLUDED_NODES, ANNOTATION_RESTART_IN_PROGRESS
-from tests.executor.jobset_support import create_when_served, register_webhooks
-from tests.executor.jobset_support import jobset_controller as run_jobset_controller
-from tests.executor.workloads_support import (
+from fleetmedic.devenv.jobset import create_when_served, register_webhooks
+from fleetmedic.devenv.jobset import jobset_controller as run_jobset_controller
+from fleetmedic.devenv.waiting import wait
+from fleetmedic.devenv.workloads import (
     TOLERATE_ALL,
     BindingWatch,
     pod_spec,
     quarantine,
-    real_controller,
     running,
 )
-from tests.waiting import wait
+from fleetmedic.executor.kube import KubeCluster
+from fleetmedic.executor.workload.apply import restart_workload
+from fleetmedic.executor.workload.plan import excluded_nodes
+from fleetmedic.k8s_keys import ANNOTATION_EXCLUDED_NODES, ANNOTATION_RESTART_IN_PROGRESS
+from tests.executor.workload.helpers_controllers import real_controller
 
 MANAGER, pytestmark = real_controller("FLEETMEDIC_JOBSET_MANAGER", settings.layout().jobset_manager,
                                       "JobSet controller")

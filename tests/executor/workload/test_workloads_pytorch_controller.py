@@ -32,17 +32,17 @@ from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv import proc, settings
-from fleetmedic.executor.kube import KubeCluster
-from fleetmedic.executor.workload.apply import restart_workload
-from tests.executor.workloads_support import (
+from fleetmedic.devenv.waiting import wait
+from fleetmedic.devenv.workloads import (
     TOLERATE_ALL,
     BindingWatch,
     pod_spec,
     quarantine,
-    real_controller,
     running,
 )
-from tests.waiting import wait
+from fleetmedic.executor.kube import KubeCluster
+from fleetmedic.executor.workload.apply import restart_workload
+from tests.executor.workload.helpers_controllers import real_controller
 
 OPERATOR, pytestmark = real_controller("FLEETMEDIC_TRAINING_OPERATOR", settings.layout().training_operator,
                                        "training-operator")

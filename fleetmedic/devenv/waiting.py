@@ -1,4 +1,5 @@
-"""Waiting for a condition in tests that drive real processes and servers (no tests here).
+"""Waiting for a condition in tests and benches that drive real processes and servers: the one
+``wait`` they use, never a sleep.
 
 :func:`wait` polls ``check`` until it returns something truthy and returns that; on timeout it
 fails the test naming what it waited for. A ``watch`` (the processes a test started) is asked every

@@ -1,4 +1,5 @@
-"""Small hand-made telemetry for detector tests (the simulator has its own, richer generator)."""
+"""Small hand-made telemetry for the detector and pipeline tests and the MTTR bench (the simulator
+has its own, richer generator)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Helpers for the placement tests and bench/bench_recovery_placement.py (no tests here): start one
+"""Placement scenarios for the placement tests and bench/bench_recovery_placement.py: start one
 multi-node Job per leaf of a labelled kwok fleet, then recover them (quarantine one node, restart
 through :class:`~fleetmedic.executor.workload.placement_apply.PlacementRestarter`) and record where the
 replacements land."""
@@ -10,22 +10,23 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from kubernetes import client, watch
-from kubernetes.client.rest import ApiException
+from kubernetes.client import ApiException
 
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.devenv.jobset import create_when_served
+from fleetmedic.devenv.waiting import wait
+from fleetmedic.devenv.workloads import gpu_job, live_pods, quarantine
 from fleetmedic.executor.workload.placement_apply import PlacementRestarter
 from fleetmedic.k8s_keys import LABEL_LEAF
-from tests.executor.jobset_support import create_when_served
-from tests.executor.workloads_support import gpu_job, live_pods, quarantine
-from tests.waiting import wait
 
 
 def leaves_of(api: client.ApiClient, fleet: fl.Fleet) -> dict[str, str]:
     """node -> leaf label, for the fleet's nodes."""
-    nodes = client.CoreV1Api(api).list_node(label_selector=fleet.selector).items
+    nodes: list[Any] = client.CoreV1Api(api).list_node(label_selector=fleet.selector).items
     return {n.metadata.name: n.metadata.labels[LABEL_LEAF] for n in nodes}
 
 
@@ -59,10 +60,10 @@ def start_one_job_per_leaf(api: client.ApiClient, namespace: str, fleet: fl.Flee
                 manifest["spec"]["podReplacementPolicy"] = replacement_policy
             if kind == "JobSet":
                 body = jobset_manifest(name, fleet, pods, replacement_policy)
-                wait(f"{name}: created", lambda b=body: create_when_served(custom, namespace, b), 60)
+                wait(f"{name}: created", partial(create_when_served, custom, namespace, body), 60)
             else:
-                batch.create_namespaced_job(namespace, client.V1Job.from_dict(manifest))
-            wait(f"{name}: {pods} Running pods", lambda n=name: _running(api, namespace, n, pods), 90)
+                batch.create_namespaced_job(namespace, fl.model(client.V1Job, manifest))
+            wait(f"{name}: {pods} Running pods", partial(_running, api, namespace, name, pods), 90)
             set_cordon(api, members, True)
             jobs[name] = leaf
     finally:
@@ -145,8 +146,9 @@ def recover(api: client.ApiClient, restarter: PlacementRestarter, namespace: str
     t0 = time.monotonic()
     out = restarter.restart(f"{namespace}/{job}", action="restart_job", exclude_nodes=[suspect],
                             params={"command_id": f"{job}-{suspect}"}, dry_run=False, actor="placement-test")
-    after: list[client.V1Pod] = []
-    outcome, reason = out.outcome, out.reason
+    after: list[Any] = []
+    outcome: str = out.outcome
+    reason = out.reason
     if out.outcome == "applied":
         try:
             after = wait(f"{job}: {pods} replacement pods Running", lambda: _running(api, namespace, job, pods, old),
@@ -189,7 +191,8 @@ class ScheduleWatch:
     _thread: threading.Thread | None = None
 
     def start(self) -> ScheduleWatch:
-        rv = client.CoreV1Api(self.api).list_namespaced_pod(self.namespace).metadata.resource_version
+        listed: Any = client.CoreV1Api(self.api).list_namespaced_pod(self.namespace)
+        rv = listed.metadata.resource_version
         self._thread = threading.Thread(target=self._run, args=(rv,), daemon=True)
         self._thread.start()
         return self
@@ -197,7 +200,7 @@ class ScheduleWatch:
     def _run(self, rv: str) -> None:
         core = client.CoreV1Api(self.api)
         while not self._stop.is_set():
-            w = watch.Watch()
+            w: Any = watch.Watch()  # type: ignore[no-untyped-call]
             try:
                 for ev in w.stream(core.list_namespaced_pod, self.namespace, resource_version=rv, timeout_seconds=2,
                                    allow_watch_bookmarks=True):
@@ -211,14 +214,14 @@ class ScheduleWatch:
                 if exc.status != 410:
                     raise
                 # our version was compacted away (a quiet namespace between bookmarks): list again
-                listed = core.list_namespaced_pod(self.namespace)
+                listed: Any = core.list_namespaced_pod(self.namespace)
                 for pod in listed.items:
                     self._saw(pod)
                 rv = listed.metadata.resource_version
             finally:
                 w.stop()
 
-    def _saw(self, pod: client.V1Pod) -> None:
+    def _saw(self, pod: Any) -> None:
         uid, node = pod.metadata.uid, pod.spec.node_name if pod.spec else None
         if not node:
             self._unbound.add(uid)

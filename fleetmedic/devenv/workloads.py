@@ -1,20 +1,17 @@
-"""Helpers for the workload-restart tests (no tests here): GPU job manifests pinned to a test fleet,
-quarantining a node the way the executor does, and a pod watch that records every binding."""
+"""GPU workloads on a dev fleet, for the workload-restart and placement tests and benches: GPU job
+manifests pinned to a test fleet, quarantining a node the way the executor does, and a pod watch that
+records every binding."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import pytest
 from kubernetes import client, watch
 
 from fleetmedic.devenv import fleet as fl
-from fleetmedic.devenv import settings
 from fleetmedic.k8s_keys import LABEL_FLEET, TAINT_QUARANTINE
 
 QUARANTINE_TAINT = {"key": TAINT_QUARANTINE, "value": "suspect", "effect": "NoSchedule"}
@@ -46,19 +43,20 @@ def gpu_job(name: str, fleet: fl.Fleet, pods: int = 4, indexed: bool = False,
 def quarantine(api: client.ApiClient, node: str) -> None:
     """Cordon and taint ``node`` as the executor does (``fleetmedic.io/quarantine:NoSchedule``)."""
     core = client.CoreV1Api(api)
-    current = core.read_node(node)
+    current: Any = core.read_node(node)
     taints = [t.to_dict() for t in (current.spec.taints or [])] + [QUARANTINE_TAINT]
     core.patch_node(node, {"spec": {"unschedulable": True, "taints": taints}})
 
 
 
-def live_pods(api: client.ApiClient, namespace: str, selector: str) -> list[client.V1Pod]:
-    pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=selector).items
+def live_pods(api: client.ApiClient, namespace: str, selector: str) -> list[Any]:
+    """The selected pods (V1Pod) not being deleted."""
+    pods: list[Any] = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=selector).items
     return [p for p in pods if p.metadata and not p.metadata.deletion_timestamp]
 
 
 def running(api: client.ApiClient, namespace: str, selector: str, count: int,
-            exclude_uids: set[str] = frozenset()) -> list[client.V1Pod] | None:  # type: ignore[assignment]
+            exclude_uids: set[str] = frozenset()) -> list[Any] | None:  # type: ignore[assignment]
     """``count`` Running pods not among ``exclude_uids``, or None."""
     pods = [p for p in live_pods(api, namespace, selector)
             if p.status and p.status.phase == "Running" and p.metadata.uid not in exclude_uids]
@@ -78,7 +76,8 @@ class BindingWatch:
 
     def start(self) -> BindingWatch:
         core = client.CoreV1Api(self.api)
-        rv = core.list_namespaced_pod(self.namespace).metadata.resource_version
+        listed: Any = core.list_namespaced_pod(self.namespace)
+        rv = listed.metadata.resource_version
         self._thread = threading.Thread(target=self._run, args=(rv,), daemon=True)
         self._thread.start()
         return self
@@ -86,7 +85,7 @@ class BindingWatch:
     def _run(self, rv: str) -> None:
         core = client.CoreV1Api(self.api)
         while not self._stop.is_set():
-            w = watch.Watch()
+            w: Any = watch.Watch()  # type: ignore[no-untyped-call]
             try:
                 for ev in w.stream(core.list_namespaced_pod, self.namespace, resource_version=rv,
                                    timeout_seconds=2):
@@ -105,15 +104,3 @@ class BindingWatch:
         if self._thread:
             self._thread.join(timeout=10)
         return list(self.bindings)
-
-
-def real_controller(env: str, built: Path, what: str) -> tuple[str, list[pytest.MarkDecorator]]:
-    """The binary of a real workload controller (``$env``, else what ``fleetmedic dev build``
-    built) and the module's marks: skip where it is missing; in CI a missing one fails the run."""
-    binary = os.environ.get(env) or str(built)
-    if Path(binary).is_file():
-        return binary, []
-    why = f"no {what} binary at {binary} (`fleetmedic dev build` builds it; or set {env})"
-    if settings.services_required():
-        raise RuntimeError(why)  # CI: a missing real controller fails the run, never skips it
-    return binary, [pytest.mark.skip(reason=why)]

@@ -1,5 +1,5 @@
-"""The whole chain on the real broker and control plane, for the end-to-end test and the MTTR bench
-(no tests here): the worker and the executor as ``fleetmedic`` subprocesses sharing one config, a
+"""The whole chain on the real broker and control plane, for the end-to-end tests and the MTTR bench:
+the worker and the executor as ``fleetmedic`` subprocesses sharing one config, a
 GPU batch Job pinned to a test fleet, its placement published as a JobEvent (what a job watcher
 publishes), GPU telemetry with an XID, and a pod watch that records every binding."""
 
@@ -22,9 +22,9 @@ from kubernetes import client, watch
 from fleetmedic import records as r
 from fleetmedic.config import Settings, parse_config
 from fleetmedic.devenv import fleet as fl
+from fleetmedic.devenv.synth import gpu_message
+from fleetmedic.devenv.waiting import wait
 from fleetmedic.k8s_keys import ANNOTATION_KWOK_COMPLETE, LABEL_FLEET
-from tests.models.synth import gpu_message
-from tests.waiting import wait
 
 SIGNING_KEY = "k" * 40
 GPUS = {fl.GPU: "8"}
@@ -44,7 +44,7 @@ class Chain:
         return self.tmp / f"{role}.log"
 
     def alive(self) -> None:
-        """Every process of the chain still runs (for :func:`tests.waiting.wait`)."""
+        """Every process of the chain still runs (for :func:`fleetmedic.devenv.waiting.wait`)."""
         for role, proc in self.procs.items():
             assert proc.poll() is None, f"{role} exited {proc.returncode}:\n{tail(self, role)}"
 
@@ -120,7 +120,7 @@ def tail(chain: Chain, role: str, lines: int = 40) -> str:
 def gpu_job(name: str, fleet: fl.Fleet, pods: int = 4) -> client.V1Job:
     """An Indexed batch Job of ``pods`` ranks with 8 GPUs each, pinned to the fleet (kwok toleration
     only: it does not tolerate the quarantine taint)."""
-    return client.V1Job.from_dict({
+    return fl.model(client.V1Job, {
         "metadata": {"name": name},
         "spec": {"parallelism": pods, "completions": pods, "completionMode": "Indexed", "backoffLimit": 100,
                  "template": {"metadata": {"labels": {"app": name}},
@@ -141,7 +141,7 @@ class Rank:
 
 def running_ranks(core: client.CoreV1Api, namespace: str, job: str) -> list[Rank]:
     """The job's Running, not-terminating pods, by completion index."""
-    pods = core.list_namespaced_pod(namespace, label_selector=f"job-name={job}").items
+    pods: list[Any] = core.list_namespaced_pod(namespace, label_selector=f"job-name={job}").items
     out = []
     for p in pods:
         meta = p.metadata
@@ -178,7 +178,7 @@ class PodWatch:
         self.core = client.CoreV1Api(api)
         self.namespace = namespace
         self.bindings: list[tuple[float, str, str]] = []
-        self._watch = watch.Watch()
+        self._watch: Any = watch.Watch()  # type: ignore[no-untyped-call]
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()

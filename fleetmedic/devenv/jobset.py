@@ -1,5 +1,5 @@
 """The real JobSet controller (sigs.k8s.io/jobset v0.12.0) run out of cluster, and its webhooks
-registered by URL for one namespace (no tests here): used by the JobSet tests and by
+registered by URL for one namespace: used by the JobSet tests and by
 ``bench/bench_recovery_placement.py --kind jobset``."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client import ApiException
 
+from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv import proc
 
 JS_GROUP, JS_VERSION = "jobset.x-k8s.io", "v1alpha2"
@@ -62,11 +63,11 @@ def register_webhooks(api: client.ApiClient, namespace: str, controller_dir: Pat
               "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}
     rule = {"apiGroups": [JS_GROUP], "apiVersions": [JS_VERSION], "resources": ["jobsets"]}
     name = f"fleetmedic-test-{namespace}"
-    reg.create_mutating_webhook_configuration(client.V1MutatingWebhookConfiguration.from_dict({
+    reg.create_mutating_webhook_configuration(fl.model(client.V1MutatingWebhookConfiguration, {
         "metadata": {"name": name}, "webhooks": [{**common, "name": "mjobset.kb.io", "rules": [
             {**rule, "operations": ["CREATE"]}], "clientConfig": {
             "url": f"https://127.0.0.1:{port}/mutate-jobset-x-k8s-io-v1alpha2-jobset", "caBundle": ca}}]}))
-    reg.create_validating_webhook_configuration(client.V1ValidatingWebhookConfiguration.from_dict({
+    reg.create_validating_webhook_configuration(fl.model(client.V1ValidatingWebhookConfiguration, {
         "metadata": {"name": name}, "webhooks": [{**common, "name": "vjobset.kb.io", "rules": [
             {**rule, "operations": ["CREATE", "UPDATE"]}], "clientConfig": {
             "url": f"https://127.0.0.1:{port}/validate-jobset-x-k8s-io-v1alpha2-jobset", "caBundle": ca}}]}))
