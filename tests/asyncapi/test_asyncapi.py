@@ -13,7 +13,7 @@ from fleetmedic.bus import TOPICS
 from fleetmedic.cli.main import main
 from fleetmedic.cli.schema import asyncapi_is_current, render_asyncapi
 from fleetmedic.signing import KEY_ID_HEADER, SIGNATURE_HEADER, SIGNED_TOPICS
-from tests.asyncapi.npm import HERE, node_env, tool
+from tests.asyncapi.helpers_npm import HERE, node_env, tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "deploy" / "asyncapi.yaml"

@@ -32,7 +32,7 @@ from fleetmedic.connectors.prometheus.ingest import PrometheusSource, target_lab
 from fleetmedic.connectors.prometheus.text import MAX_REASONS, OTHER_REASON, ExpositionReader
 from fleetmedic.connectors.runtime import ConnectorMetrics, Outbox
 from fleetmedic.evaluation.backtest_inputs import InputReader
-from tests.connectors.prometheus.test_prometheus import dcgm_text
+from tests.connectors.prometheus.helpers_exposition import dcgm_text
 
 TS_MS = 1_700_000_000_000
 GOOD = f'DCGM_FI_DEV_GPU_TEMP{{gpu="0",Hostname="n1"}} 50 {TS_MS}'

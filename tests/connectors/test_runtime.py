@@ -30,7 +30,7 @@ from fleetmedic.connectors.runtime import (
     reason_label,
 )
 from fleetmedic.devenv import proc
-from tests.connectors.prometheus.test_prometheus import dcgm_text
+from tests.connectors.prometheus.helpers_exposition import dcgm_text
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,7 @@ import yaml
 
 from fleetmedic.cli import main as cli
 from fleetmedic.config import parse_config
-from tests.deploy.helm import CHART, EVERYTHING, helm, render, render_error
+from tests.deploy.helpers_helm import CHART, EVERYTHING, helm, render, render_error
 
 pytestmark = pytest.mark.helm
 

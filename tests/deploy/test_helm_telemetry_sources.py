@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from fleetmedic.config import parse_config
-from tests.deploy.helm import CHART, OPERATOR_KEY, SIGNING_KEY, helm, render, render_error
+from tests.deploy.helpers_helm import CHART, OPERATOR_KEY, SIGNING_KEY, helm, render, render_error
 
 pytestmark = pytest.mark.helm
 

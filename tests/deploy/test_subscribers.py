@@ -1,7 +1,7 @@
 """The example subscribers in examples/subscribers/ (Go and Node, standard library only) against
 commands the real worker produced through the real broker.
 
-The worker (``fleetmedic worker`` as a subprocess, tests/streams/harness.py) turns an XID 79 into
+The worker (``fleetmedic worker`` as a subprocess, tests/streams/helpers_harness.py) turns an XID 79 into
 signed commands on ``remediation.commands``. A Python helper reads them back from the broker with
 aiokafka, headers included, and writes each as the line ``kcat -C -J`` prints (the bridge the
 examples document: kcat is not installed here). Each subscriber must accept every one of them
@@ -55,7 +55,7 @@ from fleetmedic.signing import (
 )
 from fleetmedic.streams.app import ensure_topics
 from tests.conftest import require_tool
-from tests.streams.harness import KEY, Run, collect_sync, new_run, worker
+from tests.streams.helpers_harness import KEY, Run, collect_sync, new_run, worker
 from tests.streams.test_worker import JOB, NODES, SICK
 
 ROOT = Path(__file__).resolve().parents[2]

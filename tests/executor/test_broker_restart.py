@@ -34,10 +34,9 @@ from fleetmedic.devenv.waiting import wait
 from fleetmedic.executor.service import consumer_group
 from fleetmedic.k8s_keys import ANNOTATION_DRAIN, ANNOTATION_INFLIGHT
 from fleetmedic.streams.app import ensure_topics
-from tests.executor.executor_support import command, pinned_pod, running, settings
-from tests.executor.test_service import Replica
-from tests.streams.harness import collect_sync
-from tests.streams.scenario import dedicated_broker
+from tests.executor.helpers_executor import Replica, command, pinned_pod, running, settings
+from tests.streams.helpers_harness import collect_sync
+from tests.streams.helpers_scenario import dedicated_broker
 
 
 def _kill_9(broker: Kafka) -> None:

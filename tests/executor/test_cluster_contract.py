@@ -22,7 +22,7 @@ from fleetmedic.executor.node.conditions import Condition
 from fleetmedic.executor.node.long_plan import PodView
 from fleetmedic.executor.node.plan import Note, Taint
 from fleetmedic.k8s_keys import ANNOTATION_KWOK_COMPLETE, CONDITION_NETWORK, CONDITION_QUARANTINE
-from tests.executor.executor_support import node_events, pinned_pod, running
+from tests.executor.helpers_executor import node_events, pinned_pod, running
 
 
 @dataclass

@@ -38,7 +38,7 @@ from fleetmedic.devenv.kafka import produce
 from fleetmedic.devenv.waiting import wait
 from fleetmedic.k8s_keys import ANNOTATION_CORDONED_BY, TAINT_QUARANTINE
 from fleetmedic.streams.app import ensure_topics
-from tests.streams.harness import collect_sync
+from tests.streams.helpers_harness import collect_sync
 
 
 def _quarantined(core: client.CoreV1Api, node: str) -> bool:

@@ -2,7 +2,7 @@
 workload's nodes -> ``fleetmedic worker`` -> ``fleetmedic executor`` -> node cordoned and tainted, the
 workload's pods recreated Running off that node (no pod bound there while it is held), diagnostics,
 the node returned. No training-operator or JobSet controller runs in the test cluster: the test plays
-their part with the reconcilers of tests/executor/workload/test_workloads_crds.py (documented there). The
+their part with the reconcilers of tests/executor/workload/helpers_played_operators.py (documented there). The
 PyTorchJob tolerates every taint, so only the node anti-affinity the executor adds keeps it off."""
 
 from __future__ import annotations
@@ -24,20 +24,20 @@ from fleetmedic.devenv.waiting import wait
 from fleetmedic.devenv.workloads import running
 from fleetmedic.k8s_keys import TAINT_QUARANTINE
 from fleetmedic.streams.app import ensure_topics
-from tests.executor.workload.test_workloads_crds import (
+from tests.executor.workload.helpers_played_operators import (
     JS,
     PT,
-    _jobset,
-    _pytorchjob,
-    _reconcile_jobset,
-    _reconcile_pytorchjob,
+    jobset_manifest,
     played_operator,
+    pytorchjob_manifest,
+    reconcile_jobset,
+    reconcile_pytorchjob,
 )
 
 KINDS: dict[str, tuple[str, str, str, Callable[..., dict[str, Any]], Callable[..., None], str]] = {
     # kind: (group, version, plural, manifest, operator, pod label naming the workload)
-    "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs", _pytorchjob, _reconcile_pytorchjob, f"{PT}/job-name"),
-    "JobSet": ("jobset.x-k8s.io", "v1alpha2", "jobsets", _jobset, _reconcile_jobset, f"{JS}/jobset-name"),
+    "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs", pytorchjob_manifest, reconcile_pytorchjob, f"{PT}/job-name"),
+    "JobSet": ("jobset.x-k8s.io", "v1alpha2", "jobsets", jobset_manifest, reconcile_jobset, f"{JS}/jobset-name"),
 }
 
 

@@ -24,8 +24,8 @@ from fleetmedic.executor.node import plan as p
 from fleetmedic.k8s_keys import ANNOTATION_DRAIN, ANNOTATION_INFLIGHT
 from fleetmedic.signing import load_key, sign
 from fleetmedic.streams.app import ensure_topics
-from tests.executor.executor_support import node_events, pinned_pod, running
-from tests.streams.harness import collect_sync
+from tests.executor.helpers_executor import node_events, pinned_pod, running
+from tests.streams.helpers_harness import collect_sync
 
 
 def _holder(coord: client.CoordinationV1Api, namespace: str, name: str) -> str:

@@ -17,7 +17,7 @@ from fleetmedic.executor.fake_cluster import FakeCluster
 from fleetmedic.executor.kube import LEDGER_NAME
 from fleetmedic.executor.node import plan as p
 from fleetmedic.k8s_keys import ANNOTATION_INFLIGHT, ANNOTATION_KWOK_COMPLETE, LABEL_ROLE
-from tests.executor.executor_support import (
+from tests.executor.helpers_executor import (
     RecordingRestarter,
     command,
     executor,

@@ -22,7 +22,7 @@ from fleetmedic.executor.dispatch import kube_executor
 from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.executor.leader import LeaseElector
 from fleetmedic.k8s_keys import ANNOTATION_KWOK_COMPLETE, CONDITION_GPU_HARDWARE
-from tests.executor.executor_support import KEY, command, pinned_pod, running, settings
+from tests.executor.helpers_executor import KEY, command, pinned_pod, running, settings
 
 MANIFEST = Path(__file__).parents[2] / "deploy" / "rbac" / "executor.yaml"
 

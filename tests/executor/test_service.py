@@ -7,55 +7,21 @@ clusters share, an executor acts only on its own cluster's commands."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 
 import msgspec
 from kubernetes import client
-from prometheus_client import CollectorRegistry
 
 from fleetmedic import records as r
 from fleetmedic.devenv import fleet as fl
 from fleetmedic.devenv.kafka import produce
 from fleetmedic.devenv.waiting import wait
-from fleetmedic.executor.kube import KubeCluster
-from fleetmedic.executor.metrics import ExecutorMetrics
 from fleetmedic.executor.node import plan as p
-from fleetmedic.executor.service import ExecutorService
 from fleetmedic.streams.app import ensure_topics
-from tests.executor.executor_support import KEY, command, settings
-from tests.streams.harness import collect_sync
-
-
-class Replica:
-    """An ExecutorService on its own thread and event loop."""
-
-    def __init__(self, api: client.ApiClient, s: object, identity: str) -> None:
-        self.registry = CollectorRegistry()
-        self.service = ExecutorService(s, KEY, KubeCluster(api, instance=identity), identity,  # type: ignore[arg-type]
-                                       ExecutorMetrics(self.registry))
-        self.loop = asyncio.new_event_loop()
-        self.stop = asyncio.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self.service.run(self.stop))
-
-    def leading(self) -> bool:
-        return self.registry.get_sample_value("fleetmedic_executor_leader") == 1.0
-
-    def count(self, action: str, outcome: str) -> float:
-        v = self.registry.get_sample_value("fleetmedic_executor_commands_total", {"action": action, "outcome": outcome})
-        return v or 0.0
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.stop.set)
-        self.thread.join(timeout=30)
-        assert not self.thread.is_alive(), f"{self.service.identity} did not stop"
+from tests.executor.helpers_executor import Replica, command, settings
+from tests.streams.helpers_harness import collect_sync
 
 
 def test_two_replicas_apply_each_command_exactly_once_and_the_standby_takes_over(

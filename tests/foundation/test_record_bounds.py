@@ -30,7 +30,7 @@ from fleetmedic.connectors.prometheus.history import matrix_columns
 from fleetmedic.streams.decide import DecideStage
 from fleetmedic.streams.detect import DetectStage
 from fleetmedic.streams.outputs import Source
-from tests.streams.fakes import FakeOutputs, consumer_record
+from tests.streams.helpers_fakes import FakeOutputs, consumer_record
 
 TYPES: list[type[Any]] = [*r.RECORD_TYPES, r.DetectionTelemetry, r.AuditRecord]
 HEAD = (b'{"type":"gpu_telemetry","schema_version":1,"node":"n1","ts":1790000000.0,"gpus":[0],'

@@ -4,7 +4,7 @@ and healthy-but-unschedulable node-time, the MTTR split, and repeat placements o
 from __future__ import annotations
 
 from fleetmedic.remediation.accounting import Accounting
-from tests.remediation.world import ECC, World, timeout_line
+from tests.remediation.helpers_world import ECC, World, timeout_line
 
 NODES = [f"node-{i}" for i in range(8)]
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from fleetmedic.records import AuditRecord, RemediationResult, decode, encode
 from fleetmedic.remediation.engine import DecisionEngine
-from tests.remediation.world import ECC, OOM, World, timeout_line
+from tests.remediation.helpers_world import ECC, OOM, World, timeout_line
 
 NODES = [f"node-{i}" for i in range(8)]
 
@@ -239,7 +239,7 @@ def test_audit_records_carry_the_budget_for_budget_decisions() -> None:
 
 def test_an_isolated_node_under_remediation_does_not_open_new_incidents() -> None:
     """Links going down while we reboot or diagnose a node are the echo of our own actions."""
-    from tests.remediation.world import XID79, World
+    from tests.remediation.helpers_world import XID79, World
 
     w = World(n=16, auto_execute=False)
     w.place("ml/train", ["node-2", "node-3"])

@@ -22,7 +22,7 @@ from fleetmedic.remediation.kinds import Isolation
 from fleetmedic.remediation.safety import SafetyGate, allowance_table
 from fleetmedic.remediation.topology import Topology
 from fleetmedic.remediation.triage import finding_isolation
-from tests.remediation.world import T0, World
+from tests.remediation.helpers_world import T0, World
 
 DEFAULTS = "safety: {dry_run: false}"  # the shipped defaults (World's own default is a 10 % budget)
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "safety.md"

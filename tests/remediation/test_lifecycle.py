@@ -5,7 +5,7 @@ ladder, timeouts, flap hysteresis, ownership of cordons, opt-out, and audited cl
 from __future__ import annotations
 
 from fleetmedic.records import RemediationCommand, RemediationResult
-from tests.remediation.world import World
+from tests.remediation.helpers_world import World
 
 NODES = [f"node-{i}" for i in range(8)]
 
@@ -230,7 +230,7 @@ def test_a_one_node_job_bug_on_a_node_back_on_probation_isolates_nothing() -> No
     # seen in the quality benchmark: a node just back from repair ran a one-node job whose own bug (an
     # illegal memory access) failed it; probation's lower threshold made that single failure isolate
     # the node, though the job's retry on another node then failed the same way (a job bug)
-    from tests.remediation.world import ILLEGAL
+    from tests.remediation.helpers_world import ILLEGAL
 
     w = World(config="safety: {node_cooldown_s: 0}")
     hardware(w)
@@ -259,7 +259,7 @@ def test_a_node_isolated_for_a_node_condition_returns_only_once_diagnostics_pass
     """Diagnostics test GPUs: a read-only filesystem passes them. The node awaits repair until the node
     watch reports the condition cleared, is validated again, then returns."""
     from fleetmedic.connectors.kube.node_conditions import ConditionTracker
-    from tests.remediation.world import World as EngineWorld
+    from tests.remediation.helpers_world import World as EngineWorld
 
     w = EngineWorld()
     tracker = ConditionTracker.of(w.settings)

@@ -11,7 +11,7 @@ from fleetmedic.records import InvalidRecord, OperatorCommand, decode, encode
 from fleetmedic.remediation.engine import DecisionEngine
 from fleetmedic.remediation.operator import apply_operator_command, is_replay
 from fleetmedic.signing import CommandExpired, KeySet, SignatureError, sign
-from tests.remediation.world import World
+from tests.remediation.helpers_world import World
 
 KEY = b"k" * 32  # an operator key
 KEYS = KeySet({"ops-1": KEY})

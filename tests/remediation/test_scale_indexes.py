@@ -22,7 +22,7 @@ from fleetmedic.remediation.engine import DecisionEngine
 from fleetmedic.remediation.topology import Placement, Topology
 from fleetmedic.remediation.triage.jobs import JobBoard
 from fleetmedic.remediation.triage.records import PendingGroup, TriageState, file_group, order_groups
-from tests.remediation.world import T0, World
+from tests.remediation.helpers_world import T0, World
 
 NODES = [f"n{i}" for i in range(12)]
 node = st.sampled_from(NODES)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 
 from fleetmedic.records import Evidence, Finding
-from tests.remediation.world import CHILD, ILLEGAL, KEYERROR, OOM, SEGV, SIGTERM, XID79, World, timeout_line
+from tests.remediation.helpers_world import CHILD, ILLEGAL, KEYERROR, OOM, SEGV, SIGTERM, XID79, World, timeout_line
 
 JOB = "ml/llama-70b"
 

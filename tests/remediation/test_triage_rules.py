@@ -12,7 +12,7 @@ import pytest
 
 from fleetmedic.remediation.engine import DecisionEngine
 from fleetmedic.remediation.topology import Topology
-from tests.remediation.world import (
+from tests.remediation.helpers_world import (
     CHILD,
     ECC,
     IB,

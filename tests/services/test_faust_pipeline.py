@@ -24,7 +24,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from fleetmedic.devenv.proc import tail
 
-APP = Path(__file__).with_name("faust_forwarder.py")
+APP = Path(__file__).with_name("helpers_faust_forwarder.py")
 N = 12
 
 

@@ -41,7 +41,7 @@ from fleetmedic.devenv.kafka_cluster import KafkaCluster
 from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.executor.service import consumer_group as executor_group
 from fleetmedic.streams.app import ensure_topics
-from tests.services.cluster_harness import secure_run
+from tests.services.helpers_cluster import secure_run
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 OPERATOR_KEY = b"o" * 40

@@ -42,7 +42,7 @@ from fleetmedic.devenv.kafka_cluster import KafkaCluster, stalled
 from fleetmedic.devenv.proc import tail
 from fleetmedic.streams.app import ensure_topics
 from fleetmedic.streams.decide import decide_inputs
-from tests.services.cluster_harness import (
+from tests.services.helpers_cluster import (
     Load,
     Read,
     Xid,
@@ -54,7 +54,7 @@ from tests.services.cluster_harness import (
     read_sync,
     secure_run,
 )
-from tests.streams.harness import Run, start_worker, stop_worker, wait_for_log
+from tests.streams.helpers_harness import Run, start_worker, stop_worker, wait_for_log
 
 STALL_S = 15.0  # longer than broker.session.timeout.ms (9 s): the stalled broker is fenced, leadership moves
 BACKOFF_S, BACKOFF_MAX_S = 10.0, 300.0  # the kubelet's restart back-off: 10 s, doubled each time, at most 5 min

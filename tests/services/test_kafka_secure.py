@@ -39,7 +39,7 @@ from fleetmedic.devenv.kafka import quiet_aiokafka
 from fleetmedic.devenv.kafka_cluster import KafkaCluster, replication
 from fleetmedic.streams.app import ensure_topics
 from tests.conftest import unavailable
-from tests.services.cluster_harness import secure_run
+from tests.services.helpers_cluster import secure_run
 
 KEY = "k" * 40
 

@@ -11,7 +11,7 @@ from fleetmedic.sim import xids
 from fleetmedic.sim.batch import GPU_FIELD_INDEX
 from fleetmedic.sim.faults import KINDS
 from fleetmedic.sim.telemetry import HW_POWER_BRAKE, HW_SLOWDOWN, HW_THERMAL
-from tests.sim.symptoms import NODE, ONSET_S, SUB, Run, check, pinned, run, small_config
+from tests.sim.helpers_symptoms import NODE, ONSET_S, SUB, Run, check, pinned, run, small_config
 
 SOFTWARE = [k for k, v in KINDS.items() if v.fault_class in ("negative_control", "transient_software", "job_bug")]
 _runs: dict[str, Run] = {}

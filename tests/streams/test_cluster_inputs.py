@@ -27,7 +27,16 @@ from fleetmedic.devenv.kafka import produce
 from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.signing import sign
 from fleetmedic.streams.app import ensure_topics
-from tests.streams.harness import OPERATOR_KEY, Collected, Run, collect_sync, new_run, stop_worker, wait_for_log, worker
+from tests.streams.helpers_harness import (
+    OPERATOR_KEY,
+    Collected,
+    Run,
+    collect_sync,
+    new_run,
+    stop_worker,
+    wait_for_log,
+    worker,
+)
 from tests.streams.test_worker import _scrape
 
 N = 8

@@ -28,7 +28,7 @@ from fleetmedic.signing import sign, verify
 from fleetmedic.streams.decide import DecideStage
 from fleetmedic.streams.detect import DetectStage
 from fleetmedic.streams.outputs import Source
-from tests.streams.fakes import FakeOutputs, consumer_record, sample
+from tests.streams.helpers_fakes import FakeOutputs, consumer_record, sample
 from tests.streams.test_hardening import NODES, T0, _xid_finding
 
 KEY = b"k" * 40

@@ -34,8 +34,8 @@ from fleetmedic.bus import detect_state_topic, state_topic
 from fleetmedic.devenv.kafka import Kafka, produce
 from fleetmedic.streams.app import ensure_topics
 from fleetmedic.streams.state import SNAPSHOT_KEY, load_snapshots
-from tests.streams.harness import collect_sync, new_run, start_worker, wait_for_log, worker
-from tests.streams.scenario import dedicated_broker
+from tests.streams.helpers_harness import collect_sync, new_run, start_worker, wait_for_log, worker
+from tests.streams.helpers_scenario import dedicated_broker
 from tests.streams.test_restart import _command_ids, _job_messages, _reference_commands, _telemetry, _wait_phase
 
 

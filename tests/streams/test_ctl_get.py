@@ -29,7 +29,7 @@ from fleetmedic.cli.ctl_get import fold_breaker, fold_nodes, format_breaker, for
 from fleetmedic.devenv.kafka import produce
 from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.streams.app import ensure_topics
-from tests.streams.harness import OPERATOR_KEY, Run, collect_sync, new_run, wait_for_log, worker
+from tests.streams.helpers_harness import OPERATOR_KEY, Run, collect_sync, new_run, wait_for_log, worker
 from tests.streams.test_worker import _scrape
 
 N = 8

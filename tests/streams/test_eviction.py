@@ -25,7 +25,7 @@ from fleetmedic.streams.detect import DetectStage
 from fleetmedic.streams.metrics import PipelineMetrics
 from fleetmedic.streams.outputs import Outputs
 from fleetmedic.streams.state import decode_node_state
-from tests.streams.fakes import FakeOutputs, consumer_record, sample
+from tests.streams.helpers_fakes import FakeOutputs, consumer_record, sample
 
 T0 = 1_790_000_000.0
 GPUS = 2  # small messages: the point is the number of names

@@ -45,7 +45,7 @@ from fleetmedic.streams.decide import INPUTS as DECIDE_INPUTS
 from fleetmedic.streams.decide import DecideStage
 from fleetmedic.streams.detect import DetectStage
 from fleetmedic.streams.outputs import Source
-from tests.streams.fakes import FakeOutputs, consumer_record
+from tests.streams.helpers_fakes import FakeOutputs, consumer_record
 
 EXAMPLES = int(os.environ.get("FLEETMEDIC_FUZZ_EXAMPLES", "0"))
 SHRINK = os.environ.get("FLEETMEDIC_FUZZ_SHRINK", "") not in ("", "0")

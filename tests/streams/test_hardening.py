@@ -40,7 +40,7 @@ from fleetmedic.streams.detect import DetectStage
 from fleetmedic.streams.outputs import Source
 from fleetmedic.streams.snapshot_parts import SnapshotScan, SnapshotUnreadable, part_key
 from fleetmedic.streams.state import DecideSnapshot, DetectPartition, NodeStageState
-from tests.streams.fakes import BROKER_LIMIT, FakeOutputs, consumer_record, sample
+from tests.streams.helpers_fakes import BROKER_LIMIT, FakeOutputs, consumer_record, sample
 
 KEY = b"k" * 40
 NODES = [f"n{i}" for i in range(16)]

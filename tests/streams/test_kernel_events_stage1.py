@@ -21,7 +21,7 @@ from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.models.stages import SummaryColumns
 from fleetmedic.remediation.log_patterns import default_library
 from fleetmedic.streams.detect import DetectStage
-from tests.streams.fakes import FakeOutputs, consumer_record
+from tests.streams.helpers_fakes import FakeOutputs, consumer_record
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "kmsg"
 T0 = 1_700_000_000.0

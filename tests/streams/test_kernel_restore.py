@@ -17,7 +17,7 @@ from fleetmedic.streams.detect import DetectStage
 from fleetmedic.streams.metrics import PipelineMetrics
 from fleetmedic.streams.outputs import Outputs
 from fleetmedic.streams.state import decode_node_state
-from tests.streams.fakes import FakeOutputs, consumer_record
+from tests.streams.helpers_fakes import FakeOutputs, consumer_record
 
 T0 = 1_790_000_000.0
 

@@ -25,7 +25,7 @@ from fleetmedic.devenv.kafka import produce
 from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.streams.app import ensure_topics
 from fleetmedic.streams.state import load_detect_partition
-from tests.streams.harness import Run, new_run, start_worker, worker
+from tests.streams.helpers_harness import Run, new_run, start_worker, worker
 from tests.streams.test_restart import NODES, T0, _committed
 
 EXTRA = ("streams: {detect_snapshot_every_s: 1.0}\n"

@@ -27,7 +27,7 @@ from fleetmedic import records as r
 from fleetmedic.devenv.kafka import produce
 from fleetmedic.signing import sign
 from fleetmedic.streams.app import ensure_topics
-from tests.streams.harness import (
+from tests.streams.helpers_harness import (
     OPERATOR_KEY,
     Collected,
     Run,

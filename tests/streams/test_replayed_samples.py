@@ -13,7 +13,7 @@ from fleetmedic import records as r
 from fleetmedic.config import Settings
 from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.streams.detect import DetectStage
-from tests.streams.fakes import FakeOutputs, consumer_record, sample
+from tests.streams.helpers_fakes import FakeOutputs, consumer_record, sample
 
 T0 = 1_700_000_000.0
 

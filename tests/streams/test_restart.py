@@ -32,8 +32,17 @@ from fleetmedic.bus import detect_group, detect_state_topic
 from fleetmedic.devenv.kafka import produce
 from fleetmedic.streams.app import ensure_topics
 from fleetmedic.streams.state import load_node_states
-from tests.streams.harness import Collected, Run, collect_sync, new_run, start_worker, stop_worker, wait_for_log, worker
-from tests.streams.scenario import T0, dedicated_broker, gpu_round, job_events
+from tests.streams.helpers_harness import (
+    Collected,
+    Run,
+    collect_sync,
+    new_run,
+    start_worker,
+    stop_worker,
+    wait_for_log,
+    worker,
+)
+from tests.streams.helpers_scenario import T0, dedicated_broker, gpu_round, job_events
 
 JOBS = {"team/a": [f"gpu-node-{i}" for i in range(4)], "team/b": [f"gpu-node-{i}" for i in range(4, 8)]}
 NODES = [n for nodes in JOBS.values() for n in nodes]

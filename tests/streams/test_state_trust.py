@@ -28,7 +28,7 @@ from fleetmedic.streams.decide import DecideStage, restore
 from fleetmedic.streams.detect import DetectStage
 from fleetmedic.streams.outputs import Source
 from fleetmedic.streams.state import DetectPartition, NodeStageState, SnapshotCorrupt, decode_snapshot
-from tests.streams.fakes import FakeOutputs, sample
+from tests.streams.helpers_fakes import FakeOutputs, sample
 
 T0 = 1_790_000_000.0
 

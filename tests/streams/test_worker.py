@@ -30,7 +30,7 @@ from fleetmedic.remediation.engine import DecisionEngine
 from fleetmedic.signing import load_key, verify
 from fleetmedic.streams.app import ensure_topics
 from fleetmedic.streams.state import decode_snapshot, load_snapshot
-from tests.streams.harness import KEY, Collected, collect_sync, new_run, wait_for_log, worker
+from tests.streams.helpers_harness import KEY, Collected, collect_sync, new_run, wait_for_log, worker
 
 NODES = [f"gpu-node-{i}" for i in range(4)]
 SICK = "gpu-node-2"

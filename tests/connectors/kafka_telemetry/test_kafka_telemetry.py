@@ -18,7 +18,7 @@ from fleetmedic.connectors.kafka_telemetry.exporter import KafkaTelemetrySource
 from fleetmedic.connectors.kafka_telemetry.exporter_map import BadMessage, PointMapper, Windows
 from fleetmedic.connectors.runtime import ConnectorMetrics, KafkaSink, Outbox, PumpSettings, run_until_stopped
 from fleetmedic.devenv.kafka import produce
-from tests.streams.harness import collect_sync
+from tests.streams.helpers_harness import collect_sync
 
 T0 = 1_700_000_000  # a window boundary for window_s 10
 

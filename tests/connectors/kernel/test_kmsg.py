@@ -49,7 +49,7 @@ from fleetmedic.connectors.kernel.kmsg_map import (
 )
 from fleetmedic.connectors.runtime import ConnectorMetrics, JsonlSink, Outbox, PumpSettings, run_until_stopped
 from fleetmedic.remediation.log_patterns import default_library
-from tests.connectors.fake_pynvml import FakeGpu, FakeNvml
+from tests.connectors.nvml.helpers_fake_pynvml import FakeGpu, FakeNvml
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "kmsg"
 BOOT = 1_700_000_000.0

@@ -19,7 +19,7 @@ from fleetmedic.connectors.logs.failures import BadLogLine, FailureLogGate, LogL
 from fleetmedic.connectors.runtime import ConnectorMetrics, KafkaSink, Outbox, PumpSettings, run_until_stopped
 from fleetmedic.devenv.kafka import produce
 from fleetmedic.remediation.log_patterns import default_library
-from tests.streams.harness import collect_sync
+from tests.streams.helpers_harness import collect_sync
 
 ECC = "RuntimeError: CUDA error: uncorrectable ECC error encountered"
 NCCL = ("[rank3]:[E ProcessGroupNCCL.cpp:563] [Rank 3] Watchdog caught collective operation timeout: "

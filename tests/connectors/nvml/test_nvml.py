@@ -24,8 +24,8 @@ from fleetmedic.connectors.nvml.exporter import XID_GPU_LOST, NvmlSource
 from fleetmedic.connectors.nvml.record import build_record
 from fleetmedic.connectors.nvml.seam import GpuReading, NvmlSeam, NvmlUnavailable
 from fleetmedic.connectors.runtime import ConnectorMetrics, JsonlSink, Outbox, PumpSettings, run_until_stopped
-from tests.connectors import fake_pynvml as fake
-from tests.connectors.fake_pynvml import FakeGpu, FakeNvml
+from tests.connectors.nvml import helpers_fake_pynvml as fake
+from tests.connectors.nvml.helpers_fake_pynvml import FakeGpu, FakeNvml
 
 ROOT = Path(__file__).resolve().parents[3]
 

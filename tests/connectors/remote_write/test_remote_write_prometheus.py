@@ -27,7 +27,7 @@ from fleetmedic.connectors.prometheus.text import ExpositionReader
 from fleetmedic.devenv import proc, tls
 from tests.conftest import unavailable
 from tests.connectors.conftest import PROMETHEUS
-from tests.streams.harness import collect_sync
+from tests.streams.helpers_harness import collect_sync
 
 FIELD = Path(__file__).parents[2] / "data" / "field"
 KOPS = (FIELD / "dcgm-exporter" / "kops-l4-gpu-operator.prom").read_text()

@@ -30,7 +30,7 @@ from fleetmedic.k8s_keys import (
     LABEL_STATE,
     TAINT_QUARANTINE,
 )
-from tests.executor.executor_support import command, executor, node_events, pinned_pod, running, settings
+from tests.executor.helpers_executor import command, executor, node_events, pinned_pod, running, settings
 
 
 def _daemonset(name: str, fleet: fl.Fleet) -> client.V1DaemonSet:

@@ -29,7 +29,7 @@ from fleetmedic.k8s_keys import (
     TAINT_QUARANTINE,
 )
 from tests.conftest import require_tool
-from tests.executor.executor_support import command, executor, fake_executor, settings
+from tests.executor.helpers_executor import command, executor, fake_executor, settings
 
 
 def _quarantine(cluster: FakeCluster, name: str) -> Condition | None:

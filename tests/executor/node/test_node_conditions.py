@@ -32,7 +32,7 @@ from fleetmedic.k8s_keys import (
 )
 from fleetmedic.records import RemediationCommand
 from fleetmedic.signing import sign
-from tests.executor.executor_support import KEY, executor, settings
+from tests.executor.helpers_executor import KEY, executor, settings
 
 T = 1_700_000_000.0
 

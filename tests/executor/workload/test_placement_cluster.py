@@ -193,7 +193,7 @@ def test_the_executor_runs_restart_job_through_the_placement(
 ) -> None:
     from fleetmedic.executor.dispatch import kube_executor
     from fleetmedic.executor.metrics import ExecutorMetrics
-    from tests.executor.executor_support import KEY, command, settings
+    from tests.executor.helpers_executor import KEY, command, settings
 
     fleet = make_fleet(8, nodes_per_rack=2, racks_per_leaf=2)
     leaf_of = leaves_of(kube_api, fleet)

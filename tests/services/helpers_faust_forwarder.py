@@ -1,4 +1,4 @@
-"""A minimal Faust app for the smoke test (run as ``python faust_forwarder.py worker --without-web``).
+"""A minimal Faust app for the smoke test (run as ``python helpers_faust_forwarder.py worker --without-web``).
 
 Agent ``forward`` reads ``<id>-in``, counts records per key in table ``counts`` (changelog topic
 ``<id>-counts-changelog``) and sends ``"<value>|<count>"`` to ``<id>-out`` with the input headers

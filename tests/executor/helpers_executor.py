@@ -1,8 +1,10 @@
 """Helpers for the executor tests (no tests here): settings for a test namespace, signed commands,
-pods pinned to a test fleet's node, and waiting."""
+pods pinned to a test fleet's node, and an executor service replica on its own thread."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -10,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client
+from prometheus_client import CollectorRegistry
 
 from fleetmedic.config import Settings, parse_config
 from fleetmedic.devenv import fleet as fl
@@ -17,6 +20,8 @@ from fleetmedic.executor.cache import ClusterCache
 from fleetmedic.executor.dispatch import CommandExecutor, kube_executor
 from fleetmedic.executor.fake_cluster import FakeCluster
 from fleetmedic.executor.kube import KubeCluster
+from fleetmedic.executor.metrics import ExecutorMetrics
+from fleetmedic.executor.service import ExecutorService
 from fleetmedic.executor.workload.apply import WorkloadOutcome
 from fleetmedic.records import RemediationCommand
 from fleetmedic.signing import sign
@@ -99,3 +104,32 @@ def node_events(core: client.CoreV1Api, node: str) -> list[str]:
     events = core.list_namespaced_event("default", field_selector=f"involvedObject.kind=Node,"
                                                                   f"involvedObject.name={node},involvedObject.uid={node}")
     return [e.reason for e in events.items]
+
+
+class Replica:
+    """An ExecutorService on its own thread and event loop."""
+
+    def __init__(self, api: client.ApiClient, s: object, identity: str) -> None:
+        self.registry = CollectorRegistry()
+        self.service = ExecutorService(s, KEY, KubeCluster(api, instance=identity), identity,  # type: ignore[arg-type]
+                                       ExecutorMetrics(self.registry))
+        self.loop = asyncio.new_event_loop()
+        self.stop = asyncio.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self.service.run(self.stop))
+
+    def leading(self) -> bool:
+        return self.registry.get_sample_value("fleetmedic_executor_leader") == 1.0
+
+    def count(self, action: str, outcome: str) -> float:
+        v = self.registry.get_sample_value("fleetmedic_executor_commands_total", {"action": action, "outcome": outcome})
+        return v or 0.0
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.stop.set)
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive(), f"{self.service.identity} did not stop"

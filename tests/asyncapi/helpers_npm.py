@@ -2,7 +2,7 @@
 the official AsyncAPI parser and ajv. ``npm ci`` installs them once into the cache, outside the
 repository (``$FLEETMEDIC_CACHE/npm/<hash of the lock file>/node_modules``); later runs reuse it.
 
-``python -m tests.asyncapi.npm`` installs them (scripts/test does; fast when cached). In tests,
+``python -m tests.asyncapi.helpers_npm`` installs them (scripts/test does; fast when cached). In tests,
 :func:`node_modules` returns the folder, and when node or npm is missing or ``npm ci`` fails it
 fails the test under ``FLEETMEDIC_REQUIRE_SERVICES=1`` (CI) and skips it otherwise.
 """

@@ -2,9 +2,9 @@
 config from the cluster's client side, a steady telemetry load with XID faults on request, reading
 topics and consumer-group lag with the run's own (SASL_SSL) client options.
 
-The worker itself runs as in tests/streams (:mod:`tests.streams.harness`: a subprocess of
+The worker itself runs as in tests/streams (:mod:`tests.streams.helpers_harness`: a subprocess of
 ``python -m fleetmedic.cli.main worker``), with the config written here; the jobs and rounds of
-telemetry are those of :mod:`tests.streams.scenario`, as in tests/streams/test_restart.py.
+telemetry are those of :mod:`tests.streams.helpers_scenario`, as in tests/streams/test_restart.py.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from fleetmedic import records as r
 from fleetmedic.bus import client_options
 from fleetmedic.config import parse_config
 from fleetmedic.devenv.kafka_cluster import KafkaCluster
-from tests.streams import scenario
-from tests.streams.harness import Run
-from tests.streams.scenario import gpu_round
+from tests.streams import helpers_scenario as scenario
+from tests.streams.helpers_harness import Run
+from tests.streams.helpers_scenario import gpu_round
 
 
 def secure_run(cluster: KafkaCluster, tmp: Path, extra: dict[str, Any] | None = None, partitions: int = 3,

@@ -1,7 +1,7 @@
 """The workload the broker-fault tests share (no tests here): jobs placed on GPU nodes, rounds of
 GPU telemetry 10 s of event time apart with XID 79 on chosen nodes, and a dedicated broker for a
 test that stops or kills it. Used by tests/streams/test_restart.py (and the tests built on it) and
-tests/services/cluster_harness.py (the secure three-broker cluster)."""
+tests/services/helpers_cluster.py (the secure three-broker cluster)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from fleetmedic.devenv import proc
 from fleetmedic.devenv.kafka import Kafka
 from fleetmedic.devenv.synth import gpu_message
 from tests.conftest import unavailable
-from tests.streams.harness import Run
+from tests.streams.helpers_harness import Run
 
 T0 = 1_700_000_000.0
 
