@@ -21,3 +21,8 @@ def real_controller(env: str, built: Path, what: str) -> tuple[str, list[pytest.
     if settings.services_required():
         raise RuntimeError(why)  # CI: a missing real controller fails the run, never skips it
     return binary, [pytest.mark.skip(reason=why)]
+
+
+def jobset_manager() -> tuple[str, list[pytest.MarkDecorator]]:
+    """The real JobSet controller (sigs.k8s.io/jobset): :func:`real_controller` for it."""
+    return real_controller("FLEETMEDIC_JOBSET_MANAGER", settings.layout().jobset_manager, "JobSet controller")

@@ -43,11 +43,9 @@ from fleetmedic.k8s_keys import (
     LABEL_RACK,
     TAINT_QUARANTINE,
 )
-from tests.executor.workload.test_workloads_jobset_controller import (  # noqa: F401  (the fixture and the skip mark)
-    jobset_controller,
-    pytestmark,
-)
+from tests.executor.workload.helpers_controllers import jobset_manager
 
+_, pytestmark = jobset_manager()
 JS_GROUP, JS_VERSION = "jobset.x-k8s.io", "v1alpha2"
 SELECTOR = "jobset.sigs.k8s.io/jobset-name=placed"
 
@@ -67,7 +65,7 @@ def _children(api: client.ApiClient, namespace: str) -> list[client.V1Job]:
 
 
 def test_a_jobset_restart_prefers_the_surviving_ranks_leaf_through_its_child_jobs(
-    kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet], jobset_controller: Path  # noqa: F811
+    kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet], jobset_controller: Path
 ) -> None:
     hooks = register_webhooks(kube_api, namespace, jobset_controller.parent)
     try:
@@ -162,7 +160,7 @@ def test_a_jobset_restart_prefers_the_surviving_ranks_leaf_through_its_child_job
 
 
 def test_a_jobset_without_healthy_capacity_is_reported_and_not_thrashed(
-    kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet], jobset_controller: Path  # noqa: F811
+    kube_api: client.ApiClient, namespace: str, make_fleet: Callable[..., fl.Fleet], jobset_controller: Path
 ) -> None:
     hooks = register_webhooks(kube_api, namespace, jobset_controller.parent)
     try:

@@ -72,11 +72,10 @@ from fleetmedic.k8s_keys import (
     LABEL_STANDBY,
     TAINT_STANDBY,
 )
-from tests.executor.workload.helpers_controllers import real_controller
+from tests.executor.workload.helpers_controllers import jobset_manager, real_controller
 
 KUEUE, pytestmark = real_controller("FLEETMEDIC_KUEUE", settings.layout().kueue_manager, "Kueue manager")
-JOBSET_MANAGER, JOBSET_MARKS = real_controller("FLEETMEDIC_JOBSET_MANAGER", settings.layout().jobset_manager,
-                                               "JobSet controller")
+JOBSET_MANAGER, JOBSET_MARKS = jobset_manager()
 METRICS_CERTS = Path("/etc/kueue/metrics/certs")  # fixed in Kueue's main when its cert management is off
 FLAVOR_LABELS = {LABEL_POOL: "h100"}  # every fleet's pool (make_fleet's default)
 FLAVOR_TOLERATION = {"key": "example.com/flavor", "operator": "Exists", "effect": "NoSchedule"}

@@ -15,16 +15,13 @@ the patched template, and no replacement pod is bound to the quarantined node.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from kubernetes import client
 
 from fleetmedic.devenv import fleet as fl
-from fleetmedic.devenv import settings
 from fleetmedic.devenv.jobset import create_when_served, register_webhooks
-from fleetmedic.devenv.jobset import jobset_controller as run_jobset_controller
 from fleetmedic.devenv.waiting import wait
 from fleetmedic.devenv.workloads import (
     TOLERATE_ALL,
@@ -37,20 +34,13 @@ from fleetmedic.executor.kube import KubeCluster
 from fleetmedic.executor.workload.apply import restart_workload
 from fleetmedic.executor.workload.plan import excluded_nodes
 from fleetmedic.k8s_keys import ANNOTATION_EXCLUDED_NODES, ANNOTATION_RESTART_IN_PROGRESS
-from tests.executor.workload.helpers_controllers import real_controller
+from tests.executor.workload.helpers_controllers import jobset_manager
 
-MANAGER, pytestmark = real_controller("FLEETMEDIC_JOBSET_MANAGER", settings.layout().jobset_manager,
-                                      "JobSet controller")
+_, pytestmark = jobset_manager()
 JS = "jobset.sigs.k8s.io"
 # what the JobSet defaulting webhook (pkg/webhooks/jobset_webhook.go Default) adds; no webhook runs here
 WEBHOOK_DEFAULTS = {"successPolicy": {"operator": "All"}, "startupPolicy": {"startupPolicyOrder": "AnyOrder"},
                     "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True}}
-
-
-@pytest.fixture
-def jobset_controller(kube_config: Path, crds: list[str], tmp_path: Path) -> Iterator[Path]:
-    with run_jobset_controller(MANAGER, kube_config, tmp_path) as log:
-        yield log
 
 
 def test_real_jobset_controller_recreates_child_jobs_from_the_patched_template(
