@@ -1,11 +1,12 @@
 """restart_workload on a JobSet with the **real JobSet controller** (sigs.k8s.io/jobset v0.12.0, the
 version of the committed CRD, built from the Go module proxy) running against the test cluster.
 
-The controller binary is not part of ``fleetmedic dev build`` yet, so this test runs only where
-``FLEETMEDIC_JOBSET_MANAGER`` names a built ``manager`` binary (``go build`` of the module root;
-see docs/workloads.md) and is skipped otherwise. It runs the controller out of cluster with its
-webhooks registered nowhere (certificates self-signed, internal cert management off), which leaves
-its reconciler, the part fleetmedic depends on, exactly as upstream ships it.
+The controller binary is the one ``fleetmedic dev build`` builds, or ``FLEETMEDIC_JOBSET_MANAGER``
+names a built ``manager`` binary (``go build`` of the module root; see docs/workloads.md); without it
+this test is skipped, and fails under ``FLEETMEDIC_REQUIRE_SERVICES=1`` (CI). It runs the
+controller out of cluster with its webhooks registered nowhere (certificates self-signed, internal
+cert management off), which leaves its reconciler, the part fleetmedic depends on, exactly as
+upstream ships it.
 
 Proves that the operator the other JobSet tests play behaves like the real one: the controller
 creates the child Jobs, and after restart_workload patches the replicated-job template (node

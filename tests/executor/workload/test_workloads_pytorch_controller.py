@@ -2,9 +2,9 @@
 v1.9.0, the version of the committed CRD, built from the Go module proxy) running against the
 test cluster, watching only the test's namespace (``--namespace``, ``--enable-scheme=pytorchjob``).
 
-The operator binary is not part of ``fleetmedic dev build``, so this test runs only where
-``FLEETMEDIC_TRAINING_OPERATOR`` names a built binary (``go build ./cmd/training-operator.v1``; see
-docs/workloads.md) and is skipped otherwise. Its certificate rotator gets the Secret it manages in
+The operator binary is the one ``fleetmedic dev build`` builds, or ``FLEETMEDIC_TRAINING_OPERATOR``
+names one (``go build ./cmd/training-operator.v1``; see docs/workloads.md); without it this test is
+skipped, and fails under ``FLEETMEDIC_REQUIRE_SERVICES=1`` (CI). Its certificate rotator gets the Secret it manages in
 the test namespace, and the ValidatingWebhookConfiguration it injects its CA into exists, with a
 rule that matches nothing: the operator's certificate is for ``<service>.<namespace>.svc``, which
 the API server cannot reach out of cluster. So the webhook is not exercised; its update check only
