@@ -56,7 +56,7 @@ from fleetmedic.signing import (
 from fleetmedic.streams.app import ensure_topics
 from tests.conftest import require_tool
 from tests.streams.helpers_harness import KEY, Run, collect_sync, new_run, worker
-from tests.streams.test_worker import JOB, NODES, SICK
+from tests.streams.helpers_worker import JOB, NODES, SICK
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "subscribers"

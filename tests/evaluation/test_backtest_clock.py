@@ -15,7 +15,7 @@ from fleetmedic.cli.main import main
 from fleetmedic.config import Settings
 from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.evaluation.backtest import Backtest
-from tests.evaluation.test_backtest import T0, prom_lines, write_jsonl
+from tests.evaluation.helpers_inputs import T0, prom_lines, write_jsonl
 
 FAR = 3_990_000_000.0  # 2096-06
 

@@ -14,7 +14,7 @@ import pytest
 from tqdm import tqdm
 
 from fleetmedic.cli.main import main
-from tests.evaluation.test_backtest import write_jsonl
+from tests.evaluation.helpers_inputs import write_jsonl
 
 
 def lines_of(err: str) -> list[str]:

@@ -19,12 +19,8 @@ from fleetmedic.cli.main import main
 from fleetmedic.evaluation.backtest_report import planned
 from fleetmedic.evaluation.report import BUCKETS, bucket
 from fleetmedic.records import RemediationCommand
-from tests.conftest import require_tool
-from tests.evaluation.test_backtest import prom_lines, write_jsonl
-
-
-def chromium() -> str:
-    return require_tool("chromium", "chromium-browser", why="scripts/test installs Debian's chromium package")
+from tests.evaluation.helpers_browser import chromium, dump_dom
+from tests.evaluation.helpers_inputs import prom_lines, write_jsonl
 
 
 def rendered_body(page: Path) -> str:
@@ -106,18 +102,6 @@ def sim_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
         mp.undo()
     summary = json.loads((d / "out" / "summary.json").read_text())
     return page, summary, d / "out"
-
-
-def dump_dom(page: Path, height: int) -> str:
-    """The DOM after the page's script ran, in a 1280 x ``height`` window."""
-    with tempfile.TemporaryDirectory() as profile:
-        proc = subprocess.run(
-            [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
-             "--disable-background-networking", "--disable-component-update", f"--user-data-dir={profile}",
-             "--hide-scrollbars", f"--window-size=1280,{height}", "--dump-dom", page.resolve().as_uri()],
-            capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout
 
 
 @pytest.fixture(scope="module")

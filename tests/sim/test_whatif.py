@@ -214,7 +214,7 @@ def test_the_cli_replays_a_csv_and_refuses_bad_rows_without_a_traceback(tmp_path
 @pytest.mark.chromium
 def test_the_html_report_renders_in_a_real_browser_with_a_plot_per_policy(tmp_path: Path) -> None:
     from fleetmedic.sim.whatif.report import html_report
-    from tests.evaluation.test_report import dump_dom
+    from tests.evaluation.helpers_browser import dump_dom
 
     res = replay(parse_history(one_dbe()), load_mapping("stepfun"), tiny(),
                  [PolicySpec("manual", "manual"), PolicySpec("fleetmedic", "fleetmedic", parse_config("{}"))])

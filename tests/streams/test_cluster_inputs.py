@@ -37,7 +37,7 @@ from tests.streams.helpers_harness import (
     wait_for_log,
     worker,
 )
-from tests.streams.test_worker import _scrape
+from tests.streams.helpers_worker import scrape
 
 N = 8
 NODES = [f"gpu-node-{i}" for i in range(N)]
@@ -55,7 +55,7 @@ def _wait_for_gauge(run: Run, name: str, value: float, timeout: float = 40) -> s
     """The metrics page once gauge ``name`` reads ``value`` (the engine's gauges move at its ticks)."""
     deadline, got = time.monotonic() + timeout, None
     while True:
-        page = _scrape(run.log.read_text())
+        page = scrape(run.log.read_text())
         got = _gauge(page, name)
         if got == value:
             return page

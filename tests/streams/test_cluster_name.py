@@ -29,7 +29,7 @@ from fleetmedic.streams.decide import DecideStage
 from fleetmedic.streams.detect import DetectStage
 from fleetmedic.streams.outputs import Source
 from tests.streams.helpers_fakes import FakeOutputs, consumer_record, sample
-from tests.streams.test_hardening import NODES, T0, _xid_finding
+from tests.streams.helpers_findings import NODES, T0, xid_finding
 
 KEY = b"k" * 40
 OPERATOR_KEY = b"o" * 40
@@ -53,7 +53,7 @@ async def _fleet(stage: DecideStage, cluster: str) -> None:
 
 def test_decide_labels_what_it_sends_and_signs_the_cluster_into_each_command() -> None:
     stage, out = _decide()
-    finding = msgspec.structs.replace(_xid_finding("n3", T0 + 60), cluster="gpu-east-1")
+    finding = msgspec.structs.replace(xid_finding("n3", T0 + 60), cluster="gpu-east-1")
 
     async def go() -> None:
         await _fleet(stage, "gpu-east-1")
@@ -80,7 +80,7 @@ def test_decide_labels_what_it_sends_and_signs_the_cluster_into_each_command() -
 def test_decide_skips_another_clusters_records_counted_and_not_dead_lettered() -> None:
     stage, out = _decide()
     west = "gpu-west-2"
-    finding = msgspec.structs.replace(_xid_finding("n3", T0 + 60), cluster=west)
+    finding = msgspec.structs.replace(xid_finding("n3", T0 + 60), cluster=west)
     job = r.JobEvent(job="ml/train", event="failure", ts=T0 + 61, node="n3", cluster=west)
     result = r.RemediationResult(command_id="x/cordon/n3/1", action="cordon", outcome="applied", ts=T0 + 62,
                                  node="n3", cluster=west)
@@ -104,7 +104,7 @@ def test_decide_skips_another_clusters_records_counted_and_not_dead_lettered() -
 
 def test_unlabeled_records_are_every_clusters_but_an_unlabeled_operator_command_is_refused() -> None:
     stage, out = _decide()
-    finding = _xid_finding("n3", T0 + 60)
+    finding = xid_finding("n3", T0 + 60)
     assert finding.cluster == ""
     operator = sign(r.OperatorCommand(id="op-1", action="resume_breaker", actor="ops", reason="storm over",
                                       issued_at=T0 + 70, expires_at=T0 + 670), OPERATOR_KEY)

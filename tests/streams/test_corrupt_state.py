@@ -35,8 +35,8 @@ from fleetmedic.devenv.kafka import Kafka, produce
 from fleetmedic.streams.app import ensure_topics
 from fleetmedic.streams.state import SNAPSHOT_KEY, load_snapshots
 from tests.streams.helpers_harness import collect_sync, new_run, start_worker, wait_for_log, worker
+from tests.streams.helpers_restart import command_ids, job_messages, phase_telemetry, reference_commands, wait_phase
 from tests.streams.helpers_scenario import dedicated_broker
-from tests.streams.test_restart import _command_ids, _job_messages, _reference_commands, _telemetry, _wait_phase
 
 
 def _scrape(log: Path) -> str:
@@ -67,18 +67,18 @@ def test_a_worker_killed_while_it_writes_a_snapshot_loses_and_repeats_no_command
         bootstrap = broker.bootstrap
         extra = "streams: {engine_snapshot_every_s: 0.3" + (f", snapshot_part_bytes: {part_bytes}" if part_bytes
                                                              else "") + "}\n"
-        expected = _reference_commands(bootstrap, tmp_path / "reference", extra)
+        expected = reference_commands(bootstrap, tmp_path / "reference", extra)
         assert len(expected) == len(set(expected)) >= 4
 
         run = new_run(bootstrap, tmp_path / "killed", extra)
         asyncio.run(ensure_topics(run.settings))
-        asyncio.run(produce(bootstrap, _job_messages(run)))
+        asyncio.run(produce(bootstrap, job_messages(run)))
         first = start_worker(run)
         pid = int((broker.dir / "kafka.pid").read_text().strip())
         frozen = False
         try:
-            asyncio.run(produce(bootstrap, _telemetry(run, 0)))
-            _wait_phase(run, bootstrap, 0, timeout=90)
+            asyncio.run(produce(bootstrap, phase_telemetry(run, 0)))
+            wait_phase(run, bootstrap, 0, timeout=90)
             time.sleep(1.0)
             os.kill(pid, signal.SIGSTOP)  # the next snapshot's write cannot complete
             frozen = True
@@ -94,13 +94,13 @@ def test_a_worker_killed_while_it_writes_a_snapshot_loses_and_repeats_no_command
                 first.wait()
         snapshots = asyncio.run(load_snapshots(run.settings, keep=1000))
         assert snapshots, "no snapshot was written before the kill"
-        before = _command_ids(run, bootstrap)
-        asyncio.run(produce(bootstrap, _telemetry(run, 1)))
+        before = command_ids(run, bootstrap)
+        asyncio.run(produce(bootstrap, phase_telemetry(run, 1)))
         with worker(run) as second:
             wait_for_log(run, second, "[^Worker]: Ready", timeout=120)
-            _wait_phase(run, bootstrap, 1, timeout=120)
+            wait_phase(run, bootstrap, 1, timeout=120)
             time.sleep(2)
-        got = _command_ids(run, bootstrap)
+        got = command_ids(run, bootstrap)
         _no_duplicates_none_lost(got, expected)
         assert set(before) < set(got)
         log = run.log.read_text()
@@ -121,15 +121,15 @@ CORRUPT = {
 def test_a_corrupt_snapshot_is_passed_over_audited_and_no_command_is_lost_or_repeated(
         kafka_bootstrap: str, tmp_path: Path, snapshot_every_s: float, corrupt: str) -> None:
     extra = f"streams: {{engine_snapshot_every_s: {snapshot_every_s}}}\n"
-    expected = _reference_commands(kafka_bootstrap, tmp_path / "reference", extra)
+    expected = reference_commands(kafka_bootstrap, tmp_path / "reference", extra)
 
     run = new_run(kafka_bootstrap, tmp_path / "corrupt", extra)
     asyncio.run(ensure_topics(run.settings))
-    asyncio.run(produce(kafka_bootstrap, _job_messages(run)))
+    asyncio.run(produce(kafka_bootstrap, job_messages(run)))
     first = start_worker(run)
     try:
-        asyncio.run(produce(kafka_bootstrap, _telemetry(run, 0)))
-        _wait_phase(run, kafka_bootstrap, 0)
+        asyncio.run(produce(kafka_bootstrap, phase_telemetry(run, 0)))
+        wait_phase(run, kafka_bootstrap, 0)
         time.sleep(3 if snapshot_every_s < 10 else 1)  # a snapshot holds the first commands; stage 1 checkpointed
     finally:
         first.send_signal(signal.SIGKILL)
@@ -142,13 +142,13 @@ def test_a_corrupt_snapshot_is_passed_over_audited_and_no_command_is_lost_or_rep
     garbage += [(detect_state_topic(run.settings), b"gpu-node-1", b"\xc1 not msgpack")]
     asyncio.run(_produce_to_partitions(kafka_bootstrap, garbage))
 
-    asyncio.run(produce(kafka_bootstrap, _telemetry(run, 1)))
+    asyncio.run(produce(kafka_bootstrap, phase_telemetry(run, 1)))
     with worker(run) as second:
         wait_for_log(run, second, "[^Worker]: Ready", timeout=90)
-        _wait_phase(run, kafka_bootstrap, 1, timeout=90)
+        wait_phase(run, kafka_bootstrap, 1, timeout=90)
         time.sleep(2)
         metrics = _scrape(run.log)
-    got = _command_ids(run, kafka_bootstrap)
+    got = command_ids(run, kafka_bootstrap)
     log = run.log.read_text()
     _no_duplicates_none_lost(got, expected)
     assert "decision state cannot be read: snapshot (offset" in log and "decision state reset: " in log

@@ -30,7 +30,7 @@ from fleetmedic.devenv.kafka import produce
 from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.streams.app import ensure_topics
 from tests.streams.helpers_harness import OPERATOR_KEY, Run, collect_sync, new_run, wait_for_log, worker
-from tests.streams.test_worker import _scrape
+from tests.streams.helpers_worker import scrape
 
 N = 8
 NODES = [f"gpu-node-{i}" for i in range(N)]
@@ -98,7 +98,7 @@ def test_ctl_get_shows_what_the_decision_stage_holds_and_agrees_with_the_engine(
         # the CLI's view and the engine's gauges agree (both move at the engine's ticks: wait for it)
         deadline = time.monotonic() + 40
         while True:
-            page = _scrape(run.log.read_text())
+            page = scrape(run.log.read_text())
             nodes = _get(run, "nodes")
             mine = Counter(v["state"] for v in nodes)
             if dict(mine) == _engine_states(page) and _gauge(page, "fleetmedic_breaker_open") == 1.0:

@@ -41,10 +41,9 @@ from fleetmedic.streams.outputs import Source
 from fleetmedic.streams.snapshot_parts import SnapshotScan, SnapshotUnreadable, part_key
 from fleetmedic.streams.state import DecideSnapshot, DetectPartition, NodeStageState
 from tests.streams.helpers_fakes import BROKER_LIMIT, FakeOutputs, consumer_record, sample
+from tests.streams.helpers_findings import NODES, T0, xid_finding
 
 KEY = b"k" * 40
-NODES = [f"n{i}" for i in range(16)]
-T0 = 1_790_000_000.0  # in the past of the machine's clock
 
 
 def _settings(extra: str = "") -> Settings:
@@ -69,17 +68,6 @@ async def _observe_fleet(stage: DecideStage, ts: float) -> None:
     for i, n in enumerate(NODES):
         obs = r.NodeObservation(node=n, ts=ts, labels={"fleetmedic.io/rack": f"r{i % 4}"})
         await stage.handle_record(_src(stage.settings, "cluster.nodes", obs, offset=i, key=n.encode()))
-
-
-def _xid_finding(node: str, ts: float) -> r.Finding:
-    """The finding stage 1 makes of an XID 79 on ``node`` at ``ts``."""
-    stage, rng = NodeDetection(Settings().detection), np.random.default_rng(0)
-    found: list[r.Finding] = []
-    for k in range(5, -1, -1):
-        t = ts - 10 * k
-        found += stage.on_gpu([gpu_message(node, t, rng, xids=[r.XidEvent(gpu=1, xid=79, ts=t)] if k == 0 else None)])
-    (finding,) = found
-    return finding
 
 
 # --- the rule itself --------------------------------------------------------------------------------
@@ -182,7 +170,7 @@ def test_the_executor_dead_letters_a_770kb_undecodable_command_and_its_loop_surv
 
 def test_decide_dead_letters_a_record_whose_handling_raises_and_handles_the_next() -> None:
     stage, out = _decide()
-    poison, good = _xid_finding("n3", T0 + 60), _xid_finding("n5", T0 + 70)
+    poison, good = xid_finding("n3", T0 + 60), xid_finding("n5", T0 + 70)
     real = stage.engine.on_finding
 
     def on_finding(finding: r.Finding, now: float) -> Any:
@@ -263,8 +251,8 @@ def test_stage1_judges_a_batch_that_raised_one_by_one_and_dead_letters_only_the_
 
 def test_decide_refuses_a_record_stamped_far_ahead_and_keeps_its_clock_and_command_expiry() -> None:
     stage, out = _decide()
-    future = _xid_finding("n2", 3_980_000_000.0)  # 2096
-    good = _xid_finding("n5", T0 + 60)
+    future = xid_finding("n2", 3_980_000_000.0)  # 2096
+    good = xid_finding("n5", T0 + 60)
 
     async def go() -> None:
         await _observe_fleet(stage, T0)

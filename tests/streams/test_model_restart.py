@@ -26,14 +26,15 @@ from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.streams.app import ensure_topics
 from fleetmedic.streams.state import load_detect_partition
 from tests.streams.helpers_harness import Run, new_run, start_worker, worker
-from tests.streams.test_restart import NODES, T0, _committed
+from tests.streams.helpers_restart import NODES, committed_offsets
+from tests.streams.helpers_scenario import T0
 
 EXTRA = ("streams: {detect_snapshot_every_s: 1.0}\n"
          "detection: {multivariate: {window_s: 30, min_training_windows: 8, refit_interval_s: 60}}\n")
 SAMPLES = 60
 
 
-def _telemetry(run: Run, first: int, last: int) -> list[tuple[str, bytes, bytes]]:
+def phase_telemetry(run: Run, first: int, last: int) -> list[tuple[str, bytes, bytes]]:
     out = []
     for k in range(first, last):
         rng = np.random.default_rng(k)
@@ -52,7 +53,7 @@ def _commit_all(run: Run, bootstrap: str, proc: subprocess.Popen[bytes], end: in
     """Until stage 1 has committed (so checkpointed) every telemetry message up to ``end``."""
     deadline = time.monotonic() + timeout
     group, topic = detect_group(run.settings), run.topic("telemetry.gpu")
-    while asyncio.run(_committed(bootstrap, group, topic, 1))[0] < end:
+    while asyncio.run(committed_offsets(bootstrap, group, topic, 1))[0] < end:
         assert proc.poll() is None, f"worker exited {proc.returncode}:\n{run.log.read_text()[-3000:]}"
         assert time.monotonic() < deadline, "stage 1 did not commit every message"
         time.sleep(0.5)
@@ -63,7 +64,7 @@ def test_the_multivariate_model_survives_a_kill_exactly(kafka_bootstrap: str, tm
     ref = new_run(kafka_bootstrap, tmp_path / "reference", EXTRA, partitions=1)
     asyncio.run(ensure_topics(ref.settings))
     with worker(ref, "detect") as w:
-        asyncio.run(produce(kafka_bootstrap, _telemetry(ref, 0, SAMPLES)))
+        asyncio.run(produce(kafka_bootstrap, phase_telemetry(ref, 0, SAMPLES)))
         _commit_all(ref, kafka_bootstrap, w, everything)
     expected_model, expected_nodes = _state(ref)
     assert expected_model is not None and set(expected_nodes) == set(NODES)
@@ -74,14 +75,14 @@ def test_the_multivariate_model_survives_a_kill_exactly(kafka_bootstrap: str, tm
     w = start_worker(run, "detect")
     half = SAMPLES // 2
     try:
-        asyncio.run(produce(kafka_bootstrap, _telemetry(run, 0, half)))
+        asyncio.run(produce(kafka_bootstrap, phase_telemetry(run, 0, half)))
         _commit_all(run, kafka_bootstrap, w, half * len(NODES))
-        asyncio.run(produce(kafka_bootstrap, _telemetry(run, half, half + 10)))
+        asyncio.run(produce(kafka_bootstrap, phase_telemetry(run, half, half + 10)))
         time.sleep(0.3)  # some of it processed, not checkpointed yet
     finally:
         w.send_signal(signal.SIGKILL)
         w.wait()
-    asyncio.run(produce(kafka_bootstrap, _telemetry(run, half + 10, SAMPLES)))
+    asyncio.run(produce(kafka_bootstrap, phase_telemetry(run, half + 10, SAMPLES)))
     with worker(run, "detect") as again:
         _commit_all(run, kafka_bootstrap, again, everything)
     log = run.log.read_text()

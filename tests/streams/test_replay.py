@@ -37,7 +37,8 @@ from tests.streams.helpers_harness import (
     stop_worker,
     wait_for_log,
 )
-from tests.streams.test_restart import T0, _job_messages, _telemetry, _wait_phase
+from tests.streams.helpers_restart import job_messages, phase_telemetry, wait_phase
+from tests.streams.helpers_scenario import T0
 
 # ticks every 2 s; deadlines far beyond the test's wall time: only the records move time past them
 EXTRA = ("streams: {engine_snapshot_every_s: 3600}\n"
@@ -76,11 +77,11 @@ def _cordons(c: Collected, run: Run) -> list[str]:
 def _drive(run: Run, bootstrap: str, kill: bool) -> tuple[list[str], list[AuditKey], str]:
     """The run described above; ``kill``: with the clean restart, the SIGKILL and the restart."""
     asyncio.run(ensure_topics(run.settings))
-    asyncio.run(produce(bootstrap, _job_messages(run)))
+    asyncio.run(produce(bootstrap, job_messages(run)))
     proc = start_worker(run)
     try:
-        asyncio.run(produce(bootstrap, _telemetry(run, 0)))
-        _wait_phase(run, bootstrap, 0)
+        asyncio.run(produce(bootstrap, phase_telemetry(run, 0)))
+        wait_phase(run, bootstrap, 0)
         _wait(run, bootstrap, "cordon", lambda c: len(_cordons(c, run)) == 1)
         if kill:  # a clean stop writes a snapshot: the rest happens after it
             stop_worker(proc, run.log)
@@ -101,11 +102,11 @@ def _drive(run: Run, bootstrap: str, kill: bool) -> tuple[list[str], list[AuditK
             time.sleep(1)
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-        asyncio.run(produce(bootstrap, _telemetry(run, 1)))  # waits on the broker for the next worker
+        asyncio.run(produce(bootstrap, phase_telemetry(run, 1)))  # waits on the broker for the next worker
         if kill:
             proc = start_worker(run)
             wait_for_log(run, proc, "[^Worker]: Ready", count=3, timeout=90)
-        _wait_phase(run, bootstrap, 1, timeout=90)
+        wait_phase(run, bootstrap, 1, timeout=90)
         time.sleep(3)
     finally:
         if proc.poll() is None:

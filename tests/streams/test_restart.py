@@ -24,7 +24,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from fleetmedic import records as r
@@ -42,107 +41,45 @@ from tests.streams.helpers_harness import (
     wait_for_log,
     worker,
 )
-from tests.streams.helpers_scenario import T0, dedicated_broker, gpu_round, job_events
-
-JOBS = {"team/a": [f"gpu-node-{i}" for i in range(4)], "team/b": [f"gpu-node-{i}" for i in range(4, 8)]}
-NODES = [n for nodes in JOBS.values() for n in nodes]
-# (first sample, last sample, node with an XID 79, at sample)
-PHASES = [(1, 6, "gpu-node-2", 3), (7, 12, "gpu-node-5", 9)]
-
-
-def _job_messages(run: Run) -> list[tuple[str, bytes, bytes]]:
-    return job_events(run, JOBS)
-
-
-def _telemetry(run: Run, phase: int, final_xid_everywhere: bool = False) -> list[tuple[str, bytes, bytes]]:
-    first, last, sick, at = PHASES[phase]
-    rng = np.random.default_rng(phase)
-    return [m for k in range(first, last + 1)
-            for m in gpu_round(run, k, NODES, rng, set(NODES) if final_xid_everywhere and k == last
-                               else {sick} if k == at else set())]
-
-
-def _job_of(node: str) -> str:
-    return next(j for j, nodes in JOBS.items() if node in nodes)
-
-
-def _phase_done(run: Run, phase: int):  # type: ignore[no-untyped-def]
-    sick = PHASES[phase][2]
-    commands, audit = run.topic("remediation.commands"), run.topic("remediation.audit")
-
-    def done(c: Collected) -> bool:
-        cmds = [r.decode(r.RemediationCommand, v) for v in c.values(commands)]
-        audited = {cid for a in (r.decode(r.AuditRecord, v) for v in c.values(audit)) for cid in a.command_ids}
-        # the job restarted; the node cordoned, or (the budget holds one node: no topology) escalated
-        return (any(x.action == "restart_job" and x.job == _job_of(sick) for x in cmds)
-                and any(x.node == sick for x in cmds) and {x.id for x in cmds} <= audited)
-    return done
-
-
-def _wait_phase(run: Run, bootstrap: str, phase: int, timeout: float = 60) -> None:
-    topics = [run.topic("remediation.commands"), run.topic("remediation.audit")]
-    got = collect_sync(bootstrap, topics, _phase_done(run, phase), timeout=timeout)
-    assert _phase_done(run, phase)(got), f"phase {phase}: no commands after {timeout}s"
-
-
-def _command_ids(run: Run, bootstrap: str) -> list[str]:
-    topic = run.topic("remediation.commands")
-    got = collect_sync(bootstrap, [topic], lambda c: False, timeout=4)
-    return [r.decode(r.RemediationCommand, v).id for v in got.values(topic)]
-
-
-_REFERENCE: dict[str, list[str]] = {}
-_SNAPSHOT_ONLY = re.compile(r"(engine_snapshot_every_s|snapshot_part_bytes): [0-9.]+,? ?")
-
-
-def _reference_commands(bootstrap: str, tmp: Path, extra: str) -> list[str]:
-    """The command ids of the scenario run without a crash. When and how the decision stage
-    snapshots does not change its decisions (that is what these tests prove), so one reference run
-    serves every variant that differs only in those settings (it saves a worker run per test)."""
-    key = _SNAPSHOT_ONLY.sub("", extra)
-    if key not in _REFERENCE:
-        _REFERENCE[key] = _run_reference(bootstrap, tmp, extra)
-    return list(_REFERENCE[key])
-
-
-def _run_reference(bootstrap: str, tmp: Path, extra: str) -> list[str]:
-    run = new_run(bootstrap, tmp, extra)
-    asyncio.run(ensure_topics(run.settings))
-    asyncio.run(produce(bootstrap, _job_messages(run)))
-    with worker(run):
-        for phase in (0, 1):
-            asyncio.run(produce(bootstrap, _telemetry(run, phase)))
-            _wait_phase(run, bootstrap, phase)
-        time.sleep(2)
-    return _command_ids(run, bootstrap)
+from tests.streams.helpers_restart import (
+    NODES,
+    PHASES,
+    command_ids,
+    committed_offsets,
+    job_messages,
+    phase_telemetry,
+    reference_commands,
+    wait_phase,
+)
+from tests.streams.helpers_scenario import T0, dedicated_broker
 
 
 @pytest.mark.parametrize("snapshot_every_s", [3600.0, 1.0], ids=["no-snapshot-before-kill", "snapshot-every-1s"])
 def test_a_worker_killed_mid_stream_emits_no_duplicate_and_no_lost_command(kafka_bootstrap: str, tmp_path: Path,
                                                                            snapshot_every_s: float) -> None:
     extra = f"streams: {{engine_snapshot_every_s: {snapshot_every_s}}}\n"
-    expected = _reference_commands(kafka_bootstrap, tmp_path / "reference", extra)
+    expected = reference_commands(kafka_bootstrap, tmp_path / "reference", extra)
     assert len(expected) == len(set(expected)) >= 4
 
     run = new_run(kafka_bootstrap, tmp_path / "killed", extra)
     asyncio.run(ensure_topics(run.settings))
-    asyncio.run(produce(kafka_bootstrap, _job_messages(run)))
+    asyncio.run(produce(kafka_bootstrap, job_messages(run)))
     first = start_worker(run)
     try:
-        asyncio.run(produce(kafka_bootstrap, _telemetry(run, 0)))
-        _wait_phase(run, kafka_bootstrap, 0)
+        asyncio.run(produce(kafka_bootstrap, phase_telemetry(run, 0)))
+        wait_phase(run, kafka_bootstrap, 0)
         if snapshot_every_s < 10:
             time.sleep(3 * snapshot_every_s)  # a snapshot holds the first commands
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
-    before = _command_ids(run, kafka_bootstrap)
-    asyncio.run(produce(kafka_bootstrap, _telemetry(run, 1)))  # waits on the broker for the next worker
+    before = command_ids(run, kafka_bootstrap)
+    asyncio.run(produce(kafka_bootstrap, phase_telemetry(run, 1)))  # waits on the broker for the next worker
     with worker(run) as second:
         wait_for_log(run, second, "[^Worker]: Ready", timeout=90)
-        _wait_phase(run, kafka_bootstrap, 1, timeout=90)
+        wait_phase(run, kafka_bootstrap, 1, timeout=90)
         time.sleep(2)
-    got = _command_ids(run, kafka_bootstrap)
+    got = command_ids(run, kafka_bootstrap)
     log = run.log.read_text()
 
     duplicates = [i for i, n in collections.Counter(got).items() if n > 1]
@@ -162,18 +99,18 @@ def test_a_broker_restart_is_survived(tmp_path: Path) -> None:
         bootstrap = broker.bootstrap
         run = new_run(bootstrap, tmp_path / "run")
         asyncio.run(ensure_topics(run.settings))
-        asyncio.run(produce(bootstrap, _job_messages(run)))
+        asyncio.run(produce(bootstrap, job_messages(run)))
         with worker(run) as w:
-            asyncio.run(produce(bootstrap, _telemetry(run, 0)))
-            _wait_phase(run, bootstrap, 0, timeout=90)
+            asyncio.run(produce(bootstrap, phase_telemetry(run, 0)))
+            wait_phase(run, bootstrap, 0, timeout=90)
             assert broker.stop()
             time.sleep(5)  # the worker sees the broker gone
             assert w.poll() is None, "the worker died with the broker"
             broker.start(timeout=180)
-            asyncio.run(produce(bootstrap, _telemetry(run, 1)))
-            _wait_phase(run, bootstrap, 1, timeout=120)
+            asyncio.run(produce(bootstrap, phase_telemetry(run, 1)))
+            wait_phase(run, bootstrap, 1, timeout=120)
             assert w.poll() is None
-        ids = _command_ids(run, bootstrap)
+        ids = command_ids(run, bootstrap)
         assert len(ids) == len(set(ids))
     finally:
         broker.stop()
@@ -211,14 +148,14 @@ def test_two_detect_workers_split_the_partitions_and_find_what_one_worker_finds(
                                                                                 tmp_path: Path) -> None:
     one = new_run(kafka_bootstrap, tmp_path / "one")
     asyncio.run(ensure_topics(one.settings))
-    asyncio.run(produce(kafka_bootstrap, _job_messages(one)))
+    asyncio.run(produce(kafka_bootstrap, job_messages(one)))
     with worker(one):
-        asyncio.run(produce(kafka_bootstrap, _telemetry(one, 0, final_xid_everywhere=True)))
+        asyncio.run(produce(kafka_bootstrap, phase_telemetry(one, 0, final_xid_everywhere=True)))
         expected = _findings(one, kafka_bootstrap)
 
     two = new_run(kafka_bootstrap, tmp_path / "two")
     asyncio.run(ensure_topics(two.settings))
-    asyncio.run(produce(kafka_bootstrap, _job_messages(two)))
+    asyncio.run(produce(kafka_bootstrap, job_messages(two)))
     logs = [two.tmp / "detect-1.log", two.tmp / "detect-2.log"]
     decide = start_worker(two, "decide", two.tmp / "decide.log")
     detect = [start_worker(two, "detect", log) for log in logs]
@@ -229,7 +166,7 @@ def test_two_detect_workers_split_the_partitions_and_find_what_one_worker_finds(
                 assert p.poll() is None, f"detect worker exited {p.returncode}:\n{log.read_text()[-3000:]}"
             assert time.monotonic() < deadline, f"the detect workers did not split: {[_partitions(x) for x in logs]}"
             time.sleep(0.5)
-        asyncio.run(produce(kafka_bootstrap, _telemetry(two, 0, final_xid_everywhere=True)))
+        asyncio.run(produce(kafka_bootstrap, phase_telemetry(two, 0, final_xid_everywhere=True)))
         got = _findings(two, kafka_bootstrap)
         gpu = two.topic("telemetry.gpu")
         pattern = rf'fleetmedic_messages_in_total{{stage="detect",topic="{re.escape(gpu)}"}} (\S+)'
@@ -242,22 +179,11 @@ def test_two_detect_workers_split_the_partitions_and_find_what_one_worker_finds(
     assert got == expected and len(got) >= len(NODES) + 1
 
 
-async def _committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        return {p: (await consumer.committed(TopicPartition(topic, p))) or 0 for p in range(partitions)}
-    finally:
-        await consumer.stop()
-
-
 def _wait_committed(run: Run, bootstrap: str, proc: subprocess.Popen[bytes], end: int, timeout: float = 90) -> None:
     """Until stage 1 has committed (so checkpointed) every telemetry message."""
     deadline = time.monotonic() + timeout
     group, topic = detect_group(run.settings), run.topic("telemetry.gpu")
-    while sum(asyncio.run(_committed(bootstrap, group, topic, 2)).values()) < end:
+    while sum(asyncio.run(committed_offsets(bootstrap, group, topic, 2)).values()) < end:
         assert proc.poll() is None, f"worker exited {proc.returncode}:\n{run.log.read_text()[-3000:]}"
         assert time.monotonic() < deadline, "stage 1 did not commit every message"
         time.sleep(0.5)
@@ -301,4 +227,4 @@ def test_stage1_baselines_survive_a_kill_exactly(kafka_bootstrap: str, tmp_path:
 
 
 def _telemetry_for(phase: int):  # type: ignore[no-untyped-def]
-    return lambda run: _telemetry(run, phase)
+    return lambda run: phase_telemetry(run, phase)

@@ -14,9 +14,7 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import time
-import urllib.request
 from pathlib import Path
 
 import msgspec
@@ -31,10 +29,8 @@ from fleetmedic.signing import load_key, verify
 from fleetmedic.streams.app import ensure_topics
 from fleetmedic.streams.state import decode_snapshot, load_snapshot
 from tests.streams.helpers_harness import KEY, Collected, collect_sync, new_run, wait_for_log, worker
+from tests.streams.helpers_worker import JOB, NODES, SICK, scrape
 
-NODES = [f"gpu-node-{i}" for i in range(4)]
-SICK = "gpu-node-2"
-JOB = "team/train"
 T0 = 1_700_000_000.0
 
 
@@ -115,15 +111,6 @@ def test_worker_turns_an_xid79_into_a_hardware_incident_and_signed_commands(kafk
     assert f"{len(cmds)} command ids already on the topic" not in run.log.read_text()  # none since the snapshot
 
 
-def _scrape(log: str, path: str = "/metrics") -> str:
-    """The worker's /metrics page, or another of its paths (its address is in the log: an ephemeral
-    port in these tests)."""
-    url = re.search(r"metrics on (http://127\.0\.0\.1:\d+)/metrics", log)
-    assert url, "the worker did not log its metrics address"
-    with urllib.request.urlopen(url.group(1) + path, timeout=10) as resp:
-        return str(resp.read().decode())
-
-
 def _commands(c: Collected, topic: str) -> list[r.RemediationCommand]:
     return [r.decode(r.RemediationCommand, v) for v in c.values(topic)]
 
@@ -150,10 +137,10 @@ def test_malformed_telemetry_goes_to_the_dead_letter_topic_and_the_worker_goes_o
         asyncio.run(produce(kafka_bootstrap, messages))
         got = collect_sync(kafka_bootstrap, [dead, findings], done, timeout=40)
         assert done(got), f"got {[(t, len(v)) for t, v in got.by_topic.items()]}"
-        scraped = _scrape(run.log.read_text())
+        scraped = scrape(run.log.read_text())
         # the probes: both loops of --role all beat, the stages are ready
-        assert _scrape(run.log.read_text(), "/healthz") == "ok\n"
-        assert _scrape(run.log.read_text(), "/readyz") == "ready\n"
+        assert scrape(run.log.read_text(), "/healthz") == "ok\n"
+        assert scrape(run.log.read_text(), "/readyz") == "ready\n"
 
     assert f'fleetmedic_dead_letters_total{{stage="detect",topic="{gpu}"}} 2.0' in scraped
     assert f'fleetmedic_messages_in_total{{stage="detect",topic="{gpu}"}} 3.0' in scraped
@@ -208,7 +195,7 @@ def test_a_worker_of_one_cluster_decides_on_its_own_clusters_records_from_shared
         asyncio.run(produce(kafka_bootstrap, telemetry))
         got = collect_sync(kafka_bootstrap, [findings, commands, audit], done, timeout=40)
         assert done(got), f"got {[(t, len(v)) for t, v in got.by_topic.items()]}"
-        scraped = _scrape(run.log.read_text())
+        scraped = scrape(run.log.read_text())
 
     cmds = _commands(got, commands)
     assert {c.cluster for c in cmds} == {east} and "gpu-node-0" not in {c.node for c in cmds}
