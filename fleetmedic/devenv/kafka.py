@@ -200,7 +200,7 @@ async def produce(bootstrap: str, messages: list[tuple[str, bytes, bytes]]) -> N
     """``(topic, key, value)`` in order, each acknowledged before the next."""
     from aiokafka import AIOKafkaProducer
 
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
     await producer.start()
     try:
         for topic, key, value in messages:
