@@ -81,6 +81,7 @@ class DecisionEngine:
                  library: PatternLibrary | None = None, state: EngineState | None = None) -> None:
         self.settings = s = settings or Settings()
         self.state = state if state is not None else EngineState()
+        self._next_forget = float("-inf")  # when the oldest node seen in telemetry may be forgotten
         if topology is not None:
             self.state.topology = dict(topology.nodes)
         fleet = self._topology = Topology(self.state.topology)
@@ -331,9 +332,14 @@ class DecisionEngine:
     def _forget_unseen(self, now: float) -> None:
         """Nodes telemetry showed, silent for ``fleet_forget_after_s`` and not worked on, leave the
         telemetry's fleet (a node that is down but held or waiting stays counted)."""
-        horizon = now - self.settings.safety.fleet_forget_after_s
+        if now < self._next_forget:
+            return
+        after = self.settings.safety.fleet_forget_after_s
+        horizon = now - after
         seen = self.state.seen
-        if not any(t < horizon for t in seen.values()):
+        # a node's time only moves forward, so none expires before the oldest does
+        self._next_forget = min(seen.values(), default=now) + after
+        if self._next_forget > now:
             return
         gone = [n for n, t in seen.items() if t < horizon
                 and self.nodes.state_of(n) == "healthy" and not self.gate.holds(n)]
@@ -342,6 +348,7 @@ class DecisionEngine:
         for n, t in list(seen.items()):  # the rest stay counted: renew them so this is not rechecked each tick
             if t < horizon:
                 seen[n] = now
+        self._next_forget = min(seen.values(), default=now) + after
 
     def _may_disrupt(self, node: str, action: str, now: float) -> bool:
         return self.gate.check_disruptive(node, action, now).allowed

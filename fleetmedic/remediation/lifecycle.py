@@ -96,6 +96,7 @@ class NodeRecord(msgspec.Struct, kw_only=True):
     escalations: list[str] = []  # keys of escalations already sent this episode
     repair_ids: list[str] = []  # repair escalations whose completion the executor may report
     conditions: list[str] = []  # node conditions a hard rule matched that have not cleared (types)
+    repaired: bool = False  # this episode's isolation went through a repair (validated since)
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,7 @@ class Lifecycle:
             rec.episode += 1
             rec.incident_id, rec.rule, rec.critical, rec.gpu = incident_id, rule, critical, gpu
             rec.plan, rec.inflight, rec.done, rec.attempts, rec.escalations = list(steps), [], [], {}, []
+            rec.repaired = False
             rec.evidence_at = evidence_at
             # a blocked isolation that now proceeds keeps what it rested on
             _note_isolation(rec, iso, merge=rec.state == "suspect" and bool(rec.blocked_reason))
@@ -270,6 +272,9 @@ class Lifecycle:
                                    f"{', '.join(rec.conditions)} is still set: it is validated again once that clears")
             rec.blocked_reason = "condition"
             return events
+        if passed and rec.isolation == "definitive" and not rec.repaired and self.policy.definitive_return == "repair":
+            return events + self._repair(rec, now, issue, f"diagnostics passed ({why}) after definitive evidence "
+                                         f"({rec.signature}): repair before it returns (policy.definitive_return)")
         if passed:
             return events + self.return_to_service(rec, now, issue, f"diagnostics passed: {why}")
         ladder = list(self.policy.remediation_ladder)
@@ -327,6 +332,7 @@ class Lifecycle:
         rec.plan = [PlanStep(action="run_diagnostics")]
         rec.done = [a for a in rec.done if a in ISOLATING]
         rec.escalations = []
+        rec.repaired = True
         rec.returns = []
         events = [LifecycleEvent("cleared", rec.name, f"repair reported by {actor}: {reason}; validating")]
         events += self._move(rec, "quarantined", now, f"repaired by {actor}")

@@ -7,6 +7,8 @@ window reaches any more."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from fleetmedic.config import PolicySettings, TriageSettings
 from fleetmedic.records import Finding, Incident, IncidentStatus, JobEvent
 from fleetmedic.remediation.log_patterns import PatternLibrary
@@ -157,13 +159,23 @@ class Triage:
                 self.state.findings[node] = fs
             else:
                 del self.state.findings[node]
-        self.state.node_failures = {n: kept for n, v in self.state.node_failures.items()
-                                    if (kept := [(t, j) for t, j in v if t >= now - p.escalate_window_s])}
-        self.state.job_signatures = {j: sigs for j, v in self.state.job_signatures.items()
-                                     if (sigs := [x for x in v if x[0] >= now - p.escalate_window_s])}
-        self.state.node_failed_jobs = {n: kept for n, v in self.state.node_failed_jobs.items()
-                                       if (kept := [(t, j) for t, j in v if t >= now - p.suspect_window_s])}
+        _trim(self.state.node_failures, now - p.escalate_window_s)
+        _trim(self.state.job_signatures, now - p.escalate_window_s)
+        _trim(self.state.node_failed_jobs, now - p.suspect_window_s)
         self.state.expected = {k: t for k, t in self.state.expected.items() if t >= now}
         self.state.decided = {k: t for k, t in self.state.decided.items() if t >= now - s.incident_merge_s}
         self.book.forget_closed(now)
         self.job_board.forget_finished(now - max(s.incident_merge_s, p.suspect_window_s))
+
+
+def _trim(table: dict[str, list[Any]], horizon: float) -> None:
+    """Drop the entries (``(time, ...)``, appended about in time order) older than ``horizon``, and the
+    keys left with none. A list whose first entry is recent is left as it is: readers filter by their
+    window, so what lingers behind a recent entry costs memory for one window at most, and the big
+    job's hundreds of nodes cost no list rebuilding at every tick."""
+    for key in [k for k, v in table.items() if not v or v[0][0] < horizon]:
+        kept = [x for x in table[key] if x[0] >= horizon]
+        if kept:
+            table[key] = kept
+        else:
+            del table[key]

@@ -111,6 +111,7 @@ def outcome(world: World, policy: Policy) -> dict[str, Any]:
         "mttr": {k: _phase(v) for k, v in tally.mttr_phases.items()},
         "dangerous_schedulable_node_hours": round(tally.dangerous_s / 3600, 2),
         "dangerous_past_decision_node_hours": round(tally.dangerous_past_decision_s / 3600, 2),
+        "dangerous_after_passed_diagnostics_node_hours": round(tally.dangerous_after_passed_diagnostics_s / 3600, 2),
         "degraded_schedulable_node_hours": round(tally.degraded_s / 3600, 2),
         "degraded_past_decision_node_hours": round(tally.degraded_past_decision_s / 3600, 2),
         "schedulable_by_evidence_node_hours": {k: [round(v[0] / 3600, 2), round(v[1] / 3600, 2)]

@@ -26,6 +26,7 @@ ROWS: tuple[tuple[str, str], ...] = (
     ("mttr.restart.p50_s", "  restart p50 (s)"),
     ("dangerous_schedulable_node_hours", "dangerous-but-schedulable node-h"),
     ("dangerous_past_decision_node_hours", "  past one decision interval"),
+    ("dangerous_after_passed_diagnostics_node_hours", "    of those, after diagnostics passed"),
     ("degraded_schedulable_node_hours", "degraded-but-schedulable node-h"),
     ("degraded_past_decision_node_hours", "  past one decision interval"),
     ("silent_schedulable_node_hours", "silent faults, schedulable node-h"),

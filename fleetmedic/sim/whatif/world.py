@@ -93,6 +93,7 @@ class Fault:
     evidence_at: float = 0.0  # when the current evidence becomes observable
     confirmable_at: float = 0.0  # when it could first be acted on
     repaired_at: float | None = None
+    passed_diagnostics: bool = False  # a diagnostic passed on its node while it was active (an escape)
 
     @property
     def harmful(self) -> bool:
@@ -115,7 +116,7 @@ class Node:
     job: Job | None = None
     faults: list[Fault] = field(default_factory=list)
     since: float = 0.0  # when the accounted state below began
-    acct: tuple[bool, bool, str, bool, float, str, str] = (True, False, "", False, 0.0, "", "")
+    acct: tuple[bool, bool, str, bool, float, str, str, bool] = (True, False, "", False, 0.0, "", "", False)
     # (schedulable, held without a harmful fault, the harmful fault's effect, visible, confirmable_at, evidence)
 
     @property
@@ -168,6 +169,7 @@ class Tally:
     dangerous_s: float = 0.0  # node-seconds: a crash fault on a schedulable node
     degraded_s: float = 0.0  # node-seconds: a slow fault on a schedulable node
     dangerous_past_decision_s: float = 0.0  # of those, past the confirmable evidence plus one decision interval
+    dangerous_after_passed_diagnostics_s: float = 0.0  # of those, after a diagnostic passed despite the fault
     degraded_past_decision_s: float = 0.0
     schedulable_by_evidence: dict[str, list[float]] = field(default_factory=dict)  # [all, past decision]
     silent_schedulable_s: float = 0.0  # harmful faults without visible evidence, schedulable
@@ -558,7 +560,12 @@ class World:
         if f is not None and f.entry.diagnostics_confirm and f.entry.effect != "none":
             # whether diagnostics catch a fault is the fault's, not the run's: one that escapes the
             # tests escapes them every time
-            return self.rng("diag-escapes", f.id).random() >= self.a.diag_false_pass
+            caught = self.rng("diag-escapes", f.id).random() >= self.a.diag_false_pass
+            if not caught:
+                self._account_node(self.nodes[n], self.t)
+                f.passed_diagnostics = True
+                self._account_node(self.nodes[n], self.t)
+            return caught
         return rng.random() < self.a.diag_false_fail
 
     def send_to_repair(self, n: int, t: float, by: str, done: Callable[[float], None]) -> None:
@@ -606,7 +613,7 @@ class World:
     def _account_node(self, node: Node, t: float) -> None:
         """Account ``node``'s time since its last change, then take its state now (call it before and
         after every change of the node: a second call at the same time only takes the state)."""
-        schedulable, false_held, effect, visible, evidence_at, evidence, why = node.acct
+        schedulable, false_held, effect, visible, evidence_at, evidence, why, escaped = node.acct
         dt = max(0.0, t - node.since)
         if dt > 0:
             if why:
@@ -622,6 +629,8 @@ class World:
                 elif effect == "crash":
                     self.tally.dangerous_s += dt
                     self.tally.dangerous_past_decision_s += past
+                    if escaped:
+                        self.tally.dangerous_after_passed_diagnostics_s += past
                 else:
                     self.tally.degraded_s += dt
                     self.tally.degraded_past_decision_s += past
@@ -640,7 +649,8 @@ class World:
                      f.entry.evidence.split(":", 1)[0] if f is not None else "",
                      "" if node.schedulable else "|".join((node.cordoned_by or "-", node.busy or "-",
                                                            "not_ready" if node.not_ready else "ready",
-                                                           "fault" if harmful_now else "no_fault")))
+                                                           "fault" if harmful_now else "no_fault")),
+                     f is not None and f.passed_diagnostics)
         node.since = t
 
     def account_all(self, t: float) -> None:
