@@ -4,6 +4,7 @@ ladder, timeouts, flap hysteresis, ownership of cordons, opt-out, and audited cl
 
 from __future__ import annotations
 
+from fleetmedic.connectors.kube.node_conditions import ConditionTracker
 from fleetmedic.records import RemediationCommand, RemediationResult
 from tests.remediation.helpers_world import World
 
@@ -258,10 +259,7 @@ def test_a_one_node_job_bug_on_a_node_back_on_probation_isolates_nothing() -> No
 def test_a_node_isolated_for_a_node_condition_returns_only_once_diagnostics_passed_and_the_condition_cleared() -> None:
     """Diagnostics test GPUs: a read-only filesystem passes them. The node awaits repair until the node
     watch reports the condition cleared, is validated again, then returns."""
-    from fleetmedic.connectors.kube.node_conditions import ConditionTracker
-    from tests.remediation.helpers_world import World as EngineWorld
-
-    w = EngineWorld()
+    w = World()
     tracker = ConditionTracker.of(w.settings)
 
     def feed(status: str, reason: str) -> None:
@@ -287,9 +285,7 @@ def test_a_node_isolated_for_a_node_condition_returns_only_once_diagnostics_pass
 def test_after_definitive_evidence_a_node_whose_diagnostics_pass_goes_to_repair_first() -> None:
     """A DBE that diagnostics miss would go back schedulable: by default (``definitive_return: repair``)
     the node goes to repair, and returns once the repair is validated; ``diagnostics`` returns it at once."""
-    from tests.remediation.world import World as EngineWorld
-
-    w = EngineWorld()
+    w = World()
     w.dbe("node-4")
     w.advance(600)
     assert w.cmds("run_diagnostics", node="node-4") and not w.cmds("return_to_service", node="node-4")
@@ -299,7 +295,7 @@ def test_after_definitive_evidence_a_node_whose_diagnostics_pass_goes_to_repair_
     w._take(w.engine.node_repaired("node-4", actor="ops", reason="GPU swapped", now=w.now))
     w.advance(600)
     assert w.cmds("return_to_service", node="node-4") and w.engine.node_state("node-4") == "probation"
-    trusting = EngineWorld(config="safety: {max_quarantined_fraction: 0.1}\npolicy: {definitive_return: diagnostics}")
+    trusting = World(config="safety: {max_quarantined_fraction: 0.1}\npolicy: {definitive_return: diagnostics}")
     trusting.dbe("node-4")
     trusting.advance(600)
     assert trusting.cmds("return_to_service", node="node-4") and not trusting.cmds("escalate", node="node-4")
