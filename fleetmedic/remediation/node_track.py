@@ -214,10 +214,16 @@ class NodeTrack:
 
     def tick(self, now: float, out: Decisions) -> None:
         """Retry blocked isolations; run lifecycle deadlines, backoffs and probation."""
+        window = self.settings.policy.flap_window_s
         for name in sorted(self.state.nodes):
             rec = self.state.nodes[name]
             if rec.state == "suspect" and rec.blocked_reason:
                 self._retry_blocked(rec, now, out)
+            elif rec.state in ("healthy", "probation") and not rec.plan and not rec.inflight and (
+                    rec.state == "healthy" or now < rec.probation_until):
+                # nothing due but forgetting old returns (what the lifecycle's tick does for it)
+                if rec.returns and now - rec.returns[0] >= window:
+                    rec.returns = [t for t in rec.returns if now - t < window]
             elif rec.state != "healthy" or rec.inflight or rec.plan or rec.returns:
                 self.apply(self.lifecycle.tick(rec, now, self.busy(name), self.issuer.node_commands(now, out)),
                            now, out)

@@ -7,7 +7,7 @@ window reaches any more."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from fleetmedic.config import PolicySettings, TriageSettings
 from fleetmedic.records import Finding, Incident, IncidentStatus, JobEvent
@@ -20,6 +20,9 @@ from fleetmedic.remediation.triage.jobs import JobBoard
 from fleetmedic.remediation.triage.network import NetworkTriage
 from fleetmedic.remediation.triage.records import Assessment, JobRecord, PendingGroup, TriageState, order_groups
 
+#: how often (engine time) the failure histories drop what their windows no longer reach: each trim
+#: walks every node's list, and the decision stage ticks every few seconds
+TRIM_EVERY_S: Final = 60.0
 
 class Triage:
     def __init__(self, settings: TriageSettings, policy: PolicySettings, library: PatternLibrary,
@@ -28,6 +31,7 @@ class Triage:
         self.policy = policy
         self.library = library
         self.state = state if state is not None else TriageState()
+        self._next_trim = float("-inf")  # when the failure histories are trimmed next
         order_groups(self.state.network)
         order_groups(self.state.failures)
         topology = topology if topology is not None else Topology()
@@ -159,9 +163,11 @@ class Triage:
                 self.state.findings[node] = fs
             else:
                 del self.state.findings[node]
-        _trim(self.state.node_failures, now - p.escalate_window_s)
-        _trim(self.state.job_signatures, now - p.escalate_window_s)
-        _trim(self.state.node_failed_jobs, now - p.suspect_window_s)
+        if now >= self._next_trim:  # readers filter by their windows: a minute late costs nothing
+            self._next_trim = now + TRIM_EVERY_S
+            _trim(self.state.node_failures, now - p.escalate_window_s)
+            _trim(self.state.job_signatures, now - p.escalate_window_s)
+            _trim(self.state.node_failed_jobs, now - p.suspect_window_s)
         self.state.expected = {k: t for k, t in self.state.expected.items() if t >= now}
         self.state.decided = {k: t for k, t in self.state.decided.items() if t >= now - s.incident_merge_s}
         self.book.forget_closed(now)

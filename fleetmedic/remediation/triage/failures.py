@@ -295,7 +295,7 @@ class JobFailureTriage:
         klass = soft[ranked[0]].incident_class
         for n in ranked:
             if soft[n].signal not in self.policy.node_neutral_signals:
-                self.state.node_failures.setdefault(n, []).append((x.first, job))
+                _note(self.state.node_failures, n, x.first, job)
         why = (f"job {job} failed with {soft[ranked[0]].pattern} on {', '.join(ranked)}: "
                "a software failure, retried; repeated failures on the same node escalate it")
         # a software failure: the job first (what to retry), then where it happened; a job that ran on
@@ -310,7 +310,7 @@ class JobFailureTriage:
     def _history(self, x: _Failure, now: float) -> Assessment:
         job, p = x.job, self.policy
         for n in x.nodes:
-            self.state.node_failed_jobs.setdefault(n, []).append((x.first, job))
+            _note(self.state.node_failed_jobs, n, x.first, job)
         horizon = now - p.suspect_window_s
         repeated = []
         for n in x.nodes:
@@ -364,3 +364,15 @@ def _log_evidence(by_node: dict[str, list[LineMatch]], loose: list[LineMatch]) -
 def _exit_codes(group: PendingGroup) -> str:
     codes = sorted({r.exit_code for r in group.reports if r.exit_code is not None})
     return ", ".join(str(c) for c in codes) or "unknown"
+
+
+def _note(table: dict[str, list[tuple[float, str]]], node: str, t: float, job: str) -> None:
+    """Record that ``job`` failed on ``node`` at ``t``: one entry a job, its latest failure (readers
+    count the distinct jobs within a window, and a lock-step job failing again and again on its
+    hundreds of nodes must not grow each node's list with every failure)."""
+    entries = table.setdefault(node, [])
+    if entries and entries[-1][1] == job:
+        entries[-1] = (max(t, entries[-1][0]), job)
+        return
+    entries[:] = [e for e in entries if e[1] != job]
+    entries.append((t, job))

@@ -260,8 +260,8 @@ class Fleetmedic:
             self.oncall.notice_failure(world, job, node, t)
 
     def job_placed(self, world: World, job: Job, t: float) -> None:
-        placement = [r.RankPlacement(rank=i, node=world.nodes[n].name, gpus=list(range(world.a.gpus_per_node)))
-                     for i, n in enumerate(job.nodes)]
+        gpus = list(range(world.a.gpus_per_node))  # one list for every rank: the records are read-only
+        placement = [r.RankPlacement(rank=i, node=world.nodes[n].name, gpus=gpus) for i, n in enumerate(job.nodes)]
         ev = r.JobEvent(job=job.ref, event="start", ts=round(t, 3), attempt=job.attempt, workload_kind="PyTorchJob",
                         world_size=job.size, placement=placement)
         self._execute(world, self.engine_pipeline.job(ev, t), t)
