@@ -21,10 +21,10 @@ What runs, each a real OS process (``kill -9`` is real):
 - **load** (``bench/soak_load.py``, its own process): what Prometheus sends a remote-write
   receiver for ``--nodes`` dcgm-exporters scraped every 10 s (8 GPUs, 20 series each), and the
   faults: hard faults (an XID in the telemetry; the second of every four in the kernel log
-  instead),
-  degradations (a hot, throttled GPU) and negative controls (a node's job ends: all its GPUs go
-  idle), on nodes the soak chooses among those running job pods, one rack apart. The soak keeps
-  its own truth (which node got what, and the first sample that carried it).
+  instead) and degradations (a hot, throttled GPU) on nodes the soak chooses among those running
+  job pods, one rack apart, and negative controls (a whole job pauses: every GPU of its nodes goes
+  idle at once). The soak keeps its own truth (which node got what, and the first sample that
+  carried it).
 
 Chaos (from 45 % of the run to 85 %, evenly spaced; faults go on meanwhile): kill -9 of a
 stage-1 worker, of the decision stage and of the executor; a broker killed and started again; a broker stalled for 15 s
@@ -36,8 +36,9 @@ Measured (``--json``; an HTML page of plots with ``--html``, default beside the 
 - GPU samples/s into stage 1 (``telemetry.gpu``'s end offsets, x 8) and out of it (stage 1's
   committed offsets, x 8), over the run;
 - per fault: sample time -> first finding on the node -> first command for the node -> cordon
-  seen on the API server (a node watch); p50 / p99 / max, all faults and those outside the chaos
-  windows (from an event until 60 s after it ended);
+  seen on the API server (a node watch); p50 / p99 / max, all faults, the telemetry path's outside
+  the chaos windows (from an event until 60 s after it ended), and the kernel-log faults apart
+  (their time includes starting the kmsg exporter process);
 - faults isolated (hard faults whose node was cordoned), false isolations (a node cordoned that
   had no hard fault or degradation), negative controls isolated;
 - commands lost (on ``remediation.audit`` but not on the commands topic, or never answered by
@@ -562,11 +563,24 @@ class Soak:
         spread after a minute of warm-up, at a rate the default safety settings let through:
         :data:`SUSPECTS_PER_5_MIN` nodes with a hard fault or a degradation per 5 min (the breaker
         opens at 6 suspects in 5 min, or 2 % of the fleet; 8 new isolations per 10 min), the XIDs
-        rotated (one XID on 4 nodes in 5 min opens it too); a negative control between every
-        third pair. A fault the safety settings hold back would be theirs to explain, not load's."""
+        rotated (one XID on 4 nodes in 5 min opens it too). A fault the safety settings held back
+        would be theirs to explain, not the load's. Negative controls: every node of a whole job
+        goes idle at once (the job pauses: a checkpoint, a data stall), one job per six suspects.
+        One rank alone going idle while its job's other ranks compute is not a control: that is
+        how a hung GPU looks, and fleetmedic rightly isolates it."""
         rng = random.Random(self.args.seed)
         rack = {n: i // 4 for i, n in enumerate(self.nodes)}  # fleet.Topology: 4 nodes a rack
-        busy = [n for n in self.nodes if n in self.placement]
+        warm, cool = 60.0, 45.0  # the detectors' baselines first; the last fault's answer before the end
+        span = seconds - warm - cool
+        suspects = max(4, int(SUSPECTS_PER_5_MIN * span / 300.0))
+        jobs: dict[str, list[str]] = defaultdict(list)
+        for n, job in self.placement.items():
+            jobs[job].append(n)
+        trains = sorted(j for j in jobs if j.startswith("train-"))
+        rng.shuffle(trains)
+        paused = trains[:max(1, suspects // 6)]
+        controls = {n for j in paused for n in jobs[j]}
+        busy = [n for n in self.nodes if n in self.placement and n not in controls]
         idle = [n for n in self.nodes if n not in self.placement]
         rng.shuffle(busy)
         rng.shuffle(idle)
@@ -577,12 +591,8 @@ class Soak:
                 chosen.append(n)
                 used_racks.add(rack[n])
         chosen.reverse()  # pop() takes the busy ones first
-        warm, cool = 60.0, 45.0  # the detectors' baselines first; the last fault's answer before the end
-        span = seconds - warm - cool
-        suspects = max(4, int(SUSPECTS_PER_5_MIN * span / 300.0))
-        controls = max(2, suspects // 3)
-        if len(chosen) < suspects + controls:
-            raise RuntimeError(f"only {len(chosen)} racks for {suspects + controls} faults: more --nodes")
+        if len(chosen) < suspects:
+            raise RuntimeError(f"only {len(chosen)} racks for {suspects} faults: more --nodes")
         faults = []
         hard = 0
         for k in range(suspects):
@@ -594,9 +604,10 @@ class Soak:
             faults.append({"kind": "hard", "node": chosen.pop(), "gpu": k % 8, "xid": XIDS[hard % len(XIDS)],
                            "at_s": at, "via": "kmsg" if hard % 4 == 1 else "telemetry"})
             hard += 1
-        for k in range(controls):
-            faults.append({"kind": "control", "node": chosen.pop(), "gpu": -1,
-                           "at_s": round(warm + span * (k + 0.75) / controls, 1), "via": "telemetry"})
+        for k, job in enumerate(paused):
+            at = round(warm + span * (k + 0.75) / len(paused), 1)
+            faults += [{"kind": "control", "node": n, "gpu": -1, "job": job, "at_s": at, "via": "telemetry"}
+                       for n in sorted(jobs[job])]
         return faults
 
     def chaos_plan(self, seconds: float) -> list[Chaos]:
@@ -751,7 +762,12 @@ class Soak:
                     self.kmsg_fault(kmsg.pop(0))
                 time.sleep(0.2)
             chaos_thread.join(timeout=300)
-            loadgen.wait(timeout=60)
+            try:
+                loadgen.wait(timeout=60)
+            except subprocess.TimeoutExpired:  # behind its schedule: what it did not send is not sent
+                log("the load generator is still sending a minute after the load's end: stopped")
+                loadgen.kill()
+                loadgen.wait()
             log("load done; waiting for the pipeline to drain")
             drain_until = time.time() + args.drain_s
             while time.time() < drain_until:
@@ -822,8 +838,12 @@ class Soak:
         hard = [p for p in per_fault if p["kind"] == "hard"]
         latency = {}
         for key in ("finding_s", "command_s", "cordon_s"):
+            # the kernel-log faults' figures include starting their kmsg exporter (a DaemonSet's runs
+            # all along): apart, and out of the telemetry path's
             latency[key] = {"all": pcts([p[key] for p in hard if p[key] is not None]),
-                            "outside_chaos": pcts([p[key] for p in hard if p[key] is not None and not p["in_chaos"]])}
+                            "outside_chaos": pcts([p[key] for p in hard if p[key] is not None and not p["in_chaos"]
+                                                   and p["via"] == "telemetry"]),
+                            "kmsg": pcts([p[key] for p in hard if p[key] is not None and p["via"] == "kmsg"])}
         degr = [p for p in per_fault if p["kind"] == "degrade"]
         latency["degrade_finding_s"] = pcts([p["finding_s"] for p in degr if p["finding_s"] is not None])
 
@@ -922,6 +942,8 @@ class Soak:
             "throughput": throughput, "latency": latency, "isolations": isolations, "commands": commands,
             "lag": {"max": {g: max(v for _, v in xs) for g, xs in lag_series.items()}, "steady_threshold": steady,
                     "chaos": recovery},
+            "findings": {"total": len(s.findings), "per_minute": round(len(s.findings) / self.args.minutes, 1),
+                         "by_detector": dict(Counter(f.detector for _, f in s.findings).most_common())},
             "memory": memory, "dead_letters": dict(s.dead), "process_exits": exits,
             "node_watch_reconnects": watch.reconnects, "reader_error": repr(reader.error) if reader.error else None,
             "faults": per_fault,

@@ -21,8 +21,8 @@ Faults (``plan["faults"]``, each ``{at_s, node, kind, gpu, xid}`` from the load'
   gauge holds the last XID);
 - ``degrade``: the GPU runs hot and throttled: +15 C, SM clock -25 %, clock-event reason HW
   thermal slowdown, its thermal-violation counter rising;
-- ``control``: a negative control, the whole node's job ends: every GPU idle (utilisation 0,
-  power and temperature at idle). Nothing is wrong with the node.
+- ``control``: a negative control, the node's job pauses: every GPU idle (utilisation 0, power
+  and temperature at idle). The soak gives it to every node of a job at once. Nothing is wrong.
 
 Each fault's first sample (its timestamp) is appended to ``plan["truth"]`` as one JSON line: the
 soak's truth. Once a second a line of counters goes to ``plan["stats"]``.
