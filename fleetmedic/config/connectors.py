@@ -89,6 +89,12 @@ class RemoteWriteSettings(Section, frozen=True, kw_only=True):
     assemble_s: Annotated[float, Meta(gt=0, le=300)] = 10.0
     max_pending_samples: PosInt = 2_000_000  # samples held for assembly; beyond them requests get 503
     max_nodes_tracked: PosInt = 100_000  # per-node "already published" marks kept (oldest forgotten)
+    # label sets decoded once and kept (a series' labels, and their encoded bytes, by its label bytes):
+    # all of them are forgotten when either limit is reached, and each sample is then decoded whole
+    # again, ~30x the CPU. dcgm-exporter sends ~20 series a GPU (160 a node) of ~300 label bytes, and
+    # a set is kept twice (labels, encoded): 1,000,000 sets and 768 MiB hold ~6,000 nodes a receiver
+    label_cache_max_series: PosInt = 1_000_000
+    label_cache_max_bytes: Annotated[int, Meta(ge=1 << 20, le=1 << 36)] = 768 << 20
     # bodies being received, all requests together; a request that would pass it gets 503
     max_inflight_bytes: Annotated[int, Meta(ge=1024, le=1 << 34)] = 64 << 20
     # a connection that has not sent a whole request's headers this long after it opened or after

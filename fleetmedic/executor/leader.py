@@ -16,8 +16,14 @@ from datetime import UTC, datetime
 
 from kubernetes import client
 from kubernetes.client import ApiException
+from urllib3.exceptions import HTTPError
 
 log = logging.getLogger(__name__)
+
+#: the API server did not answer (refused, reset, timed out): a round that failed, like an error
+#: status, never an exception out of the elector (the executor would exit while the API server
+#: restarts, and crash-loop until it is back)
+UNREACHABLE = (HTTPError, OSError)
 
 
 def _micro(ts: float) -> datetime:
@@ -48,8 +54,12 @@ class LeaseElector:
         except ApiException as exc:
             if exc.status != 404:
                 log.warning("lease %s/%s: read failed: %s", self.namespace, self.name, exc.status)
-                return self._lost() if not self._still_valid(now) else self.leading
+                return self._kept_or_lost(now)
             return self._create(now)
+        except UNREACHABLE as exc:
+            log.warning("lease %s/%s: read failed: API server unreachable (%s)", self.namespace, self.name,
+                        type(exc).__name__)
+            return self._kept_or_lost(now)
         spec = lease.spec or client.V1LeaseSpec()
         holder = spec.holder_identity or ""
         renewed = spec.renew_time.timestamp() if spec.renew_time else 0.0
@@ -69,6 +79,10 @@ class LeaseElector:
         except ApiException as exc:
             log.info("lease %s/%s: %s lost the race (%s)", self.namespace, self.name, self.identity, exc.status)
             return self._lost()
+        except UNREACHABLE as exc:  # the write may or may not have landed: valid until the last renewal expires
+            log.warning("lease %s/%s: renewal failed: API server unreachable (%s)", self.namespace, self.name,
+                        type(exc).__name__)
+            return self._kept_or_lost(now)
         if not self.leading:
             log.info("lease %s/%s: %s is the leader", self.namespace, self.name, self.identity)
         self.leading = True
@@ -83,12 +97,16 @@ class LeaseElector:
                                                       lease_transitions=0))
         try:
             self.coord.create_namespaced_lease(self.namespace, body)
-        except ApiException:
+        except (ApiException, *UNREACHABLE):
             return self._lost()
         self.leading = True
         self._renewed_at = now
         log.info("lease %s/%s: created, %s is the leader", self.namespace, self.name, self.identity)
         return True
+
+    def _kept_or_lost(self, now: float) -> bool:
+        """A round that reached no verdict: still the leader while its last renewal lasts."""
+        return self._lost() if not self._still_valid(now) else self.leading
 
     def _still_valid(self, now: float) -> bool:
         return self.leading and now < getattr(self, "_renewed_at", 0.0) + self.duration_s
@@ -111,4 +129,7 @@ class LeaseElector:
                 self.coord.replace_namespaced_lease(self.name, self.namespace, lease)
         except ApiException as exc:
             log.warning("lease %s/%s: release failed: %s", self.namespace, self.name, exc.status)
+        except UNREACHABLE as exc:  # it expires on its own
+            log.warning("lease %s/%s: release failed: API server unreachable (%s)", self.namespace, self.name,
+                        type(exc).__name__)
         self.leading = False

@@ -137,9 +137,10 @@ class LabelCache:
     time it is seen. Cleared when ``max_entries`` or ``max_bytes`` (of encoded labels) are reached.
     ``owner``: the :class:`Assembler` whose resolutions its sets hold."""
 
-    def __init__(self, max_entries: int = 200_000, max_bytes: int = 64 << 20) -> None:
+    def __init__(self, max_entries: int = 1_000_000, max_bytes: int = 768 << 20) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
+        self.clears = 0  # how often a limit was reached (a receiver's cache too small for its senders)
         self.owner: Assembler | None = None
         self._sets: dict[tuple[bytes, ...], _LabelSet] = {}
         #: a series' encoded labels (the bytes before its samples, containing nothing else) -> its set
@@ -179,6 +180,7 @@ class LabelCache:
         self.owner = owner
 
     def _clear(self) -> None:
+        self.clears += 1
         self._sets.clear()
         self._prefixes.clear()
         self._bytes = 0

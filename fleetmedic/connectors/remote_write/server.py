@@ -151,7 +151,8 @@ class RemoteWriteReceiver:
         self.inflight = InflightBytes(rw.max_inflight_bytes)
         self.reader = ExpositionReader.for_settings(settings, source="prometheus-remote-write", ignore_unknown=True)
         self.assembler = Assembler(self.reader, rw.assemble_s, rw.max_pending_samples, rw.max_nodes_tracked)
-        self.label_cache = LabelCache()
+        self.label_cache = LabelCache(rw.label_cache_max_series, rw.label_cache_max_bytes)
+        self._cache_clears = 0
         #: set to stop (SIGTERM): the server closes, what is held is released into the outbox, and
         #: only then does :meth:`run` return, so the pump's drain (which starts when the source
         #: has returned) sends it. Without it, ``stop`` plays that part.
@@ -215,6 +216,14 @@ class RemoteWriteReceiver:
             self._file_errors[kind] = error
 
     def _release(self, everything: bool) -> None:
+        if self.label_cache.clears != self._cache_clears:
+            self._cache_clears = self.label_cache.clears
+            self.metrics.error("label_cache_full")
+            self._warn("label_cache", "remote-write: the label cache reached a limit (exporters.remote_write."
+                       f"label_cache_max_series {self.rw.label_cache_max_series:,}, label_cache_max_bytes "
+                       f"{self.rw.label_cache_max_bytes:,}) and was emptied ({self._cache_clears} times so far): "
+                       "samples are decoded whole until it fills again; raise the limits, or spread the senders "
+                       "over more receivers")
         try:
             records = self.assembler.records(everything)
         except Exception:  # a reader bug: that batch is lost, the receiver goes on
