@@ -172,10 +172,10 @@ class PolicySettings(Section, frozen=True, kw_only=True):
     flap_window_s: PosFloat = 604_800.0
     flap_max_returns: PosInt = 2
     # a node isolated on definitive evidence (a lost GPU, an uncorrectable ECC error, a failed row
-    # remap: docs/safety.md) whose diagnostics pass: "repair" sends it to repair first, so a fault the
-    # diagnostics miss never goes back schedulable, at the cost of a repair for a fault a reset fixed;
-    # "diagnostics" returns it (NVIDIA's recovery workflow: reset, then field diagnostics)
-    definitive_return: Literal["diagnostics", "repair"] = "repair"
+    # remap: docs/safety.md) whose diagnostics pass: "diagnostics" returns it (NVIDIA's recovery
+    # workflow: reset, then field diagnostics); "repair" sends it to repair first, so a fault the
+    # diagnostics miss never goes back schedulable, at the cost of a repair for a fault a reset fixed
+    definitive_return: Literal["diagnostics", "repair"] = "diagnostics"
     rules: list[PolicyRule] = msgspec.field(default_factory=_default_rules)
 
     def __post_init__(self) -> None:

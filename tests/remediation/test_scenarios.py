@@ -30,17 +30,12 @@ def test_hardware_fault_replaces_the_job_at_once_while_the_node_is_isolated_repa
     w.finding("node-5", kind="hard_fault", severity="critical", hint="reboot_node", detector="xid_rules", gpu=3,
               summary="XID 79 (GPU has fallen off the bus) on GPU 3")
     fail_with(w, JOB, "node-5", XID79)
-    # job track: re-placed at once, excluding the suspect; node track: isolate, drain, reboot, diagnose; the
-    # evidence was definitive, so a passing diagnostic sends it to repair (policy.definitive_return), and a
-    # repair validated by diagnostics returns it
+    # job track: re-placed at once, excluding the suspect; node track: isolate, drain, reboot, diagnose, return
     restart = w.cmds("restart_job", job=JOB)
     assert len(restart) == 1 and "node-5" in restart[0].exclude_nodes
     assert [c.action for c in w.cmds(node="node-5")] == ["cordon", "taint", "drain", "reboot_node", "run_diagnostics",
-                                                          "escalate"]
+                                                          "return_to_service"]
     assert "node-5" not in w.placements[JOB]
-    w._take(w.engine.node_repaired("node-5", actor="ops", reason="GPU reseated", now=w.now))
-    w.execute()
-    assert [c.action for c in w.cmds(node="node-5")][-2:] == ["run_diagnostics", "return_to_service"]
     w.advance(60)
     w.progress(JOB)
     inc = w.last_incident(node="node-5")
