@@ -150,7 +150,7 @@ def _traces(settings: Settings, records: Iterable[r.Record],
     port_prev: dict[tuple[str, str], int] = {}
     for rec in records:
         if isinstance(rec, r.GpuTelemetry) and rec.node in wanted:
-            det.observe(rec)
+            det.detect((rec,), float(rec.ts))
             sig = det.signals(rec.node)
             if sig is None:
                 continue

@@ -207,6 +207,12 @@ class GpuDetector:
 
     # --- observing -----------------------------------------------------------------------------
 
+    def detect(self, records: Sequence[DetectionTelemetry], now: float, *,
+               batch: MetricBatch | None = None) -> list[Finding]:
+        """Findings for a micro-batch (:class:`~fleetmedic.models.detector.Detector`): the messages'
+        own stamps time them, ``now`` is not read. ``batch``: their columns already converted."""
+        return self.observe_batch(records, batch)
+
     def observe(self, msg: DetectionTelemetry) -> list[Finding]:
         return self.observe_batch([msg])
 

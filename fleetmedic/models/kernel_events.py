@@ -28,6 +28,7 @@ ever new devices cannot grow it without bound). Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 import msgspec
@@ -46,11 +47,22 @@ _decode_seen = msgspec.msgpack.Decoder(dict[str, float]).decode
 
 
 class KernelEventDetector:
-    def __init__(self, settings: DetectionSettings) -> None:
+    """Findings from kernel-log lines; the XIDs among them go to ``gpu``, the node's GPU detector."""
+
+    def __init__(self, settings: DetectionSettings, gpu: GpuDetector) -> None:
         self.settings = settings
+        self.gpu = gpu
         self._reported: dict[str, dict[str, float]] = {}  # node -> condition -> event time last reported
 
-    def observe(self, ev: KernelEvent, gpu: GpuDetector) -> list[Finding]:
+    def detect(self, records: Sequence[KernelEvent], now: float) -> list[Finding]:
+        """Findings for kernel-log lines, in order (:class:`~fleetmedic.models.detector.Detector`):
+        the lines' own stamps time them, ``now`` is not read."""
+        if len(records) == 1:
+            return self.observe(records[0])
+        return [f for ev in records for f in self.observe(ev)]
+
+    def observe(self, ev: KernelEvent) -> list[Finding]:
+        gpu = self.gpu
         if ev.xid is not None and ev.gpu is not None:
             xid = XidEvent(gpu=ev.gpu, xid=ev.xid, ts=ev.ts, message=f"kernel log: {ev.message}"[:4096])
             return gpu.observe_events(ev.node, float(ev.ts), [xid], ev.gpus, KERNEL)

@@ -27,6 +27,7 @@ time comes from the messages.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from operator import attrgetter
 
 import msgspec
@@ -95,6 +96,13 @@ class PortDetector:
     def devices(self) -> int:
         """How many devices have ports in the state."""
         return len(self._devices)
+
+    def detect(self, records: Sequence[PortTelemetry], now: float) -> list[Finding]:
+        """Findings for port samples, in order (:class:`~fleetmedic.models.detector.Detector`): the
+        samples' own stamps time them, ``now`` is not read."""
+        if len(records) == 1:
+            return self.observe(records[0])
+        return [f for msg in records for f in self.observe(msg)]
 
     def observe(self, msg: PortTelemetry) -> list[Finding]:
         out: list[Finding] = []

@@ -42,6 +42,7 @@ import numpy as np
 
 from fleetmedic.config import DetectionSettings, PeerSettings
 from fleetmedic.models import sample_columns as sc
+from fleetmedic.models.detector import NodeDetector
 from fleetmedic.models.gpu_detector import GpuDetector, metricless
 from fleetmedic.models.gpu_signals import USED_METRICS, median, reported
 from fleetmedic.models.kernel_events import KernelEventDetector
@@ -58,6 +59,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class NodeDetection:
     settings: DetectionSettings
+    #: the stage's detectors (:class:`~fleetmedic.models.detector.NodeDetector`, each called as
+    #: ``detect(records, now)``, its state per node)
     gpu: GpuDetector = field(init=False)
     kernel: KernelEventDetector = field(init=False)
     ports: PortDetector = field(init=False)
@@ -78,7 +81,7 @@ class NodeDetection:
 
     def __post_init__(self) -> None:
         self.gpu = GpuDetector(self.settings)
-        self.kernel = KernelEventDetector(self.settings)
+        self.kernel = KernelEventDetector(self.settings, self.gpu)
         self.ports = PortDetector(self.settings)
         self.windows = NodeWindowFeatures(self.settings.multivariate.window_s, self.settings.multivariate.busy_util)
         self.model = MultivariateModel(self.settings.multivariate)
@@ -87,7 +90,8 @@ class NodeDetection:
         """Findings for a micro-batch; ``batch`` (:func:`stage1_batch`) when the caller converted the
         messages' columns already (it also needs them for :func:`summarise_batch`)."""
         batch = batch or stage1_batch(msgs)
-        findings = self.gpu.observe_batch(msgs, batch)
+        now = max(map(float, map(_TS, msgs))) if msgs else self.clock
+        findings = self.gpu.detect(msgs, now, batch=batch)
         for f in findings:
             if f.kind != "telemetry":  # a gap in the node's data says nothing about its windows
                 self._flagged_since[f.node] = max(self._flagged_since.get(f.node, f.ts), f.ts)
@@ -97,20 +101,22 @@ class NodeDetection:
             if sampled:
                 findings.extend(self._windows(sampled, batch if sampled is msgs else stage1_batch(sampled)))
         if msgs:
-            self._saw(map(_NODE, msgs), max(map(float, map(_TS, msgs))))
+            self._saw(map(_NODE, msgs), now)
         return findings
 
     def on_kernel(self, ev: KernelEvent) -> list[Finding]:
         """A line of the node's kernel log (:mod:`fleetmedic.models.kernel_events`): its XID joins
         the same XID from the node's telemetry as one event; an SXid, an AER error or a machine
         check is a finding naming its device. No metric state moves."""
-        findings = self.kernel.observe(ev, self.gpu)
-        self._saw((ev.node,), float(ev.ts))
+        now = float(ev.ts)
+        findings = self.kernel.detect((ev,), now)
+        self._saw((ev.node,), now)
         return findings
 
     def on_port(self, msg: PortTelemetry) -> list[Finding]:
-        findings = self.ports.observe(msg)
-        self._saw((msg.device,), float(msg.ts))
+        now = float(msg.ts)
+        findings = self.ports.detect((msg,), now)
+        self._saw((msg.device,), now)
         return findings
 
     # --- bounded memory ------------------------------------------------------------------------
@@ -168,12 +174,16 @@ class NodeDetection:
             self._seen.pop(node, None)
         self._forget(nodes)
 
+    def _detectors(self) -> tuple[NodeDetector[DetectionTelemetry], NodeDetector[KernelEvent],
+                                  NodeDetector[PortTelemetry]]:
+        return self.gpu, self.kernel, self.ports
+
     def _forget(self, nodes: Iterable[str]) -> None:
         dropped = set(nodes)
+        detectors = self._detectors()
         for node in dropped:
-            self.gpu.forget(node)
-            self.kernel.forget(node)
-            self.ports.forget(node)
+            for detector in detectors:
+                detector.forget(node)
             self.windows.forget(node)
             self._flagged_since.pop(node, None)
             self._outlier_streak.pop(node, None)
@@ -244,6 +254,8 @@ class FleetDetection:
     settings: DetectionSettings
     peers: PeerComparison = field(init=False)
     sku_peers: PeerComparison = field(init=False)
+    #: the detectors of records (:class:`~fleetmedic.models.detector.FleetDetector`, each called as
+    #: ``detect(records, now)``, its state saved whole); the peers are judged on :meth:`tick`
     stragglers: StragglerDetector = field(init=False)
     switch_ports: PortDetector = field(init=False)
     _jobs: dict[str, set[str]] = field(default_factory=dict)  # job -> nodes
@@ -283,7 +295,7 @@ class FleetDetection:
             self._place(event.job, {p.node for p in event.placement})
         elif event.event in ("completion", "failure"):
             self._place(event.job, set())
-        return self.stragglers.observe(event)
+        return self.stragglers.detect((event,), float(event.ts))
 
     def _place(self, job: str, nodes: set[str]) -> None:
         for n in self._jobs.pop(job, set()):
@@ -298,7 +310,7 @@ class FleetDetection:
                 self._placed[n] = self._placed.get(n, 0) + 1
 
     def on_port(self, msg: PortTelemetry) -> list[Finding]:
-        return self.switch_ports.observe(msg)
+        return self.switch_ports.detect((msg,), float(msg.ts))
 
     def _detectors(self) -> tuple[State, State, State, State]:
         return self.peers, self.sku_peers, self.stragglers, self.switch_ports

@@ -15,6 +15,7 @@ every rank and must not isolate a node). Pure; time comes from the events.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -54,6 +55,13 @@ class StragglerDetector:
         require_finite("straggler step times", [v for j in jobs.values() for v in (j.mean, j.var, j.cusum,
                                                                                    *j.times.values())])
         self._jobs = jobs
+
+    def detect(self, records: Sequence[JobEvent], now: float) -> list[Finding]:
+        """Findings for job events, in order (:class:`~fleetmedic.models.detector.Detector`): the
+        events' own stamps time them, ``now`` is not read."""
+        if len(records) == 1:
+            return self.observe(records[0])
+        return [f for event in records for f in self.observe(event)]
 
     def observe(self, event: JobEvent) -> list[Finding]:
         if event.event in ("completion", "restart", "failure"):

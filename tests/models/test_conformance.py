@@ -2,7 +2,9 @@
 mid-stream through the state protocol (:mod:`fleetmedic.models.state`), tolerance of missing fields
 and counter resets, rejection of NaN/inf before a detector sees it, and a minimum AUC separating
 injected faults from clean streams. Then the protocol itself, for every model that keeps state: it
-is implemented, and the bytes written load back into the same state (replacing what was there)."""
+is implemented, and the bytes written load back into the same state (replacing what was there).
+Last the detector shape (:mod:`fleetmedic.models.detector`): every detector the stages call takes
+``detect(records, now)``, and a micro-batch gives what its records give one at a time."""
 
 from __future__ import annotations
 
@@ -19,12 +21,13 @@ from fleetmedic import records as r
 from fleetmedic.config import Settings
 from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.models.baseline import EwmaBaseline
+from fleetmedic.models.detector import Detector, FleetDetector, NodeDetector
 from fleetmedic.models.gpu_detector import GpuDetector
 from fleetmedic.models.kernel_events import KernelEventDetector
 from fleetmedic.models.multivariate import FEATURES, MultivariateModel, NodeWindowFeatures
 from fleetmedic.models.peers import PeerComparison, node_summary
 from fleetmedic.models.port_detector import PortDetector
-from fleetmedic.models.stages import FleetDetection
+from fleetmedic.models.stages import FleetDetection, NodeDetection
 from fleetmedic.models.state import NodeState, State
 from fleetmedic.models.straggler import StragglerDetector
 
@@ -144,10 +147,7 @@ def port_factory() -> PortDetector:
 
 
 def kernel_factory() -> KernelEventDetector:
-    return KernelEventDetector(S)
-
-
-_NO_GPU = GpuDetector(S)  # what an XID line would go to (none in the kernel stream)
+    return KernelEventDetector(S, GpuDetector(S))  # the GPU detector takes the XID lines (none in the stream)
 
 
 def straggler_factory() -> StragglerDetector:
@@ -159,12 +159,12 @@ def peer_factory() -> PeerComparison:
 
 
 CASES = [
-    Case("gpu", gpu_factory, gpu_stream, lambda d, m: d.observe(m), node="n0"),
-    Case("port", port_factory, port_stream, lambda d, m: d.observe(m)),
-    Case("host_ports", port_factory, lambda seed, fault: port_stream(seed, fault, "n1"), lambda d, m: d.observe(m),
-         node="n1"),
-    Case("straggler", straggler_factory, straggler_stream, lambda d, m: d.observe(m)),
-    Case("kernel", kernel_factory, kernel_stream, lambda d, ev: d.observe(ev, _NO_GPU), node="n0"),
+    Case("gpu", gpu_factory, gpu_stream, lambda d, m: d.detect([m], m.ts), node="n0"),
+    Case("port", port_factory, port_stream, lambda d, m: d.detect([m], m.ts)),
+    Case("host_ports", port_factory, lambda seed, fault: port_stream(seed, fault, "n1"),
+         lambda d, m: d.detect([m], m.ts), node="n1"),
+    Case("straggler", straggler_factory, straggler_stream, lambda d, m: d.detect([m], m.ts)),
+    Case("kernel", kernel_factory, kernel_stream, lambda d, ev: d.detect([ev], ev.ts), node="n0"),
     Case("peers", peer_factory, peer_stream, feed_peers),
 ]
 
@@ -304,3 +304,30 @@ def test_node_state_loads_back_into_the_same_state_of_that_node(name: str) -> No
     for into in (fresh(), with_state(2)):
         into.load_node(node, data)
         assert into.node_bytes(node) == data
+
+
+# --- the detector shape, for every detector of records ---------------------------------------------
+
+
+def test_every_detector_of_the_stages_takes_the_one_shape() -> None:
+    node, fleet = NodeDetection(S), FleetDetection(S)
+    for det in (node.gpu, node.kernel, node.ports):
+        assert isinstance(det, NodeDetector), type(det).__name__
+    for det in (fleet.stragglers, fleet.switch_ports):
+        assert isinstance(det, FleetDetector), type(det).__name__
+    assert node.kernel.gpu is node.gpu, "a kernel-log XID joins the same XID from the node's telemetry"
+    # the peers are judged per group on the fleet stage's tick, not per record
+    assert not isinstance(fleet.peers, Detector)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.name != "peers"], ids=lambda c: c.name)
+def test_a_batch_gives_what_its_records_give_one_at_a_time_whatever_now(case: Case) -> None:
+    """:meth:`Detector.detect` on a micro-batch gives the findings and the state of its records one
+    at a time; a detector timed by its records' stamps does not read the ``now`` it is given."""
+    records = case.stream(5, True)
+    one_by_one, batched, late = case.make(), case.make(), case.make()
+    singles = [f for rec in records for f in one_by_one.detect([rec], float(rec.ts))]
+    assert singles, "the fault is found"
+    assert batched.detect(records, float(records[-1].ts)) == singles
+    assert late.detect(records, 1e12) == singles
+    assert case.save(batched) == case.save(one_by_one) == case.save(late)

@@ -145,16 +145,16 @@ def test_a_node_remembers_a_bounded_number_of_conditions_the_latest_kept() -> No
     from fleetmedic.models.kernel_events import MAX_CONDITIONS, KernelEventDetector
 
     settings = parse_config("detection: {reassert_s: 3600}", env={}).detection
-    det, gpu = KernelEventDetector(settings), NodeDetection(settings).gpu
+    det = NodeDetection(settings).kernel
     for k in range(5 * MAX_CONDITIONS):
         pci = f"{k // 256:04x}:{k % 256:02x}:00.0"
         ev = r.KernelEvent(node="n", ts=1000.0 + k, signal="pcie", incident_class="hardware", severity="critical",
                            pci=pci, message=f"pcieport {pci}: AER: Uncorrected (Fatal) error received")
-        assert det.observe(ev, gpu), "a new device is reported"
+        assert det.observe(ev), "a new device is reported"
         assert len(det._reported["n"]) <= MAX_CONDITIONS
-        assert det.observe(ev, gpu) == [], "the same device again at once is not"
+        assert det.observe(ev) == [], "the same device again at once is not"
     data = det.node_bytes("n")
     assert data is not None and len(data) < 64 * MAX_CONDITIONS
-    again = KernelEventDetector(settings)
+    again = KernelEventDetector(settings, det.gpu)
     again.load_node("n", data)
     assert again.node_bytes("n") == data

@@ -20,7 +20,6 @@ from fleetmedic.devenv.synth import gpu_message
 from fleetmedic.models.baseline import EwmaBaseline
 from fleetmedic.models.gpu_detector import GpuDetector
 from fleetmedic.models.gpu_state import NodeGpuState
-from fleetmedic.models.kernel_events import KernelEventDetector
 from fleetmedic.models.port_detector import PortDetector
 from fleetmedic.models.stages import NodeDetection
 from fleetmedic.streams import detect as detect_module
@@ -83,7 +82,7 @@ def test_infinite_times_and_values_in_the_other_detectors_states_are_refused() -
     with pytest.raises(ValueError, match="prev_ts"):
         GpuDetector(Settings().detection).load_node("n0", _with(_warm().node_bytes("n0") or b"", prev_ts=float("inf")))
     with pytest.raises(ValueError, match="kernel conditions"):
-        KernelEventDetector(Settings().detection).load_node("n0", msgspec.msgpack.encode({"xid:79": float("nan")}))
+        NodeDetection(Settings().detection).kernel.load_node("n0", msgspec.msgpack.encode({"xid:79": float("nan")}))
     ports = {"n0/mlx5_0": {"ts": float("inf"), "boot_id": "", "link_state": "up", "counters": {}}}
     with pytest.raises(ValueError, match=r"ports\[n0/mlx5_0\]"):
         PortDetector(Settings().detection).load_node("n0", msgspec.msgpack.encode(ports))
