@@ -20,8 +20,8 @@ from fleetmedic.remediation.triage.jobs import JobBoard
 from fleetmedic.remediation.triage.network import NetworkTriage
 from fleetmedic.remediation.triage.records import Assessment, JobRecord, PendingGroup, TriageState, order_groups
 
-#: how often (engine time) the failure histories drop what their windows no longer reach: each trim
-#: walks every node's list, and the decision stage ticks every few seconds
+# Engine seconds between trims of the failure histories (dropping what no window reaches): a trim
+# walks every node's list, and the decision stage ticks every few seconds.
 TRIM_EVERY_S: Final = 60.0
 
 class Triage:
