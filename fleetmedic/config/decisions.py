@@ -176,6 +176,18 @@ class PolicySettings(Section, frozen=True, kw_only=True):
     # workflow: reset, then field diagnostics); "repair" sends it to repair first, so a fault the
     # diagnostics miss never goes back schedulable, at the cost of a repair for a fault a reset fixed
     definitive_return: Literal["diagnostics", "repair"] = "diagnostics"
+    # the same definitive evidence again within this long of a passing diagnostic that returned the
+    # node proves the diagnostics miss its fault: the next pass sends it to repair (0: never)
+    definitive_recurrence_s: NonNegFloat = 2_592_000.0
+    # a step waiting for the node's job to end (`@job_boundary`) for this long while that job runs on
+    # without failing: the node returns to service unless its evidence is still reported (then a
+    # human is told and it stays held); 0: wait for the boundary however long
+    boundary_wait_s: NonNegFloat = 43_200.0
+    # a node whose isolation evidence (its signature: an XID, a port down, a hard rule's metric) was
+    # reported again while it was out of service, within this long before its diagnostics pass, is
+    # sent to repair rather than returned: the diagnostics do not test what is still reported (keep
+    # it above detection.reassert_s, the detectors' repeat interval for a lasting condition)
+    evidence_quiet_s: PosFloat = 1_500.0
     rules: list[PolicyRule] = msgspec.field(default_factory=_default_rules)
 
     def __post_init__(self) -> None:

@@ -168,6 +168,7 @@ class DecisionEngine:
             # the node is isolated and being worked on (by fleetmedic, or by a person who cordoned it
             # for maintenance): what it reports now is mostly the echo of that work (links down during
             # a reboot, counters reset, diagnostics load); it must not open incidents or implicate its leaf
+            self.nodes.note_muted(finding, now)
             if finding.node not in self.state.muted:
                 self.state.muted[finding.node] = now
                 self.issuer.audit(out, now, "skipped", f"{why}: its findings are not triaged "
@@ -318,6 +319,10 @@ class DecisionEngine:
         return now, Decisions()
 
     def _finish(self, now: float, out: Decisions) -> Decisions:
+        if self.state.moving and (out.commands or out.incidents):
+            # what this input decided may add suspects: restarts that wait for capacity learn them now,
+            # not at the next tick, so the scheduler does not place them there meanwhile
+            self.jobs.follow_suspects(now, out)
         self.issuer.explain_commands(out, now)
         return out
 
@@ -385,10 +390,17 @@ class DecisionEngine:
     def suspected_nodes(self) -> set[str]:
         """Every node fleetmedic suspects now, whatever the budget, breaker or confirmation decides
         about isolating it: held, waiting (settling, refused), worked on (not yet cordoned, diagnosing,
-        awaiting repair), or named by an open node incident whose evidence is still being confirmed.
+        awaiting repair), or named by an open node incident whose evidence is still being confirmed
+        (unless the node passed diagnostics and returned to service since the incident's last evidence).
         A restart or requeue excludes them all."""
-        out = self.triage.suspected_nodes(NODE_CLASSES)
-        out.update(n for n, r in self.state.nodes.items() if r.state not in ("healthy", "probation"))
+        returned: dict[str, float] = {}
+        out: set[str] = set()
+        for n, r in self.state.nodes.items():
+            if r.state == "probation":
+                returned[n] = r.since
+            elif r.state != "healthy":
+                out.add(n)
+        out.update(self.triage.suspected_nodes(NODE_CLASSES, returned))
         out.update(self.gate.state.held)
         return out
 

@@ -174,7 +174,9 @@ class JobTrack:
                 continue
             self.triage.expect_failure(h.job, h.attempt, now + self.settings.signing.command_ttl_s
                                        + self.settings.triage.failure_settle_s)
-            self.issuer.command(out, now, h.id, h.action, h.incident_id, h.job, h.reason, h.params)
+            # in place, except on the nodes fleetmedic suspects now (the job's own nodes first)
+            self.issuer.command(out, now, h.id, h.action, h.incident_id, h.job, h.reason, h.params,
+                                exclude=sorted(self._affordable(h.job, self.suspected())))
 
     def on_failed_result(self, info: CommandInfo, result: RemediationResult, now: float, out: Decisions) -> None:
         """The executor could not carry out a job command: a human is told."""
@@ -188,7 +190,8 @@ class JobTrack:
         """Account a job event: attempts, running time, placements on held nodes, recoveries done."""
         acc = self.accounting
         moving = self.state.moving.get(e.job)
-        if moving is not None and (e.event == "completion" or (e.event == "placement" and e.attempt > moving.attempt)):
+        if moving is not None and (e.event == "completion" or (e.event in ("placement", "start")
+                                                               and e.attempt > moving.attempt)):
             del self.state.moving[e.job]  # placed (or done): its exclusions are what the scheduler used
         if e.event == "placement":
             bad = [p.node for p in e.placement if self.gate.holds(p.node) or self.node_state(p.node) in OUT_OF_SERVICE]

@@ -97,6 +97,9 @@ class NodeRecord(msgspec.Struct, kw_only=True):
     repair_ids: list[str] = []  # repair escalations whose completion the executor may report
     conditions: list[str] = []  # node conditions a hard rule matched that have not cleared (types)
     repaired: bool = False  # this episode's isolation went through a repair (validated since)
+    evidence_seen: float = 0.0  # the episode's evidence last reported while the node was out of service
+    returned_signature: str = ""  # definitive evidence of the last episode that passing diagnostics returned
+    returned_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,7 @@ class Lifecycle:
             rec.incident_id, rec.rule, rec.critical, rec.gpu = incident_id, rule, critical, gpu
             rec.plan, rec.inflight, rec.done, rec.attempts, rec.escalations = list(steps), [], [], {}, []
             rec.repaired = False
-            rec.evidence_at = evidence_at
+            rec.evidence_at, rec.evidence_seen = evidence_at, 0.0
             # a blocked isolation that now proceeds keeps what it rested on
             _note_isolation(rec, iso, merge=rec.state == "suspect" and bool(rec.blocked_reason))
             rec.blocked_reason = ""
@@ -189,6 +192,8 @@ class Lifecycle:
             waiting = any(f.action in NODE_LONG for f in rec.inflight)
             if waiting and not (step.attempt > 1 and step.action in NODE_QUICK):
                 break
+            if step.at_job_boundary and busy and now - rec.since >= self.policy.boundary_wait_s > 0:
+                return events + self._boundary_overdue(rec, step, now, issue)
             if (step.at_job_boundary and busy) or step.not_before > now:
                 break
             if step.action in DISRUPTIVE and not self.may_disrupt(rec.name, step.action, now):
@@ -208,6 +213,21 @@ class Lifecycle:
             if step.action in NODE_LONG:
                 break
         return events
+
+    def _boundary_overdue(self, rec: NodeRecord, step: PlanStep, now: float, issue: Issue) -> list[LifecycleEvent]:
+        """A step has waited ``policy.boundary_wait_s`` for the node's job to end, and the job still runs
+        on it without failing: with the evidence no longer reported, that running job is the better
+        evidence and the node returns to service; with the evidence still reported, a human is told
+        (the node stays held)."""
+        waited = now - rec.since
+        if rec.evidence_seen and now - rec.evidence_seen <= self.policy.evidence_quiet_s:
+            return self.escalate(rec, now, issue, f"boundary_wait:{rec.incident_id}",
+                                 f"{step.action} has waited {waited:.0f}s for the job on the node to end, and "
+                                 f"{rec.signature} is still reported: the node stays held")
+        what = rec.signature or "the evidence"
+        return self.return_to_service(rec, now, issue, f"its job ran {waited:.0f}s on it without failing while "
+                                      f"{step.action} waited for the job boundary, and {what} was not reported "
+                                      "since (policy.boundary_wait_s)")
 
     def on_result(self, rec: NodeRecord, result: RemediationResult, now: float, busy: bool,
                   issue: Issue) -> list[LifecycleEvent]:
@@ -272,10 +292,24 @@ class Lifecycle:
                                    f"{', '.join(rec.conditions)} is still set: it is validated again once that clears")
             rec.blocked_reason = "condition"
             return events
-        if passed and rec.isolation == "definitive" and not rec.repaired and self.policy.definitive_return == "repair":
-            return events + self._repair(rec, now, issue, f"diagnostics passed ({why}) after definitive evidence "
-                                         f"({rec.signature}): repair before it returns (policy.definitive_return)")
+        if passed and rec.evidence_seen and now - rec.evidence_seen <= self.policy.evidence_quiet_s:
+            # the detectors still report what the node was isolated for (a port still down, a link
+            # still narrow): the diagnostics do not test it
+            return events + self._repair(rec, now, issue, f"diagnostics passed ({why}), but {rec.signature} was "
+                                         f"reported again {now - rec.evidence_seen:.0f}s ago: the diagnostics do "
+                                         "not test it; repair, then validation, before it returns")
+        if passed and rec.isolation == "definitive" and not rec.repaired:
+            if self.policy.definitive_return == "repair":
+                return events + self._repair(rec, now, issue, f"diagnostics passed ({why}) after definitive evidence "
+                                             f"({rec.signature}): repair before it returns (policy.definitive_return)")
+            if (rec.returned_signature == rec.signature and self.policy.definitive_recurrence_s > 0
+                    and now - rec.returned_at <= self.policy.definitive_recurrence_s):
+                return events + self._repair(rec, now, issue, f"diagnostics passed ({why}), but {rec.signature} came "
+                                             f"back {now - rec.returned_at:.0f}s after passing diagnostics returned "
+                                             "the node: they miss this fault (policy.definitive_recurrence_s)")
         if passed:
+            if rec.isolation == "definitive" and not rec.repaired:
+                rec.returned_signature, rec.returned_at = rec.signature, now
             return events + self.return_to_service(rec, now, issue, f"diagnostics passed: {why}")
         ladder = list(self.policy.remediation_ladder)
         tried = [i for i, a in enumerate(ladder) if a in rec.done]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
-from fleetmedic.actions import ISOLATING, command_id
+from fleetmedic.actions import DISRUPTIVE, ISOLATING, command_id
 from fleetmedic.config import Settings
 from fleetmedic.records import Finding, Incident, NodeState, RemediationResult
 from fleetmedic.remediation.accounting import Accounting
@@ -31,7 +31,8 @@ from fleetmedic.remediation.lifecycle import (
 from fleetmedic.remediation.policy import Decision
 from fleetmedic.remediation.safety import SafetyGate, Verdict
 from fleetmedic.remediation.topology import Topology
-from fleetmedic.remediation.triage import Assessment, Triage, is_hardware_finding
+from fleetmedic.remediation.triage import Assessment, Triage, finding_isolation, is_hardware_finding
+from fleetmedic.remediation.triage.records import finding_class
 
 
 class NodeTrack:
@@ -78,6 +79,17 @@ class NodeTrack:
         if rec.foreign_cordon and not is_hardware_finding(finding):
             return f"{node} is cordoned by someone else (maintenance)"
         return ""
+
+    def note_muted(self, finding: Finding, now: float) -> None:
+        """A finding on a node out of service that repeats what the node was isolated on: that
+        evidence is still there (unless a reset or reboot in flight explains it), and a passing
+        diagnostic soon after does not return the node (the lifecycle's verdict)."""
+        rec = self.state.nodes.get(finding.node)
+        if (rec is None or rec.state not in OUT_OF_SERVICE or not rec.signature or finding.detector == "node_condition"
+                or any(f.action in DISRUPTIVE for f in rec.inflight)):
+            return
+        if supports(finding, rec.signature):
+            rec.evidence_seen = now
 
     # --- acting on a decision -----------------------------------------------------------------------
 
@@ -400,9 +412,23 @@ class NodeTrack:
         """Forget released holds past the cooldown and flap window, and healthy nodes nothing marks."""
         s, p = self.settings, self.settings.policy
         self.gate.forget_released_before(now - max(s.safety.node_cooldown_s, p.flap_window_s))
-        for name in [n for n, r in self.state.nodes.items() if _forgettable(r)]:
+        remember = now - p.definitive_recurrence_s  # a definitive return is remembered this long
+        for name in [n for n, r in self.state.nodes.items()
+                     if _forgettable(r) and (not r.returned_signature or r.returned_at < remember)]:
             del self.state.nodes[name]
 
+
+def supports(finding: Finding, signature: str) -> bool:
+    """Whether ``finding`` repeats the evidence ``signature`` names: the same detector and metric, the
+    same metric from another detector (a port down seen by triage and by the port detector), or a
+    finding of the class an incident-level signature (``class:network``) names."""
+    own = finding_isolation(finding).signature
+    if own == signature:
+        return True
+    head, _, tail = signature.partition(":")
+    if head == "class":
+        return tail in (finding_class(finding), finding.kind)
+    return bool(tail) and own.partition(":")[2] == tail
 
 
 def _forgettable(rec: NodeRecord) -> bool:

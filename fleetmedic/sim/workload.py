@@ -389,7 +389,9 @@ class Workload:
         job.state = PENDING
         job.exclude = set(exclude or ()) | (job.exclude if not requeue else set())
         job.prefer = old
-        job.in_place = in_place
+        # a retry in place that excludes one of its nodes (fleetmedic suspects it) is re-placed away
+        # from it, preferring the rest, as the executor's preferred affinity does
+        job.in_place = in_place and not (job.exclude & set(old))
         job.priority = 0 if requeue else 1
         if requeue:
             job.submitted_at = t

@@ -254,3 +254,24 @@ def test_a_software_bug_fails_the_job_once_and_leaves_the_node_healthy() -> None
     w.run()
     assert w.jobs[0].interruptions == 1 and w.tally.silent_schedulable_s == 0.0
     assert w.tally.dangerous_s == 0.0 and w.tally.isolations == 0
+
+
+def test_a_link_still_down_when_diagnostics_pass_keeps_the_node_out_until_its_repair() -> None:
+    text = ("node,start,end,category\n"
+            "n9,2025-01-01T00:00:00Z,2025-01-01T00:00:01Z,Fan: Redundancy Lost\n"
+            "n0,2025-01-01T01:00:00Z,2025-01-02T01:00:00Z,Parameter Plane Cable: Link Down\n")
+    w = play(Fleetmedic(parse_config("{}")), text)
+    # the port detector reports the link down every reassert_s while the engine holds the node: GPU
+    # diagnostics pass, and the node waits for its repair instead of going back with the link down
+    assert w.tally.dangerous_past_decision_s == 0.0 and w.tally.repairs >= 1
+
+
+def test_a_repair_asked_for_while_one_is_under_way_is_answered_when_it_ends() -> None:
+    w = World(parse_history(one_dbe()), load_mapping("stepfun"), tiny(), Manual(), 105.0, 600.0)
+    told: list[tuple[str, float]] = []
+    start = w.history.start
+    w.send_to_repair(3, start, "planned", lambda at: told.append(("first", at)))
+    w.send_to_repair(3, start + 60, "fleetmedic", lambda at: told.append(("second", at)))
+    w.run()
+    end = start + w.a.repair_no_fault_s
+    assert told == [("first", end), ("second", end)]

@@ -16,7 +16,8 @@ Node exclusion: a required node affinity term ``kubernetes.io/hostname NotIn [..
 every ``nodeSelectorTerm`` of every pod template, added only where the pods would otherwise be
 allowed onto a quarantined node (they tolerate the quarantine taint), unless the command's params
 say ``anti_affinity: always`` or ``never``. ``retry_in_place`` adds a preferred affinity for the
-nodes the pods ran on (and replaces fleetmedic's earlier preference), and excludes nothing.
+nodes the pods ran on (and replaces fleetmedic's earlier preference), less the nodes the command
+excludes: a retry is in place except on nodes fleetmedic suspects when it is due.
 
 What fleetmedic did is recorded in annotations on the workload (the ``ANNOTATION_*`` keys of
 :mod:`fleetmedic.k8s_keys`: last restart, attempts, last command, excluded and in-place nodes, restart
@@ -293,9 +294,9 @@ def plan_restart(kind: WorkloadKind, obj: Mapping[str, Any], *, action: str, exc
     if mode not in ("auto", "always", "never"):
         raise WorkloadError(f"params.anti_affinity: {mode!r} is not one of auto, always, never")
     taint_key = params.get("taint_key", TAINT_QUARANTINE)
-    exclude = sorted({n for n in exclude_nodes if n}) if action != "retry_in_place" else []
+    exclude = sorted({n for n in exclude_nodes if n})
     previous_pref = _split(annotations.get(ANNOTATION_IN_PLACE_NODES))
-    preferred = sorted(set(current_nodes)) if action == "retry_in_place" else []
+    preferred = sorted(set(current_nodes) - set(exclude)) if action == "retry_in_place" else []
 
     template_ops: list[dict[str, Any]] = []
     all_excluded: set[str] = set(_split(annotations.get(ANNOTATION_EXCLUDED_NODES)))

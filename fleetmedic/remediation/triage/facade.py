@@ -7,6 +7,7 @@ window reaches any more."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Final
 
 from fleetmedic.config import PolicySettings, TriageSettings
@@ -88,17 +89,24 @@ class Triage:
                     out[node] = inc.incident_class
         return out
 
-    def suspected_nodes(self, classes: frozenset[str]) -> set[str]:
+    def suspected_nodes(self, classes: frozenset[str], returned: Mapping[str, float] | None = None) -> set[str]:
         """Nodes an open incident of one of ``classes`` suspects (itself or one of its GPUs), confirmed
-        or still watched, and hosts whose network findings are being gathered."""
+        or still watched, and hosts whose network findings are being gathered. ``returned``: nodes
+        returned to service (after passing diagnostics) and when; an incident whose last evidence is
+        older than the return no longer counts against the node."""
         out: set[str] = set()
         incidents = self.state.incidents
+        back = returned or {}
         for inc_id in set(self.state.open_by_subject.values()):
             inc = incidents.get(inc_id)
             if inc is None or inc.status not in ("open", "mitigating") or inc.incident_class not in classes:
                 continue
-            out.update(s.name if s.kind == "node" else s.name.rsplit("/", 1)[0]
-                       for s in inc.suspects if s.kind in ("node", "gpu"))
+            seen = inc.last_seen if inc.last_seen is not None else inc.first_seen
+            for s in inc.suspects:
+                if s.kind in ("node", "gpu"):
+                    node = s.name if s.kind == "node" else s.name.rsplit("/", 1)[0]
+                    if node not in back or seen > back[node]:
+                        out.add(node)
         out.update(key[5:] for key in self.state.network if key.startswith("node:"))
         return out
 

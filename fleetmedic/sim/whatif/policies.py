@@ -219,9 +219,10 @@ class Fleetmedic:
         kind, _, arg = f.entry.evidence.partition(":")
         cmds: list[r.RemediationCommand] = []
         delivered = True
-        if node.busy in ("repair", "reboot") or (not first and (node.busy or node.cordoned_by == self.name)):
-            # a node being repaired or rebooting reports nothing; one the engine holds reports what
-            # the engine mutes until it is back in service
+        if node.busy in ("repair", "reboot", "reset_gpu"):
+            # a node being repaired, rebooting or resetting its GPUs reports nothing; one the engine
+            # holds or diagnoses reports what it reports (the engine mutes it, and a lasting
+            # condition keeps the node from returning on passing diagnostics)
             delivered = False
         elif kind == "xid" and first:
             for rec in self.evidence.kernel(node.name, int(arg), t):

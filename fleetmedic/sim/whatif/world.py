@@ -113,6 +113,7 @@ class Node:
     busy: str = ""  # "" | diagnostics | reset_gpu | reboot | repair
     busy_until: float = 0.0
     validating: bool = False  # repaired after a real fault, held until it returns to service
+    repair_waiters: list[Callable[[float], None]] = field(default_factory=list)  # told when the repair ends
     job: Job | None = None
     faults: list[Fault] = field(default_factory=list)
     since: float = 0.0  # when the accounted state below began
@@ -340,7 +341,7 @@ class World:
             self._outage[job.index] = {"failed": t}
         job.failures_in_a_row += 1
         job.restart_requested = False
-        job.exclude = set()
+        # the exclusions a restart wrote into the job's template stay for the controller's restarts
         was_on = list(job.nodes)
         job.prev_nodes = was_on or job.prev_nodes
         self._release(job)
@@ -570,7 +571,8 @@ class World:
 
     def send_to_repair(self, n: int, t: float, by: str, done: Callable[[float], None]) -> None:
         node = self.nodes[n]
-        if node.busy == "repair":
+        if node.busy == "repair":  # already in repair (planned, or asked by someone else): told when it ends
+            node.repair_waiters.append(done)
             return
         if node.job is not None:
             self._evict(n, t, "sent to repair")
@@ -598,8 +600,9 @@ class World:
                 node.cordoned_by = ""
             if node.job is not None:
                 self._update_slow(node.job, at)
-            if done is not None:
-                done(at)
+            waiters, node.repair_waiters = node.repair_waiters, []
+            for tell in ([done] if done is not None else []) + waiters:
+                tell(at)
 
         if math.isinf(until):
             self._account_node(node, t)

@@ -116,8 +116,16 @@ def test_job_tolerating_all_taints_gets_the_exclusion_and_the_restart_is_recorde
     assert p.details()["excluded_nodes"] == "bad,old" and p.details()["template_changed"] == "true"
 
 
-def test_retry_in_place_prefers_the_current_nodes_and_excludes_nothing() -> None:
+def test_retry_in_place_prefers_the_current_nodes_less_the_suspects_it_excludes() -> None:
     p = plan(job(pod([{"operator": "Exists"}])), action="retry_in_place")
+    assert p.excluded == ("bad",) and p.preferred == ("a",)
+    aff = p.template_ops[0]["value"]["nodeAffinity"]
+    assert aff["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"] == [
+        {"key": wp.HOSTNAME_LABEL, "operator": "NotIn", "values": ["bad"]}]
+
+
+def test_retry_in_place_with_nothing_suspected_prefers_the_current_nodes_and_excludes_nothing() -> None:
+    p = plan(job(pod([{"operator": "Exists"}])), action="retry_in_place", exclude_nodes=[])
     assert p.excluded == () and p.preferred == ("a", "bad")
     aff = p.template_ops[0]["value"]
     assert "requiredDuringSchedulingIgnoredDuringExecution" not in aff["nodeAffinity"]
