@@ -141,7 +141,7 @@ class PolicySettings(Section, frozen=True, kw_only=True):
     transient_retry_backoff_s: NonNegFloat = 60.0
     # a restart or requeue not placed yet (waiting for capacity) gets the nodes fleetmedic starts
     # suspecting meanwhile added to its exclusions, for up to this long (0: its exclusions stay as issued)
-    follow_suspects_s: NonNegFloat = 86_400.0
+    follow_suspects_s: NonNegFloat = 604_800.0
     # a restart excludes the incident's suspects and every node fleetmedic holds or works on; of the
     # other nodes it only suspects (settling, refused, evidence still being confirmed: still
     # schedulable, so each costs the job a node of capacity) at most this many, hardware and unknown

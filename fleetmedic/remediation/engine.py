@@ -45,7 +45,7 @@ from typing import Any
 import msgspec
 
 from fleetmedic.config import Settings
-from fleetmedic.records import Finding, JobEvent, NodeState, RemediationResult
+from fleetmedic.records import Finding, JobEvent, NodeState, RemediationCommand, RemediationResult
 from fleetmedic.remediation.accounting import Accounting
 from fleetmedic.remediation.engine_state import (
     NODE_CLASSES,
@@ -323,6 +323,11 @@ class DecisionEngine:
             # what this input decided may add suspects: restarts that wait for capacity learn them now,
             # not at the next tick, so the scheduler does not place them there meanwhile
             self.jobs.follow_suspects(now, out)
+        if len(out.commands) > 1:
+            # isolate, then move: cordons and the exclusions of waiting restarts go out before the
+            # restarts and drains that free a node, so the scheduler never refills a suspect node
+            # with a waiting job in between
+            out.commands.sort(key=_command_order)
         self.issuer.explain_commands(out, now)
         return out
 
@@ -423,3 +428,11 @@ class DecisionEngine:
                        "fleet_source": self.fleet_source},
             "breaker_trips": self.gate.breaker.state.trips,
         }
+
+
+def _command_order(c: RemediationCommand) -> int:
+    if c.action in ("cordon", "taint"):
+        return 0
+    if c.params.get("only_if_waiting") == "true":
+        return 1
+    return 2

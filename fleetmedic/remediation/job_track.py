@@ -143,7 +143,7 @@ class JobTrack:
         horizon = now - self.settings.policy.follow_suspects_s
         suspected = self.suspected()
         for job, m in list(self.state.moving.items()):
-            if m.since < horizon or self.triage.job(job) is None:
+            if m.since < horizon:  # a job waiting that long (or deleted meanwhile) is no longer followed
                 del self.state.moving[job]
                 continue
             new = self._affordable(job, suspected - set(m.exclude), len(m.exclude))
@@ -174,9 +174,13 @@ class JobTrack:
                 continue
             self.triage.expect_failure(h.job, h.attempt, now + self.settings.signing.command_ttl_s
                                        + self.settings.triage.failure_settle_s)
-            # in place, except on the nodes fleetmedic suspects now (the job's own nodes first)
-            self.issuer.command(out, now, h.id, h.action, h.incident_id, h.job, h.reason, h.params,
-                                exclude=sorted(self._affordable(h.job, self.suspected())))
+            # in place, except on the nodes fleetmedic suspects now (the job's own nodes first); while
+            # its pods wait, they learn the nodes suspected since (as a re-placement's do)
+            exclude = sorted(self._affordable(h.job, self.suspected()))
+            self.issuer.command(out, now, h.id, h.action, h.incident_id, h.job, h.reason, h.params, exclude=exclude)
+            if self.settings.policy.follow_suspects_s > 0:
+                self.state.moving[h.job] = MovingJob(command_id=h.id, action="restart_job", incident_id=h.incident_id,
+                                                     attempt=h.attempt, since=now, exclude=exclude, reason=h.reason)
 
     def on_failed_result(self, info: CommandInfo, result: RemediationResult, now: float, out: Decisions) -> None:
         """The executor could not carry out a job command: a human is told."""

@@ -115,6 +115,11 @@ def test_a_retry_in_place_excludes_the_nodes_fleetmedic_suspects_when_it_is_due(
     w.advance(200)
     (retry,) = w.cmds("retry_in_place", job="ml/a")
     assert "node-12" in retry.exclude_nodes and "node-5" not in retry.exclude_nodes
+    # its pods wait: a node suspected since is added to their exclusions, never a new restart
+    out = w.finding("node-20", metric="ib_port_state")
+    follow = [c for c in out.commands if c.job == "ml/a"]
+    assert [(c.action, c.params.get("only_if_waiting")) for c in follow] == [("restart_job", "true")]
+    assert {"node-12", "node-20"} <= set(follow[0].exclude_nodes)
 
 
 def test_a_restart_waiting_for_capacity_learns_a_new_suspect_in_the_same_decision() -> None:
@@ -127,3 +132,19 @@ def test_a_restart_waiting_for_capacity_learns_a_new_suspect_in_the_same_decisio
     out = w.finding("node-12", metric="ib_port_state")
     follow = [c for c in out.commands if c.job == "ml/a" and c.params.get("only_if_waiting") == "true"]
     assert follow and "node-12" in follow[0].exclude_nodes
+
+
+def test_a_decision_widens_waiting_restarts_before_it_restarts_a_job_off_a_suspect() -> None:
+    """Restarting a job frees its nodes at once; a restart waiting for capacity must already exclude
+    the suspect among them, or the scheduler refills it with the waiting job."""
+    w = World(auto_execute=False)
+    w.place("ml/a", NODES)
+    w.place("ml/b", [f"node-{i}" for i in range(8, 16)])
+    w.dbe("node-3")
+    w.advance(60)
+    assert w.cmds("restart_job", job="ml/a")  # never placed: it waits for capacity
+    w.fail("ml/b", "node-9", ["RuntimeError: CUDA error: uncorrectable ECC error encountered"])
+    out = w.advance(60)
+    order = [(c.action, c.job, c.params.get("only_if_waiting", "")) for c in out.commands if c.job]
+    follow = order.index(("restart_job", "ml/a", "true"))
+    assert follow < order.index(("restart_job", "ml/b", "")), order
