@@ -373,16 +373,20 @@ class DetectStage:
         return written
 
     async def on_revoked(self, revoked: set[TopicPartition]) -> None:
-        """Checkpoint the partitions leaving. A failure stops the worker (aiokafka only logs what a
-        listener raises; the partitions' next owner would resume from an older commit with newer
-        node states)."""
+        """Checkpoint the partitions leaving. A checkpoint that fails (the group rebalanced without
+        this member, whose session ran out while the machine was starved; a broker unreachable)
+        is logged and counted, and the worker goes on: the partitions' next owner resumes from the
+        last committed offset with the node states written so far, and a sample a state already
+        holds is not taken twice. Stopping instead turns one slow poll into a crash loop."""
         self._restored.clear()
         gone = {tp.partition for tp in revoked}
         try:
             if gone:
                 await self.checkpoint(gone)
         except Exception as exc:
-            self._failed("checkpointing the revoked partitions", exc)
+            self.metrics.checkpoint_failures.labels("detect", "revoke").inc()
+            log.warning("detect: checkpointing the revoked partitions %s failed: %s: %s; their next owner resumes "
+                        "from the last committed offset", sorted(gone), type(exc).__name__, exc)
 
     async def on_assigned(self, assigned: set[TopicPartition]) -> None:
         """Load the new partitions' node states, then let the loop go on. A node state that cannot

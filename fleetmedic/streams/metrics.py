@@ -31,6 +31,9 @@ class PipelineMetrics:
                                  registry=registry)
         self.state_bytes = Counter("fleetmedic_state_bytes_written", "Bytes of state snapshots written, per stage",
                                    ["stage"], registry=registry)
+        self.checkpoint_failures = Counter("fleetmedic_checkpoint_failures", "Checkpoints (state, then offsets) "
+                                           "that failed and were carried on from, per stage and when",
+                                           ["stage", "when"], registry=registry)
         self.nodes_restored = Counter("fleetmedic_nodes_restored", "Stage-1 node states loaded at assignment",
                                       registry=registry)
         self.nodes_evicted = Counter("fleetmedic_stage1_nodes_evicted", "Nodes stage 1 forgot (their saved state "

@@ -499,3 +499,22 @@ def test_the_stop_snapshot_still_reads_back() -> None:
     restored = restore(stage.settings, [(0, raw)])
     assert not restored.unreadable and restored.engine.to_bytes() == stage.engine.to_bytes()
     assert SimpleNamespace(offset=restored.offset).offset == 0
+
+
+def test_a_checkpoint_of_revoked_partitions_that_fails_is_counted_and_the_worker_goes_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The group rebalanced without this member (its session ran out on a starved machine): the commit
+    of the revoked partitions fails. Stopping there made every restart on the same machine stop again;
+    the next owner resumes from the last commit with the states written, so the worker carries on."""
+    from aiokafka.errors import CommitFailedError
+
+    stage, out = _detect()
+
+    async def refused(*_: Any, **__: Any) -> None:
+        raise CommitFailedError("the group has already rebalanced")
+
+    monkeypatch.setattr(stage, "checkpoint", refused)
+    asyncio.run(stage.on_revoked({TopicPartition(stage.gpu_topic, 0)}))
+    assert stage._failure is None
+    stage._raise_failure()  # nothing to raise: the loop goes on
+    assert sample(out.metrics, "fleetmedic_checkpoint_failures_total", stage="detect", when="revoke") == 1
