@@ -6,10 +6,13 @@ One thread per watched resource (and namespace) lists it, then watches from the 
 when it times out, lists again when the server says the version is too old (410 Gone) and
 reconnects with exponential backoff after any other error. A workload kind whose API is not served
 (CRD missing) is looked for again every ``missing_kind_retry_s``. Watch events are raw JSON dicts
-(no model decoding, so a malformed object cannot break a stream) and go through a bounded queue
-(watches block when it is full) to :class:`fleetmedic.connectors.kube.jobs_map.JobTracker`, whose
-``JobEvent`` records are produced to ``jobs.events`` keyed by job ("namespace/name"). After a
-re-list the tracker is told of objects that disappeared meanwhile. Everything is counted in
+(no model decoding, so a malformed object cannot break a stream), reduced to the fields the trackers
+read (``FIELDS``: no managedFields, pod templates, volumes or images), and go through a bounded
+queue (watches block when it is full) to :class:`fleetmedic.connectors.kube.jobs_map.JobTracker`, whose
+``JobEvent`` records are produced to ``jobs.events`` keyed by job ("namespace/name"). A list goes to
+the queue a page at a time, so the watcher never holds a whole list (what sets its memory's high
+mark at start and after an API server restart: 2,000 kwok Nodes decode to ~40 MiB, real ones to
+more). After a re-list the tracker is told of objects that disappeared meanwhile. Everything is counted in
 ``fleetmedic_jobwatch_*`` metrics on the registry passed in.
 
 With ``jobwatch.watch_nodes`` it also watches Nodes (cluster-scoped, one watch): the
@@ -37,10 +40,20 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from fleetmedic.config import JobWatchSettings, Settings
-from fleetmedic.connectors.kube.jobs_map import JobTracker
-from fleetmedic.connectors.kube.node_conditions import ConditionTracker
-from fleetmedic.connectors.kube.nodes_map import NodeTracker
-from fleetmedic.kube_watch import Gone, NotServed, event_of, list_objects, resource_version, watch_lines
+from fleetmedic.connectors.kube.jobs_map import POD_FIELDS, WORKLOAD_FIELDS, WORKLOAD_KINDS, JobTracker
+from fleetmedic.connectors.kube.node_conditions import CONDITION_FIELDS, ConditionTracker
+from fleetmedic.connectors.kube.nodes_map import NODE_FIELDS, NodeTracker
+from fleetmedic.kube_watch import (
+    Fields,
+    Gone,
+    NotServed,
+    event_of,
+    keep,
+    list_pages,
+    merged,
+    resource_version,
+    watch_lines,
+)
 from fleetmedic.records import Finding, JobEvent, NodeObservation, Record, encode, labelled
 
 log = logging.getLogger("fleetmedic.connectors.kube_jobs")
@@ -52,6 +65,9 @@ RESOURCES: dict[str, tuple[str, str]] = {  # kind -> (API prefix, plural)
     "Node": ("/api/v1", "nodes"),
 }
 CLUSTER_SCOPED = frozenset({"Node"})
+#: What the watcher keeps of each kind's objects: the fields its trackers read
+FIELDS: dict[str, Fields] = {"Pod": POD_FIELDS, **dict.fromkeys(WORKLOAD_KINDS, WORKLOAD_FIELDS),
+                             "Node": merged(NODE_FIELDS, CONDITION_FIELDS)}
 
 
 class JobWatchMetrics:
@@ -99,6 +115,7 @@ class ResourceWatch:
     stop: threading.Event
     resume_version: str = ""  # watch from here first instead of listing (410 Gone: list after all)
     first_pass: threading.Event = field(default_factory=threading.Event)  # set after the first list (or try)
+    fields: Fields | None = None  # what the sink gets of each object (None: all of it)
 
     def run(self) -> None:
         path = resource_path(self.kind, self.namespace)
@@ -128,17 +145,26 @@ class ResourceWatch:
                 backoff = min(backoff * 2, self.settings.max_backoff_s)
 
     def _relist(self, path: str, known: dict[str, Stub], cause: str) -> str:
-        items, rv = list_objects(self.api, path, self.selector)
+        seen: set[str] = set()
+        rv = ""
+        pages = list_pages(self.api, path, self.selector, page=self.settings.list_page_size)
+        for page in pages:  # each page to the sink before the next is read
+            if page.again:  # the list starts over: what is deleted is what this one lacks
+                seen.clear()
+            self._listed(page.items, known, seen)
+            rv = page.resource_version
+            del page  # not held while the next page is read
         self.metrics.relists.labels(self.kind, cause).inc()
-        seen = set()
+        for key in set(known) - seen:  # deleted while we were not watching
+            self.sink(self.kind, "DELETED", _unstub(self.kind, known.pop(key)))
+        return rv
+
+    def _listed(self, items: list[dict[str, Any]], known: dict[str, Stub], seen: set[str]) -> None:
         for obj in items:
             key = _key(obj)
             seen.add(key)
             known[key] = _stub(self.kind, obj)
-            self.sink(self.kind, "ADDED", obj)
-        for key in set(known) - seen:  # deleted while we were not watching
-            self.sink(self.kind, "DELETED", _unstub(self.kind, known.pop(key)))
-        return rv
+            self.sink(self.kind, "ADDED", self._kept(obj))
 
     def _watch(self, path: str, known: dict[str, Stub], rv: str) -> str:
         for line in watch_lines(self.api, path, self.selector, rv, self.settings.watch_timeout_s):
@@ -157,8 +183,11 @@ class ResourceWatch:
                     known.pop(_key(obj), None)
                 else:
                     known[_key(obj)] = _stub(self.kind, obj)
-            self.sink(self.kind, etype, obj)
+            self.sink(self.kind, etype, self._kept(obj))
         return rv
+
+    def _kept(self, obj: dict[str, Any]) -> Any:
+        return obj if self.fields is None else keep(obj, self.fields)
 
 
 def _key(obj: dict[str, Any]) -> str:
@@ -223,7 +252,8 @@ class JobWatcher:
             self._watch("Node", "", "")
 
     def _watch(self, kind: str, namespace: str, selector: str) -> ResourceWatch:
-        w = ResourceWatch(self.api, kind, namespace, selector, self._enqueue, self.metrics, self.jw, self.stop)
+        w = ResourceWatch(self.api, kind, namespace, selector, self._enqueue, self.metrics, self.jw, self.stop,
+                          fields=FIELDS[kind])
         t = threading.Thread(target=w.run, name=f"watch-{kind}-{namespace or 'all'}", daemon=True)
         t.start()
         self.threads.append(t)

@@ -50,6 +50,24 @@ COMPLETION_INDEX: Final = "batch.kubernetes.io/job-completion-index"
 DONE_CONDITIONS: Final = frozenset({"Complete", "Succeeded", "Completed"})
 WORKLOAD_KINDS: Final = ("Job", "PyTorchJob", "JobSet")
 
+#: The fields of a Pod and of a workload the tracker reads, as a ``fleetmedic.kube_watch.Fields``
+#: tree: the watcher queues only these of each object (a test checks the tracker says the same of
+#: the whole objects and of these).
+POD_FIELDS: Final[dict[str, Any]] = {
+    "metadata": {"name": True, "namespace": True, "uid": True, "labels": True, "ownerReferences": True,
+                 "annotations": {COMPLETION_INDEX: True}, "deletionTimestamp": True, "creationTimestamp": True},
+    "spec": {"nodeName": True, "containers": [{"resources": True}]},
+    "status": {"phase": True, "reason": True, "containerStatuses": [
+        {"name": True, "restartCount": True, "state": {"terminated": True}, "lastState": {"terminated": True}}]},
+}
+WORKLOAD_FIELDS: Final[dict[str, Any]] = {
+    "metadata": {"name": True, "namespace": True, "uid": True, "ownerReferences": True,
+                 "annotations": {ANNOTATION_RESTART_ATTEMPTS: True}},
+    "spec": {"parallelism": True, "completions": True, "pytorchReplicaSpecs": {"*": {"replicas": True}},
+             "replicatedJobs": [{"name": True, "replicas": True, "template": {"spec": {"parallelism": True}}}]},
+    "status": {"restarts": True, "conditions": True},
+}
+
 
 @dataclass(frozen=True)
 class PodView:

@@ -32,6 +32,11 @@ from fleetmedic.k8s_keys import ANNOTATION_CORDONED_BY, LABEL_RAIL_PREFIX
 from fleetmedic.records import NodeObservation
 
 MAX_LABEL_VALUE: Final = 63  # Kubernetes' limit on a label value
+#: The fields of a Node the tracker reads (a ``fleetmedic.kube_watch.Fields`` tree)
+NODE_FIELDS: Final[dict[str, Any]] = {
+    "metadata": {"name": True, "labels": True, "annotations": {ANNOTATION_CORDONED_BY: True}},
+    "spec": {"unschedulable": True},
+}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,120 @@
+"""The job watcher's memory through lists and re-lists: its RSS at start and after each full re-list.
+
+    .venv/bin/python bench/bench_jobwatch_relist.py [--nodes 2000] [--pods 512] [--relists 6]
+
+Runs ``fleetmedic watch-jobs``' watcher (:class:`fleetmedic.connectors.kube.jobs.JobWatcher`: its
+watch threads, bounded queue and trackers; no Kafka: the loop that drains the queue calls the
+trackers as ``JobWatcher.run`` does) against an in-memory API server
+(:mod:`fleetmedic.devenv.fake_api`) holding ``nodes`` Nodes and ``pods`` GPU pods of 8-rank Jobs as a
+kwok cluster serves them (about 4-5 KB of JSON each). It waits until the first lists are through,
+then ``relists`` times answers every watch 410 Gone at once, so every resource is listed again
+together, as after the soak's kube-apiserver restart, and waits until those lists are through.
+
+Prints the process's RSS (``VmRSS``) and high mark (``VmHWM``) before the watcher starts, after the
+first lists and after each re-list; with ``--trace``, tracemalloc's peak too (slower). The RSS the
+lists add is what the watcher holds at once: the objects decoded and waiting in the queue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+import tracemalloc
+
+from prometheus_client import CollectorRegistry
+
+from fleetmedic.config import JobWatchSettings, Settings
+from fleetmedic.connectors.kube.jobs import JobWatcher, resource_path
+from fleetmedic.devenv.fake_api import FakeApiServer, served_node, served_pod
+
+NS = "soak"
+
+
+def status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def mib(kib: int) -> str:
+    return f"{kib / 1024:7.1f} MiB"
+
+
+def drain(w: JobWatcher, until: int, counter: list[int], timeout: float = 300.0) -> None:
+    """Take watch events off the queue into the trackers (as ``JobWatcher.run``) until ``until`` are through."""
+    deadline = time.monotonic() + timeout
+    while counter[0] < until:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{counter[0]} of {until} watch events through")
+        item = w._next(0.5)
+        if item is None:
+            continue
+        kind, etype, obj = item
+        if kind == "Node":
+            w.handle_node(etype, obj)
+            w.handle_node_conditions(etype, obj)
+        else:
+            w.handle(kind, etype, obj)
+        counter[0] += 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=int, default=2000)
+    ap.add_argument("--pods", type=int, default=512)
+    ap.add_argument("--relists", type=int, default=6)
+    ap.add_argument("--trace", action="store_true", help="tracemalloc's peak as well (slower)")
+    args = ap.parse_args()
+
+    api = FakeApiServer()
+    node_path, pod_path, job_path = resource_path("Node"), resource_path("Pod", NS), resource_path("Job", NS)
+    for i in range(args.nodes):
+        api.put(node_path, served_node("soak", i))
+    jobs = (args.pods + 7) // 8
+    for j in range(jobs):
+        api.put(job_path, {"metadata": {"name": f"j{j}", "namespace": NS, "uid": f"j{j}-job-uid"},
+                           "spec": {"parallelism": 8, "completions": 8, "completionMode": "Indexed"}, "status": {}})
+    for p in range(args.pods):
+        api.put(pod_path, served_pod(NS, f"j{p // 8}", p % 8, f"soak-gpu-{p % max(1, args.nodes):03d}"))
+    settings = Settings(jobwatch=JobWatchSettings(namespaces=[NS], kinds=["Job"], watch_timeout_s=3600))
+    objects = args.nodes + args.pods + jobs
+    gc.collect()
+    base_rss = status_kib("VmRSS")
+    print(f"{args.nodes} Nodes, {args.pods} Pods, {jobs} Jobs in the fake API server; RSS {mib(base_rss)} "
+          "before the watcher starts", flush=True)
+    if args.trace:
+        tracemalloc.start()
+
+    w = JobWatcher(api, settings, CollectorRegistry())  # type: ignore[arg-type]
+    counter = [0]
+    t0 = time.perf_counter()
+    w.start_watches(first_list_timeout=0.0)  # lists the pods at once; the loop below drains meanwhile
+    drain(w, objects, counter)
+
+    def report(what: str) -> None:
+        gc.collect()
+        rss, hwm = status_kib("VmRSS"), status_kib("VmHWM")
+        line = f"{what:<16} RSS {mib(rss)} (+{mib(rss - base_rss).strip()}), high mark {mib(hwm)}"
+        if args.trace:
+            size, peak = tracemalloc.get_traced_memory()
+            line += f", traced {size / 2**20:6.1f} MiB, traced peak {peak / 2**20:6.1f} MiB"
+        print(line, flush=True)
+
+    report(f"first lists ({time.perf_counter() - t0:.1f} s)")
+    for r in range(args.relists):
+        for path in (job_path, pod_path, node_path):
+            api.gone(path)
+        drain(w, objects * (r + 2), counter)
+        report(f"re-list {r + 1}")
+    w.stop.set()
+    relists = sum(1 for _, q in api.requests if "watch" not in q and "continue" not in q)
+    print(f"{relists} lists, {len(api.requests)} requests; tracked jobs {len(w.tracker.jobs)}, "
+          f"nodes {len(w.node_tracker.nodes)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
