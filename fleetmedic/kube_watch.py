@@ -67,7 +67,6 @@ class Page:
     items: list[dict[str, Any]]
     again: bool = False
     resource_version: str = ""
-    last: bool = True
 
 
 def list_pages(api: client.ApiClient, path: str, selector: str = "", *, page: int = PAGE,
@@ -91,12 +90,12 @@ def list_pages(api: client.ApiClient, path: str, selector: str = "", *, page: in
         if resp.status >= 400:
             raise _error(resp, data)
         doc = json.loads(data)
-        del data  # the generator's frame lives while the caller handles the page
+        del data, resp  # the body: the generator's frame lives on while the caller handles the page
         items = [i for i in doc.get("items") or [] if isinstance(i, dict)]
         meta = doc.get("metadata") or {}
         del doc
         token = meta.get("continue")
-        yield Page(items, again, "" if token else str(meta.get("resourceVersion") or ""), not token)
+        yield Page(items, again, "" if token else str(meta.get("resourceVersion") or ""))
         del items
         if not token:
             return
