@@ -108,7 +108,9 @@ def list_objects(api: client.ApiClient, path: str, selector: str = "", *, page: 
     items: list[dict[str, Any]] = []
     rv = ""
     for p in list_pages(api, path, selector, page=page, read_timeout=read_timeout):
-        items = p.items if p.again else items + p.items
+        if p.again:
+            items = []
+        items += p.items
         rv = p.resource_version
     return items, rv
 

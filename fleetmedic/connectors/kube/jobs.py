@@ -6,13 +6,14 @@ One thread per watched resource (and namespace) lists it, then watches from the 
 when it times out, lists again when the server says the version is too old (410 Gone) and
 reconnects with exponential backoff after any other error. A workload kind whose API is not served
 (CRD missing) is looked for again every ``missing_kind_retry_s``. Watch events are raw JSON dicts
-(no model decoding, so a malformed object cannot break a stream), reduced to the fields the trackers
-read (``FIELDS``: no managedFields, pod templates, volumes or images), and go through a bounded
-queue (watches block when it is full) to :class:`fleetmedic.connectors.kube.jobs_map.JobTracker`, whose
-``JobEvent`` records are produced to ``jobs.events`` keyed by job ("namespace/name"). A list goes to
-the queue a page at a time, so the watcher never holds a whole list (what sets its memory's high
-mark at start and after an API server restart: 2,000 kwok Nodes decode to ~40 MiB, real ones to
-more). After a re-list the tracker is told of objects that disappeared meanwhile. Everything is counted in
+(no model decoding, so a malformed object cannot break a stream), reduced to the fields the
+trackers read (``FIELDS``: no managedFields, pod templates, volumes or images), and go through a
+bounded queue (watches block when it is full) to
+:class:`fleetmedic.connectors.kube.jobs_map.JobTracker`, whose ``JobEvent`` records are produced to
+``jobs.events`` keyed by job ("namespace/name"). A list goes to the queue a page at a time
+(``list_page_size`` objects), so the watcher never holds a whole list: what a list holds at once
+sets the process's RSS for good (2,000 kwok Nodes decode to ~40 MiB, real ones to more). After a
+re-list the tracker is told of objects that disappeared meanwhile. Everything is counted in
 ``fleetmedic_jobwatch_*`` metrics on the registry passed in.
 
 With ``jobwatch.watch_nodes`` it also watches Nodes (cluster-scoped, one watch): the
