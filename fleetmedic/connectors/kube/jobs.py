@@ -197,10 +197,10 @@ def _key(obj: dict[str, Any]) -> str:
 
 
 #: What reporting an object's deletion after a re-list needs of it: its name and uid (the tracker
-#: finds a pod's job by uid, not by labels, and a workload by name); a node its labels too (a deleted
-#: node's NodeObservation carries them).
+#: finds a pod's job by uid, not by labels, and a workload by name; the node tracker reports a
+#: deleted node with the labels it kept of it, so a node's labels, a hundred on a GPU node, are
+#: not kept here).
 STUB_FIELDS = ("name", "namespace", "uid")
-NODE_STUB_FIELDS = ("name", "uid", "labels")
 #: Those fields' values in that order (None: absent); a tuple, not the metadata dict, since one is
 #: kept for every object watched (at 4,000 pods the dicts took 2.7 MiB of the watcher's 10).
 Stub = tuple[Any, ...]
@@ -209,16 +209,15 @@ Stub = tuple[Any, ...]
 def _stub(kind: str, obj: dict[str, Any]) -> Stub:
     """Enough of an object to report its deletion later (kept for every object watched)."""
     meta = obj.get("metadata") or {}
-    values = tuple(meta.get(k) for k in (NODE_STUB_FIELDS if kind == "Node" else STUB_FIELDS))
-    if kind != "Node" and isinstance(values[1], str):  # a few namespaces, one copy each
-        values = (values[0], sys.intern(values[1]), values[2])
-    return values
+    name, namespace, uid = (meta.get(k) for k in STUB_FIELDS)
+    if isinstance(namespace, str):  # a few namespaces, one copy each
+        namespace = sys.intern(namespace)
+    return name, namespace, uid
 
 
 def _unstub(kind: str, stub: Stub) -> dict[str, Any]:
     """The object a deletion is reported with: its metadata's kept fields (absent ones left out)."""
-    fields = NODE_STUB_FIELDS if kind == "Node" else STUB_FIELDS
-    return {"metadata": {k: v for k, v in zip(fields, stub, strict=True) if v is not None}}
+    return {"metadata": {k: v for k, v in zip(STUB_FIELDS, stub, strict=True) if v is not None}}
 
 
 class JobWatcher:
