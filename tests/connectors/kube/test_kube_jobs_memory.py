@@ -28,9 +28,7 @@ from fleetmedic.devenv.fake_api import FakeApiServer, served_node, served_pod
 from fleetmedic.kube_watch import keep, merged
 
 NS = "ml"
-
-
-PAGE = 20
+PAGE = 20  # jobwatch.list_page_size in these tests
 
 
 def _watch(api: FakeApiServer, kind: str, sink: Any) -> ResourceWatch:
