@@ -3,14 +3,19 @@
 No client models: the objects stay the dicts the API server sent (decoding them into models is the
 cost that matters at thousands of pods, and a malformed object then cannot break a stream).
 
-- :func:`list_objects`: every object at a path, in pages of ``PAGE``; when a page's continue token
-  expires meanwhile (etcd compacted while a slow client paged: HTTP 410), the list is taken again in
-  one piece, as client-go's reflector falls back to. Returns the items and the list's
-  resourceVersion, from which a watch starts.
+- :func:`list_pages`: every object at a path, one :class:`Page` of at most ``PAGE`` objects at a
+  time (a caller that handles each page before asking for the next holds one page, not the whole
+  list: 2,000 Nodes decode to ~40 MiB); when a page's continue token expires meanwhile (etcd
+  compacted while a slow client paged: HTTP 410), the list is taken again in one piece, as
+  client-go's reflector falls back to, and that page says so (``again``). The last page carries the
+  list's resourceVersion, from which a watch starts. :func:`list_objects`: the same, as one list.
 - :func:`watch_lines`: the watch's newline-delimited events from a resourceVersion (bookmarks on),
   until the server's ``timeoutSeconds``.
 - :func:`event_of`: one line as ``(type, object)``; an ``ERROR`` event raises (:class:`Gone` for
   410: list again), an unreadable line gives None.
+- :func:`keep`: an object reduced to the fields its reader uses (a :data:`Fields` tree), so that
+  what waits in a queue or a cache is that, not the whole object (managedFields, pod templates,
+  images, volumes).
 
 HTTP 410 raises :class:`Gone` (the resourceVersion is too old: list again), 404 on a list
 :class:`NotServed` (the API is not served: a CRD not installed), any other error status
@@ -21,8 +26,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Union
 
 from kubernetes import client
 
@@ -53,12 +59,23 @@ def _error(resp: Any, data: bytes | None = None) -> client.ApiException:
     return client.ApiException(status=resp.status, reason=body[:200].decode(errors="replace"))
 
 
-def list_objects(api: client.ApiClient, path: str, selector: str = "", *, page: int = PAGE,
-                 read_timeout: float = LIST_READ_TIMEOUT_S) -> tuple[list[dict[str, Any]], str]:
-    """All objects at ``path`` matching the label ``selector`` and the list's resourceVersion."""
-    items: list[dict[str, Any]] = []
+@dataclass(frozen=True)
+class Page:
+    """One page of a list: its objects; ``again``: the list starts over here (forget the objects of
+    the pages before); ``resource_version``: the list's, on its last page ("" on the others)."""
+
+    items: list[dict[str, Any]]
+    again: bool = False
+    resource_version: str = ""
+
+
+def list_pages(api: client.ApiClient, path: str, selector: str = "", *, page: int = PAGE,
+               read_timeout: float = LIST_READ_TIMEOUT_S) -> Iterator[Page]:
+    """The objects at ``path`` matching the label ``selector``, a page at a time (the next page is
+    asked for when the caller asks for it)."""
     base = {"labelSelector": selector} if selector else {}
     query = {"limit": str(page), **base}
+    again = False
     while True:
         resp = get(api, path, query, read_timeout)
         data = resp.read()
@@ -66,18 +83,36 @@ def list_objects(api: client.ApiClient, path: str, selector: str = "", *, page: 
             raise NotServed(path)
         if resp.status == 410 and "continue" in query:
             log.info("%s: continue token expired while paging; listing in one piece", path)
-            items, query = [], dict(base)
+            query, again = dict(base), True
             continue
         if resp.status == 410:
             raise Gone(path)
         if resp.status >= 400:
             raise _error(resp, data)
         doc = json.loads(data)
-        items += [i for i in doc.get("items") or [] if isinstance(i, dict)]
+        del data, resp  # the body: the generator's frame lives on while the caller handles the page
+        items = [i for i in doc.get("items") or [] if isinstance(i, dict)]
         meta = doc.get("metadata") or {}
-        if not meta.get("continue"):
-            return items, str(meta.get("resourceVersion") or "")
-        query["continue"] = meta["continue"]
+        del doc
+        token = meta.get("continue")
+        yield Page(items, again, "" if token else str(meta.get("resourceVersion") or ""))
+        del items
+        if not token:
+            return
+        query["continue"], again = token, False
+
+
+def list_objects(api: client.ApiClient, path: str, selector: str = "", *, page: int = PAGE,
+                 read_timeout: float = LIST_READ_TIMEOUT_S) -> tuple[list[dict[str, Any]], str]:
+    """All objects at ``path`` matching the label ``selector`` and the list's resourceVersion."""
+    items: list[dict[str, Any]] = []
+    rv = ""
+    for p in list_pages(api, path, selector, page=page, read_timeout=read_timeout):
+        if p.again:
+            items = []
+        items += p.items
+        rv = p.resource_version
+    return items, rv
 
 
 def watch_lines(api: client.ApiClient, path: str, selector: str, rv: str, timeout_s: int) -> Iterator[bytes]:
@@ -121,3 +156,47 @@ def event_of(line: bytes, path: str = "") -> tuple[str, dict[str, Any]] | None:
 def resource_version(obj: dict[str, Any]) -> str:
     meta = obj.get("metadata")
     return str(meta.get("resourceVersion") or "") if isinstance(meta, dict) else ""
+
+
+#: Which fields of an object to keep: a key's value is ``True`` (all of it), a tree (the fields of
+#: the object it holds), or a one-tree list (the fields of each object of the list it holds); the
+#: key ``"*"`` stands for every key. A value whose shape differs from the tree's is kept whole, so
+#: a reader sees a malformed object as malformed as it came.
+Fields = Mapping[str, Union[bool, "Fields", list["Fields"]]]
+
+
+def keep(obj: Any, fields: Fields) -> Any:
+    """``obj`` with only the ``fields`` (see :data:`Fields`); a new dict, ``obj`` untouched."""
+    if not isinstance(obj, dict):
+        return obj
+    every = fields.get("*")
+    pairs = ((k, v, fields.get(k, every)) for k, v in obj.items()) if every is not None else (
+        (k, obj[k], sub) for k, sub in fields.items() if k in obj)
+    out: dict[str, Any] = {}
+    for key, value, sub in pairs:
+        if sub is None or sub is False:
+            continue
+        if sub is True:
+            out[key] = value
+        elif isinstance(sub, list):
+            out[key] = [keep(v, sub[0]) for v in value] if isinstance(value, list) else value
+        else:
+            out[key] = keep(value, sub)
+    return out
+
+
+def merged(*trees: Fields) -> Fields:
+    """The fields any of ``trees`` keeps (readers that share a watch)."""
+    out: dict[str, Any] = {}
+    for tree in trees:
+        for key, sub in tree.items():
+            have = out.get(key)
+            if have is None or sub is True or have is True:
+                out[key] = True if have is True else sub
+            elif isinstance(have, list) and isinstance(sub, list):
+                out[key] = [merged(have[0], sub[0])]
+            elif isinstance(have, Mapping) and isinstance(sub, Mapping):
+                out[key] = merged(have, sub)
+            else:
+                out[key] = True  # a list in one, an object in the other: keep it whole
+    return out

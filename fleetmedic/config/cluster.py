@@ -82,6 +82,9 @@ class JobWatchSettings(Section, frozen=True, kw_only=True):
     max_backoff_s: PosFloat = 30.0
     missing_kind_retry_s: PosFloat = 60.0
     queue_size: PosInt = 10_000
+    # objects a list asks for at once: a page is decoded whole (a kwok Node ~20 KiB), and what a
+    # list holds at its peak sets the watcher's RSS for good (pages freed leave memory behind)
+    list_page_size: Annotated[int, Meta(ge=1, le=5000)] = 100
     # a deleted workload's lingering pods (updated before the garbage collector deletes them) are
     # not taken for a new job of that name for this long
     deleted_memory_s: PosFloat = 600.0

@@ -6,6 +6,8 @@
 - ``kube``: etcd, kube-apiserver, kube-scheduler, kube-controller-manager and kwok on loopback.
 - ``fleet``: fake GPU nodes (kwok), CRDs, and an eviction helper.
 - ``waiting``: ``wait(what, check)``, the one way tests and benches wait on a condition.
+- ``fake_api``: an in-memory API server for ``fleetmedic.kube_watch``'s lists and watches, and
+  Nodes and Pods as a kwok cluster serves them (fast tests and benches of the job watcher).
 - ``synth``: small hand-made GPU telemetry messages.
 - ``workloads``, ``jobset``, ``placement``: GPU Jobs on a dev fleet, quarantining a node, pod and
   binding watches, the real JobSet controller out of cluster, placement scenarios per leaf.

@@ -6,9 +6,13 @@ One thread per watched resource (and namespace) lists it, then watches from the 
 when it times out, lists again when the server says the version is too old (410 Gone) and
 reconnects with exponential backoff after any other error. A workload kind whose API is not served
 (CRD missing) is looked for again every ``missing_kind_retry_s``. Watch events are raw JSON dicts
-(no model decoding, so a malformed object cannot break a stream) and go through a bounded queue
-(watches block when it is full) to :class:`fleetmedic.connectors.kube.jobs_map.JobTracker`, whose
-``JobEvent`` records are produced to ``jobs.events`` keyed by job ("namespace/name"). After a
+(no model decoding, so a malformed object cannot break a stream), reduced to the fields the
+trackers read (``FIELDS``: no managedFields, pod templates, volumes or images), and go through a
+bounded queue (watches block when it is full) to
+:class:`fleetmedic.connectors.kube.jobs_map.JobTracker`, whose ``JobEvent`` records are produced to
+``jobs.events`` keyed by job ("namespace/name"). A list goes to the queue a page at a time
+(``list_page_size`` objects), so the watcher never holds a whole list: what a list holds at once
+sets the process's RSS for good (2,000 kwok Nodes decode to ~40 MiB, real ones to more). After a
 re-list the tracker is told of objects that disappeared meanwhile. Everything is counted in
 ``fleetmedic_jobwatch_*`` metrics on the registry passed in.
 
@@ -37,10 +41,20 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from fleetmedic.config import JobWatchSettings, Settings
-from fleetmedic.connectors.kube.jobs_map import JobTracker
-from fleetmedic.connectors.kube.node_conditions import ConditionTracker
-from fleetmedic.connectors.kube.nodes_map import NodeTracker
-from fleetmedic.kube_watch import Gone, NotServed, event_of, list_objects, resource_version, watch_lines
+from fleetmedic.connectors.kube.jobs_map import POD_FIELDS, WORKLOAD_FIELDS, WORKLOAD_KINDS, JobTracker
+from fleetmedic.connectors.kube.node_conditions import CONDITION_FIELDS, ConditionTracker
+from fleetmedic.connectors.kube.nodes_map import NODE_FIELDS, NodeTracker
+from fleetmedic.kube_watch import (
+    Fields,
+    Gone,
+    NotServed,
+    event_of,
+    keep,
+    list_pages,
+    merged,
+    resource_version,
+    watch_lines,
+)
 from fleetmedic.records import Finding, JobEvent, NodeObservation, Record, encode, labelled
 
 log = logging.getLogger("fleetmedic.connectors.kube_jobs")
@@ -52,6 +66,9 @@ RESOURCES: dict[str, tuple[str, str]] = {  # kind -> (API prefix, plural)
     "Node": ("/api/v1", "nodes"),
 }
 CLUSTER_SCOPED = frozenset({"Node"})
+#: What the watcher keeps of each kind's objects: the fields its trackers read
+FIELDS: dict[str, Fields] = {"Pod": POD_FIELDS, **dict.fromkeys(WORKLOAD_KINDS, WORKLOAD_FIELDS),
+                             "Node": merged(NODE_FIELDS, CONDITION_FIELDS)}
 
 
 class JobWatchMetrics:
@@ -99,6 +116,7 @@ class ResourceWatch:
     stop: threading.Event
     resume_version: str = ""  # watch from here first instead of listing (410 Gone: list after all)
     first_pass: threading.Event = field(default_factory=threading.Event)  # set after the first list (or try)
+    fields: Fields | None = None  # what the sink gets of each object (None: all of it)
 
     def run(self) -> None:
         path = resource_path(self.kind, self.namespace)
@@ -128,17 +146,26 @@ class ResourceWatch:
                 backoff = min(backoff * 2, self.settings.max_backoff_s)
 
     def _relist(self, path: str, known: dict[str, Stub], cause: str) -> str:
-        items, rv = list_objects(self.api, path, self.selector)
+        seen: set[str] = set()
+        rv = ""
+        pages = list_pages(self.api, path, self.selector, page=self.settings.list_page_size)
+        for page in pages:  # each page to the sink before the next is read
+            if page.again:  # the list starts over: what is deleted is what this one lacks
+                seen.clear()
+            self._listed(page.items, known, seen)
+            rv = page.resource_version
+            del page  # not held while the next page is read
         self.metrics.relists.labels(self.kind, cause).inc()
-        seen = set()
+        for key in set(known) - seen:  # deleted while we were not watching
+            self.sink(self.kind, "DELETED", _unstub(self.kind, known.pop(key)))
+        return rv
+
+    def _listed(self, items: list[dict[str, Any]], known: dict[str, Stub], seen: set[str]) -> None:
         for obj in items:
             key = _key(obj)
             seen.add(key)
             known[key] = _stub(self.kind, obj)
-            self.sink(self.kind, "ADDED", obj)
-        for key in set(known) - seen:  # deleted while we were not watching
-            self.sink(self.kind, "DELETED", _unstub(self.kind, known.pop(key)))
-        return rv
+            self.sink(self.kind, "ADDED", self._kept(obj))
 
     def _watch(self, path: str, known: dict[str, Stub], rv: str) -> str:
         for line in watch_lines(self.api, path, self.selector, rv, self.settings.watch_timeout_s):
@@ -157,8 +184,11 @@ class ResourceWatch:
                     known.pop(_key(obj), None)
                 else:
                     known[_key(obj)] = _stub(self.kind, obj)
-            self.sink(self.kind, etype, obj)
+            self.sink(self.kind, etype, self._kept(obj))
         return rv
+
+    def _kept(self, obj: dict[str, Any]) -> Any:
+        return obj if self.fields is None else keep(obj, self.fields)
 
 
 def _key(obj: dict[str, Any]) -> str:
@@ -167,10 +197,10 @@ def _key(obj: dict[str, Any]) -> str:
 
 
 #: What reporting an object's deletion after a re-list needs of it: its name and uid (the tracker
-#: finds a pod's job by uid, not by labels, and a workload by name); a node its labels too (a deleted
-#: node's NodeObservation carries them).
+#: finds a pod's job by uid, not by labels, and a workload by name; the node tracker reports a
+#: deleted node with the labels it kept of it, so a node's labels, a hundred on a GPU node, are
+#: not kept here).
 STUB_FIELDS = ("name", "namespace", "uid")
-NODE_STUB_FIELDS = ("name", "uid", "labels")
 #: Those fields' values in that order (None: absent); a tuple, not the metadata dict, since one is
 #: kept for every object watched (at 4,000 pods the dicts took 2.7 MiB of the watcher's 10).
 Stub = tuple[Any, ...]
@@ -179,16 +209,15 @@ Stub = tuple[Any, ...]
 def _stub(kind: str, obj: dict[str, Any]) -> Stub:
     """Enough of an object to report its deletion later (kept for every object watched)."""
     meta = obj.get("metadata") or {}
-    values = tuple(meta.get(k) for k in (NODE_STUB_FIELDS if kind == "Node" else STUB_FIELDS))
-    if kind != "Node" and isinstance(values[1], str):  # a few namespaces, one copy each
-        values = (values[0], sys.intern(values[1]), values[2])
-    return values
+    name, namespace, uid = (meta.get(k) for k in STUB_FIELDS)
+    if isinstance(namespace, str):  # a few namespaces, one copy each
+        namespace = sys.intern(namespace)
+    return name, namespace, uid
 
 
 def _unstub(kind: str, stub: Stub) -> dict[str, Any]:
     """The object a deletion is reported with: its metadata's kept fields (absent ones left out)."""
-    fields = NODE_STUB_FIELDS if kind == "Node" else STUB_FIELDS
-    return {"metadata": {k: v for k, v in zip(fields, stub, strict=True) if v is not None}}
+    return {"metadata": {k: v for k, v in zip(STUB_FIELDS, stub, strict=True) if v is not None}}
 
 
 class JobWatcher:
@@ -223,7 +252,8 @@ class JobWatcher:
             self._watch("Node", "", "")
 
     def _watch(self, kind: str, namespace: str, selector: str) -> ResourceWatch:
-        w = ResourceWatch(self.api, kind, namespace, selector, self._enqueue, self.metrics, self.jw, self.stop)
+        w = ResourceWatch(self.api, kind, namespace, selector, self._enqueue, self.metrics, self.jw, self.stop,
+                          fields=FIELDS[kind])
         t = threading.Thread(target=w.run, name=f"watch-{kind}-{namespace or 'all'}", daemon=True)
         t.start()
         self.threads.append(t)

@@ -21,6 +21,12 @@ Which pods belong to a training job: the JobSet label, then the Kubeflow label, 
 label (a JobSet's pods carry both: they belong to the JobSet), cross-checked with a controller
 owner reference where a pod has one. Pods without GPU requests are ignored when ``gpu_only``.
 A malformed object is counted in ``skipped`` under its reason and ignored.
+
+What it remembers lives as long as the objects it describes: a job's state until its workload is
+deleted (a deleted workload's name for ``tombstone_s`` more), or, for a job known only through its
+pods (its kind not watched), until its last pod is; a pod's view and its reported terminations
+until the pod is deleted. A long-lived job whose ranks fail and are replaced keeps no trace of
+the pods that are gone.
 """
 
 from __future__ import annotations
@@ -44,6 +50,24 @@ COMPLETION_INDEX: Final = "batch.kubernetes.io/job-completion-index"
 DONE_CONDITIONS: Final = frozenset({"Complete", "Succeeded", "Completed"})
 WORKLOAD_KINDS: Final = ("Job", "PyTorchJob", "JobSet")
 
+#: The fields of a Pod and of a workload the tracker reads, as a ``fleetmedic.kube_watch.Fields``
+#: tree: the watcher queues only these of each object (a test checks the tracker says the same of
+#: the whole objects and of these).
+POD_FIELDS: Final[dict[str, Any]] = {
+    "metadata": {"name": True, "namespace": True, "uid": True, "labels": True, "ownerReferences": True,
+                 "annotations": {COMPLETION_INDEX: True}, "deletionTimestamp": True, "creationTimestamp": True},
+    "spec": {"nodeName": True, "containers": [{"resources": True}]},
+    "status": {"phase": True, "reason": True, "containerStatuses": [
+        {"name": True, "restartCount": True, "state": {"terminated": True}, "lastState": {"terminated": True}}]},
+}
+WORKLOAD_FIELDS: Final[dict[str, Any]] = {
+    "metadata": {"name": True, "namespace": True, "uid": True, "ownerReferences": True,
+                 "annotations": {ANNOTATION_RESTART_ATTEMPTS: True}},
+    "spec": {"parallelism": True, "completions": True, "pytorchReplicaSpecs": {"*": {"replicas": True}},
+             "replicatedJobs": [{"name": True, "replicas": True, "template": {"spec": {"parallelism": True}}}]},
+    "status": {"restarts": True, "conditions": True},
+}
+
 
 @dataclass(frozen=True)
 class PodView:
@@ -65,10 +89,12 @@ class JobState:
     rjob_order: tuple[str, ...] = ()
     placement: tuple[tuple[int, str], ...] = ()
     started: tuple[tuple[int, str], ...] = ()
-    reported: set[tuple[str, str, int]] = field(default_factory=set)
+    # the terminations reported, by pod: (container, restart count); a pod's go with it
+    reported: dict[str, set[tuple[str, int]]] = field(default_factory=dict)
     conditions: frozenset[str] = frozenset()
     attempt: int = 0
     owner_uid: str = ""
+    workload_seen: bool = False  # False: known only through its pods (its kind not watched, or not yet listed)
     # kept up to date per pod event, so a status update costs O(1), not a sort of every rank
     live: set[str] = field(default_factory=set)  # pods neither Succeeded nor Failed
     unplaced: set[str] = field(default_factory=set)  # live pods without a node
@@ -244,6 +270,10 @@ class JobTracker:
             return []
         state.index(uid, None)
         state.pods.pop(uid, None)
+        state.reported.pop(uid, None)
+        if not state.pods and not state.workload_seen:
+            del self.jobs[job]  # nothing else would ever end it; its next pods place it afresh
+            return []
         return self._placement_and_start(job, state, now)
 
     def _of_deleted(self, job: str, kind: str, meta: Mapping[str, Any], now: float) -> bool:
@@ -323,10 +353,10 @@ class JobTracker:
             reason = str((pod.get("status") or {}).get("reason") or "pod failed")
             failures = [("", 0, -1, reason)]
         for container, restarts, code, reason in failures:
-            key = (view.uid, container, restarts)
-            if key in state.reported:
+            reported = state.reported.setdefault(view.uid, set())
+            if (container, restarts) in reported:
                 continue
-            state.reported.add(key)
+            reported.add((container, restarts))
             rank = self._rank(state, view.uid)
             events.append(self._event(job, state, "failure", now, rank=rank, node=view.node,
                                       exit_code=max(-1024, min(1024, code)),
@@ -365,6 +395,7 @@ class JobTracker:
         elif tomb is not None:
             return []  # a late event of the deleted one
         state = self.jobs.setdefault(job, JobState(kind))
+        state.workload_seen = True
         if state.owner_uid and uid and uid != state.owner_uid:  # deleted and recreated under the same name
             state.reported.clear()
             state.conditions = frozenset()

@@ -38,6 +38,12 @@ from fleetmedic.records import Evidence, Finding, FindingKind
 
 DETECTOR: Final = "node_condition"
 MAX_TEXT: Final = 1024
+#: The fields of a Node the tracker reads (a ``fleetmedic.kube_watch.Fields`` tree)
+CONDITION_FIELDS: Final[dict[str, Any]] = {
+    "metadata": {"name": True},
+    "status": {"conditions": [{"type": True, "status": True, "reason": True, "message": True,
+                               "lastTransitionTime": True}]},
+}
 
 
 @dataclass(frozen=True)

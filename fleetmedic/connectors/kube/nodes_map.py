@@ -13,8 +13,9 @@ injected clock, and returns the :class:`~fleetmedic.records.NodeObservation` a c
   status heartbeats, conditions and resource versions are ignored (a 5000-node fleet updates its
   Node leases and statuses constantly: none of that reaches Kafka).
 
-A deleted node gives an observation with ``deleted=True`` (and is forgotten; the watch reports
-the nodes a re-list no longer finds as deleted). The first sight of a node (the initial list)
+A deleted node gives an observation with ``deleted=True`` and its relevant labels (and is
+forgotten; the watch reports the nodes a re-list no longer finds as deleted, by name: their labels
+are those the tracker kept). The first sight of a node (the initial list)
 always gives one: a restarted watcher republishes the fleet, which the
 compacted ``cluster.nodes`` topic absorbs. A malformed object is counted in ``skipped`` under its
 reason and ignored.
@@ -32,6 +33,11 @@ from fleetmedic.k8s_keys import ANNOTATION_CORDONED_BY, LABEL_RAIL_PREFIX
 from fleetmedic.records import NodeObservation
 
 MAX_LABEL_VALUE: Final = 63  # Kubernetes' limit on a label value
+#: The fields of a Node the tracker reads (a ``fleetmedic.kube_watch.Fields`` tree)
+NODE_FIELDS: Final[dict[str, Any]] = {
+    "metadata": {"name": True, "labels": True, "annotations": {ANNOTATION_CORDONED_BY: True}},
+    "spec": {"unschedulable": True},
+}
 
 
 @dataclass(frozen=True)
@@ -78,8 +84,9 @@ class NodeTracker:
             self.skip(exc.code, str(exc))
             return None
         if etype == "DELETED":
-            self.nodes.pop(name, None)
-            return NodeObservation(node=name, ts=now, deleted=True, labels=dict(view.labels))
+            known = self.nodes.pop(name, None)  # its labels, when the deletion came without them (a re-list's)
+            labels = view.labels or (known.labels if known is not None else ())
+            return NodeObservation(node=name, ts=now, deleted=True, labels=dict(labels))
         if self.nodes.get(name) == view:
             return None
         self.nodes[name] = view

@@ -358,7 +358,7 @@ def test_a_stub_keeps_what_a_deletion_is_reported_with_and_nothing_else() -> Non
 
     node = {"metadata": {"name": "n1", "uid": "u1", "labels": {LABEL_RACK: "r1"}, "annotations": {"a": "b"},
                          "resourceVersion": "7"}, "spec": {"unschedulable": True}, "status": {}}
-    kept = {"metadata": {"name": "n1", "uid": "u1", "labels": {LABEL_RACK: "r1"}}}
+    kept = {"metadata": {"name": "n1", "uid": "u1"}}  # its labels: the node tracker keeps those it uses
     assert _unstub("Node", _stub("Node", node)) == kept
     pod = {"metadata": {"name": "p", "uid": "u2", "labels": {"x": "y"}}, "spec": {"nodeName": "n1"}}
     assert _unstub("Pod", _stub("Pod", pod)) == {"metadata": {"name": "p", "uid": "u2"}}  # no namespace: left out

@@ -210,6 +210,46 @@ def test_tombstones_stay_bounded_by_their_age() -> None:
     assert len(t.tombstones) <= 11
 
 
+def test_a_long_lived_job_keeps_no_trace_of_the_failed_pods_that_are_gone() -> None:
+    """A Job that runs for weeks while its ranks fail and are replaced: each failure is reported once,
+    and what the tracker keeps stays the size of the live job, not of its history."""
+    t = JobTracker()
+    t.observe_workload("Job", "ADDED", workload({"parallelism": 2}), 0.0)
+    t.observe_pod("ADDED", job_pod(0, "n0", "Running"), 0.0)
+    crashed = [{"name": "t", "restartCount": 0, "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}]
+    failures = 0
+    for i in range(200):
+        live = job_pod(1, "n1", "Running", uid=f"p{i}")
+        t.observe_pod("ADDED", live, float(i))
+        failed = job_pod(1, "n1", "Failed", uid=f"p{i}", statuses=crashed)
+        failures += kinds(t.observe_pod("MODIFIED", failed, float(i))).count("failure")
+        assert t.observe_pod("MODIFIED", failed, float(i)) == []  # once per termination
+        t.observe_pod("DELETED", failed, float(i))
+    state = t.jobs["ml/train"]
+    assert failures == 200
+    assert len(state.pods) == 1 and len(t.pod_jobs) == 1 and len(state.reported) == 0
+
+
+def test_a_job_known_only_by_its_pods_is_forgotten_with_its_last_pod() -> None:
+    """Pods of a workload kind that is not watched make a job of their own; nothing would ever
+    delete it, so the last pod's deletion does. Its next pods place it afresh."""
+    t = JobTracker()
+    for n in range(100):
+        pods = [pod(f"w{n}-{i}", {"job-name": f"w{n}"}, f"n{i}", "Running", uid=f"w{n}-{i}") for i in range(2)]
+        assert kinds(t.observe_pod("ADDED", pods[0], 1.0) + t.observe_pod("ADDED", pods[1], 1.0)) == [
+            "placement", "start", "placement", "start"]  # no size known: each rank places it again
+        for p in pods:
+            t.observe_pod("DELETED", p, 2.0)
+    assert not t.jobs and not t.pod_jobs
+    again = pod("w0-new", {"job-name": "w0"}, "n0", "Running", uid="w0-new")
+    assert kinds(t.observe_pod("ADDED", again, 3.0)) == ["placement", "start"]
+    # a job whose workload is watched is kept while the workload lives, pods or none
+    t.observe_workload("Job", "ADDED", workload({"parallelism": 1}), 4.0)
+    t.observe_pod("ADDED", job_pod(0, "n0", "Running"), 4.0)
+    t.observe_pod("DELETED", job_pod(0, "n0", "Running"), 5.0)
+    assert "ml/train" in t.jobs
+
+
 def test_what_the_watch_keeps_of_each_object_still_reports_its_deletion_after_a_relist() -> None:
     """The job watcher keeps a stub of every object (to report those deleted while it was not
     watching); the stubs are smaller than the objects, yet each deletion still lands."""
