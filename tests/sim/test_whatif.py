@@ -275,3 +275,15 @@ def test_a_repair_asked_for_while_one_is_under_way_is_answered_when_it_ends() ->
     w.run()
     end = start + w.a.repair_no_fault_s
     assert told == [("first", end), ("second", end)]
+
+
+def test_a_restarts_exclusions_stay_in_the_template_for_the_controllers_next_restart() -> None:
+    w = World(parse_history(one_dbe()), load_mapping("stepfun"), tiny(nodes=12, big_job_fraction=0.5),
+              Manual(), 105.0, 600.0)
+    w.policy.start(w, w.t)
+    job = w.jobs[0]
+    spare = next(n.index for n in w.nodes if n.job is None)
+    job.exclude = {spare}  # a restart wrote it (a required NotIn on the pod template)
+    w.fail_job(job, job.nodes[0], w.t, "a crash")
+    w.request_restart(job, set(), w.t + 30, "controller", job.attempt)
+    assert job.state == "restart_overhead" and spare not in job.nodes and job.exclude == {spare}
