@@ -18,7 +18,9 @@ Effects:
   waiting to be placed gets the exclusions added; a placed one is left alone (``skipped``).
 - ``run_diagnostics`` (``params.level`` 1-4, default 3): needs a node without ranks; takes minutes
   (r3: 25 min), during which the node is unschedulable; fails with the active fault's detection
-  probability, or with a 1 % false-failure rate on a healthy node.
+  probability, or with a 1 % false-failure rate on a healthy node. A node that goes down during its
+  diagnostics without a fault they detect (planned maintenance reboots it) has run none: as the
+  diagnostics Job's pod, they run again, whole, once the node is back up (no verdict while it is down).
 - ``reset_gpu`` (``params.gpu``, default all): needs no ranks on the GPU's node; 90 s; clears faults
   whose remedy is a GPU reset, restarts that GPU's volatile counters.
 - ``reboot_node``: kills ranks on it, 10 min down; clears faults whose remedy is a reset or reboot;
@@ -99,6 +101,8 @@ class NodeState:
     action_until: float = 0.0
     action_cmd: RemediationCommand | None = None
     action_params: dict[str, str] = field(default_factory=dict)
+    action_started: float = 0.0  # when the diagnostics in progress last (re)started
+    up_since: float = float("-inf")  # when the node last came back up after being down
 
 
 @dataclass
@@ -417,6 +421,7 @@ class ClosedLoop:
         level = int(cmd.params.get("level", "3"))
         level = min(4, max(1, level))
         self._start(node, "diagnostics", t + self.spec.diagnostics_s[level - 1], cmd, {"level": str(level)})
+        self.nodes[node].action_started = t
 
     def _do_reset_gpu(self, cmd: RemediationCommand, node: int, t: float) -> None:
         if node < 0:
@@ -443,8 +448,25 @@ class ClosedLoop:
         self._busy.add(node)
         self.mark_dirty()
 
+    def _diagnostics_rerun(self, node: int, t: float) -> float | None:
+        """When diagnostics due at ``t`` end instead, if the node went down while they ran and no fault
+        they detect is active (planned maintenance, not a crash, which fails them): they wait while the
+        node is down and run again, whole, from when it is back up. None: they ran, the verdict is due."""
+        s = self.nodes[node]
+        if not (s.down_fault or s.up_since > s.action_started):
+            return None
+        if any(f.info.diag_detect > 0 for f in self.sim.faults_on(node, t)):
+            return None
+        s.action_started = t if s.down_fault else s.up_since
+        return s.action_started + self.spec.diagnostics_s[int(s.action_params.get("level", "3")) - 1]
+
     def _finish(self, node: int, t: float) -> None:
         s = self.nodes[node]
+        if s.action == "diagnostics":
+            rerun = self._diagnostics_rerun(node, t)
+            if rerun is not None:
+                s.action_until = rerun
+                return
         cmd = s.action_cmd
         action = s.action
         s.action, s.action_cmd = "", None

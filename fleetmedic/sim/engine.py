@@ -132,6 +132,8 @@ class Simulator:
 
     def set_node_down(self, node: int, t: float, down: bool) -> None:
         self.loop.nodes[node].down_fault = down
+        if not down:
+            self.loop.nodes[node].up_since = t
         self.loop.mark_dirty()
         if down:
             self.gpu.node_up[node] = False

@@ -249,8 +249,9 @@ def test_a_one_node_job_bug_on_a_node_back_on_probation_isolates_nothing() -> No
     w.advance(60)
     assert any(i.incident_class == "job_bug" for i in w.incidents if "ml/eval" in i.jobs)
     assert len(w.cmds("cordon", node="node-3")) == cordons and "node-5" not in w.isolated()
-    # a second, different job failing on the probation node is the node's doing
-    w.place("ml/other", ["node-3"])
+    # a different job failing on the probation node, not alone there, is the node's doing (the job bug's
+    # failure no longer counts against node-3)
+    w.place("ml/other", ["node-3", "node-7"])
     w.fail("ml/other", "node-3", [ILLEGAL])
     w.advance(60)
     assert len(w.cmds("cordon", node="node-3")) == cordons + 1

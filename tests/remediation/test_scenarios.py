@@ -102,6 +102,27 @@ def test_a_failure_that_follows_the_job_to_other_nodes_is_a_job_bug() -> None:
     assert not w.isolated()
 
 
+def test_failures_a_job_bug_explains_do_not_count_against_the_node_when_another_job_fails_there() -> None:
+    w = World(n=32)
+    w.place("ml/tiny", ["node-4"])
+    w.fail("ml/tiny", "node-4", [ILLEGAL])
+    w.advance(40)
+    w.place("ml/tiny", ["node-9"])  # it follows the job: its own bug, not node-4's
+    w.fail("ml/tiny", "node-9", [ILLEGAL])
+    w.advance(40)
+    assert w.last_incident(job="ml/tiny").incident_class == "job_bug"
+    w.advance(3600)
+    w.place("ml/other", ["node-4"])  # hours later another job fails on node-4: the first failure there on record
+    w.fail("ml/other", "node-4", [ILLEGAL])
+    w.advance(40)
+    assert w.last_incident(job="ml/other").incident_class == "transient_software"
+    assert not w.isolated() and not [a for a in w.audit if a.rule == "repeated-on-node"]
+    w.place("ml/third", ["node-4", "node-12"])  # a second job that is not a job bug: node-4 is escalated
+    w.fail("ml/third", "node-4", [ILLEGAL])
+    w.advance(60)
+    assert w.isolated() == {"node-4"}
+
+
 def test_transient_retries_are_bounded_then_the_job_is_replaced_elsewhere() -> None:
     w = World(n=32, config="policy: {transient_retry_max: 2, transient_retry_backoff_s: 10, "
                            "escalate_after_failures: 9}")

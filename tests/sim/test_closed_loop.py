@@ -277,3 +277,33 @@ def test_a_restart_only_if_waiting_never_restarts_a_placed_job() -> None:
     (result,) = [r for r in rec.results if r.command_id == sent[0].id]
     assert result.outcome == "skipped" and "placed already" in result.reason
     assert not rec.failures(sent[0].job)
+
+
+def _diagnostics_on_spare_node_at_18m(faults: str) -> tuple[Simulator, RemediationResult]:
+    """Diagnostics issued on the idle node 3 at 18 min, 2 min before the fault ``faults`` brings it down."""
+    diag = RemediationCommand(id="diag-before-the-node-goes-down", action="run_diagnostics", incident_id="inc",
+                              reason="test", issued_at=START + 1080, expires_at=START + 1680, node="gpu-node-0003")
+
+    def op(sim: Simulator, out: TickOutput) -> list[RemediationCommand]:
+        return [diag] if abs(out.t - diag.issued_at) < 1 else []
+
+    r = Recorder(_config(faults, minutes=75), op)
+    (result,) = [x for x in r.results if x.command_id == diag.id]
+    return r.sim, result
+
+
+def test_diagnostics_interrupted_by_planned_maintenance_run_again_once_the_node_is_back() -> None:
+    # the operator reboots the idle node while its diagnostics run: they give no verdict while it is down
+    # and run again, whole, once it is back (as the diagnostics Job's pod would), then pass on a healthy node
+    sim, result = _diagnostics_on_spare_node_at_18m("planned_reboot@20m/3")
+    fault = next(f for f in sim.faults.faults if f.kind == "planned_reboot")
+    assert fault.node == 3 and fault.onset < result.ts
+    up_at = float(fault.params["up_at"])
+    assert result.outcome == "applied" and result.details["diagnostics"] == "pass"
+    assert result.ts >= up_at + sim.loop.spec.diagnostics_s[2] - 1
+
+
+def test_diagnostics_on_a_node_that_crashes_fail_in_their_usual_time() -> None:
+    sim, result = _diagnostics_on_spare_node_at_18m("node_crash@20m/3")
+    assert result.outcome == "applied" and result.details["diagnostics"] == "fail"
+    assert result.ts == pytest.approx(START + 1082 + sim.loop.spec.diagnostics_s[2], abs=sim.config.gpu_interval_s)

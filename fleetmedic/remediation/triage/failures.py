@@ -11,7 +11,8 @@ remembered per node; the rules are tried in order and the first that applies dec
 4. **job bug** — the same distinctive failure on at least ``job_bug_min_nodes`` nodes, or on at
    least ``job_bug_min_fraction`` of the job's nodes (and two or more), none with hardware evidence;
    a distinctive failure that *follows the job* (the same signature on another node in an earlier
-   attempt); or an error in the job's own code (``KeyError``, a shape mismatch): the job is the suspect;
+   attempt); or an error in the job's own code (``KeyError``, a shape mismatch): the job is the suspect,
+   and its earlier failures stop counting against the nodes they happened on (rule 5);
 5. **software failure on a few nodes** — a distinctive software failure (OOM, segfault, illegal
    address) on a few nodes: retry; it counts against the node once per job (failures of
    ``escalate_after_failures`` distinct jobs escalate the node; signals in
@@ -245,6 +246,23 @@ class JobFailureTriage:
     # --- 4. job bug ---------------------------------------------------------------------------------
 
     def _job_bug(self, x: _Failure, now: float) -> Assessment | None:
+        found = self._job_bug_of(x, now)
+        if found is not None:
+            self._acquit_nodes(x.job)
+        return found
+
+    def _acquit_nodes(self, job: str) -> None:
+        """``job``'s own bug explains its failures: those noted against nodes no longer count there (a
+        node where it failed first is not escalated when another job fails on it later)."""
+        for node, entries in list(self.state.node_failures.items()):
+            kept = [e for e in entries if e[1] != job]
+            if len(kept) < len(entries):
+                if kept:
+                    self.state.node_failures[node] = kept
+                else:
+                    del self.state.node_failures[node]
+
+    def _job_bug_of(self, x: _Failure, now: float) -> Assessment | None:
         s, job = self.settings, x.job
         top = most_common(Counter(m.pattern for m in x.soft.values()))
         if top is not None:
