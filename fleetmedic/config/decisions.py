@@ -175,7 +175,7 @@ class PolicySettings(Section, frozen=True, kw_only=True):
     # remap: docs/safety.md) whose diagnostics pass: "diagnostics" returns it (NVIDIA's recovery
     # workflow: reset, then field diagnostics); "repair" sends it to repair first, so a fault the
     # diagnostics miss never goes back schedulable, at the cost of a repair for a fault a reset fixed
-    definitive_return: Literal["diagnostics", "repair"] = "diagnostics"
+    definitive_return: Literal["diagnostics", "repair"] = "repair"
     # the same definitive evidence again within this long of a passing diagnostic that returned the
     # node proves the diagnostics miss its fault: the next pass sends it to repair (0: never)
     definitive_recurrence_s: NonNegFloat = 2_592_000.0

@@ -55,13 +55,15 @@ class Chain:
 def chain_config(tmp: Path, bootstrap: str, kubeconfig: Path, namespace: str, extra: str = "") -> Chain:
     """One config for the worker and the executor: unique topics and group; the executor's Lease,
     ledger and diagnostics Jobs in ``namespace``; evict the job's pods at once; diagnostics pods
-    complete under kwok (pass); quick triage, no budgets in the way of a small test fleet."""
+    complete under kwok (pass), and a node whose diagnostics pass returns (no repair to wait for);
+    quick triage, no budgets in the way of a small test fleet."""
     u = uuid.uuid4().hex[:8]
     text = (f"kafka: {{bootstrap_servers: '{bootstrap}', consumer_group: fm-e{u}}}\n"
             f"topics: {{prefix: e{u}., default_partitions: 1}}\n"
             "metrics: {port: 0}\n"
             "triage: {failure_settle_s: 1.0, network_settle_s: 1.0, incident_merge_s: 1.0}\n"
-            "policy: {flap_max_returns: 1000, probation_s: 1.0, transient_retry_backoff_s: 0.0}\n"
+            "policy: {flap_max_returns: 1000, probation_s: 1.0, transient_retry_backoff_s: 0.0,\n"
+            "         definitive_return: diagnostics}\n"
             "safety: {max_quarantined_fraction: 1.0, max_new_isolations: 1000, max_per_rack: 100,\n"
             "         max_per_switch: 100, node_cooldown_s: 0.0,\n"
             "         breaker: {trip_min_nodes: 1000, signature_min_nodes: 1000, domain_min_nodes: 1000}}\n"

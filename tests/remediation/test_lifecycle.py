@@ -283,10 +283,10 @@ def test_a_node_isolated_for_a_node_condition_returns_only_once_diagnostics_pass
     assert w.cmds("return_to_service", node="node-5") and w.engine.node_state("node-5") == "probation"
 
 
-def test_with_definitive_return_repair_a_node_whose_diagnostics_pass_goes_to_repair_first() -> None:
-    """A DBE that diagnostics miss would go back schedulable: with ``definitive_return: repair`` the node
-    goes to repair, and returns once the repair is validated; by default (``diagnostics``) at once."""
-    w = World(config="safety: {max_quarantined_fraction: 0.1}\npolicy: {definitive_return: repair}")
+def test_by_default_a_node_whose_diagnostics_pass_after_definitive_evidence_goes_to_repair_first() -> None:
+    """A DBE that diagnostics miss would go back schedulable: by default (``definitive_return: repair``)
+    the node goes to repair, and returns once the repair is validated; with ``diagnostics`` at once."""
+    w = World()
     w.dbe("node-4")
     w.advance(600)
     assert w.cmds("run_diagnostics", node="node-4") and not w.cmds("return_to_service", node="node-4")
@@ -296,7 +296,7 @@ def test_with_definitive_return_repair_a_node_whose_diagnostics_pass_goes_to_rep
     w._take(w.engine.node_repaired("node-4", actor="ops", reason="GPU swapped", now=w.now))
     w.advance(600)
     assert w.cmds("return_to_service", node="node-4") and w.engine.node_state("node-4") == "probation"
-    trusting = World()
+    trusting = World(config="safety: {max_quarantined_fraction: 0.1}\npolicy: {definitive_return: diagnostics}")
     trusting.dbe("node-4")
     trusting.advance(600)
     assert trusting.cmds("return_to_service", node="node-4") and not trusting.cmds("escalate", node="node-4")

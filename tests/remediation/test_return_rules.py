@@ -50,7 +50,8 @@ def test_evidence_still_reported_when_diagnostics_pass_sends_the_node_to_repair_
 
 
 def test_definitive_evidence_that_recurs_after_passing_diagnostics_sends_the_node_to_repair() -> None:
-    w = World()
+    """With ``definitive_return: diagnostics`` (the default sends it to repair at the first pass)."""
+    w = World(config="safety: {max_quarantined_fraction: 0.1}\npolicy: {definitive_return: diagnostics}")
     w.dbe("node-4")
     w.advance(600)
     assert w.engine.node_state("node-4") == "probation"
@@ -62,7 +63,8 @@ def test_definitive_evidence_that_recurs_after_passing_diagnostics_sends_the_nod
     assert len(w.cmds("return_to_service", node="node-4")) == 1
     (ticket,) = w.cmds("escalate", node="node-4")
     assert "definitive_recurrence_s" in ticket.reason
-    off = World(config="safety: {max_quarantined_fraction: 0.1}\npolicy: {definitive_recurrence_s: 0}")
+    off = World(config="safety: {max_quarantined_fraction: 0.1}\n"
+                       "policy: {definitive_recurrence_s: 0, definitive_return: diagnostics}")
     off.dbe("node-4")
     off.advance(10 * 86_400)
     off.dbe("node-4")
@@ -95,7 +97,7 @@ def test_a_step_waiting_for_the_job_boundary_returns_the_node_once_the_job_ran_l
 
 
 def test_a_node_back_after_passing_diagnostics_is_no_longer_suspected_by_its_incident() -> None:
-    w = World()
+    w = World(config="safety: {max_quarantined_fraction: 0.1}\npolicy: {definitive_return: diagnostics}")
     w.place("ml/a", NODES)
     w.dbe("node-4")
     w.advance(60)

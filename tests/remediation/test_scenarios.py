@@ -30,11 +30,16 @@ def test_hardware_fault_replaces_the_job_at_once_while_the_node_is_isolated_repa
     w.finding("node-5", kind="hard_fault", severity="critical", hint="reboot_node", detector="xid_rules", gpu=3,
               summary="XID 79 (GPU has fallen off the bus) on GPU 3")
     fail_with(w, JOB, "node-5", XID79)
-    # job track: re-placed at once, excluding the suspect; node track: isolate, drain, reboot, diagnose, return
+    # job track: re-placed at once, excluding the suspect; node track: isolate, drain, reboot, diagnose,
+    # then repair (definitive evidence: diagnostics passing do not return it), validate, return
     restart = w.cmds("restart_job", job=JOB)
     assert len(restart) == 1 and "node-5" in restart[0].exclude_nodes
     assert [c.action for c in w.cmds(node="node-5")] == ["cordon", "taint", "drain", "reboot_node", "run_diagnostics",
-                                                          "return_to_service"]
+                                                          "escalate"]
+    assert w.engine.node_state("node-5") == "repair_needed"
+    w._take(w.engine.node_repaired("node-5", actor="ops", reason="GPU reseated", now=w.now))
+    w.execute()
+    assert [c.action for c in w.cmds(node="node-5")][-2:] == ["run_diagnostics", "return_to_service"]
     assert "node-5" not in w.placements[JOB]
     w.advance(60)
     w.progress(JOB)

@@ -181,14 +181,16 @@ class TestMechanics:
     def test_a_fault_whose_diagnostics_pass_is_dangerous_and_counted_apart(self) -> None:
         # the same DBE, but dcgmi diag misses it: fleetmedic resets the GPU, sees diagnostics pass and
         # returns the node; it stays schedulable with its fault until the repair (2 h after 0:45)
-        w = play(Fleetmedic(parse_config("{}")), one_dbe(), tiny(diag_false_pass=1.0))
+        w = play(Fleetmedic(parse_config("policy: {definitive_return: diagnostics}")), one_dbe(),
+                 tiny(diag_false_pass=1.0))
         assert w.tally.dangerous_past_decision_s > 3600
         assert w.tally.dangerous_after_passed_diagnostics_s == w.tally.dangerous_past_decision_s
-        caught = play(Fleetmedic(parse_config("{}")), one_dbe(), tiny(diag_false_pass=0.0))
+        caught = play(Fleetmedic(parse_config("policy: {definitive_return: diagnostics}")), one_dbe(),
+                      tiny(diag_false_pass=0.0))
         assert caught.tally.dangerous_past_decision_s == 0.0 == caught.tally.dangerous_after_passed_diagnostics_s
-        # definitive_return: repair sends it to repair after the passing diagnostic: it never goes back faulty
-        repair = play(Fleetmedic(parse_config("policy: {definitive_return: repair}")), one_dbe(),
-                      tiny(diag_false_pass=1.0))
+        # definitive_return: repair (the default) sends it to repair after the passing diagnostic: it
+        # never goes back faulty
+        repair = play(Fleetmedic(parse_config("{}")), one_dbe(), tiny(diag_false_pass=1.0))
         assert repair.tally.dangerous_past_decision_s == 0.0 and repair.tally.repairs >= 1
 
     def test_a_read_only_filesystem_keeps_the_node_out_until_it_is_repaired(self) -> None:
