@@ -95,7 +95,8 @@ def test_a_job_that_runs_again_without_progress_reports_resolves_every_incident_
     """The Kubernetes job watcher sees pods run, not training steps: a restarted job that keeps running
     is recovered after ``policy.recovered_after_s``, and every incident that waited for it resolves
     (one that moved it before it had recovered included), so their suspects are no longer avoided."""
-    w = World(config="safety: {max_quarantined_fraction: 0.1}\npolicy: {definitive_return: diagnostics}")  # policy.recovered_after_s: 600 by default
+    # policy.recovered_after_s: 600 by default; the node returns after its diagnostics
+    w = World(config="safety: {max_quarantined_fraction: 0.1}\npolicy: {definitive_return: diagnostics}")
     w.place("ml/a", NODES)
     w.advance(50)
     w.fail("ml/a", "node-3", [ECC])
