@@ -71,7 +71,7 @@ from concurrent.futures import ThreadPoolExecutor
 import msgspec
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
-from aiokafka.errors import KafkaError
+from aiokafka.errors import CommitFailedError, KafkaError
 from aiokafka.structs import ConsumerRecord
 
 from fleetmedic import records as r
@@ -336,9 +336,20 @@ class DetectStage:
         await self.outputs.flush()
         offsets = {tp: o for tp, o in self.next_offsets.items() if only is None or tp.partition in only}
         if offsets and self.consumer is not None:
-            await self.consumer.commit(offsets)
-            for tp in offsets:
-                self.committed[tp] = self.next_offsets.pop(tp)
+            try:
+                await self.consumer.commit(offsets)
+            except CommitFailedError as exc:
+                # the group rebalanced since these records were polled (this member's session ran
+                # out): whoever owns the partitions now resumes from the last commit, with the
+                # states just written, and samples a state already holds are not taken twice
+                self.metrics.checkpoint_failures.labels("detect", "commit").inc()
+                log.warning("detect: committing offsets failed, the group rebalanced: %s; the partitions resume "
+                            "from the last commit", str(exc).split("\n")[0])
+                for tp in offsets:
+                    self.next_offsets.pop(tp, None)
+            else:
+                for tp in offsets:
+                    self.committed[tp] = self.next_offsets.pop(tp)
         self.metrics.state_bytes.labels("detect").inc(written)
         return written
 

@@ -518,3 +518,22 @@ def test_a_checkpoint_of_revoked_partitions_that_fails_is_counted_and_the_worker
     assert stage._failure is None
     stage._raise_failure()  # nothing to raise: the loop goes on
     assert sample(out.metrics, "fleetmedic_checkpoint_failures_total", stage="detect", when="revoke") == 1
+
+
+def test_a_commit_refused_because_the_group_rebalanced_is_counted_and_not_raised() -> None:
+    """Stage 1's periodic checkpoint: a commit refused because the group rebalanced meanwhile must not
+    end the worker (under a starved machine it did, at every restart)."""
+    from aiokafka.errors import CommitFailedError
+
+    stage, out = _detect()
+
+    class Refusing:
+        async def commit(self, offsets: Any) -> None:
+            raise CommitFailedError("the group has already rebalanced")
+
+    tp = TopicPartition(stage.gpu_topic, 0)
+    stage.consumer = Refusing()  # type: ignore[assignment]
+    stage.next_offsets[tp] = 42
+    asyncio.run(stage.checkpoint())
+    assert tp not in stage.next_offsets and tp not in stage.committed
+    assert sample(out.metrics, "fleetmedic_checkpoint_failures_total", stage="detect", when="commit") == 1
