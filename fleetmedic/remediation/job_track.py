@@ -143,7 +143,7 @@ class JobTrack:
         horizon = now - self.settings.policy.follow_suspects_s
         suspected = self.suspected()
         for job, m in list(self.state.moving.items()):
-            if m.since < horizon:  # a job waiting that long (or deleted meanwhile) is no longer followed
+            if m.since < horizon:  # a job waiting longer than follow_suspects_s, or deleted, is not followed
                 del self.state.moving[job]
                 continue
             new = self._affordable(job, suspected - set(m.exclude), len(m.exclude))
