@@ -164,7 +164,7 @@ class DecisionEngine:
         if finding.detector == "node_condition":
             self.nodes.condition(finding, now, out)
         why = self.nodes.out_of_service(finding)
-        if why:
+        if why and not self.nodes.new_evidence(finding):
             # the node is isolated and being worked on (by fleetmedic, or by a person who cordoned it
             # for maintenance): what it reports now is mostly the echo of that work (links down during
             # a reboot, counters reset, diagnostics load); it must not open incidents or implicate its leaf
@@ -174,7 +174,8 @@ class DecisionEngine:
                 self.issuer.audit(out, now, "skipped", f"{why}: its findings are not triaged "
                                   f"until it is back in service (first: {finding.summary})", node=finding.node)
         else:
-            self.state.muted.pop(finding.node, None)
+            if not why:
+                self.state.muted.pop(finding.node, None)
             for a in self.triage.add_finding(finding, now):
                 self._act(a, now, out)
         self._advance(now, out)

@@ -141,7 +141,12 @@ class Lifecycle:
         """Act on a node-track plan for an incident (merging with a plan already running)."""
         events: list[LifecycleEvent] = []
         if rec.state == "repair_needed":
-            return [LifecycleEvent("skipped", rec.name, f"already awaiting repair; incident {incident_id} noted")]
+            # the repair ticket learns every further fault found on the node while it waits
+            key = f"evidence:{iso.signature if iso else incident_id}"
+            added = self.escalate(rec, now, issue, key, f"{rec.name} awaits repair; incident {incident_id} adds "
+                                  f"evidence{f' ({iso.signature})' if iso else ''} to its repair", kind="repair")
+            return added or [LifecycleEvent("skipped", rec.name,
+                                            f"already awaiting repair; incident {incident_id} noted")]
         if rec.state in ("quarantined", "diagnosing"):
             pending = [s for s in steps if s.action not in rec.done or s.action == "escalate"]
             # new steps first (an upgrade, e.g. drain now), then what was still waiting

@@ -91,6 +91,23 @@ class NodeTrack:
         if supports(finding, rec.signature):
             rec.evidence_seen = now
 
+    def new_evidence(self, finding: Finding) -> bool:
+        """Whether ``finding`` on a node fleetmedic holds out of service is hardware evidence of a
+        fault the hold does not cover, so it is triaged (its incident published, the hold upgraded,
+        the repair ticket amended) instead of muted as an echo of the work on the node. Not while a
+        reset or reboot is in flight (what it reports then is the echo), not what the hold rests on
+        or its GPU repeats, and not a preventive symptom while diagnostics load the node."""
+        rec = self.state.nodes.get(finding.node)
+        if (rec is None or rec.state not in OUT_OF_SERVICE or finding.detector == "node_condition"
+                or not is_hardware_finding(finding) or any(f.action in DISRUPTIVE for f in rec.inflight)):
+            return False
+        if rec.signature and supports(finding, rec.signature):
+            return False
+        if finding.gpu is not None and finding.gpu == rec.gpu:
+            return False
+        diagnosing = any(f.action == "run_diagnostics" for f in rec.inflight)
+        return not (diagnosing and finding_isolation(finding).kind == "preventive")
+
     # --- acting on a decision -----------------------------------------------------------------------
 
     def act(self, node: str, a: Assessment, decision: Decision, now: float, out: Decisions) -> None:
