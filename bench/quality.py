@@ -266,6 +266,7 @@ def aggregate(results: list[dict[str, Any]], node_days: float) -> dict[str, Any]
         "healthy_isolated_per_fault": [r["report"]["isolation"]["healthy_isolated_per_fault"] for r in results],
         "job_failures": sum((r["report"].get("closed_loop") or {}).get("job_failures") or 0 for r in results),
         "repeat_failures": sum((r["report"].get("closed_loop") or {}).get("repeat_failures") or 0 for r in results),
+        "unobserved": [f"{r['seed']}:{fid}" for r in results for fid in r["report"].get("unobserved") or []],
     }
     overall["false_incidents_per_node_day"] = _ratio(overall["false_incidents"], node_days)
     placement: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -326,6 +327,9 @@ def markdown(args: argparse.Namespace, results: list[dict[str, Any]], agg: dict[
         f"({fmt(o['false_incidents_per_node_day'])} per node-day; target <= 0.01). "
         f"Top-1 attribution per seed: {', '.join(fmt(x) for x in o['top1'])}. "
         f"Software faults that led to node isolation: {o['software_faults_isolated']} (target 0). "
+        f"Faults left out as unobservable (they began and ended while their node was away for repair, "
+        f"so no telemetry or job could show them): {len(o['unobserved'])}"
+        + (f" ({', '.join(o['unobserved'])}). " if o["unobserved"] else ". ") +
         "Healthy nodes isolated per true fault, per seed: "
         f"{', '.join(fmt(x) for x in o['healthy_isolated_per_fault'])}. "
         f"Job failures: {o['job_failures']}; {o['repeat_failures']} of them were further kills by a fault that had "

@@ -25,7 +25,9 @@ to the kinds of its class present in the truth, split equally (so FP per kind ca
 the per-class and overall figures are exact); false incidents of a class with no such kind are
 "unattributed". Negative controls have no recall: their rows show how often they were blamed on the
 infrastructure and how often they led to an isolation. Detection delay = first matching
-``first_seen`` - onset (0 if earlier), p50/p90 over detected faults.
+``first_seen`` - onset (0 if earlier), p50/p90 over detected faults. A fault that began and ended
+while its nodes were away for repair (``TruthRecord.unobserved``) had nothing to show: it is left out
+of the detection metrics and listed in ``unobserved``; an isolation during it is still justified.
 
 **Attribution**: over detected faults that are not negative controls, the earliest matching
 incident's first suspect (top-1) or any of its first three (top-3) names the fault. Class accuracy:
@@ -140,6 +142,7 @@ class ScoreReport(Struct, frozen=True, kw_only=True):
     closed_loop: ClosedLoopScore | None
     matches: dict[str, list[str]]  # fault id -> incident ids
     delays: dict[str, float] = {}  # fault id -> detection delay (s), for the detected faults
+    unobserved: list[str] = []  # faults no telemetry or job could show (TruthRecord.unobserved): not scored
 
 
 # --- names ------------------------------------------------------------------------------------------
@@ -229,6 +232,7 @@ def score(truth: list[TruthRecord], incidents: list[Incident], commands: list[Re
           meta: RunMeta | None = None, accounting: dict[str, object] | None = None,
           params: ScoreParams = ScoreParams()) -> ScoreReport:
     faults = sorted(truth, key=lambda t: (t.onset, t.id))
+    scored = [t for t in faults if not t.unobserved]  # what telemetry or a job could have shown
     latest = {i.id: i for i in incidents}  # re-published incidents: the latest record of each id
     incs = sorted(latest.values(), key=lambda i: (i.first_seen, i.id))
 
@@ -277,7 +281,7 @@ def score(truth: list[TruthRecord], incidents: list[Incident], commands: list[Re
             if t.is_software and node in t.nodes and _in_window(s, t, params):
                 sw_isolated.add(t.id)
                 iso_by_fault[t.id] = iso_by_fault.get(t.id, 0) + 1
-    real = [t for t in faults if not t.is_negative_control]
+    real = [t for t in scored if not t.is_negative_control]
     iso = IsolationScore(
         episodes=len(episodes),
         justified=justified,
@@ -348,7 +352,7 @@ def score(truth: list[TruthRecord], incidents: list[Incident], commands: list[Re
 
     kinds: dict[str, list[TruthRecord]] = {}
     classes: dict[str, list[TruthRecord]] = {}
-    for t in faults:
+    for t in scored:
         kinds.setdefault(t.kind, []).append(t)
         classes.setdefault(t.fault_class, []).append(t)
     by_kind = [row(k, g, fp_kind.get(k, 0.0), g[0].fault_class) for k, g in sorted(kinds.items())]
@@ -382,6 +386,7 @@ def score(truth: list[TruthRecord], incidents: list[Incident], commands: list[Re
         closed_loop=_closed_loop(faults, episodes, meta, accounting),
         matches={k: [i.id for i in v] for k, v in matches.items()},
         delays={k: round(v, 3) for k, v in delays.items()},
+        unobserved=sorted(t.id for t in faults if t.unobserved),
     )
 
 

@@ -22,6 +22,9 @@ These are the simulator's own records, not a Kafka topic. Field meanings:
   hardware fault: when a technician would have fixed it without the closed loop); ``cleared_at``/
   ``cleared_by`` record an earlier end caused by a remediation (``reset_gpu``, ``reboot_node``,
   ``escalate`` …);
+- ``unobserved``: why no telemetry or job could show the fault (``repair``: it began and ended while
+  its nodes were away for repair, powered off on a technician's bench); the scorer leaves such faults
+  out of detection recall and counts them apart;
 - ``symptoms``: what the fault claims to produce in telemetry and job events (the tests check them).
 """
 
@@ -71,6 +74,7 @@ class TruthRecord(Struct, frozen=True, kw_only=True):
     params: dict[str, str] = {}
     cleared_at: float | None = None
     cleared_by: str = ""
+    unobserved: str = ""  # "repair": it began and ended while its nodes were away for repair
 
     @property
     def is_negative_control(self) -> bool:

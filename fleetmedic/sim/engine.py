@@ -244,6 +244,9 @@ class Simulator:
                     f.onset = t1 + self.config.gpu_interval_s
             if f.active:
                 f.on_tick(self, t0, t1)
+                if not f.observed:  # a fault only a technician saw (its nodes away for repair) is unobserved
+                    nodes = f.nodes(self.fleet)
+                    f.observed = not nodes or any(self.loop.nodes[n].action != "repair" for n in nodes)
             if f.active and f.end <= t1:
                 f.stop(self, f.end)
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
+from fleetmedic.evaluation.scoring import score
 from fleetmedic.records import JobEvent, RemediationCommand, RemediationResult
 from fleetmedic.sim.closed_loop import Accounting, LoopSpec
 from fleetmedic.sim.engine import SimConfig, Simulator, TickOutput
@@ -307,3 +308,23 @@ def test_diagnostics_on_a_node_that_crashes_fail_in_their_usual_time() -> None:
     sim, result = _diagnostics_on_spare_node_at_18m("node_crash@20m/3")
     assert result.outcome == "applied" and result.details["diagnostics"] == "fail"
     assert result.ts == pytest.approx(START + 1082 + sim.loop.spec.diagnostics_s[2], abs=sim.config.gpu_interval_s)
+
+
+def test_a_fault_that_begins_and_ends_while_its_node_is_away_for_repair_is_unobserved() -> None:
+    """Nothing can show a fault on a node powered off on a technician's bench: its truth says so, and
+    the scorer leaves it out of recall. A fault that was active before the repair began is observed."""
+    def op(sim: Simulator, out: TickOutput) -> list[RemediationCommand]:
+        if abs(out.t - START - 600) < 1:
+            return [cmd("escalate", out.t, node=BAD, params={"escalation": "repair"}),
+                    cmd("escalate", out.t, node="gpu-node-0002", params={"escalation": "repair"})]
+        return []
+
+    r = Recorder(_config("psu_failure@5m+2h/2,psu_failure@20m+20m/1,psu_failure@20m+20m/3", minutes=90,
+                         repair_s=(3600.0, 3600.0)), op)
+    by_node = {t.node: t for t in r.sim.truth()}
+    assert by_node[BAD].unobserved == "repair"  # began and ended within the repair
+    assert by_node["gpu-node-0002"].unobserved == ""  # active before its node left for repair
+    assert by_node["gpu-node-0003"].unobserved == ""  # never in repair
+    report = score(r.sim.truth(), [], [])
+    assert report.unobserved == [by_node[BAD].id]
+    assert report.recall == 0.0 and sum(k.faults for k in report.by_kind) == 2

@@ -85,6 +85,7 @@ class Fault:
         self.affected: list[str] = []
         self.emitted_xids: list[int] = []
         self.dropped = False
+        self.observed = False  # active at some tick while one of its nodes was not away for repair
         self._plan: dict[tuple[int, int], float] = {}
         self._struck: set[tuple[int, int]] = set()
 
@@ -305,5 +306,6 @@ class Fault:
             params={k: str(v) for k, v in sorted(self.params.items())},
             cleared_at=round(self.cleared_at, 3) if self.cleared_at is not None else None,
             cleared_by=self.cleared_by,
+            unobserved="" if self.observed else "repair",
         )
 
