@@ -18,8 +18,10 @@ carries: the GPU's temperature rising and its SM clock and power falling under l
 The fleet (:data:`HARD`, :data:`DEGRADED`, :data:`TRAPS` name the nodes):
 
 - workload: three jobs keep 30 nodes busy (a checkpoint dip every 40 min, one job restarting
-  for 8 min), two nodes run light; temperatures, power, clocks and utilisation vary per node and
-  GPU, with a slow (daily) ambient drift and jitter; counters only grow (a few healthy GPUs and
+  for 8 min), two nodes run light; each hard fault stops its whole job for 8-10 min (lock-step
+  ranks), and after the XID 79 the job restarts on a spare (one of the light nodes) instead;
+  temperatures, power, clocks and utilisation vary per node and GPU, with a slow (daily) ambient
+  drift and jitter; counters only grow (a few healthy GPUs and
   ports count a stray PCIe replay, SBE or symbol error now and then; busy ports count transmit
   waits: congestion);
 - 3 hard faults: XID 79 (fallen off the bus: the gauge shows 79 for two scrapes, then the GPU is
@@ -205,18 +207,34 @@ class Fleet:
         return self.start + STEP * k
 
 
-def _load(t_s: np.ndarray, node: int) -> np.ndarray:
-    """The node's job load (0-1) at each time (seconds from the start)."""
+def _load(t_s: np.ndarray, node: int, on: set[str]) -> np.ndarray:
+    """The node's job load (0-1) at each time (seconds from the start). A hard fault stops its
+    whole job (the ranks run in lock-step): every node of it idles until the job restarts from its
+    checkpoint 8-10 min later; after the XID 79 the job restarts without that node, on the spare
+    dgx-h100-031 instead."""
     minute = t_s / 60.0
-    load = np.ones_like(t_s)
-    if node in (31, 32):  # light inference work
+    job = 0 if node <= 12 else 1 if node <= 24 else 2
+    if node == 31 and "xid79" in on:  # light work, then the spare that job A restarts on
+        job = 0
+    elif node in (31, 32):  # light inference work
         return 0.25 + 0.1 * np.sin(minute / 17.0 + node)
     # checkpoint dips: every 40 min, 1.5 min at 10 %, at a job's own phase
-    job = 0 if node <= 12 else 1 if node <= 24 else 2
     phase = (7.0, 19.0, 31.0)[job]
-    load = np.where(((minute - phase) % 40.0) < 1.5, 0.1, load)
-    if job == 1:  # job B restarts from its checkpoint: 8 min idle from 80 min
-        load = np.where((minute >= 80) & (minute < 88), 0.0, load)
+    load = np.where(((minute - phase) % 40.0) < 1.5, 0.1, 1.0)
+    stops = [(80.0, 88.0)] if job == 1 else []  # job B restarts from its checkpoint once anyway
+    if job == 0 and "xid79" in on:
+        stops.append((XID79[2] * STEP / 60.0, XID79[2] * STEP / 60.0 + 10.0))
+    if job == 0 and "dbe" in on:
+        stops.append((DBE[2] * STEP / 60.0, DBE[2] * STEP / 60.0 + 10.0))
+    if job == 1 and "ib_down" in on:
+        stops.append((IB_DOWN[2] * STEP / 60.0, IB_DOWN[2] * STEP / 60.0 + 8.0))
+    for begin, end in stops:
+        load = np.where((minute >= begin) & (minute < end), 0.0, load)
+    if node == 31:
+        light = 0.25 + 0.1 * np.sin(minute / 17.0 + node)
+        load = np.where(minute < XID79[2] * STEP / 60.0 + 10.0, light, load)
+    if node == XID79[0] and "xid79" in on:
+        load = np.where(minute >= XID79[2] * STEP / 60.0, 0.0, load)
     return load
 
 
@@ -238,9 +256,7 @@ def build(start: int, seed: int = 34, faults: tuple[str, ...] = ("all",), extra:
               for _ in range(GPUS)] for _ in range(NODES)]
     for n in range(NODES):
         i = n + 1
-        load = _load(t, i)[:, None] * np.ones((1, GPUS))
-        if on >= {"xid79"} and i == XID79[0]:
-            load[XID79[2]:] = 0.0  # the job died with its GPU
+        load = _load(t, i, on)[:, None] * np.ones((1, GPUS))
         node_off = rng.normal(0.0, 1.2) + (4.0 if i == HOT_NODE else 0.0)
         gpu_off = rng.normal(0.0, 1.5, GPUS)
         power_off = rng.normal(0.0, 12.0, GPUS)
@@ -311,9 +327,7 @@ def build(start: int, seed: int = 34, faults: tuple[str, ...] = ("all",), extra:
             d["DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"][k0:, g] = np.cumsum(rng.integers(40, 91, TICKS - k0))
         # node-exporter: 8 compute ports at 400 Gb/s
         p = {key: ib[key][n] for key in ib}
-        port_load = _load(t, i)[:, None] * np.ones((1, PORTS))
-        if on >= {"xid79"} and i == XID79[0]:
-            port_load[XID79[2]:] = 0.0
+        port_load = _load(t, i, on)[:, None] * np.ones((1, PORTS))
         traffic = port_load * 1.8e10 * STEP * (1 + rng.normal(0, 0.05, (TICKS, PORTS)))
         up = np.ones((TICKS, PORTS), dtype=bool)
         if on >= {"ib_down"} and i == IB_DOWN[0]:
