@@ -246,8 +246,8 @@ def build(start: int, seed: int = 34, faults: tuple[str, ...] = ("all",), extra:
     on = set(faults) if "all" not in faults else {"xid79", "dbe", "ib_down", "pcie", "symbol", "nvlink", "thermal"}
     rng = np.random.default_rng(seed)
     t = np.arange(TICKS) * float(STEP)
-    abs_t = start + t
-    ambient = 1.5 * np.sin(2 * math.pi * abs_t / 86400.0 + 0.7)  # the data hall's day
+    # the data hall's day, from a fixed time of day whatever ``start`` is: the same values every run
+    ambient = 1.5 * np.sin(2 * math.pi * (t + 9 * 3600.0) / 86400.0)
     dcgm = {name: np.zeros((NODES, TICKS, GPUS)) for name, _, _ in DCGM_SERIES}
     ib = {name: np.zeros((NODES, TICKS, PORTS)) for name, _, _ in IB_SERIES}
     gpu_listed = np.ones((NODES, TICKS, GPUS), dtype=bool)
