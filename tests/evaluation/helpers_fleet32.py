@@ -394,32 +394,36 @@ def _xid_labels(code: float) -> str:
     return f',err_code="{c}",err_msg="{XID_TEXT.get(c, "Unknown Error")}"'
 
 
-def raw_dcgm(fleet: Fleet, n: int, k: int) -> str:
+def raw_dcgm(fleet: Fleet, n: int, k: int, target: str = "", stamp: str = "") -> str:
     """One dcgm-exporter ``/metrics`` answer of node ``n`` (0-based) at tick ``k``: no timestamps,
-    no target labels."""
+    no target labels (``target``, ``stamp``: as Prometheus stores the scrape, with its target
+    labels and the scrape time)."""
     out: list[str] = []
     listed = [g for g in range(GPUS) if fleet.gpu_listed[n, k, g]]
+    labels = [_gpu_labels(fleet, n, g) for g in range(GPUS)]
+    after = (f",{target}}} " if target else "} ")
+    tail = f" {stamp}" if stamp else ""
     for name, kind, help_text in DCGM_SERIES:
-        out.append(f"# HELP {name} {help_text}")
-        out.append(f"# TYPE {name} {kind}")
-        col = fleet.dcgm[name][n, k]
-        for g in listed:
-            extra = _xid_labels(col[g]) if name == "DCGM_FI_DEV_XID_ERRORS" else ""
-            out.append(f"{name}{{{_gpu_labels(fleet, n, g)}{extra}}} {_num(col[g])}")
+        out.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}")
+        col = fleet.dcgm[name][n, k].tolist()
+        xid = name == "DCGM_FI_DEV_XID_ERRORS"
+        out += [f"{name}{{{labels[g]}{_xid_labels(col[g]) if xid else ''}{after}{_num(col[g])}{tail}" for g in listed]
     return "\n".join(out) + "\n"
 
 
-def raw_node_exporter(fleet: Fleet, n: int, k: int) -> str:
-    """node-exporter's infiniband families of node ``n`` at tick ``k``: no timestamps, no target labels."""
-    out = ['# HELP node_infiniband_info Non-numeric data from /sys/class/infiniband/<device>, value is always 1.',
+def raw_node_exporter(fleet: Fleet, n: int, k: int, target: str = "", stamp: str = "") -> str:
+    """node-exporter's infiniband families of node ``n`` at tick ``k``: no timestamps, no target
+    labels (``target``, ``stamp``: as :func:`raw_dcgm`)."""
+    after = (f",{target}}} " if target else "} ")
+    tail = f" {stamp}" if stamp else ""
+    out = ["# HELP node_infiniband_info Non-numeric data from /sys/class/infiniband/<device>, value is always 1.",
            "# TYPE node_infiniband_info gauge"]
     out += [f'node_infiniband_info{{board_id="MT_0000000838",device="mlx5_{q}",firmware_version="28.39.1002",'
-            f'hca_type="MT4129"}} 1' for q in range(PORTS)]
+            f'hca_type="MT4129"{after}1{tail}' for q in range(PORTS)]
     for name, kind, help_text in IB_SERIES:
-        out.append(f"# HELP {name} {help_text}")
-        out.append(f"# TYPE {name} {kind}")
-        col = fleet.ib[name][n, k]
-        out += [f'{name}{{device="mlx5_{q}",port="1"}} {_num(col[q])}' for q in range(PORTS)]
+        out.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}")
+        col = fleet.ib[name][n, k].tolist()
+        out += [f'{name}{{device="mlx5_{q}",port="1"{after}{_num(col[q])}{tail}' for q in range(PORTS)]
     return "\n".join(out) + "\n"
 
 
@@ -468,23 +472,12 @@ def exposition_with_timestamps(fleet: Fleet, exporters: tuple[str, ...] = ("dcgm
     """The same history scrape by scrape in Prometheus text (each sample stamped in milliseconds
     with its scrape time, target labels added), as scrapes appended to a file."""
     for k in range(TICKS):
-        ms = fleet.ts(k) * 1000
+        ms = str(fleet.ts(k) * 1000)
         for n in range(NODES):
             if "dcgm" in exporters and fleet.scraped["dcgm"][n, k]:
-                yield _stamped(raw_dcgm(fleet, n, k), _dcgm_target(fleet, n), ms)
+                yield raw_dcgm(fleet, n, k, _dcgm_target(fleet, n), ms)
             if "node" in exporters and fleet.scraped["node"][n, k]:
-                yield _stamped(raw_node_exporter(fleet, n, k), _node_target(n), ms)
-
-
-def _stamped(text: str, target: str, ms: int) -> str:
-    out = []
-    for line in text.splitlines():
-        if line.startswith("#"):
-            out.append(line)
-            continue
-        series, value = line.rsplit(" ", 1)
-        out.append(f"{series[:-1]},{target}}} {value} {ms}")
-    return "\n".join(out) + "\n"
+                yield raw_node_exporter(fleet, n, k, _node_target(n), ms)
 
 
 def write_exposition(fleet: Fleet, path: Path, exporters: tuple[str, ...] = ("dcgm", "node")) -> Path:

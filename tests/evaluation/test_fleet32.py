@@ -80,40 +80,42 @@ class Fleet32:
         self.end = self.start + span - fleet32.STEP
         self.fleet = fleet32.build(self.start)
         self.outcomes: dict[str, tuple[Path, dict[str, str]]] = {}
-        self._prometheus: list[object] = []
 
     def backtest(self, path: str) -> tuple[Path, dict[str, str]]:
+        """The backtest of ``path`` (``text``, ``prometheus``, ``raw``): its output directory and
+        the nodes it isolated. Its input is written for it and removed after it."""
         if path not in self.outcomes:
             out = self.workdir / f"out-{path}"
+            data = self.workdir / f"in-{path}"
+            data.mkdir()
             args = ["backtest", "--config", str(SHIPPED), "--out", str(out)]
-            if path == "text":
-                args += ["--input", str(fleet32.write_exposition(self.fleet, self.workdir / "fleet.prom"))]
-            elif path == "prometheus":
-                om = fleet32.write_openmetrics(self.fleet, self.workdir / "fleet.om")
-                load_openmetrics(om, self.workdir)
-                om.unlink()
-                url, server = start_prometheus(self.workdir, [])
-                self._prometheus.append(server)
-                args += ["--prometheus", url, "--start", str(self.start), "--end", str(self.end), "--step", "30s"]
-            else:
-                raw = fleet32.write_raw_scrapes(self.fleet, self.workdir / "raw", exporters=("dcgm",))
-                ports = fleet32.write_exposition(self.fleet, self.workdir / "node-exporter.prom", ("node",))
-                args += ["--input", str(raw), "--input", str(ports)]
-            assert main(args) == 0
+            server = None
+            try:
+                if path == "text":
+                    args += ["--input", str(fleet32.write_exposition(self.fleet, data / "fleet.prom"))]
+                elif path == "prometheus":
+                    load_openmetrics(fleet32.write_openmetrics(self.fleet, data / "fleet.om"), data)
+                    url, server = start_prometheus(data, [])
+                    args += ["--prometheus", url, "--start", str(self.start), "--end", str(self.end),
+                             "--step", "30s"]
+                else:
+                    raw = fleet32.write_raw_scrapes(self.fleet, data / "raw", exporters=("dcgm",))
+                    ports = fleet32.write_exposition(self.fleet, data / "node-exporter.prom", ("node",))
+                    args += ["--input", str(raw), "--input", str(ports)]
+                assert main(args) == 0
+            finally:
+                if server is not None:
+                    stop_prometheus(server)
+                shutil.rmtree(data, ignore_errors=True)
             self.outcomes[path] = out, isolated(out)
         return self.outcomes[path]
-
-    def close(self) -> None:
-        for server in self._prometheus:
-            stop_prometheus(server)  # type: ignore[arg-type]
-        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet32]:
-    f = Fleet32(tmp_path_factory.mktemp("fleet32"))
-    yield f
-    f.close()
+    workdir = tmp_path_factory.mktemp("fleet32")
+    yield Fleet32(workdir)
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _check(fleet: Fleet32, path: str) -> dict[str, str]:
