@@ -38,6 +38,11 @@ The fleet (:data:`HARD`, :data:`DEGRADED`, :data:`TRAPS` name the nodes):
   (4 scrapes missed, every counter back at 0 after), a GPU whose XID gauge shows an old XID 13
   throughout (the gauge keeps the last XID).
 
+Each node's temperature carries a random offset too (sd 1.2 C): with the default seed the hot
+node runs 3.9 C above the fleet's power-adjusted median, whose robust spread is 1.4 C (z 2.7
+against ``peers.z_threshold`` 3.5); other seeds place it differently (seed 3: 4.9 C at a spread of
+1.0 C, z 4.8, and ``sku_peers`` flags it).
+
 Faults begin after the baselines' warm-up (``baseline.warmup_samples`` 30 samples: 15 min at
 30 s; the first fault is 70 min in), at different times, on different nodes.
 """
