@@ -63,6 +63,10 @@ MAX_JSONL_LINE_BYTES = 4 << 20
 TEXT_SUFFIXES = (".prom", ".txt", ".om", ".openmetrics")
 #: series-by-series input (promtool dumps) is sorted through temp files of this much time each
 SORT_BUCKET_S = 600.0
+#: a file at most this size (uncompressed) is read whole and closed before the merge: thousands of
+#: one-scrape files (a raw scrape per target and interval) stay within the open-file limit, and a
+#: larger file streams (one open file each)
+READ_WHOLE_BYTES = 1 << 20
 #: the exposition reader's window: a sample further behind the newest is dropped when read as a stream
 FLUSH_LAG_S = 120.0
 log = logging.getLogger("fleetmedic.backtest")
@@ -143,8 +147,12 @@ class InputReader:
         return out
 
     def records(self, paths: Iterable[str], *more: Iterable[Telemetry]) -> Iterator[Telemetry]:
-        """The records of the files (and of ``more`` streams, each in time order), merged by time."""
-        streams: list[Iterable[Telemetry]] = [self._read(f) for f in self.files(paths)]
+        """The records of the files (and of ``more`` streams, each in time order), merged by time.
+        The merge holds every stream open at once, so files of at most :data:`READ_WHOLE_BYTES` are
+        read whole first and closed."""
+        streams: list[Iterable[Telemetry]] = [
+            list(self._read(f)) if _content_size(f) <= READ_WHOLE_BYTES else self._read(f)
+            for f in self.files(paths)]
         yield from heapq.merge(*streams, *more, key=_ts)
 
     def _read(self, path: Path) -> Iterator[Telemetry]:

@@ -6,19 +6,17 @@
 - ``prometheus``: ``prometheus(targets)`` starts Debian's real Prometheus server on a free loopback
   port with a temp config scraping ``targets`` every second; returns its base URL. When it cannot
   start, the test fails under CI / ``FLEETMEDIC_REQUIRE_SERVICES=1`` with the log tail, and is
-  skipped with the reason otherwise (as tests/conftest.py does for Kafka and Kubernetes).
+  skipped with the reason otherwise (as tests/conftest.py does for Kafka and Kubernetes);
+  tests/connectors/helpers_prometheus.py starts and stops it.
 - ``connector_settings``: ``connector_settings(**sections)`` -> Settings on the test broker with a
   unique topic prefix.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import threading
-import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,10 +26,7 @@ from typing import Any
 import pytest
 
 from fleetmedic.config import Settings, parse_config
-from fleetmedic.devenv import proc
-from tests.conftest import require_tool, unavailable
-
-PROMETHEUS = os.environ.get("FLEETMEDIC_PROMETHEUS", "/usr/bin/prometheus")
+from tests.connectors.helpers_prometheus import start_prometheus, stop_prometheus
 
 
 @pytest.fixture
@@ -74,45 +69,13 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[[list[str]], str]]:
     started: list[subprocess.Popen[bytes]] = []
 
     def start(targets: list[str]) -> str:
-        server = require_tool(PROMETHEUS, why="apt-get install prometheus")
-        (port,) = proc.free_ports(1)
-        hostports = [t.split("//", 1)[1].split("/", 1)[0] for t in targets]
-        config = tmp_path / "prometheus.yml"
-        config.write_text(
-            "global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
-            "scrape_configs:\n"
-            "  - job_name: fixture\n"
-            f"    static_configs: [{{targets: [{', '.join(repr(h) for h in hostports)}]}}]\n"
-        )
-        log_path = tmp_path / "prometheus.log"
-        with log_path.open("wb") as log:
-            p = subprocess.Popen(
-                [server, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                stdout=log, stderr=subprocess.STDOUT)
+        url, p = start_prometheus(tmp_path, targets)
         started.append(p)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if p.poll() is not None:
-                break
-            try:
-                with urllib.request.urlopen(url + "/-/ready", timeout=2) as resp:
-                    if resp.status == 200:
-                        return url
-            except OSError:
-                time.sleep(0.3)
-        tail = log_path.read_text(errors="replace")[-3000:]
-        unavailable("Prometheus", f"did not become ready on {url}:\n{tail}")
+        return url
 
     yield start
     for p in started:
-        p.terminate()
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        stop_prometheus(p)
     shutil.rmtree(tmp_path / "tsdb", ignore_errors=True)
 
 

@@ -18,6 +18,7 @@ from fleetmedic.cli.main import main
 from fleetmedic.config import Settings, parse_config
 from fleetmedic.connectors.prometheus.api import parse_duration, parse_time, plan_chunks
 from fleetmedic.connectors.prometheus.text import ExpositionReader
+from fleetmedic.evaluation.backtest_inputs import InputReader
 
 FIELD = Path(__file__).parents[1] / "data" / "field"
 T0 = 1_790_000_000.0
@@ -58,6 +59,28 @@ def test_without_a_scrape_time_the_files_modification_time_is_used_and_said(tmp_
     assert main(["backtest", "--input", str(f), "--out", str(out)]) == 0
     assert _summary(out)["timestamps"][str(f)]["stamped_with"] == "file modification time"
     assert _summary(out)["timestamps"][str(f)]["scrape_time"] == "2026-09-21T14:13:20Z"  # T0
+
+
+def test_more_raw_scrape_files_than_the_open_file_limit_are_all_read(tmp_path: Path) -> None:
+    """One file per scrape and target, more of them than the process may hold open: each file is
+    read (the merge does not hold them all open), none is lost to "too many open files"."""
+    import resource
+
+    files = 300
+    for k in range(files):
+        f = tmp_path / f"gpu-node-{k % 3}-{k:04d}.prom"
+        f.write_text("\n".join(scrape(f"gpu-node-{k % 3}", temp=50.0 + k % 2)) + "\n")
+        os.utime(f, (T0 + 30 * (k // 3), T0 + 30 * (k // 3)))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
+    try:
+        reader = InputReader(Settings())
+        recs = list(reader.records([str(tmp_path)]))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert reader.problems() == {}
+    assert len(recs) == files and [x.ts for x in recs] == sorted(x.ts for x in recs)
+    assert {x.node for x in recs if isinstance(x, r.GpuTelemetry)} == {"gpu-node-0", "gpu-node-1", "gpu-node-2"}
 
 
 def test_an_input_without_records_exits_1_with_the_reasons_and_counts_them_per_file(

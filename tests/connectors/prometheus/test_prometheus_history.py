@@ -7,8 +7,6 @@ refuses is an error naming its reason."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import threading
 import time
 import urllib.request
@@ -23,9 +21,8 @@ from fleetmedic import records as r
 from fleetmedic.cli.main import main
 from fleetmedic.config import parse_config
 from fleetmedic.connectors.prometheus.history import History
-from tests.conftest import require_tool
+from tests.connectors.helpers_prometheus import load_openmetrics
 
-PROMTOOL = os.environ.get("FLEETMEDIC_PROMTOOL", "/usr/bin/promtool")
 STEP = 30
 SPAN = 2 * 3600  # two hours of history: two TSDB blocks
 NODES = ("gpu-node-1", "gpu-node-2")
@@ -72,13 +69,10 @@ def loaded_prometheus(tmp_path: Path, prometheus: Callable[[list[str]], str],
                       fixture_exporter: Callable[[Callable[[int], str]], str]) -> Iterator[tuple[str, int, Path]]:
     """A real Prometheus server whose TSDB holds :func:`history_om` (ending an hour ago); also
     returns the OpenMetrics file it was made from."""
-    promtool = require_tool(PROMTOOL, why="apt-get install prometheus")
     start = (int(time.time()) - SPAN - 3600) // STEP * STEP
     om = tmp_path / "history.om"
     om.write_text(history_om(start))
-    done = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(om), str(tmp_path / "tsdb")],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    load_openmetrics(om, tmp_path)
     url = prometheus([fixture_exporter(lambda n: "")])  # the fixture's server, on the TSDB made above
     yield url, start, om
 
