@@ -50,6 +50,10 @@ class PeerSettings(Section, frozen=True, kw_only=True):
     # across a SKU fleet, a node is judged against its own usual deviation from the median, learned
     # with this half-life (frozen while it stands out); 0: against the median itself
     offset_halflife_s: NonNegFloat = 21_600.0
+    # across a SKU fleet, the smallest spread of temperatures (degC) a node is measured against: inlet
+    # air differs by a few degrees from rack to rack and sensors report whole degrees, so a node must
+    # stand z_threshold times this above its usual place (7 degC by default); a failed fan heats by more
+    sku_min_temp_spread_c: PosFloat = 2.0
     # a node's load band, from its median GPU utilisation (percent): nodes are compared with peers of
     # the same band ("idle" below the first, "busy" above the second, neither in between)
     idle_below_util: Annotated[float, Meta(ge=0.0, le=100.0)] = 10.0

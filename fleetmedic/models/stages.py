@@ -271,7 +271,9 @@ class FleetDetection:
         self.sku_peers = PeerComparison(s.peers, reassert_s=s.reassert_s, detector="sku_peers",
                                         metrics=("gpu_temp", "memory_temp"), upper_only=("gpu_temp", "memory_temp"),
                                         adjust_by=s.peers.sku_adjust_by,
-                                        learn_offsets=s.peers.offset_halflife_s > 0)
+                                        learn_offsets=s.peers.offset_halflife_s > 0,
+                                        min_scale={"gpu_temp": s.peers.sku_min_temp_spread_c,
+                                                   "memory_temp": s.peers.sku_min_temp_spread_c})
         self.stragglers = StragglerDetector(s.straggler)
         self.switch_ports = PortDetector(s)
 

@@ -333,9 +333,10 @@ class TestSkuOffsets:
         return found
 
     def test_a_warm_slot_is_learned_and_a_failing_fan_still_stands_out(self) -> None:
-        without = self.run("detection: {peers: {offset_halflife_s: 0}}")
+        # a spread floor low enough for n4's +4 degC to count, so that only the learned place can excuse it
+        without = self.run("detection: {peers: {offset_halflife_s: 0, sku_min_temp_spread_c: 0.5}}")
         assert any(h >= 6 for h in without.get("n4", [])), without  # against the median: a false finding
-        learned = self.run("detection: {peers: {offset_halflife_s: 1800}}")
+        learned = self.run("detection: {peers: {offset_halflife_s: 1800, sku_min_temp_spread_c: 0.5}}")
         assert not any(h >= 6 for h in learned.get("n4", [])), learned
         assert any(7 <= h < 7.2 for h in learned.get("n7", [])), learned  # the fan, within minutes
 
@@ -366,3 +367,29 @@ class TestSkuOffsets:
         c = PeerComparison(S.peers, detector="sku_peers", learn_offsets=True)
         c.load_state(old)
         assert c._offsets == {} and c._latest == a._latest
+
+    def test_a_node_warm_since_its_first_comparison_on_a_tight_fleet_is_not_a_fault(self) -> None:
+        """Twelve idle nodes whose temperatures agree within a degree, one of them 5 degC warmer from
+        the first sample: it never gets a usual place (it stands out from the start), so only the
+        smallest spread it is measured against (``sku_min_temp_spread_c``) keeps it from being
+        flagged; a fan failing on another node (+9 degC) is still found."""
+        def run(settings: str) -> dict[str, list[float]]:
+            fleet = FleetDetection(parse_config(settings).detection)
+            rng = np.random.default_rng(3)
+            found: dict[str, list[float]] = {}
+            for k in range(0, 3 * 3600, 60):
+                t = 1000.0 + k
+                for i in range(12):
+                    extra = 5.0 if i == 4 else (9.0 if i == 7 and k >= 2 * 3600 else 0.0)
+                    msg = gpu_message(f"n{i}", t, rng, load=0.0, hot={g: extra for g in range(8)})
+                    fleet.on_gpu(msgspec.structs.replace(msg, sku="H100", metrics=msgspec.structs.replace(
+                        msg.metrics, gpu_util=[0.0] * 8)))
+                for f in fleet.tick(t):
+                    if f.detector == "sku_peers":
+                        found.setdefault(f.node, []).append(k / 3600)
+            return found
+
+        shipped = run("")
+        assert "n4" not in shipped, shipped
+        assert any(2 <= h < 2.2 for h in shipped.get("n7", [])), shipped  # the fan, within minutes
+        assert "n4" in run("detection: {peers: {sku_min_temp_spread_c: 0.5}}")  # the spread as measured
