@@ -49,6 +49,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                    help="add a label to every exposition sample, as a scrape target's (e.g. instance=gpu-node-1:9400 "
                         "for a file curl'ed from one exporter); repeatable")
+    p.add_argument("--node-from-path", choices=("file", "dir"),
+                   help="exposition samples that name no node (a raw node-exporter scrape) take it from where the "
+                        "file was saved: its name without suffixes (gpu-node-1.prom) or its directory "
+                        "(gpu-node-1/node-0001.prom); without it they are skipped and counted")
     p.add_argument("--pci-map", metavar="FILE",
                    help="kernel logs: PCI address -> GPU index for every node (nvidia-smi --query-gpu=index,pci.bus_id "
                         "--format=csv,noheader); without it XID lines are not mapped to a GPU")
@@ -99,7 +103,8 @@ def _main(args: argparse.Namespace) -> int:
         progress = Progress(sys.stderr, args.progress)
         with _logs_above(progress):
             summary = run(settings, args.input, Path(args.out), progress, args.report, topology, args.truth,
-                          scrape_time=scrape_time, extra_labels=labels, history=history, kernel=kernel)
+                          scrape_time=scrape_time, extra_labels=labels, history=history, kernel=kernel,
+                          node_from_path=args.node_from_path or "")
     except NoRecords as exc:
         print(f"error: {exc}", file=sys.stderr)
         print(f"(summary: {Path(args.out) / 'summary.json'})", file=sys.stderr)

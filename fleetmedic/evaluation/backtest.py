@@ -242,12 +242,13 @@ def run(settings: Settings, inputs: list[str], out: Path, progress: Progress | N
         report: str | None = None, topology: dict[str, dict[str, Any]] | None = None,
         truth: Path | None = None, scrape_time: float | None = None,
         extra_labels: dict[str, str] | None = None, history: RecordSource | None = None,
-        kernel: KernelLogOptions | None = None) -> dict[str, Any]:
+        kernel: KernelLogOptions | None = None, node_from_path: str = "") -> dict[str, Any]:
     """Run the backtest; raises :class:`NoRecords` (after writing ``summary.json``) when the input
     yields no record."""
     out.mkdir(parents=True, exist_ok=True)
     kernel = kernel or KernelLogOptions()
-    reader = InputReader(settings, scrape_time=scrape_time, extra_labels=dict(extra_labels or {}), kernel=kernel)
+    reader = InputReader(settings, scrape_time=scrape_time, extra_labels=dict(extra_labels or {}), kernel=kernel,
+                         node_from_path=node_from_path)
     bt = Backtest(settings, topology or {})
     started = time.monotonic()
     first = last = None
@@ -321,7 +322,8 @@ def run(settings: Settings, inputs: list[str], out: Path, progress: Progress | N
 
         meta = {"inputs": ", ".join(inputs), "records": n, "findings": len(bt.findings),
                 "start": first, "end": last, "records_by_type": dict(bt.counts), "score": summary.get("score")}
-        again = InputReader(settings, scrape_time=scrape_time, extra_labels=dict(extra_labels or {}), kernel=kernel)
+        again = InputReader(settings, scrape_time=scrape_time, extra_labels=dict(extra_labels or {}), kernel=kernel,
+                         node_from_path=node_from_path)
         replay = [] if history is None else [history.again()]  # its queries again, with their bar
         for source in replay:
             source.bind_progress(progress)

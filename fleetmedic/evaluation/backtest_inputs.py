@@ -93,7 +93,10 @@ class FileReport:
 class InputReader:
     """Reads input files into records in time order. ``scrape_time`` stamps exposition samples
     without a timestamp (None: the file's modification time); ``extra_labels`` are added to every
-    exposition sample as a scrape target's labels."""
+    exposition sample as a scrape target's labels; ``node_from_path`` names the node of exposition
+    samples that name none after where their file was saved: ``file`` (its name without suffixes,
+    ``gpu-node-7.prom``) or ``dir`` (its directory, ``gpu-node-7/node-0001.prom``); "" leaves
+    them unread."""
 
     settings: Settings
     skipped: Counter[str] = field(default_factory=Counter)
@@ -101,6 +104,7 @@ class InputReader:
     files_read: dict[str, FileReport] = field(default_factory=dict)  # path -> what reading it found
     scrape_time: float | None = None
     extra_labels: dict[str, str] = field(default_factory=dict)
+    node_from_path: str = ""
     timestamps: dict[str, dict[str, Any]] = field(default_factory=dict)  # path -> how samples were stamped
     not_read: Counter[str] = field(default_factory=Counter)  # exporter series present but not read
     bytes_read: int = 0  # of the input files, so far (progress)
@@ -108,6 +112,16 @@ class InputReader:
     kernel_not_published: Counter[str] = field(default_factory=Counter)  # kernel lines read, no device fault
 
     ignored: dict[str, list[str]] = field(default_factory=dict)  # reason -> files of a directory not read
+
+    def _node_of_path(self, path: Path) -> str:
+        if self.node_from_path == "file":
+            name = path.name.removesuffix(".gz")
+            while (suffix := Path(name).suffix) in TEXT_SUFFIXES and suffix:
+                name = name[: -len(suffix)]
+            return name
+        if self.node_from_path == "dir":
+            return path.resolve().parent.name
+        return ""
 
     def total_bytes(self, paths: Iterable[str]) -> int:
         """The size of the input files, uncompressed (what :attr:`bytes_read` reaches at the end)."""
@@ -177,7 +191,7 @@ class InputReader:
                     lines = self._text(fh, report)
                     head = _head(lines, 64)
                     samples = exposition.parse(_chain(head, lines), default_ts, self.extra_labels or None,
-                                               openmetrics=openmetrics)
+                                               openmetrics=openmetrics, default_node=self._node_of_path(path))
                     if _series_by_series(head) or _out_of_order(path, openmetrics, FLUSH_LAG_S):
                         samples = _time_sorted(samples)
                     for rec in exposition.read_samples(samples, FLUSH_LAG_S):

@@ -212,3 +212,41 @@ def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert main(["backtest", "--input", out, "--label", "no-equals", "--out", out]) == 2
     err = capsys.readouterr().err
     assert "--input" in err and "--start and --end" in err and "RFC 3339" in err and "KEY=VALUE" in err
+
+
+def node_exporter_scrape(errors: int) -> str:
+    """A raw node-exporter answer (infiniband families only): no node label, no timestamps."""
+    lines = ["# TYPE node_infiniband_state_id gauge", "# TYPE node_infiniband_symbol_error_total counter"]
+    for port in ("mlx5_0", "mlx5_1"):
+        lines.append(f'node_infiniband_state_id{{device="{port}",port="1"}} 4')
+        lines.append(f'node_infiniband_symbol_error_total{{device="{port}",port="1"}} {errors}')
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("layout", ["file", "dir"])
+def test_raw_node_exporter_scrapes_take_their_node_from_where_they_were_saved(tmp_path: Path, layout: str) -> None:
+    """node-exporter's answer names no node (Prometheus adds ``instance``): ``--node-from-path``
+    names it after the file (``gpu-node-1.prom``) or its directory (``gpu-node-1/node-0.prom``);
+    a sample that names its node keeps it; without the option they are skipped, counted and said."""
+    scrapes = tmp_path / "scrapes"
+    for k in range(3):
+        for node in ("gpu-node-1", "gpu-node-2"):
+            f = (scrapes / f"t{k}" / f"{node}.prom") if layout == "file" else (scrapes / node / f"node-{k}.prom")
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_text(node_exporter_scrape(10 * k))
+            os.utime(f, (1.79e9 + 30 * k, 1.79e9 + 30 * k))
+    named = scrapes / "t0" / "dcgm.prom" if layout == "file" else scrapes / "gpu-node-1" / "dcgm-0.prom"
+    named.write_text("\n".join(scrape("gpu-node-9")) + "\n")  # dcgm's Hostname names the node: kept
+    out = tmp_path / "out"
+    assert main(["backtest", "--input", str(scrapes), "--out", str(out), "--node-from-path", layout]) == 0
+    reader = InputReader(Settings(), node_from_path=layout)
+    recs = list(reader.records([str(scrapes)]))
+    ports = sorted({(x.device, x.ts) for x in recs if isinstance(x, r.PortTelemetry)})
+    assert ports == [(n, 1.79e9 + 30 * k) for n in ("gpu-node-1", "gpu-node-2") for k in range(3)]
+    assert {x.node for x in recs if isinstance(x, r.GpuTelemetry)} == {"gpu-node-9"}
+    assert _summary(out)["records"]["PortTelemetry"] == 6
+    without = tmp_path / "without"
+    assert main(["backtest", "--input", str(scrapes), "--out", str(without)]) == 0  # the GPU record is read
+    s = _summary(without)
+    assert "PortTelemetry" not in s["records"] and s["skipped_total"] == 6 * 4
+    assert any("no node label" in reason for reason in json.dumps(s).split('"'))

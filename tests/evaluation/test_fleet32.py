@@ -8,10 +8,10 @@ format, with 3 hard faults, 4 degradations and 4 healthy-but-odd nodes. ``fleetm
 1. from a text file with timestamps (scrapes appended to a file, target labels added);
 2. from a real Prometheus server's history (the same history loaded with ``promtool tsdb
    create-blocks-from openmetrics``; ``--prometheus URL --start --end``);
-3. from raw scrapes: each dcgm-exporter answer in a file of its own without sample timestamps,
-   stamped with the file's modification time. node-exporter's raw answer names no node (Prometheus
-   adds ``instance``), and ``--label`` labels every input alike, so the ports' history comes as
-   text with timestamps beside them.
+3. from raw scrapes: each exporter's answer in a file of its own without sample timestamps,
+   stamped with the file's modification time, saved as ``<node>/<exporter>-<tick>.prom``.
+   node-exporter's raw answer names no node (Prometheus adds ``instance``): ``--node-from-path
+   dir`` names it after the directory.
 
 Each path must isolate (cordon or taint) every hard-fault node, at least 3 of the 4 degraded nodes
 and no healthy node, and the three must isolate the same nodes."""
@@ -99,9 +99,8 @@ class Fleet32:
                     args += ["--prometheus", url, "--start", str(self.start), "--end", str(self.end),
                              "--step", "30s"]
                 else:
-                    raw = fleet32.write_raw_scrapes(self.fleet, data / "raw", exporters=("dcgm",))
-                    ports = fleet32.write_exposition(self.fleet, data / "node-exporter.prom", ("node",))
-                    args += ["--input", str(raw), "--input", str(ports)]
+                    raw = fleet32.write_raw_scrapes(self.fleet, data / "raw")  # <node>/<exporter>-<tick>.prom
+                    args += ["--input", str(raw), "--node-from-path", "dir"]
                 assert main(args) == 0
             finally:
                 if server is not None:

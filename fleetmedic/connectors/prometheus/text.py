@@ -345,15 +345,19 @@ class ExpositionReader:
     # --- lines -> samples -------------------------------------------------------------------
 
     def parse(self, lines: Iterable[str], default_ts: float | None = None,
-              extra_labels: Mapping[str, str] | None = None, openmetrics: bool = False) -> Iterator[Sample]:
+              extra_labels: Mapping[str, str] | None = None, openmetrics: bool = False,
+              default_node: str = "") -> Iterator[Sample]:
         """Samples of the series fleetmedic reads; bad lines counted in :attr:`skipped` (a line
         never raises). ``extra_labels`` are added to every sample as Prometheus adds its target
-        labels (a label the exporter also wrote is kept as ``exported_<name>``). ``openmetrics``:
+        labels (a label the exporter also wrote is kept as ``exported_<name>``). ``default_node``
+        names the node of a sample whose labels name none (a raw node-exporter scrape: the target
+        it came from is known only from where it was saved). ``openmetrics``:
         the input is known to be OpenMetrics (integer timestamps are seconds from the first line;
         otherwise that is known from a ``# UNIT``, ``# EOF``, OpenMetrics-only ``# TYPE`` or a
         float timestamp on)."""
         self._openmetrics = openmetrics
         merged: dict[int, tuple[dict[str, str], dict[str, str]]] = {}
+        named: dict[int, tuple[dict[str, str], dict[str, str]]] = {}
         for line in lines:
             if len(line) > MAX_LINE_CHARS:  # before anything copies or matches it
                 count(self.skipped, f"line longer than {MAX_LINE_CHARS} characters")
@@ -384,6 +388,15 @@ class ExpositionReader:
                         merged.clear()
                     # the entry holds the original too, so its id cannot be reused while cached
                     hit = merged[id(labels)] = (labels, _with_target_labels(labels, extra_labels))
+                sample = (sample[0], hit[1], sample[2], sample[3])
+            if default_node and self.node_labels:
+                labels = sample[1]
+                hit = named.get(id(labels))
+                if hit is None or hit[0] is not labels:
+                    if len(named) > 100_000:
+                        named.clear()
+                    own = labels if self.node_of(labels) is not None else {**labels, self.node_labels[0]: default_node}
+                    hit = named[id(labels)] = (labels, own)
                 sample = (sample[0], hit[1], sample[2], sample[3])
             yield sample
 
