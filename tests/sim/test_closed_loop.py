@@ -328,3 +328,22 @@ def test_a_fault_that_begins_and_ends_while_its_node_is_away_for_repair_is_unobs
     report = score(r.sim.truth(), [], [])
     assert report.unobserved == [by_node[BAD].id]
     assert report.recall == 0.0 and sum(k.faults for k in report.by_kind) == 2
+
+
+def test_a_repaired_gpus_memory_rows_are_a_new_gpus() -> None:
+    """A failed row remap (XID 64) and worn HBM end with the GPU replaced: while the fault lasts the
+    telemetry shows the failed remap, after it no remapped row and no failure is left to report."""
+    seen: dict[str, tuple[float, float]] = {}
+
+    def op(sim: Simulator, out: TickOutput) -> list[RemediationCommand]:
+        if abs(out.t - START - 1500) < 1:
+            seen["during"] = (float(sim.gpu.remap_failure[1, 2]), float(sim.gpu.uncorr_rows[1, 2]))
+        return []
+
+    r = Recorder(_config("xid64@20m+20m/1/2,hbm_degradation@10m+40m/3/5", minutes=60), op)
+    assert seen["during"] == (1.0, 1.0)
+    (hbm,) = [t for t in r.sim.truth() if t.kind == "hbm_degradation"]
+    assert float(hbm.params["fail_after_s"]) < 40 * 60  # it failed before its end
+    for n, g in ((1, 2), (3, 5)):
+        assert r.sim.gpu.remap_failure[n, g] == 0 and r.sim.gpu.uncorr_rows[n, g] == 0
+        assert r.sim.gpu.corr_rows[n, g] == 0 and r.sim.gpu.remap_pending[n, g] == 0

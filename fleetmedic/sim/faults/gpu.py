@@ -91,6 +91,10 @@ class GpuHardFault(Fault):
             tick.dram[n, g] = 0.0
             tick.demand_level[n, g] = 0.12
 
+    def on_stop(self, host: FaultHost, t: float) -> None:
+        if self.code == 64:  # what ends a failed row remap is a new GPU: its telemetry must say so too
+            _new_hbm(host, self.node, self.gpu)
+
     def gpu_post(self, tick: GpuTick) -> None:
         n, g = self.node, self.gpu
         if self.code == 79:
@@ -147,6 +151,11 @@ class HbmDegradation(Fault):
     def _report(self, host: FaultHost, job: Job, t: float) -> FailureReport:
         return self.culprit_or_peer(host, job, t, self.node, self.gpu, 1, "Error",
                                     logs.cuda_error("uncorrectable ECC error encountered"))
+
+    def on_stop(self, host: FaultHost, t: float) -> None:
+        # worn HBM ends with the GPU replaced (its end is a technician's repair): the new GPU has no
+        # remapped rows and no failed remap, or detectors would find the old one's on a healthy node
+        _new_hbm(host, self.node, self.gpu)
 
     def gpu_post(self, tick: GpuTick) -> None:
         if self._failed:
@@ -286,3 +295,9 @@ class PcieDegradation(Fault):
         # (otherwise detectors keep seeing x8 after the truth window ends, and are scored false)
         host.gpu.pcie_width[self.node, self.gpu] = float(host.fleet.sku_of(self.node).pcie_width)
 
+
+def _new_hbm(host: FaultHost, node: int, gpu: int) -> None:
+    """The GPU's memory rows as a new GPU's: none remapped, none pending, no failed remap."""
+    m = host.gpu
+    m.corr_rows[node, gpu] = m.uncorr_rows[node, gpu] = 0.0
+    m.remap_failure[node, gpu] = m.remap_pending[node, gpu] = 0.0
