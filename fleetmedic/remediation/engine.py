@@ -85,7 +85,8 @@ class DecisionEngine:
         if topology is not None:
             self.state.topology = dict(topology.nodes)
         fleet = self._topology = Topology(self.state.topology)
-        self.triage = Triage(s.triage, s.policy, library or default_library(), fleet, self.state.triage)
+        self.triage = Triage(s.triage, s.policy, library or default_library(), fleet, self.state.triage,
+                             lambda: self.fleet_size)
         self.policy = Policy(s.policy)
         self.gate = SafetyGate(s.safety, self.state.safety)
         self.lifecycle = Lifecycle(s.policy, self._may_disrupt, self.gate.record_disruptive)

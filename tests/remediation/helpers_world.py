@@ -230,3 +230,10 @@ class World:
 
     def to_builtins(self) -> Any:
         return msgspec.to_builtins(self.engine.state)
+
+
+def answer(w: World, cmd: RemediationCommand, **details: str) -> None:
+    """The executor's answer to ``cmd``: applied, with ``details`` (a diagnostic's verdict, a repair)."""
+    w._executed.add(cmd.id)
+    w._take(w.engine.on_result(RemediationResult(command_id=cmd.id, action=cmd.action, outcome="applied",
+                                                 ts=w.now, node=cmd.node, details=details), w.now))

@@ -5,8 +5,9 @@ upgraded, and a node waiting for repair has the new fault added to its repair ti
 from __future__ import annotations
 
 from fleetmedic.records import RemediationCommand
-from tests.remediation.helpers_world import World
-from tests.remediation.test_return_rules import NODES, answer
+from tests.remediation.helpers_world import World, answer
+
+NODES = [f"node-{i}" for i in range(8)]
 
 
 def power_brake(w: World, node: str) -> None:

@@ -6,16 +6,10 @@ node fleetmedic suspects."""
 
 from __future__ import annotations
 
-from fleetmedic.records import RemediationCommand, RemediationResult
-from tests.remediation.helpers_world import SEGV, World
+from fleetmedic.records import RemediationCommand
+from tests.remediation.helpers_world import SEGV, World, answer
 
 NODES = [f"node-{i}" for i in range(8)]
-
-
-def answer(w: World, cmd: RemediationCommand, **details: str) -> None:
-    w._executed.add(cmd.id)
-    w._take(w.engine.on_result(RemediationResult(command_id=cmd.id, action=cmd.action, outcome="applied",
-                                                 ts=w.now, node=cmd.node, details=details), w.now))
 
 
 def isolate_to_diagnostics(w: World, node: str) -> RemediationCommand:

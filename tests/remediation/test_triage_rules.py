@@ -127,8 +127,8 @@ CASES = [
     Case("OOM on one node is transient, blames the job and isolates nothing", lambda w: fail_all(w, one_bad(OOM)),
          "transient_software", JOB),
     Case("a preempted job is transient", lambda w: fail_all(w, lambda i, n: [SIGTERM]), "transient_software", JOB),
-    Case("a node in two failed jobs becomes suspect", two_failed_jobs_share_a_node, "unknown", "node-3",
-         frozenset({"node-3"})),
+    Case("a node in two failed jobs that chance explains is no suspect (8 and 3 of 32 nodes share 0.75)",
+         two_failed_jobs_share_a_node, "transient_software", JOB),
     Case("IB retry-exceeded errors on one node point at its link", lambda w: fail_all(w, one_bad(IB)), "network",
          "node-3", frozenset({"node-3"})),
     Case("errors behind one leaf are one switch incident, not node incidents", leaf_ports, "network", "leaf-1"),
@@ -302,3 +302,24 @@ def test_a_job_failing_with_network_errors_on_nodes_without_a_leaf_label_does_no
     inc = w.last_incident(job=JOB)
     assert inc.incident_class == "transient_software" and [s.name for s in inc.suspects] == [JOB]
     assert not any(s.kind == "switch" for i in w.incidents for s in i.suspects) and not w.isolated()
+
+
+@pytest.mark.parametrize(("sizes", "suspect"), [((2, 2), True), ((2, 3, 4), True), ((32, 64), False),
+                                                 ((16, 16, 16), False)])
+def test_a_node_in_failed_jobs_is_suspect_when_chance_explains_it_poorly(sizes: tuple[int, ...],
+                                                                          suspect: bool) -> None:
+    """On 256 nodes: jobs of 2 nodes share node-0 by chance 0.016 times (suspect); jobs of 32 and
+    64 nodes share 8 nodes by chance, so node-0 in both is scheduling, not evidence; three jobs of
+    16 nodes share 0.06 (just above ``suspect_max_chance_nodes`` 0.05)."""
+    w = World(n=256, per_rack=4, per_leaf=32)
+    for j, size in enumerate(sizes):
+        nodes = ["node-0", *[f"node-{1 + 100 * j + i}" for i in range(size - 1)]]
+        w.place(f"ml/j{j}", nodes)
+        for i, n in enumerate(nodes):
+            w.fail(f"ml/j{j}", n, [timeout_line(i)])
+        w.advance(45)
+    found = [i for i in w.incidents if "failed jobs within" in i.summary]
+    assert bool(found) is suspect, [i.summary for i in w.incidents]
+    assert (w.isolated() == {"node-0"}) is suspect
+    if suspect:
+        assert [s.name for s in found[-1].suspects] == ["node-0"]

@@ -7,7 +7,7 @@ window reaches any more."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from fleetmedic.config import PolicySettings, TriageSettings
@@ -27,7 +27,8 @@ TRIM_EVERY_S: Final = 60.0
 
 class Triage:
     def __init__(self, settings: TriageSettings, policy: PolicySettings, library: PatternLibrary,
-                 topology: Topology | None = None, state: TriageState | None = None) -> None:
+                 topology: Topology | None = None, state: TriageState | None = None,
+                 fleet_size: Callable[[], int] | None = None) -> None:
         self.settings = settings
         self.policy = policy
         self.library = library
@@ -40,7 +41,7 @@ class Triage:
         self.job_board = JobBoard(settings, self.state)
         self.node_findings = NodeFindings(settings, self.state, self.book, self.job_board)
         self.network = NetworkTriage(settings, self.state, self.book, self.job_board, topology)
-        self.failures = JobFailureTriage(settings, policy, library, self.state, self.book, topology)
+        self.failures = JobFailureTriage(settings, policy, library, self.state, self.book, topology, fleet_size)
         self._topology = topology
 
     @property
@@ -176,6 +177,8 @@ class Triage:
             _trim(self.state.node_failures, now - p.escalate_window_s)
             _trim(self.state.job_signatures, now - p.escalate_window_s)
             _trim(self.state.node_failed_jobs, now - p.suspect_window_s)
+            named = {j for entries in self.state.node_failed_jobs.values() for _, j in entries}
+            self.state.failed_job_sizes = {j: k for j, k in self.state.failed_job_sizes.items() if j in named}
         self.state.expected = {k: t for k, t in self.state.expected.items() if t >= now}
         self.state.decided = {k: t for k, t in self.state.decided.items() if t >= now - s.incident_merge_s}
         self.book.forget_closed(now)

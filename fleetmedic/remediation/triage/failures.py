@@ -18,8 +18,11 @@ remembered per node; the rules are tried in order and the first that applies dec
    ``escalate_after_failures`` distinct jobs escalate the node; signals in
    ``policy.node_neutral_signals``, by default memory exhaustion, never count against a node);
 6. **history** — nothing distinctive (only timeouts): a node that appears in
-   ``suspect_after_failed_jobs`` such failed jobs within ``suspect_window_s`` becomes the suspect;
-   otherwise a lone timeout with no other evidence is transient.
+   ``suspect_after_failed_jobs`` such failed jobs within ``suspect_window_s`` becomes the suspect,
+   when chance explains it poorly (at most ``suspect_max_chance_nodes`` nodes of the fleet expected
+   in all those jobs if they were placed independently: large jobs share nodes by chance, and a
+   node that moved from one failed job to the next is scheduling, not evidence); otherwise a lone
+   timeout with no other evidence is transient.
 
 Pure: time comes in as ``now``."""
 
@@ -91,13 +94,15 @@ Rule = Callable[[_Failure, float], Assessment | None]
 
 class JobFailureTriage:
     def __init__(self, settings: TriageSettings, policy: PolicySettings, library: PatternLibrary,
-                 state: TriageState, book: IncidentBook, topology: Topology) -> None:
+                 state: TriageState, book: IncidentBook, topology: Topology,
+                 fleet_size: Callable[[], int] | None = None) -> None:
         self.settings = settings
         self.policy = policy
         self.library = library
         self.state = state
         self.book = book
         self.topology = topology
+        self.fleet_size: Callable[[], int] = fleet_size or (lambda: len(self.topology))
 
     def decide(self, group: PendingGroup, now: float) -> list[Assessment]:
         """The first of the rules (see the module's docstring) that applies to this failed attempt."""
@@ -329,11 +334,15 @@ class JobFailureTriage:
         job, p = x.job, self.policy
         for n in x.nodes:
             _note(self.state.node_failed_jobs, n, x.first, job)
+        sizes = self.state.failed_job_sizes
+        sizes[job] = len(x.nodes)
         horizon = now - p.suspect_window_s
+        fleet = max(self.fleet_size(), len(x.nodes), 1)
         repeated = []
         for n in x.nodes:
             jobs = {j for ts, j in self.state.node_failed_jobs.get(n, ()) if ts >= horizon}
-            if len(jobs) >= p.suspect_after_failed_jobs:
+            if len(jobs) >= p.suspect_after_failed_jobs and _chance_nodes(fleet, [sizes.get(j, 1) for j in jobs]) \
+                    <= p.suspect_max_chance_nodes:
                 repeated.append((len(jobs), n))
         if repeated and len(repeated) <= self.settings.max_hardware_suspects:
             ranked = [n for _, n in sorted(repeated, key=lambda t: (-t[0], t[1]))]
@@ -382,6 +391,15 @@ def _log_evidence(by_node: dict[str, list[LineMatch]], loose: list[LineMatch]) -
 def _exit_codes(group: PendingGroup) -> str:
     codes = sorted({r.exit_code for r in group.reports if r.exit_code is not None})
     return ", ".join(str(c) for c in codes) or "unknown"
+
+
+def _chance_nodes(fleet: int, sizes: list[int]) -> float:
+    """How many nodes of a fleet of ``fleet`` would be in every one of jobs of ``sizes`` nodes placed
+    independently: a node in all of them is evidence only when this is small."""
+    out = float(fleet)
+    for k in sizes:
+        out *= min(1.0, k / fleet)
+    return out
 
 
 def _note(table: dict[str, list[tuple[float, str]]], node: str, t: float, job: str) -> None:

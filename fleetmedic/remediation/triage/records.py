@@ -83,6 +83,7 @@ class TriageState(msgspec.Struct, kw_only=True):
     node_failures: dict[str, list[tuple[float, str]]] = {}  # node -> (ts, job) software failures attributed to it
     job_signatures: dict[str, list[tuple[float, str, str]]] = {}  # job -> (ts, pattern, node) distinctive failures
     node_failed_jobs: dict[str, list[tuple[float, str]]] = {}  # unattributed failed jobs a node was part of
+    failed_job_sizes: dict[str, int] = {}  # job -> its nodes at its latest unattributed failure
 
 
 @dataclass(frozen=True)
