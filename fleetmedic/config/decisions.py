@@ -159,10 +159,10 @@ class PolicySettings(Section, frozen=True, kw_only=True):
     node_neutral_signals: list[str] = msgspec.field(default_factory=lambda: ["oom"])
     suspect_after_failed_jobs: Annotated[int, Meta(ge=2, le=1_000_000)] = 2
     suspect_window_s: PosFloat = 21_600.0
-    # ... and only when chance explains it poorly: the nodes expected in all of its failed jobs by
-    # chance (fleet x the product of each job's share of the fleet) must be at most this; two failed
+    # ... and only when chance does not explain it: the nodes expected in all of its failed jobs by
+    # chance (fleet x the product of each job's share of the fleet) must be at most this; failed
     # jobs of 32 and 64 nodes on 256 share 8 nodes by chance, two 2-node jobs 0.016
-    suspect_max_chance_nodes: NonNegFloat = 0.05
+    suspect_max_chance_nodes: NonNegFloat = 1.0
     diagnostics_timeout_s: PosFloat = 3600.0
     action_timeout_s: PosFloat = 1800.0
     action_retries: NonNegInt = 2

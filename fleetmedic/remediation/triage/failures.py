@@ -19,9 +19,9 @@ remembered per node; the rules are tried in order and the first that applies dec
    ``policy.node_neutral_signals``, by default memory exhaustion, never count against a node);
 6. **history** — nothing distinctive (only timeouts): a node that appears in
    ``suspect_after_failed_jobs`` such failed jobs within ``suspect_window_s`` becomes the suspect,
-   when chance explains it poorly (at most ``suspect_max_chance_nodes`` nodes of the fleet expected
-   in all those jobs if they were placed independently: large jobs share nodes by chance, and a
-   node that moved from one failed job to the next is scheduling, not evidence); otherwise a lone
+   unless chance explains it (more than ``suspect_max_chance_nodes`` nodes of the fleet expected in
+   all those jobs if they were placed independently: large jobs share nodes by chance, and a node
+   that moved from one failed job to the next is scheduling, not evidence); otherwise a lone
    timeout with no other evidence is transient.
 
 Pure: time comes in as ``now``."""
