@@ -191,7 +191,9 @@ class DecisionEngine:
             self.issuer.audit(out, now, "skipped", note, job=event.job)
         self.jobs.on_event(event, now, out)
         if event.event in ("failure", "completion"):
-            for node in old_nodes:  # a job boundary may have been reached
+            # a job boundary may have been reached: the plans of its nodes may go on
+            waiting = {n for n, r in self.state.nodes.items() if r.plan and r.state != "suspect"}
+            for node in (old_nodes if len(old_nodes) <= len(waiting) else [n for n in old_nodes if n in waiting]):
                 self.nodes.advance(node, now, out)
         self._advance(now, out)
         return self._finish(now, out)

@@ -215,8 +215,9 @@ class NodeTrack:
     def tick(self, now: float, out: Decisions) -> None:
         """Retry blocked isolations; run lifecycle deadlines, backoffs and probation."""
         window = self.settings.policy.flap_window_s
-        for name in sorted(self.state.nodes):
-            rec = self.state.nodes[name]
+        nodes = self.state.nodes
+        for name in sorted([n for n, r in nodes.items() if not _idle(r)]):
+            rec = nodes[name]
             if rec.state == "suspect" and rec.blocked_reason:
                 self._retry_blocked(rec, now, out)
             elif rec.state in ("healthy", "probation") and not rec.plan and not rec.inflight and (
@@ -403,6 +404,16 @@ class NodeTrack:
         for name in [n for n, r in self.state.nodes.items() if _forgettable(r)]:
             del self.state.nodes[name]
 
+
+def _idle(rec: NodeRecord) -> bool:
+    """Whether the tick has nothing to do for ``rec`` whatever the time: nothing planned or in flight,
+    no isolation waiting, no probation running, no returns to forget (what a tick looks at)."""
+    if rec.plan or rec.inflight:
+        return False
+    state = rec.state
+    if state == "healthy":
+        return not rec.returns
+    return state != "probation" and not (state == "suspect" and rec.blocked_reason)
 
 
 def _forgettable(rec: NodeRecord) -> bool:
