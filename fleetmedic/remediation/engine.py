@@ -327,7 +327,7 @@ class DecisionEngine:
         self.triage.prune(now)
         s, p = self.settings, self.settings.policy
         self.issuer.forget_commands(now - max(s.signing.command_ttl_s, p.action_timeout_s, p.diagnostics_timeout_s) * 2,
-                                    self.nodes.live_command_ids())
+                                    self.nodes.live_command_ids)
         self.nodes.forget_idle(now)
         self.incidents.forget_gone()
 

@@ -5,6 +5,7 @@ was issued is remembered (:class:`~.engine_state.CommandInfo`) until its result 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Collection
 
 from fleetmedic.actions import command_id
@@ -23,6 +24,10 @@ class Issuer:
         self.state = state
         self.gate = gate
         self.fleet_size = fleet_size
+        #: (issued at, id) of the commands remembered, in issue order, but for ``_kept``: those issued
+        #: before the horizon and kept because a node still waits for their results
+        self._issued: deque[tuple[float, str]] | None = None
+        self._kept: set[str] = set()
 
     def audit(self, out: Decisions, now: float, decision: AuditDecision, explanation: str, *,
               incident: Incident | None = None, incident_id: str = "", node: str = "", job: str = "",
@@ -53,6 +58,8 @@ class Issuer:
         )
         self.state.commands[cid] = CommandInfo(action=action, track=track, incident_id=incident_id, issued_at=now,
                                                node=node, job=job)
+        if self._issued is not None:
+            self._issued.append((now, cid))
         out.commands.append(cmd)
 
     def node_commands(self, now: float, out: Decisions) -> Issue:
@@ -71,6 +78,24 @@ class Issuer:
                 self.audit(out, now, "command", f"{c.action} {c.node or c.job}: {c.reason}", node=c.node, job=c.job,
                            incident_id=c.incident_id, track=c.track, command_ids=[c.id])
 
-    def forget_commands(self, before: float, live: Collection[str]) -> None:
-        """Forget commands issued before ``before`` whose results can no longer matter (not ``live``)."""
-        self.state.commands = {k: v for k, v in self.state.commands.items() if v.issued_at >= before or k in live}
+    def forget_commands(self, before: float, live: Callable[[], Collection[str]]) -> None:
+        """Forget commands issued before ``before`` whose results can no longer matter (not in ``live()``).
+        The commands are kept in the order they were issued (engine time never runs backwards), so
+        only those issued before ``before``, and those found live before, are looked at."""
+        commands = self.state.commands
+        if self._issued is None or len(self._issued) + len(self._kept) < len(commands):  # restored
+            self._issued = deque(sorted((v.issued_at, k) for k, v in commands.items() if k not in self._kept))
+        issued, kept = self._issued, self._kept
+        if not kept and (not issued or issued[0][0] >= before):
+            return
+        live_ids = live()
+        for cid in [c for c in kept if c not in live_ids]:
+            kept.discard(cid)
+            commands.pop(cid, None)
+        while issued and issued[0][0] < before:
+            cid = issued.popleft()[1]
+            if cid in commands:
+                if cid in live_ids:
+                    kept.add(cid)
+                else:
+                    del commands[cid]
