@@ -216,7 +216,11 @@ class NodeTrack:
         """Retry blocked isolations; run lifecycle deadlines, backoffs and probation."""
         window = self.settings.policy.flap_window_s
         nodes = self.state.nodes
-        for name in sorted([n for n, r in nodes.items() if not _idle(r)]):
+        # the records the tick has something to do for (the others wait for an input): a plan or a
+        # command in flight, an isolation waiting, probation running, returns to forget
+        for name in sorted([n for n, r in nodes.items() if r.plan or r.inflight or (
+                r.returns if r.state == "healthy" else
+                r.state == "probation" or (r.state == "suspect" and r.blocked_reason))]):
             rec = nodes[name]
             if rec.state == "suspect" and rec.blocked_reason:
                 self._retry_blocked(rec, now, out)
@@ -401,21 +405,8 @@ class NodeTrack:
         """Forget released holds past the cooldown and flap window, and healthy nodes nothing marks."""
         s, p = self.settings, self.settings.policy
         self.gate.forget_released_before(now - max(s.safety.node_cooldown_s, p.flap_window_s))
-        for name in [n for n, r in self.state.nodes.items() if _forgettable(r)]:
-            del self.state.nodes[name]
-
-
-def _idle(rec: NodeRecord) -> bool:
-    """Whether the tick has nothing to do for ``rec`` whatever the time: nothing planned or in flight,
-    no isolation waiting, no probation running, no returns to forget (what a tick looks at)."""
-    if rec.plan or rec.inflight:
-        return False
-    state = rec.state
-    if state == "healthy":
-        return not rec.returns
-    return state != "probation" and not (state == "suspect" and rec.blocked_reason)
-
-
-def _forgettable(rec: NodeRecord) -> bool:
-    return (rec.state == "healthy" and not rec.plan and not rec.inflight and not rec.returns
-            and not rec.opted_out and not rec.foreign_cordon and not rec.cordon_owned and not rec.conditions)
+        nodes = self.state.nodes
+        for name in [n for n, r in nodes.items() if r.state == "healthy" and not (
+                r.plan or r.inflight or r.returns or r.opted_out or r.foreign_cordon or r.cordon_owned
+                or r.conditions)]:  # nothing marks them: a record is made again when needed
+            del nodes[name]

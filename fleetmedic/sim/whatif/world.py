@@ -112,8 +112,8 @@ class Node:
     changes, and ``blocked``, the world's set of nodes that are not schedulable, so placing a job looks
     at the free nodes only."""
 
-    __slots__ = ("name", "index", "_cordoned_by", "_not_ready", "_busy", "busy_until", "validating", "_job",
-                 "faults", "since", "acct", "free", "blocked")
+    __slots__ = ("_busy", "_cordoned_by", "_job", "_not_ready", "acct", "blocked", "busy_until", "faults", "free",
+                 "index", "name", "since", "validating")
 
     def __init__(self, name: str, index: int, since: float = 0.0, free: set[int] | None = None,
                  blocked: set[int] | None = None) -> None:
@@ -250,12 +250,13 @@ class Tally:
         "detect": [], "wait_for_capacity": [], "restart": [], "total": []})
 
 
-def shuffle(rng: random.Random, x: list[int]) -> None:
+def shuffle(rng: random.Random, x: list[int], batch: int = 0) -> None:
     """``rng.shuffle(x)``: the same permutation from the same generator, drawn faster. Python's shuffle
     draws ``_randbelow(i + 1)`` for each ``i`` from the end, each draw taking 32-bit words of the
     generator's output until one's top ``k`` bits (``getrandbits(k)``, ``k`` the bit length of
     ``i + 1``) are below ``i + 1``; here the words come in batches (the generator is left further on)
-    and the loop runs per bit length."""
+    and the loop runs per bit length. ``batch``: words a batch (default: enough for one shuffle, most
+    often)."""
 
     def words(count: int) -> array[int]:
         out = array("I", rng.getrandbits(32 * count).to_bytes(4 * count, "little"))
@@ -263,14 +264,15 @@ def shuffle(rng: random.Random, x: list[int]) -> None:
             out.byteswap()
         return out
 
-    i = len(x) - 1
-    buf, p = words(i + i // 2 + 64), 0
-    while i >= 1:
-        k = (i + 1).bit_length()
+    top = len(x) - 1
+    buf, p = words(batch or top + top // 2 + 64), 0
+    while top >= 1:
+        k = (top + 1).bit_length()
         lo = max(1, (1 << (k - 1)) - 1)  # the draws below i + 1 in [2**(k-1), 2**k) keep k bits
         shift = 32 - k
+        i = top
         try:
-            for i in range(i, lo - 1, -1):
+            for i in range(top, lo - 1, -1):
                 b = i + 1
                 j = buf[p] >> shift
                 p += 1
@@ -278,10 +280,10 @@ def shuffle(rng: random.Random, x: list[int]) -> None:
                     j = buf[p] >> shift
                     p += 1
                 x[i], x[j] = x[j], x[i]
-        except IndexError:  # the batch ran out: the next one, drawing for the same i
-            buf, p = words(i + 64), 0
+        except IndexError:  # the batch ran out: the next one, drawing again for this i
+            buf, p, top = words(batch or i + 64), 0, i
             continue
-        i = lo - 1
+        top = lo - 1
 
 
 class Policy(Protocol):
