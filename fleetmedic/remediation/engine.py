@@ -327,7 +327,7 @@ class DecisionEngine:
         self.triage.prune(now)
         s, p = self.settings, self.settings.policy
         self.issuer.forget_commands(now - max(s.signing.command_ttl_s, p.action_timeout_s, p.diagnostics_timeout_s) * 2,
-                                    self.nodes.live_command_ids)
+                                    self.nodes.waits_for, self.nodes.changed_for_commands())
         self.nodes.forget_idle(now)
         self.incidents.forget_gone()
 
@@ -390,7 +390,7 @@ class DecisionEngine:
         awaiting repair), or named by an open node incident whose evidence is still being confirmed.
         A restart or requeue excludes them all."""
         out = self.triage.suspected_nodes(NODE_CLASSES)
-        out.update(n for n, r in self.state.nodes.items() if r.state not in ("healthy", "probation"))
+        out.update(self.nodes.unhealthy())
         out.update(self.gate.state.held)
         return out
 

@@ -48,14 +48,49 @@ class NodeTrack:
         self.issuer = issuer
         self.incidents = incidents
         self.fleet_size: Callable[[], int] = fleet_size or (lambda: len(self.topology))
+        # What the housekeeping looks at: a record changes only through the node track, which notes
+        # its name when it takes the record to change it (:meth:`_changing`), so a record the tick
+        # found with nothing to do, or the forgetting found marked, is looked at again only after a
+        # change. None: every record (after a restore).
+        self._for_tick: set[str] | None = None  # every record the tick may have something to do for
+        self._for_forget: set[str] | None = None  # every record changed since the last forgetting
+        self._for_commands: set[str] | None = None  # ... since :meth:`changed_for_commands`
+        self._for_unhealthy: set[str] | None = None  # ... since :meth:`unhealthy`
+        self._unhealthy: set[str] = set()
+
+    def _changing(self, node: str) -> None:
+        for names in (self._for_tick, self._for_forget, self._for_commands, self._for_unhealthy):
+            if names is not None:
+                names.add(node)
+
+    def changed_for_commands(self) -> set[str] | None:
+        """The nodes whose records changed since the last call (None: any may have)."""
+        changed, self._for_commands = self._for_commands, set()
+        return changed
+
+    def unhealthy(self) -> set[str]:
+        """The nodes whose records are neither healthy nor in probation (kept up to date as they change)."""
+        nodes, changed = self.state.nodes, self._for_unhealthy
+        self._for_unhealthy = set()
+        if changed is None:
+            self._unhealthy = {n for n, r in nodes.items() if r.state not in ("healthy", "probation")}
+        else:
+            for n in changed:
+                r = nodes.get(n)
+                if r is not None and r.state not in ("healthy", "probation"):
+                    self._unhealthy.add(n)
+                else:
+                    self._unhealthy.discard(n)
+        return self._unhealthy
 
     # --- the nodes ----------------------------------------------------------------------------------
 
     def record(self, node: str) -> NodeRecord:
-        """The node's lifecycle record, created (healthy) on first use."""
+        """The node's lifecycle record, created (healthy) on first use, to be changed."""
         rec = self.state.nodes.get(node)
         if rec is None:
             rec = self.state.nodes[node] = NodeRecord(name=node)
+        self._changing(node)
         return rec
 
     def state_of(self, node: str) -> NodeState:
@@ -216,11 +251,16 @@ class NodeTrack:
         """Retry blocked isolations; run lifecycle deadlines, backoffs and probation."""
         window = self.settings.policy.flap_window_s
         nodes = self.state.nodes
-        # the records the tick has something to do for (the others wait for an input): a plan or a
+        # the records the tick has something to do for (the others wait for a change): a plan or a
         # command in flight, an isolation waiting, probation running, returns to forget
-        for name in sorted([n for n, r in nodes.items() if r.plan or r.inflight or (
-                r.returns if r.state == "healthy" else
-                r.state == "probation" or (r.state == "suspect" and r.blocked_reason))]):
+        names = sorted([n for n in (nodes if self._for_tick is None else self._for_tick)
+                        if (r := nodes.get(n)) is not None and (r.plan or r.inflight or (
+                            r.returns if r.state == "healthy" else
+                            r.state == "probation" or (r.state == "suspect" and r.blocked_reason)))])
+        self._for_tick = set(names)
+        if self._for_forget is not None:
+            self._for_forget.update(names)
+        for name in names:
             rec = nodes[name]
             if rec.state == "suspect" and rec.blocked_reason:
                 self._retry_blocked(rec, now, out)
@@ -272,10 +312,12 @@ class NodeTrack:
         """A job on ``node`` stopped: a plan waiting for the job boundary may go on."""
         rec = self.state.nodes.get(node)
         if rec is not None and rec.plan and rec.state != "suspect":
+            self._changing(node)
             self.apply(self.lifecycle.advance(rec, now, self.busy(node), self.issuer.node_commands(now, out)), now, out)
 
     def on_result(self, info: CommandInfo, result: RemediationResult, now: float, out: Decisions) -> None:
         rec = self.state.nodes[info.node]
+        self._changing(info.node)
         events = self.lifecycle.on_result(rec, result, now, self.busy(info.node), self.issuer.node_commands(now, out))
         self.apply(events, now, out)
 
@@ -314,6 +356,7 @@ class NodeTrack:
         if kind == "cleared":
             rec = self.state.nodes.get(finding.node)
             if rec is not None and ctype in rec.conditions:
+                self._changing(rec.name)
                 if rec.state == "repair_needed" and rec.blocked_reason == "condition":
                     self.gate.confirm(rec.name)  # its own health check said so: the hold was right
                 self.apply(self.lifecycle.condition_cleared(rec, ctype, now, self.busy(rec.name),
@@ -350,6 +393,8 @@ class NodeTrack:
         audit = self.issuer.audit
         for ev in events:
             rec = self.state.nodes.get(ev.node)
+            if rec is not None:
+                self._changing(ev.node)
             incident_id = incident.id if incident else (rec.incident_id if rec else "")
             if ev.kind == "state_change":
                 audit(out, now, "state_change", ev.explanation, node=ev.node, incident_id=incident_id,
@@ -386,6 +431,7 @@ class NodeTrack:
         self.accounting.refusal_ended(node, now)
         self.accounting.state.clocks.pop(node, None)
         rec = self.state.nodes.pop(node, None)
+        self._changing(node)
         self.state.muted.pop(node, None)
         if rec is not None and rec.incident_id:
             self.incidents.stop_waiting_for(rec.incident_id, node)
@@ -396,17 +442,22 @@ class NodeTrack:
 
     # --- housekeeping -------------------------------------------------------------------------------
 
-    def live_command_ids(self) -> set[str]:
-        """Commands whose results a node still waits for (in flight, or its repair)."""
-        live = {f.command_id for r in self.state.nodes.values() for f in r.inflight}
-        return live | {cid for r in self.state.nodes.values() for cid in r.repair_ids}
+    def waits_for(self, command_id: str, node: str) -> bool:
+        """Whether ``node`` still waits for the result of ``command_id`` (in flight, or its repair): a
+        node's commands are issued for it, so no other record names them."""
+        rec = self.state.nodes.get(node) if node else None
+        return rec is not None and (command_id in rec.repair_ids
+                                    or any(f.command_id == command_id for f in rec.inflight))
 
     def forget_idle(self, now: float) -> None:
         """Forget released holds past the cooldown and flap window, and healthy nodes nothing marks."""
         s, p = self.settings, self.settings.policy
         self.gate.forget_released_before(now - max(s.safety.node_cooldown_s, p.flap_window_s))
         nodes = self.state.nodes
-        for name in [n for n, r in nodes.items() if r.state == "healthy" and not (
-                r.plan or r.inflight or r.returns or r.opted_out or r.foreign_cordon or r.cordon_owned
-                or r.conditions)]:  # nothing marks them: a record is made again when needed
+        for name in [n for n in (nodes if self._for_forget is None else self._for_forget)
+                     if (r := nodes.get(n)) is not None and r.state == "healthy" and not (
+                         r.plan or r.inflight or r.returns or r.opted_out or r.foreign_cordon or r.cordon_owned
+                         or r.conditions)]:  # nothing marks them: a record is made again when needed
             del nodes[name]
+            self._changing(name)
+        self._for_forget = set()

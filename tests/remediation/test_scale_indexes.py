@@ -7,7 +7,10 @@ what a rebuild from scratch gives, over random sequences of the events that chan
   silent nodes;
 - triage's pending groups, kept in deadline order so that the due ones are a prefix;
 - the incident book's subject index and its queue of closed incidents;
-- triage's node -> jobs index under placements, status changes, restores and forgetting.
+- triage's node -> jobs index under placements, status changes, restores and forgetting;
+- the housekeeping's record sets (the node track's records for the tick, the forgetting, the
+  unhealthy nodes; the issuer's commands in issue order; triage's finished jobs): an engine keeping
+  them decides as one that rebuilds them before every call.
 
 The timing itself is measured in ``bench/bench_decide_scale.py``, never asserted here."""
 
@@ -22,7 +25,7 @@ from fleetmedic.remediation.engine import DecisionEngine
 from fleetmedic.remediation.topology import Placement, Topology
 from fleetmedic.remediation.triage.jobs import JobBoard
 from fleetmedic.remediation.triage.records import PendingGroup, TriageState, file_group, order_groups
-from tests.remediation.helpers_world import T0, World
+from tests.remediation.helpers_world import ECC, OOM, T0, XID79, World, timeout_line
 
 NODES = [f"n{i}" for i in range(12)]
 node = st.sampled_from(NODES)
@@ -164,3 +167,80 @@ def test_the_node_to_jobs_index_kept_as_events_come_equals_a_rebuild(ops: list) 
             every = tuple(sorted(j for j, rec in state.jobs.items() if n in rec.nodes))
             live = tuple(j for j in every if state.jobs[j].status in ("placed", "running"))
             assert (board.jobs_placed_on(n), board.jobs_on(n)) == (every, live), (n, op)
+
+
+SHORT = ("safety: {max_quarantined_fraction: 0.1}\npolicy: {action_timeout_s: 60, diagnostics_timeout_s: 120}\n"
+         "signing: {command_ttl_s: 60}")
+WNODES = [f"node-{i}" for i in range(16)]
+engine_op = st.one_of(
+    st.tuples(st.just("xid"), st.sampled_from(WNODES), st.sampled_from([79, 48, 94, 13])),
+    st.tuples(st.just("dbe"), st.sampled_from(WNODES)),
+    st.tuples(st.just("degradation"), st.sampled_from(WNODES)),
+    st.tuples(st.just("fail"), st.sampled_from(["a/big", "a/small"]), st.integers(0, 7),
+              st.sampled_from([[ECC], [XID79], [OOM], [timeout_line(0)], []])),
+    st.tuples(st.just("place"), st.sampled_from(["a/big", "a/small"]), st.integers(0, 8)),
+    st.tuples(st.just("observe"), st.sampled_from(WNODES), st.booleans(), st.booleans()),
+    st.tuples(st.just("advance"), st.sampled_from([10.0, 120.0, 900.0, 3600.0])),
+    st.tuples(st.just("restore")),
+)
+
+
+def _rebuild_indexes(engine: DecisionEngine) -> None:
+    """Make ``engine`` look at everything again, as a fresh one does."""
+    nodes = engine.nodes
+    nodes._for_tick = nodes._for_forget = nodes._for_commands = nodes._for_unhealthy = None
+    engine.issuer._issued = None
+    engine.triage.job_board._done_since = float("-inf")
+
+
+def _apply(w: World, op: tuple, rebuild: bool) -> None:  # type: ignore[type-arg]
+    if rebuild:
+        _rebuild_indexes(w.engine)
+    kind = op[0]
+    if kind == "xid":
+        w.xid(op[1], op[2])
+    elif kind == "dbe":
+        w.dbe(op[1])
+    elif kind == "degradation":
+        w.degradation(op[1])
+    elif kind == "fail" and op[1] in w.placements:
+        nodes = w.placements[op[1]]
+        if nodes:
+            w.fail(op[1], nodes[op[2] % len(nodes)], op[3])
+    elif kind == "place":
+        start = 0 if op[1] == "a/big" else 12
+        w.place(op[1], WNODES[start + op[2] % 4:start + op[2] % 4 + (8 if op[1] == "a/big" else 1)])
+    elif kind == "observe":
+        w.observe(op[1], op[2], op[3])
+    elif kind == "advance":
+        if rebuild:  # every tick as a fresh engine would see it
+            end = w.now + op[1]
+            while w.now < end:
+                _rebuild_indexes(w.engine)
+                w.advance(min(10.0, end - w.now))
+        else:
+            w.advance(op[1])
+    elif kind == "restore":
+        w.engine = DecisionEngine.from_bytes(w.engine.to_bytes(), w.settings)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(engine_op, max_size=25))
+def test_an_engine_keeping_its_housekeeping_sets_decides_as_one_rebuilding_them(ops: list) -> None:  # type: ignore[type-arg]
+    kept, rebuilt = World(16, config=SHORT), World(16, config=SHORT)
+    for op in [("place", "a/big", 0), ("place", "a/small", 0), ("advance", 10.0), *ops, ("advance", 3600.0)]:
+        _apply(kept, op, rebuild=False)
+        _apply(rebuilt, op, rebuild=True)
+        assert [c.id for c in kept.commands] == [c.id for c in rebuilt.commands], op
+        assert [(a.decision, a.explanation) for a in kept.audit] == [(a.decision, a.explanation) for a in rebuilt.audit]
+        assert kept.state_bytes() == rebuilt.state_bytes(), op
+        engine, track = kept.engine, kept.engine.nodes
+        records = engine.state.nodes
+        assert track.unhealthy() == {n for n, r in records.items() if r.state not in ("healthy", "probation")}
+        if track._for_tick is not None:  # every record the tick has something to do for is looked at
+            assert {n for n, r in records.items() if r.plan or r.inflight or (r.state == "healthy" and r.returns)
+                    or r.state == "probation" or (r.state == "suspect" and r.blocked_reason)} <= track._for_tick, op
+        if track._for_forget is not None:  # every record the forgetting may drop is looked at
+            assert {n for n, r in records.items() if r.state == "healthy" and not (
+                r.plan or r.inflight or r.returns or r.opted_out or r.foreign_cordon or r.cordon_owned
+                or r.conditions)} <= track._for_forget, op
