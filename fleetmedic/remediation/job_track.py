@@ -124,6 +124,8 @@ class JobTrack:
         excluded) of the nodes it only suspects: those suspected of what fails a job first (hardware,
         unknown, then network, degradation), and within each the job's own nodes (where its pods go back)."""
         hard = {n for n in suspects if n in self.gate.state.held or self.node_state(n) not in ("healthy", "probation")}
+        if not suspects - hard:
+            return hard
         rec = self.triage.job(job)
         own = set(rec.nodes) if rec else set()
         rank = {"hardware": 0, "unknown": 1, "network": 2, "degradation": 3}

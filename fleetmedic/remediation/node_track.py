@@ -10,6 +10,8 @@ audit records, accounting and incident tracking."""
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections.abc import Callable, Iterable, Mapping
 
 from fleetmedic.actions import ISOLATING, command_id
@@ -53,6 +55,7 @@ class NodeTrack:
         # found with nothing to do, or the forgetting found marked, is looked at again only after a
         # change. None: every record (after a restore).
         self._for_tick: set[str] | None = None  # every record the tick may have something to do for
+        self._sleeping: list[tuple[float, str]] = []  # (when, node): a record the tick has something for then
         self._for_forget: set[str] | None = None  # every record changed since the last forgetting
         self._for_commands: set[str] | None = None  # ... since :meth:`changed_for_commands`
         self._for_unhealthy: set[str] | None = None  # ... since :meth:`unhealthy`
@@ -251,12 +254,29 @@ class NodeTrack:
         """Retry blocked isolations; run lifecycle deadlines, backoffs and probation."""
         window = self.settings.policy.flap_window_s
         nodes = self.state.nodes
-        # the records the tick has something to do for (the others wait for a change): a plan or a
-        # command in flight, an isolation waiting, probation running, returns to forget
-        names = sorted([n for n in (nodes if self._for_tick is None else self._for_tick)
-                        if (r := nodes.get(n)) is not None and (r.plan or r.inflight or (
-                            r.returns if r.state == "healthy" else
-                            r.state == "probation" or (r.state == "suspect" and r.blocked_reason)))])
+        # the records the tick has something to do for now: a plan, an isolation waiting, or a
+        # deadline, the end of probation or a return to forget that has come; a record waiting for one
+        # of those sleeps until then (in ``_sleeping``), one waiting for nothing until it changes
+        if self._for_tick is None:
+            candidates, self._sleeping = set(nodes), []
+        else:
+            candidates, sleeping = self._for_tick, self._sleeping
+            while sleeping and sleeping[0][0] <= now:
+                candidates.add(heapq.heappop(sleeping)[1])
+        names = []
+        for n in candidates:
+            r = nodes.get(n)
+            if r is None:
+                continue
+            if r.plan or (r.state == "suspect" and r.blocked_reason):
+                names.append(n)
+                continue
+            due = _next_due(r, window)
+            if due <= now:
+                names.append(n)
+            elif due < math.inf:
+                heapq.heappush(self._sleeping, (due, n))
+        names.sort()
         self._for_tick = set(names)
         if self._for_forget is not None:
             self._for_forget.update(names)
@@ -461,3 +481,15 @@ class NodeTrack:
             del nodes[name]
             self._changing(name)
         self._for_forget = set()
+
+
+def _next_due(rec: NodeRecord, window: float) -> float:
+    """When the tick next has something to do for ``rec`` (with no plan and no isolation waiting): a
+    command's deadline, the end of probation, a return older than the flap ``window``; a second early
+    (the tick's own tests decide), infinity when it waits for nothing but a change."""
+    due = min((f.deadline for f in rec.inflight), default=math.inf)
+    if rec.state == "probation":
+        due = min(due, rec.probation_until)
+    if rec.returns and rec.state in ("healthy", "probation"):
+        due = min(due, min(rec.returns) + window)
+    return due - 1.0

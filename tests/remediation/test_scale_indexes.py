@@ -16,12 +16,15 @@ The timing itself is measured in ``bench/bench_decide_scale.py``, never asserted
 
 from __future__ import annotations
 
+import functools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetmedic.config import parse_config
 from fleetmedic.records import JobEvent, RankPlacement
-from fleetmedic.remediation.engine import DecisionEngine
+from fleetmedic.remediation.engine import DecisionEngine, Decisions
+from fleetmedic.remediation.node_track import NodeTrack
 from fleetmedic.remediation.topology import Placement, Topology
 from fleetmedic.remediation.triage.jobs import JobBoard
 from fleetmedic.remediation.triage.records import PendingGroup, TriageState, file_group, order_groups
@@ -169,7 +172,8 @@ def test_the_node_to_jobs_index_kept_as_events_come_equals_a_rebuild(ops: list) 
             assert (board.jobs_placed_on(n), board.jobs_on(n)) == (every, live), (n, op)
 
 
-SHORT = ("safety: {max_quarantined_fraction: 0.1}\npolicy: {action_timeout_s: 60, diagnostics_timeout_s: 120}\n"
+SHORT = ("safety: {max_quarantined_fraction: 0.1}\n"
+         "policy: {action_timeout_s: 60, diagnostics_timeout_s: 120, probation_s: 1800, flap_window_s: 3000}\n"
          "signing: {command_ttl_s: 60}")
 WNODES = [f"node-{i}" for i in range(16)]
 engine_op = st.one_of(
@@ -182,13 +186,31 @@ engine_op = st.one_of(
     st.tuples(st.just("observe"), st.sampled_from(WNODES), st.booleans(), st.booleans()),
     st.tuples(st.just("advance"), st.sampled_from([10.0, 120.0, 900.0, 3600.0])),
     st.tuples(st.just("restore")),
+    st.tuples(st.just("executor"), st.booleans()),  # the executor answers (or leaves commands to time out)
 )
 
 
+def _every_record_tick(track: NodeTrack, now: float, out: Decisions) -> None:
+    """The node track's tick walking every record, whatever it waits for."""
+    window = track.settings.policy.flap_window_s
+    for name in sorted(track.state.nodes):
+        rec = track.state.nodes[name]
+        if rec.state == "suspect" and rec.blocked_reason:
+            track._retry_blocked(rec, now, out)
+        elif rec.state in ("healthy", "probation") and not rec.plan and not rec.inflight and (
+                rec.state == "healthy" or now < rec.probation_until):
+            if rec.returns and now - rec.returns[0] >= window:
+                rec.returns = [t for t in rec.returns if now - t < window]
+        elif rec.state != "healthy" or rec.inflight or rec.plan or rec.returns:
+            track.apply(track.lifecycle.tick(rec, now, track.busy(name), track.issuer.node_commands(now, out)),
+                        now, out)
+
+
 def _rebuild_indexes(engine: DecisionEngine) -> None:
-    """Make ``engine`` look at everything again, as a fresh one does."""
+    """Make ``engine`` look at everything again, as a fresh one does, and tick every record."""
     nodes = engine.nodes
     nodes._for_tick = nodes._for_forget = nodes._for_commands = nodes._for_unhealthy = None
+    nodes.tick = functools.partial(_every_record_tick, nodes)  # type: ignore[method-assign]
     engine.issuer._issued = None
     engine.triage.job_board._done_since = float("-inf")
 
@@ -222,6 +244,8 @@ def _apply(w: World, op: tuple, rebuild: bool) -> None:  # type: ignore[type-arg
             w.advance(op[1])
     elif kind == "restore":
         w.engine = DecisionEngine.from_bytes(w.engine.to_bytes(), w.settings)
+    elif kind == "executor":
+        w.auto_execute = op[1]
 
 
 @settings(max_examples=40, deadline=None)
@@ -232,14 +256,16 @@ def test_an_engine_keeping_its_housekeeping_sets_decides_as_one_rebuilding_them(
         _apply(kept, op, rebuild=False)
         _apply(rebuilt, op, rebuild=True)
         assert [c.id for c in kept.commands] == [c.id for c in rebuilt.commands], op
-        assert [(a.decision, a.explanation) for a in kept.audit] == [(a.decision, a.explanation) for a in rebuilt.audit]
+        assert [(a.ts, a.decision, a.explanation) for a in kept.audit] == \
+            [(a.ts, a.decision, a.explanation) for a in rebuilt.audit], op
         assert kept.state_bytes() == rebuilt.state_bytes(), op
         engine, track = kept.engine, kept.engine.nodes
         records = engine.state.nodes
         assert track.unhealthy() == {n for n, r in records.items() if r.state not in ("healthy", "probation")}
-        if track._for_tick is not None:  # every record the tick has something to do for is looked at
-            assert {n for n, r in records.items() if r.plan or r.inflight or (r.state == "healthy" and r.returns)
-                    or r.state == "probation" or (r.state == "suspect" and r.blocked_reason)} <= track._for_tick, op
+        if track._for_tick is not None:  # every record the tick has something to do for is looked at, or sleeps
+            assert {n for n, r in records.items() if r.plan or (r.state == "suspect" and r.blocked_reason)
+                    or r.inflight or r.state == "probation" or (r.state == "healthy" and r.returns)} \
+                <= track._for_tick | {n for _, n in track._sleeping}, op
         if track._for_forget is not None:  # every record the forgetting may drop is looked at
             assert {n for n, r in records.items() if r.state == "healthy" and not (
                 r.plan or r.inflight or r.returns or r.opted_out or r.foreign_cordon or r.cordon_owned
