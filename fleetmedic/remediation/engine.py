@@ -95,7 +95,7 @@ class DecisionEngine:
         self.nodes = NodeTrack(s, self.state, fleet, self.triage, self.gate, self.lifecycle, self.accounting,
                                self.issuer, self.incidents, lambda: self.fleet_size)
         self.jobs = JobTrack(s, self.state, self.triage, self.gate, self.accounting, self.issuer, self.incidents,
-                             self.nodes.state_of, self.suspected_nodes)
+                             self.nodes.state_of, self.suspected_nodes, self.nodes.unhealthy)
 
     @property
     def topology(self) -> Topology:
