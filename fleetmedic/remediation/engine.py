@@ -82,6 +82,10 @@ class DecisionEngine:
         self.settings = s = settings or Settings()
         self.state = state if state is not None else EngineState()
         self._next_forget = float("-inf")  # when the oldest node seen in telemetry may be forgotten
+        #: the nodes of ``state.seen``, the longest unseen first (None: to be sorted, after a restore or
+        #: a sighting stamped earlier than the last), so the forgetting looks only at those that expired
+        self._seen_order: dict[str, None] | None = None
+        self._seen_last = float("-inf")
         if topology is not None:
             self.state.topology = dict(topology.nodes)
         fleet = self._topology = Topology(self.state.topology)
@@ -128,9 +132,18 @@ class DecisionEngine:
         """Telemetry (stage 1's node summaries, GPU records) showed ``nodes``: they are the fleet
         when neither the node watch nor a topology names it. O(1) a node: cheap enough to call for
         every batch."""
-        seen = self.state.seen
+        seen, order = self.state.seen, self._seen_order
+        if order is None or now < self._seen_last:
+            self._seen_order = None
+            for node in nodes:
+                seen[node] = now
+            return
+        self._seen_last = now
+        forget = order.pop
         for node in nodes:
             seen[node] = now
+            forget(node, None)
+            order[node] = None
 
     # --- serialisation ------------------------------------------------------------------------------
 
@@ -233,6 +246,8 @@ class DecisionEngine:
         known = node in self.topology or node in self.state.seen or node in self.state.nodes
         self.topology.remove(node)
         self.state.seen.pop(node, None)
+        if self._seen_order is not None:
+            self._seen_order.pop(node, None)
         self.state.cluster.pop(node, None)
         released = self.nodes.removed(node, now)
         if known:
@@ -338,19 +353,28 @@ class DecisionEngine:
             return
         after = self.settings.safety.fleet_forget_after_s
         horizon = now - after
-        seen = self.state.seen
+        seen, order = self.state.seen, self._seen_order
+        if order is None or len(order) != len(seen):
+            order = self._seen_order = dict.fromkeys(sorted(seen, key=seen.__getitem__))
+            self._seen_last = max(seen.values(), default=float("-inf"))
         # a node's time only moves forward, so none expires before the oldest does
-        self._next_forget = min(seen.values(), default=now) + after
+        self._next_forget = (seen[next(iter(order))] if order else now) + after
         if self._next_forget > now:
             return
-        gone = [n for n, t in seen.items() if t < horizon
-                and self.nodes.state_of(n) == "healthy" and not self.gate.holds(n)]
-        for n in gone:
-            del seen[n]
-        for n, t in list(seen.items()):  # the rest stay counted: renew them so this is not rechecked each tick
-            if t < horizon:
+        expired = []
+        for n in order:  # the longest unseen first
+            if seen[n] >= horizon:
+                break
+            expired.append(n)
+        for n in expired:
+            del order[n]
+            if self.nodes.state_of(n) == "healthy" and not self.gate.holds(n):
+                del seen[n]
+            else:  # it stays counted: renewed so that it is not rechecked each tick
                 seen[n] = now
-        self._next_forget = min(seen.values(), default=now) + after
+                order[n] = None
+        self._seen_last = max(self._seen_last, now)
+        self._next_forget = (seen[next(iter(order))] if order else now) + after
 
     def _may_disrupt(self, node: str, action: str, now: float) -> bool:
         return self.gate.check_disruptive(node, action, now).allowed

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from fleetmedic.config import parse_config
@@ -69,8 +69,9 @@ def test_with_node_leaves_the_topology_it_was_called_on_as_it_was() -> None:
 event = st.one_of(
     st.tuples(st.just("observe"), node, st.sampled_from(["", "r0", "r1"])),
     st.tuples(st.just("seen"), st.lists(node, max_size=4)),
+    st.tuples(st.just("seen_late"), st.lists(node, max_size=4)),  # a sighting stamped before the last one
     st.tuples(st.just("removed"), node),
-    st.tuples(st.just("wait"), st.sampled_from([10.0, 50_000.0, 100_000.0])),
+    st.tuples(st.just("wait"), st.sampled_from([10.0, 40_000.0, 60_000.0, 100_000.0])),
 )
 
 
@@ -85,6 +86,8 @@ def test_the_fleet_size_equals_a_recount_of_its_source_after_a_restore(events: l
             engine.node_observed(e[1], cordoned=False, cordoned_by_fleetmedic=False, labels=labels, now=now)
         elif e[0] == "seen":
             engine.nodes_seen(e[1], now)
+        elif e[0] == "seen_late":
+            engine.nodes_seen(e[1], now - 30_000.0)
         elif e[0] == "removed":
             engine.node_removed(e[1], now)
         else:
@@ -270,3 +273,31 @@ def test_an_engine_keeping_its_housekeeping_sets_decides_as_one_rebuilding_them(
             assert {n for n, r in records.items() if r.state == "healthy" and not (
                 r.plan or r.inflight or r.returns or r.opted_out or r.foreign_cordon or r.cordon_owned
                 or r.conditions)} <= track._for_forget, op
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(event, max_size=30))
+@example([("seen", ["n0"]), ("wait", 40_000.0), ("seen", ["n1"]), ("seen_late", ["n2"]), ("wait", 60_000.0)])
+def test_the_nodes_seen_are_forgotten_as_a_walk_over_all_of_them_forgets_them(events: list) -> None:  # type: ignore[type-arg]
+    after = 86400.0
+    engine = DecisionEngine(parse_config(f"safety: {{fleet_forget_after_s: {after:g}}}"))
+    walked: dict[str, float] = {}  # what a walk over every node seen keeps (none is held in this test)
+    due = float("-inf")  # when the walk looks next: when the oldest sighting expires
+    now = T0
+    for e in events:
+        if e[0] in ("seen", "seen_late"):
+            at = now if e[0] == "seen" else now - 30_000.0
+            engine.nodes_seen(e[1], at)
+            walked.update(dict.fromkeys(e[1], at))
+        elif e[0] == "removed":
+            engine.node_removed(e[1], now)
+            walked.pop(e[1], None)
+        elif e[0] == "wait":
+            now += e[1]
+            engine.tick(now)
+            if now >= due:
+                due = min(walked.values(), default=now) + after
+                if due <= now:
+                    walked = {n: t for n, t in walked.items() if t >= now - after}
+                    due = min(walked.values(), default=now) + after
+        assert list(engine.state.seen.items()) == list(walked.items()), e
