@@ -39,7 +39,9 @@ publication), :class:`~.issuer.Issuer` (audit records and commands) and
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping
+from itertools import repeat
 from typing import Any
 
 import msgspec
@@ -133,17 +135,14 @@ class DecisionEngine:
         when neither the node watch nor a topology names it. O(1) a node: cheap enough to call for
         every batch."""
         seen, order = self.state.seen, self._seen_order
+        nodes = nodes if isinstance(nodes, list) else list(nodes)
+        seen.update(dict.fromkeys(nodes, now))
         if order is None or now < self._seen_last:
             self._seen_order = None
-            for node in nodes:
-                seen[node] = now
             return
         self._seen_last = now
-        forget = order.pop
-        for node in nodes:
-            seen[node] = now
-            forget(node, None)
-            order[node] = None
+        deque(map(order.pop, nodes, repeat(None)), maxlen=0)  # out of their places: last seen now
+        order.update(dict.fromkeys(nodes))
 
     # --- serialisation ------------------------------------------------------------------------------
 
@@ -199,7 +198,7 @@ class DecisionEngine:
         if event.event in ("start", "placement", "restart"):
             self.triage.forget_decision(event.job, event.attempt)  # a new run of that attempt
         if event.placement:
-            self.nodes_seen((p.node for p in event.placement if p.node), now)
+            self.nodes_seen([p.node for p in event.placement if p.node], now)
         for note in self.triage.add_job_event(event, now):
             self.issuer.audit(out, now, "skipped", note, job=event.job)
         self.jobs.on_event(event, now, out)
