@@ -503,17 +503,19 @@ class World:
         if len(again) == job.size and self.free.issuperset(again) and again.isdisjoint(job.exclude):
             chosen = sorted(job.prev_nodes)  # every pod goes back: the random order decides nothing
         else:
-            free = sorted(self.free - job.exclude if job.exclude else self.free)
-            if len(free) < job.size and job.big and self.a.preempt_small:
-                exclude, nodes = job.exclude, self.nodes
-                victims = sorted(n for j in self.jobs if not j.big for n in j.nodes
-                                 if nodes[n].job is j and nodes[n].schedulable and n not in exclude)
-                if len(free) + len(victims) >= job.size:
-                    for n in victims[: job.size - len(free)]:
-                        small = self.nodes[n].job
-                        assert small is not None
-                        self.fail_job(small, n, t, "preempted by the big job")
-                        free.append(n)
+            exclude, nodes = job.exclude, self.nodes
+            room = len(self.free) - sum(1 for n in exclude if n in self.free)
+            preempt = room < job.size and job.big and self.a.preempt_small
+            victims = sorted(n for j in self.jobs if not j.big for n in j.nodes
+                             if nodes[n].job is j and nodes[n].schedulable and n not in exclude) if preempt else []
+            if room + len(victims) < job.size:
+                return  # not enough room, even preempting: the free nodes need not be ordered
+            free = sorted(self.free - exclude if exclude else self.free)
+            for n in victims[: job.size - len(free)] if preempt else ():  # room enough with them
+                small = self.nodes[n].job
+                assert small is not None
+                self.fail_job(small, n, t, "preempted by the big job")
+                free.append(n)
             if len(free) < job.size:
                 return
             back = [n for n in free if n in again]
