@@ -504,7 +504,7 @@ class World:
             chosen = sorted(job.prev_nodes)  # every pod goes back: the random order decides nothing
         else:
             exclude, nodes = job.exclude, self.nodes
-            room = len(self.free) - sum(1 for n in exclude if n in self.free)
+            room = len(self.free) - len(self.free.intersection(exclude))
             preempt = room < job.size and job.big and self.a.preempt_small
             victims = sorted(n for j in self.jobs if not j.big for n in j.nodes
                              if nodes[n].job is j and nodes[n].schedulable and n not in exclude) if preempt else []
