@@ -131,14 +131,15 @@ class JobFailureTriage:
         matches = [m for ms in by_node.values() for m in ms] + loose
         first = min([r.ts for r in group.reports] or [group.first_ts])
         since = first - s.evidence_window_s
+        findings = self.state.findings
         return _Failure(
             group=group, rec=rec, job_nodes=job_nodes, nodes=sorted(job_nodes), distinct=distinct,
             soft={n: m for n, m in distinct.items() if m.incident_class not in ("hardware", "network")
                   and m.signal != "preemption"},
             loose_best=lib.strongest(loose), matches=matches, signals={m.signal for m in matches}, first=first,
             since=since, log_evidence=_log_evidence(by_node, loose),
-            hw_findings={n: fs for n in job_nodes if (fs := [f for f in self.state.findings.get(n, ())
-                                                             if is_hardware_finding(f) and since <= f.ts <= now])},
+            hw_findings={n: fs for n in job_nodes if n in findings and (fs := [
+                f for f in findings[n] if is_hardware_finding(f) and since <= f.ts <= now])},
             hw_logs={n: m for n, m in distinct.items() if m.incident_class == "hardware"},
         )
 
@@ -195,9 +196,10 @@ class JobFailureTriage:
         if fabric_suspected and (behind_open := self._behind_an_open_switch_incident(x, now)):
             return behind_open
         since, congestion = x.since, self.settings.congestion_metrics
-        net_findings = {n for n in x.job_nodes if any(f.kind == "network" and f.severity != "info"
-                                                      and since <= f.ts <= now and not is_congestion(f, congestion)
-                                                      for f in self.state.findings.get(n, ()))}
+        findings = self.state.findings
+        net_findings = {n for n in x.job_nodes if n in findings and any(
+            f.kind == "network" and f.severity != "info" and since <= f.ts <= now and not is_congestion(f, congestion)
+            for f in findings[n])}
         net_nodes = (net_findings if fabric_suspected else set()) | net_logs
         if not net_nodes:
             return None
@@ -210,6 +212,9 @@ class JobFailureTriage:
         return self._shared_leaf(x, net_nodes, now)
 
     def _behind_an_open_switch_incident(self, x: _Failure, now: float) -> Assessment | None:
+        prefix = "network|switch:"
+        if not any(key.startswith(prefix) for key in self.state.open_by_subject):
+            return None  # no switch incident on the book: the job's leaves need not be looked at
         for leaf in sorted({leaf for n in x.nodes for leaf in self.topology.leaves_of(n)}):
             if self.book.is_open("network", f"switch:{leaf}"):
                 behind = self.topology.behind_leaf(leaf)
@@ -327,13 +332,16 @@ class JobFailureTriage:
 
     def _history(self, x: _Failure, now: float) -> Assessment:
         job, p = x.job, self.policy
-        for n in x.nodes:
-            _note(self.state.node_failed_jobs, n, x.first, job)
+        _note_all(self.state.node_failed_jobs, x.nodes, x.first, job)
         horizon = now - p.suspect_window_s
         repeated = []
+        failed_jobs, enough = self.state.node_failed_jobs, p.suspect_after_failed_jobs
         for n in x.nodes:
-            jobs = {j for ts, j in self.state.node_failed_jobs.get(n, ()) if ts >= horizon}
-            if len(jobs) >= p.suspect_after_failed_jobs:
+            entries = failed_jobs.get(n, ())
+            if len(entries) < enough:  # one entry a job: too few jobs whatever their times
+                continue
+            jobs = {j for ts, j in entries if ts >= horizon}
+            if len(jobs) >= enough:
                 repeated.append((len(jobs), n))
         if repeated and len(repeated) <= self.settings.max_hardware_suspects:
             ranked = [n for _, n in sorted(repeated, key=lambda t: (-t[0], t[1]))]
@@ -382,6 +390,18 @@ def _log_evidence(by_node: dict[str, list[LineMatch]], loose: list[LineMatch]) -
 def _exit_codes(group: PendingGroup) -> str:
     codes = sorted({r.exit_code for r in group.reports if r.exit_code is not None})
     return ", ".join(str(c) for c in codes) or "unknown"
+
+
+def _note_all(table: dict[str, list[tuple[float, str]]], nodes: list[str], t: float, job: str) -> None:
+    """:func:`_note` on each of ``nodes``; a node whose latest entry is the job's (a lock-step job
+    failing again on the same nodes) only has that entry's time moved."""
+    for node in nodes:
+        entries = table.get(node)
+        if entries and entries[-1][1] == job:
+            if t > entries[-1][0]:
+                entries[-1] = (t, job)
+        else:
+            _note(table, node, t, job)
 
 
 def _note(table: dict[str, list[tuple[float, str]]], node: str, t: float, job: str) -> None:

@@ -16,6 +16,8 @@ class JobBoard:
         #: node -> the jobs whose current placement has a rank there, whatever their status: built from
         #: the state once (after a restore), then updated as placements change (per event, not per fleet)
         self._by_node: dict[str, set[str]] | None = None
+        #: no completed or failed job's last event is older than this (unknown after a restore)
+        self._done_since = float("-inf")
 
     def _index(self) -> dict[str, set[str]]:
         if self._by_node is None:
@@ -87,6 +89,8 @@ class JobBoard:
             rec.attempt, rec.status = max(rec.attempt, e.attempt), "placed"
         elif e.event == "failure":
             notes += self._gather_failure(rec, e, now)
+        if rec.status in ("completed", "failed"):
+            self._done_since = min(self._done_since, rec.last_event)
         return notes
 
     def _gather_failure(self, rec: JobRecord, e: JobEvent, now: float) -> list[str]:
@@ -109,7 +113,14 @@ class JobBoard:
 
     def forget_finished(self, before: float) -> None:
         """Drop completed and failed jobs whose last event is older than ``before``."""
+        if before <= self._done_since:
+            return  # none is old enough: the jobs need not be looked at
+        since = float("inf")
         for job, rec in list(self.state.jobs.items()):
-            if rec.status in ("completed", "failed") and rec.last_event < before:
-                del self.state.jobs[job]
-                self._moved(job, rec.nodes, [])
+            if rec.status in ("completed", "failed"):
+                if rec.last_event < before:
+                    del self.state.jobs[job]
+                    self._moved(job, rec.nodes, [])
+                else:
+                    since = min(since, rec.last_event)
+        self._done_since = since

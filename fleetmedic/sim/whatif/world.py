@@ -29,6 +29,8 @@ import heapq
 import itertools
 import math
 import random
+import sys
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
@@ -104,25 +106,85 @@ class Fault:
         return self.entry.kind.visible
 
 
-@dataclass
 class Node:
-    name: str
-    index: int
-    cordoned_by: str = ""  # "" | policy name | "planned"
-    not_ready: bool = False
-    busy: str = ""  # "" | diagnostics | reset_gpu | reboot | repair
-    busy_until: float = 0.0
-    validating: bool = False  # repaired after a real fault, held until it returns to service
-    repair_waiters: list[Callable[[float], None]] = field(default_factory=list)  # told when the repair ends
-    job: Job | None = None
-    faults: list[Fault] = field(default_factory=list)
-    since: float = 0.0  # when the accounted state below began
-    acct: tuple[bool, bool, str, bool, float, str, str, bool] = (True, False, "", False, 0.0, "", "", False)
-    # (schedulable, held without a harmful fault, the harmful fault's effect, visible, confirmable_at, evidence)
+    """A node of the replayed cluster. Its placement state (``cordoned_by``, ``not_ready``, ``busy``,
+    ``job``) keeps ``free``, the world's set of nodes a job may be placed on now, up to date as it
+    changes, and ``blocked``, the world's set of nodes that are not schedulable, so placing a job looks
+    at the free nodes only."""
+
+    __slots__ = ("_busy", "_cordoned_by", "_job", "_not_ready", "acct", "blocked", "busy_until", "faults", "free",
+                 "index", "name", "repair_waiters", "since", "validating")
+
+    def __init__(self, name: str, index: int, since: float = 0.0, free: set[int] | None = None,
+                 blocked: set[int] | None = None) -> None:
+        self.name = name
+        self.index = index
+        self._cordoned_by = ""  # "" | policy name | "planned"
+        self._not_ready = False
+        self._busy = ""  # "" | diagnostics | reset_gpu | reboot | repair
+        self.busy_until = 0.0
+        self.validating = False  # repaired after a real fault, held until it returns to service
+        self.repair_waiters: list[Callable[[float], None]] = []  # told when the repair ends
+        self._job: Job | None = None
+        self.faults: list[Fault] = []
+        self.since = since  # when the accounted state below began
+        # (schedulable, held without a harmful fault, the harmful fault's effect, visible, confirmable_at, evidence)
+        self.acct: tuple[bool, bool, str, bool, float, str, str, bool] = (
+            True, False, "", False, 0.0, "", "", False)
+        self.free = free if free is not None else set()
+        self.blocked = blocked if blocked is not None else set()
+        self.free.add(index)
+
+    def _sync(self) -> None:
+        if self._cordoned_by or self._not_ready or self._busy:
+            self.blocked.add(self.index)
+            self.free.discard(self.index)
+        else:
+            self.blocked.discard(self.index)
+            if self._job is None:
+                self.free.add(self.index)
+            else:
+                self.free.discard(self.index)
+
+    @property
+    def cordoned_by(self) -> str:
+        return self._cordoned_by
+
+    @cordoned_by.setter
+    def cordoned_by(self, value: str) -> None:
+        self._cordoned_by = value
+        self._sync()
+
+    @property
+    def not_ready(self) -> bool:
+        return self._not_ready
+
+    @not_ready.setter
+    def not_ready(self, value: bool) -> None:
+        self._not_ready = value
+        self._sync()
+
+    @property
+    def busy(self) -> str:
+        return self._busy
+
+    @busy.setter
+    def busy(self, value: str) -> None:
+        self._busy = value
+        self._sync()
+
+    @property
+    def job(self) -> Job | None:
+        return self._job
+
+    @job.setter
+    def job(self, value: Job | None) -> None:
+        self._job = value
+        self._sync()
 
     @property
     def schedulable(self) -> bool:
-        return not (self.cordoned_by or self.not_ready or self.busy)
+        return not (self._cordoned_by or self._not_ready or self._busy)
 
     def fault(self) -> Fault | None:
         """The active fault (the most harmful first: crash, then slow)."""
@@ -189,6 +251,42 @@ class Tally:
         "detect": [], "wait_for_capacity": [], "restart": [], "total": []})
 
 
+def shuffle(rng: random.Random, x: list[int], batch: int = 0) -> None:
+    """``rng.shuffle(x)``: the same permutation from the same generator, drawn faster. Python's shuffle
+    draws ``_randbelow(i + 1)`` for each ``i`` from the end, each draw taking 32-bit words of the
+    generator's output until one's top ``k`` bits (``getrandbits(k)``, ``k`` the bit length of
+    ``i + 1``) are below ``i + 1``; here the words come in batches (the generator is left further on)
+    and the loop runs per bit length. ``batch``: words a batch (default: enough for one shuffle, most
+    often)."""
+
+    def words(count: int) -> array[int]:
+        out = array("I", rng.getrandbits(32 * count).to_bytes(4 * count, "little"))
+        if sys.byteorder != "little":
+            out.byteswap()
+        return out
+
+    top = len(x) - 1
+    buf, p = words(batch or top + top // 2 + 64), 0
+    while top >= 1:
+        k = (top + 1).bit_length()
+        lo = max(1, (1 << (k - 1)) - 1)  # the draws below i + 1 in [2**(k-1), 2**k) keep k bits
+        shift = 32 - k
+        i = top
+        try:
+            for i in range(top, lo - 1, -1):
+                b = i + 1
+                j = buf[p] >> shift
+                p += 1
+                while j >= b:
+                    j = buf[p] >> shift
+                    p += 1
+                x[i], x[j] = x[j], x[i]
+        except IndexError:  # the batch ran out: the next one, drawing again for this i
+            buf, p, top = words(batch or i + 64), 0, i
+            continue
+        top = lo - 1
+
+
 class Policy(Protocol):
     """What the world calls on the policy it replays (the policies implement it)."""
 
@@ -217,7 +315,15 @@ class World:
         self._seq = itertools.count()
         names = list(history.nodes)
         names += [f"spare-{i:05d}" for i in range(max(0, a.nodes - len(names)))]
-        self.nodes = [Node(n, i, since=self.t) for i, n in enumerate(names)]
+        #: the nodes a job may be placed on now (no job, schedulable): the nodes keep it up to date
+        self.free: set[int] = set()
+        #: the nodes that are not schedulable (cordoned, NotReady or busy)
+        self.blocked: set[int] = set()
+        self.nodes = [Node(n, i, since=self.t, free=self.free, blocked=self.blocked) for i, n in enumerate(names)]
+        #: the nodes with an active fault
+        self.faulty: set[int] = set()
+        #: the jobs waiting for capacity, by index
+        self._waiting: dict[int, Job] = {}
         self.index = {n.name: n.index for n in self.nodes}
         self.unmapped: dict[str, int] = {}
         self.faults: list[Fault] = []
@@ -290,14 +396,24 @@ class World:
 
     def _assign(self, job: Job, nodes: list[int]) -> None:
         job.nodes = nodes
+        all_nodes = self.nodes
         for n in nodes:
-            self.nodes[n].job = job
+            all_nodes[n]._job = job
+        self.free.difference_update(nodes)
 
     def _release(self, job: Job) -> None:
-        for n in job.nodes:
-            if self.nodes[n].job is job:
-                self.nodes[n].job = None
+        all_nodes = self.nodes
+        mine = [n for n in job.nodes if all_nodes[n]._job is job]
+        for n in mine:
+            all_nodes[n]._job = None
+        self.free.update(set(mine).difference(self.blocked))
         job.nodes = []
+
+    def _faults_changed(self, node: Node) -> None:
+        if any(f.active for f in node.faults):
+            self.faulty.add(node.index)
+        else:
+            self.faulty.discard(node.index)
 
     def _job_state(self, job: Job, state: JobState, t: float) -> None:
         """Account the job's time since its last change, then enter ``state``."""
@@ -311,10 +427,16 @@ class World:
         else:
             job.buckets[job.state] += dt
         job.state, job.since = state, t
+        if state == "waiting_for_capacity":
+            self._waiting[job.index] = job
+        else:
+            self._waiting.pop(job.index, None)
 
     def _update_slow(self, job: Job, t: float) -> None:
         slow = 0.0
-        for n in job.nodes:
+        for n in self.faulty:  # of the job's nodes, only those with an active fault slow it
+            if self.nodes[n].job is not job:
+                continue
             f = self.nodes[n].fault()
             if f is not None and f.entry.effect == "slow":
                 slow = max(slow, f.entry.slowdown)
@@ -369,32 +491,39 @@ class World:
 
     def try_place(self, t: float) -> None:
         """Place waiting jobs, the big job first (it may preempt small ones)."""
-        waiting = [j for j in self.jobs if j.state == "waiting_for_capacity"]
-        if not waiting:
+        if not self._waiting:
             return
-        for job in sorted(waiting, key=lambda j: (not j.big, j.index)):
-            self._place(job, t)
+        for job in sorted(self._waiting.values(), key=lambda j: (not j.big, j.index)):
+            if job.state == "waiting_for_capacity":
+                self._place(job, t)
 
     def _place(self, job: Job, t: float) -> None:
-        free = [n.index for n in self.nodes if n.job is None and n.schedulable and n.index not in job.exclude]
-        if len(free) < job.size and job.big and self.a.preempt_small:
-            victims = [n.index for n in self.nodes if n.job is not None and not n.job.big and n.schedulable
-                       and n.index not in job.exclude]
-            if len(free) + len(victims) >= job.size:
-                for n in victims[: job.size - len(free)]:
-                    small = self.nodes[n].job
-                    assert small is not None
-                    self.fail_job(small, n, t, "preempted by the big job")
-                    free.append(n)
-        if len(free) < job.size:
-            return
         # the scheduler puts the pods back where they ran when it may (images cached, the gang's
         # topology kept), and takes the rest from the free nodes in random order
         again = set(job.prev_nodes)
-        rng = self.rng("place", job.name, job.attempt, round(t))
-        rng.shuffle(free)
-        free.sort(key=lambda n: n not in again)
-        chosen = sorted(free[: job.size])
+        if len(again) == job.size and self.free.issuperset(again) and again.isdisjoint(job.exclude):
+            chosen = sorted(job.prev_nodes)  # every pod goes back: the random order decides nothing
+        else:
+            exclude, nodes = job.exclude, self.nodes
+            room = len(self.free) - len(self.free.intersection(exclude))
+            preempt = room < job.size and job.big and self.a.preempt_small
+            victims = sorted(n for j in self.jobs if not j.big for n in j.nodes
+                             if nodes[n].job is j and nodes[n].schedulable and n not in exclude) if preempt else []
+            if room + len(victims) < job.size:
+                return  # not enough room, even preempting: the free nodes need not be ordered
+            free = sorted(self.free - exclude if exclude else self.free)
+            for n in victims[: job.size - len(free)] if preempt else ():  # room enough with them
+                small = self.nodes[n].job
+                assert small is not None
+                self.fail_job(small, n, t, "preempted by the big job")
+                free.append(n)
+            if len(free) < job.size:
+                return
+            back = [n for n in free if n in again]
+            if len(back) < job.size:
+                shuffle(self.rng("place", job.name, job.attempt, round(t)), free)
+                back = [n for n in free if n in again] + [n for n in free if n not in again]
+            chosen = sorted(back[: job.size])
         job.attempt += 1
         job.restart_requested = False
         job.started_at = t
@@ -402,7 +531,7 @@ class World:
         self._job_state(job, "restart_overhead", t)
         attempt = job.attempt
         self.policy.job_placed(self, job, t)
-        for n in chosen:
+        for n in sorted(n for n in self.faulty if self.nodes[n].job is job):  # the chosen nodes with a fault
             f = self.nodes[n].fault()
             if f is not None and f.entry.effect == "crash":
                 self.tally.placements_on_faulty += 1
@@ -445,8 +574,10 @@ class World:
         self._confirmable(f)
         self.faults.append(f)
         node.faults.append(f)
+        self.faulty.add(node.index)
         if entry.evidence == "software":  # the job fails; the node is fine
             f.active = False
+            self._faults_changed(node)
             if node.job is not None:
                 self.fail_job(node.job, node.index, t, entry.category)
             return
@@ -593,6 +724,7 @@ class World:
             for g in node.faults:
                 if g.active:
                     g.active, g.repaired_at = False, at
+                    self._faults_changed(node)
                     self.policy.fault_repaired(self, g, at)
             node.not_ready = False
             node.validating = f is not None and by != "planned"
