@@ -26,10 +26,12 @@ Pure: time comes in as ``now``."""
 from __future__ import annotations
 
 import functools
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from itertools import compress, repeat
+from operator import itemgetter, setitem
+from typing import Any, Final
 
 from fleetmedic.config import PolicySettings, TriageSettings
 from fleetmedic.records import Evidence, Finding, IncidentClass, Suspect
@@ -133,12 +135,14 @@ class JobFailureTriage:
         since = first - s.evidence_window_s
         findings = self.state.findings
         return _Failure(
-            group=group, rec=rec, job_nodes=job_nodes, nodes=sorted(job_nodes), distinct=distinct,
+            group=group, rec=rec, job_nodes=job_nodes, distinct=distinct,
+            # the record's nodes are sorted and distinct: the same list unless a report named another
+            nodes=list(rec.nodes) if len(job_nodes) == len(rec.nodes) else sorted(job_nodes),
             soft={n: m for n, m in distinct.items() if m.incident_class not in ("hardware", "network")
                   and m.signal != "preemption"},
             loose_best=lib.strongest(loose), matches=matches, signals={m.signal for m in matches}, first=first,
             since=since, log_evidence=_log_evidence(by_node, loose),
-            hw_findings={n: fs for n in job_nodes if n in findings and (fs := [
+            hw_findings={n: fs for n in filter(findings.__contains__, job_nodes) if (fs := [
                 f for f in findings[n] if is_hardware_finding(f) and since <= f.ts <= now])},
             hw_logs={n: m for n, m in distinct.items() if m.incident_class == "hardware"},
         )
@@ -197,7 +201,7 @@ class JobFailureTriage:
             return behind_open
         since, congestion = x.since, self.settings.congestion_metrics
         findings = self.state.findings
-        net_findings = {n for n in x.job_nodes if n in findings and any(
+        net_findings = {n for n in filter(findings.__contains__, x.job_nodes) if any(
             f.kind == "network" and f.severity != "info" and since <= f.ts <= now and not is_congestion(f, congestion)
             for f in findings[n])}
         net_nodes = (net_findings if fabric_suspected else set()) | net_logs
@@ -336,11 +340,9 @@ class JobFailureTriage:
         horizon = now - p.suspect_window_s
         repeated = []
         failed_jobs, enough = self.state.node_failed_jobs, p.suspect_after_failed_jobs
-        for n in x.nodes:
-            entries = failed_jobs.get(n, ())
-            if len(entries) < enough:  # one entry a job: too few jobs whatever their times
-                continue
-            jobs = {j for ts, j in entries if ts >= horizon}
+        # one entry a job: a node with fewer entries has too few jobs whatever their times
+        for n in compress(x.nodes, map(enough.__le__, map(len, map(failed_jobs.get, x.nodes, repeat(()))))):
+            jobs = {j for ts, j in failed_jobs.get(n, ()) if ts >= horizon}
             if len(jobs) >= enough:
                 repeated.append((len(jobs), n))
         if repeated and len(repeated) <= self.settings.max_hardware_suspects:
@@ -394,7 +396,14 @@ def _exit_codes(group: PendingGroup) -> str:
 
 def _note_all(table: dict[str, list[tuple[float, str]]], nodes: list[str], t: float, job: str) -> None:
     """:func:`_note` on each of ``nodes``; a node whose latest entry is the job's (a lock-step job
-    failing again on the same nodes) only has that entry's time moved."""
+    failing again on the same nodes) only has that entry's time moved: when that is every node, in
+    bulk (one shared entry, as many as the job's nodes, set by C loops)."""
+    lists: list[Any] = list(map(table.get, nodes))
+    if None not in lists and all(lists):
+        lasts = list(map(itemgetter(-1), lists))
+        if all(map(job.__eq__, map(itemgetter(1), lasts))) and max(map(itemgetter(0), lasts), default=t) < t:
+            deque(map(setitem, lists, repeat(-1), repeat((t, job))), maxlen=0)
+            return
     for node in nodes:
         entries = table.get(node)
         if entries and entries[-1][1] == job:
