@@ -47,7 +47,7 @@ from typing import Any
 import msgspec
 
 from fleetmedic.config import Settings
-from fleetmedic.records import Finding, JobEvent, NodeState, RemediationCommand, RemediationResult
+from fleetmedic.records import Finding, JobEvent, NodeState, RankPlacement, RemediationCommand, RemediationResult
 from fleetmedic.remediation.accounting import Accounting
 from fleetmedic.remediation.engine_state import (
     NODE_CLASSES,
@@ -88,6 +88,9 @@ class DecisionEngine:
         #: a sighting stamped earlier than the last), so the forgetting looks only at those that expired
         self._seen_order: dict[str, None] | None = None
         self._seen_last = float("-inf")
+        #: job -> the placement last read and its nodes: a job placed again on the same ranks (a
+        #: lock-step job restarted where it ran) has its nodes read once
+        self._placed_nodes: dict[str, tuple[list[RankPlacement], list[str]]] = {}
         if topology is not None:
             self.state.topology = dict(topology.nodes)
         fleet = self._topology = Topology(self.state.topology)
@@ -199,14 +202,21 @@ class DecisionEngine:
         if event.event in ("start", "placement", "restart"):
             self.triage.forget_decision(event.job, event.attempt)  # a new run of that attempt
         if event.placement:
-            self.nodes_seen([p.node for p in event.placement if p.node], now)
+            last = self._placed_nodes.get(event.job)
+            if last is not None and last[0] == event.placement:  # the same records: compared by identity
+                placed = last[1]
+            else:
+                placed = [p.node for p in event.placement if p.node]
+                self._placed_nodes[event.job] = (list(event.placement), placed)
+            self.nodes_seen(placed, now)
         for note in self.triage.add_job_event(event, now):
             self.issuer.audit(out, now, "skipped", note, job=event.job)
         self.jobs.on_event(event, now, out)
         if event.event in ("failure", "completion"):
             # a job boundary may have been reached: the plans of its nodes may go on
             waiting = {n for n, r in self.state.nodes.items() if r.plan and r.state != "suspect"}
-            for node in (old_nodes if len(old_nodes) <= len(waiting) else [n for n in old_nodes if n in waiting]):
+            # (the job's nodes are sorted and distinct: so are those of them that wait)
+            for node in (old_nodes if len(old_nodes) <= len(waiting) else sorted(waiting.intersection(old_nodes))):
                 self.nodes.advance(node, now, out)
         self._advance(now, out)
         return self._finish(now, out)
@@ -349,6 +359,9 @@ class DecisionEngine:
 
     def _prune(self, now: float) -> None:
         self.triage.prune(now)
+        jobs = self.triage.state.jobs
+        if len(self._placed_nodes) > len(jobs):  # some job triage forgot: so is its placement
+            self._placed_nodes = {j: v for j, v in self._placed_nodes.items() if j in jobs}
         s, p = self.settings, self.settings.policy
         self.issuer.forget_commands(now - max(s.signing.command_ttl_s, p.action_timeout_s, p.diagnostics_timeout_s) * 2,
                                     self.nodes.waits_for, self.nodes.changed_for_commands())

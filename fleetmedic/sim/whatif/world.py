@@ -28,11 +28,14 @@ import functools
 import heapq
 import itertools
 import math
+import operator
 import random
 import sys
 from array import array
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import compress, repeat
 from typing import Any, Final, Literal, Protocol
 
 from fleetmedic.sim.whatif.history import History, HistoryFault
@@ -287,6 +290,9 @@ def shuffle(rng: random.Random, x: list[int], batch: int = 0) -> None:
         top = lo - 1
 
 
+_JOB_OF: Final = operator.attrgetter("_job")
+
+
 class Policy(Protocol):
     """What the world calls on the policy it replays (the policies implement it)."""
 
@@ -396,17 +402,15 @@ class World:
 
     def _assign(self, job: Job, nodes: list[int]) -> None:
         job.nodes = nodes
-        all_nodes = self.nodes
-        for n in nodes:
-            all_nodes[n]._job = job
+        # each node's job set by C loops (a lock-step job has thousands of nodes)
+        deque(map(setattr, map(self.nodes.__getitem__, nodes), repeat("_job"), repeat(job)), maxlen=0)
         self.free.difference_update(nodes)
 
     def _release(self, job: Job) -> None:
-        all_nodes = self.nodes
-        mine = [n for n in job.nodes if all_nodes[n]._job is job]
-        for n in mine:
-            all_nodes[n]._job = None
-        self.free.update(set(mine).difference(self.blocked))
+        held = list(map(self.nodes.__getitem__, job.nodes))
+        mask = list(map(operator.is_, map(_JOB_OF, held), repeat(job)))  # the nodes still the job's
+        deque(map(setattr, compress(held, mask), repeat("_job"), repeat(None)), maxlen=0)
+        self.free.update(set(compress(job.nodes, mask)).difference(self.blocked))
         job.nodes = []
 
     def _faults_changed(self, node: Node) -> None:
