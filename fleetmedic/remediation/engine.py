@@ -86,7 +86,7 @@ class DecisionEngine:
         self._next_forget = float("-inf")  # when the oldest node seen in telemetry may be forgotten
         #: the nodes of ``state.seen``, the longest unseen first (None: to be sorted, after a restore or
         #: a sighting stamped earlier than the last), so the forgetting looks only at those that expired
-        self._seen_order: dict[str, None] | None = None
+        self._seen_order: dict[str, float | None] | None = None  # (only its keys are read)
         self._seen_last = float("-inf")
         #: job -> the placement last read and its nodes: a job placed again on the same ranks (a
         #: lock-step job restarted where it ran) has its nodes read once
@@ -139,13 +139,14 @@ class DecisionEngine:
         every batch."""
         seen, order = self.state.seen, self._seen_order
         nodes = nodes if isinstance(nodes, list) else list(nodes)
-        seen.update(dict.fromkeys(nodes, now))
+        fresh = dict.fromkeys(nodes, now)
+        seen.update(fresh)
         if order is None or now < self._seen_last:
             self._seen_order = None
             return
         self._seen_last = now
         deque(map(order.pop, nodes, repeat(None)), maxlen=0)  # out of their places: last seen now
-        order.update(dict.fromkeys(nodes))
+        order.update(fresh)
 
     # --- serialisation ------------------------------------------------------------------------------
 

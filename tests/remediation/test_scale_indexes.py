@@ -28,6 +28,7 @@ from fleetmedic.records import JobEvent, RankPlacement
 from fleetmedic.remediation.engine import DecisionEngine, Decisions
 from fleetmedic.remediation.node_track import NodeTrack
 from fleetmedic.remediation.topology import Placement, Topology
+from fleetmedic.remediation.triage.failures import _note, _note_all
 from fleetmedic.remediation.triage.jobs import JobBoard
 from fleetmedic.remediation.triage.records import PendingGroup, TriageState, file_group, order_groups
 from tests.remediation.helpers_world import ECC, OOM, T0, XID79, World, timeout_line
@@ -161,6 +162,7 @@ def test_the_node_to_jobs_index_kept_as_events_come_equals_a_rebuild(ops: list) 
     state = TriageState()
     board = JobBoard(tri, state)
     board.jobs_on("n0")  # built now, then only updated
+    made: dict[tuple[str, ...], list[RankPlacement]] = {}  # the same nodes: the same records, as a replay sends
     for k, op in enumerate(ops):
         now = T0 + k
         if op == "forget":
@@ -169,12 +171,35 @@ def test_the_node_to_jobs_index_kept_as_events_come_equals_a_rebuild(ops: list) 
             board = JobBoard(tri, state)
         else:
             job, kind, nodes, attempt = op
-            ranks = [RankPlacement(rank=r, node=n) for r, n in enumerate(nodes)] if kind == "placement" else []
+            ranks = made.setdefault(tuple(nodes), [RankPlacement(rank=r, node=n) for r, n in enumerate(nodes)]) \
+                if kind == "placement" else []
             board.add_event(JobEvent(job=job, event=kind, ts=now, attempt=attempt, placement=ranks), now)
         for n in NODES:
             every = tuple(sorted(j for j, rec in state.jobs.items() if n in rec.nodes))
             live = tuple(j for j in every if state.jobs[j].status in ("placed", "running"))
             assert (board.jobs_placed_on(n), board.jobs_on(n)) == (every, live), (n, op)
+        for rec in state.jobs.values():
+            assert rec.nodes == sorted(set(rec.ranks.values())), op
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(node, st.lists(st.tuples(st.sampled_from([T0 - 5.0, T0, T0 + 5.0]),
+                                                st.sampled_from(["a/j0", "a/j1"])), max_size=3), max_size=6),
+       st.lists(node, max_size=6, unique=True), st.sampled_from([T0 - 10.0, T0, T0 + 10.0]),
+       st.sampled_from(["a/j0", "a/j1"]))
+def test_a_failure_noted_on_a_jobs_nodes_in_bulk_notes_what_one_note_a_node_does(
+        table: dict[str, list[tuple[float, str]]], nodes: list[str], t: float, job: str) -> None:
+    again = [n for n in sorted(table) if table[n] and table[n][-1][1] == job]  # the job failing again there
+    for names in (sorted(nodes), again):
+        expected = {n: list(v) for n, v in table.items()}
+        for n in names:
+            entries = expected.get(n)
+            if entries and entries[-1][1] == job:
+                entries[-1] = (max(t, entries[-1][0]), job)
+            else:
+                _note(expected, n, t, job)
+        _note_all(table, names, t, job)
+        assert table == expected
 
 
 SHORT = ("safety: {max_quarantined_fraction: 0.1}\n"
