@@ -399,7 +399,7 @@ def _note_all(table: dict[str, list[tuple[float, str]]], nodes: list[str], t: fl
     failing again on the same nodes) only has that entry's time moved: when that is every node, in
     bulk (one shared entry, as many as the job's nodes, set by C loops)."""
     lists: list[Any] = list(map(table.get, nodes))
-    if None not in lists and all(lists):
+    if all(lists):  # each node has entries
         lasts = list(map(itemgetter(-1), lists))
         if all(map(job.__eq__, map(itemgetter(1), lasts))) and max(map(itemgetter(0), lasts), default=t) < t:
             deque(map(setitem, lists, repeat(-1), repeat((t, job))), maxlen=0)
