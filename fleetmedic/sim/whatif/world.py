@@ -191,7 +191,10 @@ class Node:
 
     def fault(self) -> Fault | None:
         """The active fault (the most harmful first: crash, then slow)."""
-        live = [f for f in self.faults if f.active]
+        faults = self.faults
+        if len(faults) == 1:  # most often
+            return faults[0] if faults[0].active else None
+        live = [f for f in faults if f.active]
         if not live:
             return None
         return min(live, key=lambda f: ({"crash": 0, "slow": 1, "none": 2}[f.entry.effect], f.onset))
@@ -535,6 +538,7 @@ class World:
         self._job_state(job, "restart_overhead", t)
         attempt = job.attempt
         self.policy.job_placed(self, job, t)
+        crashing = []
         for n in sorted(n for n in self.faulty if self.nodes[n].job is job):  # the chosen nodes with a fault
             f = self.nodes[n].fault()
             if f is not None and f.entry.effect == "crash":
@@ -546,13 +550,21 @@ class World:
                 else:
                     k = f.entry.evidence
                     self.tally.placements_on_undetected[k] = self.tally.placements_on_undetected.get(k, 0) + 1
-                self.at(t + self.a.crash_after_s, functools.partial(self._crash_if, job, attempt, n))
+                crashing.append(n)
+        if crashing:  # one event for them all: they come due together, in this order
+            self.at(t + self.a.crash_after_s, functools.partial(self._crash_first, job, attempt, crashing))
         self.at(t + self.a.restart_overhead_s, lambda at: self._resume(job, attempt, at))
 
-    def _crash_if(self, job: Job, attempt: int, node: int, t: float) -> None:
-        f = self.nodes[node].fault()
-        if job.attempt == attempt and node in job.nodes and f is not None and f.entry.effect == "crash":
-            self.fail_job(job, node, t, f"{f.entry.category} on {self.nodes[node].name}")
+    def _crash_first(self, job: Job, attempt: int, nodes: list[int], t: float) -> None:
+        """The attempt dies on the first of ``nodes`` whose crash fault is still active there; once it
+        died (its nodes released, or placed again as a later attempt) the others have nothing to do."""
+        for node in nodes:
+            if job.attempt != attempt:
+                return
+            f = self.nodes[node].fault()
+            if f is not None and f.entry.effect == "crash" and node in job.nodes:
+                self.fail_job(job, node, t, f"{f.entry.category} on {self.nodes[node].name}")
+                return
 
     def _resume(self, job: Job, attempt: int, t: float) -> None:
         if job.attempt != attempt or job.state != "restart_overhead":
