@@ -156,7 +156,10 @@ class JobTrack:
             if m.since < horizon:  # a job waiting longer than follow_suspects_s, or deleted, is not followed
                 del self.state.moving[job]
                 continue
-            new = self._affordable(job, suspected - set(m.exclude), len(m.exclude))
+            fresh = suspected.difference(m.exclude)
+            if not fresh:  # none it does not exclude already
+                continue
+            new = self._affordable(job, fresh, len(m.exclude))
             if not new:
                 continue
             m.exclude = sorted(set(m.exclude) | new)
