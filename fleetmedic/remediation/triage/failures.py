@@ -142,7 +142,7 @@ class JobFailureTriage:
                   and m.signal != "preemption"},
             loose_best=lib.strongest(loose), matches=matches, signals={m.signal for m in matches}, first=first,
             since=since, log_evidence=_log_evidence(by_node, loose),
-            hw_findings={n: fs for n in filter(findings.__contains__, job_nodes) if (fs := [
+            hw_findings={n: fs for n in job_nodes.intersection(findings) if (fs := [
                 f for f in findings[n] if is_hardware_finding(f) and since <= f.ts <= now])},
             hw_logs={n: m for n, m in distinct.items() if m.incident_class == "hardware"},
         )
@@ -201,7 +201,7 @@ class JobFailureTriage:
             return behind_open
         since, congestion = x.since, self.settings.congestion_metrics
         findings = self.state.findings
-        net_findings = {n for n in filter(findings.__contains__, x.job_nodes) if any(
+        net_findings = {n for n in x.job_nodes.intersection(findings) if any(
             f.kind == "network" and f.severity != "info" and since <= f.ts <= now and not is_congestion(f, congestion)
             for f in findings[n])}
         net_nodes = (net_findings if fabric_suspected else set()) | net_logs
