@@ -129,7 +129,8 @@ class JobTrack:
         unknown, then network, degradation), and within each the job's own nodes (where its pods go back)."""
         held = self.gate.state.held
         if self.unhealthy is not None:
-            hard = suspects & (held.keys() | self.unhealthy())
+            unhealthy = self.unhealthy()
+            hard = {n for n in suspects if n in held or n in unhealthy}
         else:
             hard = {n for n in suspects if n in held or self.node_state(n) not in ("healthy", "probation")}
         if not suspects - hard:
