@@ -526,10 +526,12 @@ class World:
                 free.append(n)
             if len(free) < job.size:
                 return
-            back = [n for n in free if n in again]
-            if len(back) < job.size:
+            if len(again.intersection(free)) < job.size:  # (``free`` holds distinct nodes)
                 shuffle(self.rng("place", job.name, job.attempt, round(t)), free)
-                back = [n for n in free if n in again] + [n for n in free if n not in again]
+                # where the pods ran first, in the scheduler's order, then the rest
+                back = [*filter(again.__contains__, free), *itertools.filterfalse(again.__contains__, free)]
+            else:
+                back = list(filter(again.__contains__, free))
             chosen = sorted(back[: job.size])
         job.attempt += 1
         job.restart_requested = False
