@@ -500,8 +500,11 @@ class World:
         """Place waiting jobs, the big job first (it may preempt small ones)."""
         if not self._waiting:
             return
+        if not self.free and not any(j.big for j in self._waiting.values()):
+            return  # no free node, and no job that may preempt: none can be placed
         for job in sorted(self._waiting.values(), key=lambda j: (not j.big, j.index)):
-            if job.state == "waiting_for_capacity":
+            # a job that may not preempt needs as many free nodes as it has pods
+            if job.state == "waiting_for_capacity" and (job.big or job.size <= len(self.free)):
                 self._place(job, t)
 
     def _place(self, job: Job, t: float) -> None:
