@@ -39,13 +39,15 @@ publication), :class:`~.issuer.Issuer` (audit records and commands) and
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping
+from itertools import repeat
 from typing import Any
 
 import msgspec
 
 from fleetmedic.config import Settings
-from fleetmedic.records import Finding, JobEvent, NodeState, RemediationCommand, RemediationResult
+from fleetmedic.records import Finding, JobEvent, NodeState, RankPlacement, RemediationCommand, RemediationResult
 from fleetmedic.remediation.accounting import Accounting
 from fleetmedic.remediation.engine_state import (
     NODE_CLASSES,
@@ -82,6 +84,13 @@ class DecisionEngine:
         self.settings = s = settings or Settings()
         self.state = state if state is not None else EngineState()
         self._next_forget = float("-inf")  # when the oldest node seen in telemetry may be forgotten
+        #: the nodes of ``state.seen``, the longest unseen first (None: to be sorted, after a restore or
+        #: a sighting stamped earlier than the last), so the forgetting looks only at those that expired
+        self._seen_order: dict[str, float | None] | None = None  # (only its keys are read)
+        self._seen_last = float("-inf")
+        #: job -> the placement last read and its nodes: a job placed again on the same ranks (a
+        #: lock-step job restarted where it ran) has its nodes read once
+        self._placed_nodes: dict[str, tuple[list[RankPlacement], list[str]]] = {}
         if topology is not None:
             self.state.topology = dict(topology.nodes)
         fleet = self._topology = Topology(self.state.topology)
@@ -96,7 +105,7 @@ class DecisionEngine:
         self.nodes = NodeTrack(s, self.state, fleet, self.triage, self.gate, self.lifecycle, self.accounting,
                                self.issuer, self.incidents, lambda: self.fleet_size)
         self.jobs = JobTrack(s, self.state, self.triage, self.gate, self.accounting, self.issuer, self.incidents,
-                             self.nodes.state_of, self.suspected_nodes)
+                             self.nodes.state_of, self.suspected_nodes, self.nodes.unhealthy)
 
     @property
     def topology(self) -> Topology:
@@ -129,9 +138,16 @@ class DecisionEngine:
         """Telemetry (stage 1's node summaries, GPU records) showed ``nodes``: they are the fleet
         when neither the node watch nor a topology names it. O(1) a node: cheap enough to call for
         every batch."""
-        seen = self.state.seen
-        for node in nodes:
-            seen[node] = now
+        seen, order = self.state.seen, self._seen_order
+        nodes = nodes if isinstance(nodes, list) else list(nodes)
+        fresh = dict.fromkeys(nodes, now)
+        seen.update(fresh)
+        if order is None or now < self._seen_last:
+            self._seen_order = None
+            return
+        self._seen_last = now
+        deque(map(order.pop, nodes, repeat(None)), maxlen=0)  # out of their places: last seen now
+        order.update(fresh)
 
     # --- serialisation ------------------------------------------------------------------------------
 
@@ -189,12 +205,21 @@ class DecisionEngine:
         if event.event in ("start", "placement", "restart"):
             self.triage.forget_decision(event.job, event.attempt)  # a new run of that attempt
         if event.placement:
-            self.nodes_seen((p.node for p in event.placement if p.node), now)
+            last = self._placed_nodes.get(event.job)
+            if last is not None and last[0] == event.placement:  # the same records: compared by identity
+                placed = last[1]
+            else:
+                placed = [p.node for p in event.placement if p.node]
+                self._placed_nodes[event.job] = (list(event.placement), placed)
+            self.nodes_seen(placed, now)
         for note in self.triage.add_job_event(event, now):
             self.issuer.audit(out, now, "skipped", note, job=event.job)
         self.jobs.on_event(event, now, out)
         if event.event in ("failure", "completion"):
-            for node in old_nodes:  # a job boundary may have been reached
+            # a job boundary may have been reached: the plans of its nodes may go on
+            waiting = {n for n, r in self.state.nodes.items() if r.plan and r.state != "suspect"}
+            # (the job's nodes are sorted and distinct: so are those of them that wait)
+            for node in (old_nodes if len(old_nodes) <= len(waiting) else sorted(waiting.intersection(old_nodes))):
                 self.nodes.advance(node, now, out)
         self._advance(now, out)
         return self._finish(now, out)
@@ -234,6 +259,8 @@ class DecisionEngine:
         known = node in self.topology or node in self.state.seen or node in self.state.nodes
         self.topology.remove(node)
         self.state.seen.pop(node, None)
+        if self._seen_order is not None:
+            self._seen_order.pop(node, None)
         self.state.cluster.pop(node, None)
         released = self.nodes.removed(node, now)
         if known:
@@ -335,9 +362,12 @@ class DecisionEngine:
 
     def _prune(self, now: float) -> None:
         self.triage.prune(now)
+        jobs = self.triage.state.jobs
+        if len(self._placed_nodes) > len(jobs):  # some job triage forgot: so is its placement
+            self._placed_nodes = {j: v for j, v in self._placed_nodes.items() if j in jobs}
         s, p = self.settings, self.settings.policy
         self.issuer.forget_commands(now - max(s.signing.command_ttl_s, p.action_timeout_s, p.diagnostics_timeout_s) * 2,
-                                    self.nodes.live_command_ids())
+                                    self.nodes.waits_for, self.nodes.changed_for_commands())
         self.nodes.forget_idle(now)
         self.incidents.forget_gone()
 
@@ -348,19 +378,28 @@ class DecisionEngine:
             return
         after = self.settings.safety.fleet_forget_after_s
         horizon = now - after
-        seen = self.state.seen
+        seen, order = self.state.seen, self._seen_order
+        if order is None or len(order) != len(seen):
+            order = self._seen_order = dict.fromkeys(sorted(seen, key=seen.__getitem__))
+            self._seen_last = max(seen.values(), default=float("-inf"))
         # a node's time only moves forward, so none expires before the oldest does
-        self._next_forget = min(seen.values(), default=now) + after
+        self._next_forget = (seen[next(iter(order))] if order else now) + after
         if self._next_forget > now:
             return
-        gone = [n for n, t in seen.items() if t < horizon
-                and self.nodes.state_of(n) == "healthy" and not self.gate.holds(n)]
-        for n in gone:
-            del seen[n]
-        for n, t in list(seen.items()):  # the rest stay counted: renew them so this is not rechecked each tick
-            if t < horizon:
+        expired = []
+        for n in order:  # the longest unseen first
+            if seen[n] >= horizon:
+                break
+            expired.append(n)
+        for n in expired:
+            del order[n]
+            if self.nodes.state_of(n) == "healthy" and not self.gate.holds(n):
+                del seen[n]
+            else:  # it stays counted: renewed so that it is not rechecked each tick
                 seen[n] = now
-        self._next_forget = min(seen.values(), default=now) + after
+                order[n] = None
+        self._seen_last = max(self._seen_last, now)
+        self._next_forget = (seen[next(iter(order))] if order else now) + after
 
     def _may_disrupt(self, node: str, action: str, now: float) -> bool:
         return self.gate.check_disruptive(node, action, now).allowed
@@ -400,14 +439,8 @@ class DecisionEngine:
         awaiting repair), or named by an open node incident whose evidence is still being confirmed
         (unless the node passed diagnostics and returned to service since the incident's last evidence).
         A restart or requeue excludes them all."""
-        returned: dict[str, float] = {}
-        out: set[str] = set()
-        for n, r in self.state.nodes.items():
-            if r.state == "probation":
-                returned[n] = r.since
-            elif r.state != "healthy":
-                out.add(n)
-        out.update(self.triage.suspected_nodes(NODE_CLASSES, returned))
+        out = self.triage.suspected_nodes(NODE_CLASSES, self.nodes.in_probation())
+        out.update(self.nodes.unhealthy())
         out.update(self.gate.state.held)
         return out
 

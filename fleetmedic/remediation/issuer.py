@@ -5,6 +5,7 @@ was issued is remembered (:class:`~.engine_state.CommandInfo`) until its result 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Collection
 
 from fleetmedic.actions import command_id
@@ -23,6 +24,11 @@ class Issuer:
         self.state = state
         self.gate = gate
         self.fleet_size = fleet_size
+        #: (issued at, id) of the commands remembered, in issue order, but for ``_kept``: node -> those
+        #: issued before the horizon and kept because the node still waits for their results
+        self._issued: deque[tuple[float, str]] | None = None
+        self._kept: dict[str, set[str]] = {}
+        self._kept_n = 0
 
     def audit(self, out: Decisions, now: float, decision: AuditDecision, explanation: str, *,
               incident: Incident | None = None, incident_id: str = "", node: str = "", job: str = "",
@@ -53,6 +59,8 @@ class Issuer:
         )
         self.state.commands[cid] = CommandInfo(action=action, track=track, incident_id=incident_id, issued_at=now,
                                                node=node, job=job)
+        if self._issued is not None:
+            self._issued.append((now, cid))
         out.commands.append(cmd)
 
     def node_commands(self, now: float, out: Decisions) -> Issue:
@@ -71,6 +79,34 @@ class Issuer:
                 self.audit(out, now, "command", f"{c.action} {c.node or c.job}: {c.reason}", node=c.node, job=c.job,
                            incident_id=c.incident_id, track=c.track, command_ids=[c.id])
 
-    def forget_commands(self, before: float, live: Collection[str]) -> None:
-        """Forget commands issued before ``before`` whose results can no longer matter (not ``live``)."""
-        self.state.commands = {k: v for k, v in self.state.commands.items() if v.issued_at >= before or k in live}
+    def forget_commands(self, before: float, waits_for: Callable[[str, str], bool],
+                        changed: Collection[str] | None = None) -> None:
+        """Forget commands issued before ``before`` whose results can no longer matter: no node waits
+        for them (``waits_for(command id, node)``; ``changed``: the nodes whose records changed since
+        the last call, None: any may have). The commands are kept in the order they were issued (engine
+        time never runs backwards), so only those issued before ``before``, and those a node of
+        ``changed`` waited for before, are looked at."""
+        commands, kept = self.state.commands, self._kept
+        if self._issued is None or len(self._issued) + self._kept_n < len(commands):  # restored
+            self._issued = deque(sorted((v.issued_at, k) for k, v in commands.items()))
+            kept.clear()
+            self._kept_n = 0
+            changed = None
+        for node in list(kept) if changed is None else [n for n in changed if n in kept]:
+            ids = kept[node]
+            for cid in [c for c in ids if not waits_for(c, node)]:
+                ids.discard(cid)
+                self._kept_n -= 1
+                commands.pop(cid, None)
+            if not ids:
+                del kept[node]
+        issued = self._issued
+        while issued and issued[0][0] < before:
+            cid = issued.popleft()[1]
+            info = commands.get(cid)
+            if info is not None:
+                if waits_for(cid, info.node):
+                    kept.setdefault(info.node, set()).add(cid)
+                    self._kept_n += 1
+                else:
+                    del commands[cid]

@@ -23,7 +23,8 @@ from fleetmedic.remediation.triage import Assessment, Triage
 class JobTrack:
     def __init__(self, settings: Settings, state: EngineState, triage: Triage, gate: SafetyGate,
                  accounting: Accounting, issuer: Issuer, incidents: IncidentTracker,
-                 node_state: Callable[[str], NodeState], suspected: Callable[[], set[str]] | None = None) -> None:
+                 node_state: Callable[[str], NodeState], suspected: Callable[[], set[str]] | None = None,
+                 unhealthy: Callable[[], set[str]] | None = None) -> None:
         self.settings = settings
         self.state = state
         self.triage = triage
@@ -34,6 +35,9 @@ class JobTrack:
         self.node_state = node_state
         #: every node fleetmedic suspects now (the engine's :meth:`~.engine.DecisionEngine.suspected_nodes`)
         self.suspected: Callable[[], set[str]] = suspected or (lambda: set(self.gate.state.held))
+        #: the nodes whose state is neither healthy nor probation (the node track's
+        #: :meth:`~.node_track.NodeTrack.unhealthy`), else each node's state is asked
+        self.unhealthy = unhealthy
 
     # --- acting on a decision -----------------------------------------------------------------------
 
@@ -123,7 +127,14 @@ class JobTrack:
         (it is unschedulable anyway), and at most ``policy.max_soft_exclusions`` (less ``already``
         excluded) of the nodes it only suspects: those suspected of what fails a job first (hardware,
         unknown, then network, degradation), and within each the job's own nodes (where its pods go back)."""
-        hard = {n for n in suspects if n in self.gate.state.held or self.node_state(n) not in ("healthy", "probation")}
+        held = self.gate.state.held
+        if self.unhealthy is not None:
+            unhealthy = self.unhealthy()
+            hard = {n for n in suspects if n in held or n in unhealthy}
+        else:
+            hard = {n for n in suspects if n in held or self.node_state(n) not in ("healthy", "probation")}
+        if not suspects - hard:
+            return hard
         rec = self.triage.job(job)
         own = set(rec.nodes) if rec else set()
         rank = {"hardware": 0, "unknown": 1, "network": 2, "degradation": 3}
@@ -146,7 +157,10 @@ class JobTrack:
             if m.since < horizon:  # a job waiting longer than follow_suspects_s, or deleted, is not followed
                 del self.state.moving[job]
                 continue
-            new = self._affordable(job, suspected - set(m.exclude), len(m.exclude))
+            fresh = suspected.difference(m.exclude)
+            if not fresh:  # none it does not exclude already
+                continue
+            new = self._affordable(job, fresh, len(m.exclude))
             if not new:
                 continue
             m.exclude = sorted(set(m.exclude) | new)

@@ -10,6 +10,8 @@ audit records, accounting and incident tracking."""
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections.abc import Callable, Iterable, Mapping
 
 from fleetmedic.actions import DISRUPTIVE, ISOLATING, command_id
@@ -49,14 +51,68 @@ class NodeTrack:
         self.issuer = issuer
         self.incidents = incidents
         self.fleet_size: Callable[[], int] = fleet_size or (lambda: len(self.topology))
+        # What the housekeeping looks at: a record changes only through the node track, which notes
+        # its name when it takes the record to change it (:meth:`_changing`), so a record the tick
+        # found with nothing to do, or the forgetting found marked, is looked at again only after a
+        # change. None: every record (after a restore).
+        self._for_tick: set[str] | None = None  # every record the tick may have something to do for
+        self._sleeping: list[tuple[float, str]] = []  # (when, node): a record the tick has something for then
+        self._for_forget: set[str] | None = None  # every record changed since the last forgetting
+        self._for_commands: set[str] | None = None  # ... since :meth:`changed_for_commands`
+        self._for_unhealthy: set[str] | None = None  # ... since :meth:`unhealthy`
+        self._unhealthy: set[str] = set()
+        self._probation: dict[str, float] = {}
+        # (returned_at, node): a record kept only for its definitive return, forgotten once that expires
+        self._remembered: list[tuple[float, str]] = []
+        self._remembering: set[str] = set()
+
+    def _changing(self, node: str) -> None:
+        for names in (self._for_tick, self._for_forget, self._for_commands, self._for_unhealthy):
+            if names is not None:
+                names.add(node)
+
+    def changed_for_commands(self) -> set[str] | None:
+        """The nodes whose records changed since the last call (None: any may have)."""
+        changed, self._for_commands = self._for_commands, set()
+        return changed
+
+    def unhealthy(self) -> set[str]:
+        """The nodes whose records are neither healthy nor in probation (kept up to date as they change)."""
+        self._follow_states()
+        return self._unhealthy
+
+    def in_probation(self) -> dict[str, float]:
+        """The nodes in probation (returned to service) and since when (kept up to date as they change)."""
+        self._follow_states()
+        return self._probation
+
+    def _follow_states(self) -> None:
+        nodes, changed = self.state.nodes, self._for_unhealthy
+        self._for_unhealthy = set()
+        if changed is None:
+            self._unhealthy = {n for n, r in nodes.items() if r.state not in ("healthy", "probation")}
+            self._probation = {n: r.since for n, r in nodes.items() if r.state == "probation"}
+            return
+        for n in changed:
+            r = nodes.get(n)
+            state = r.state if r is not None else "healthy"
+            if state in ("healthy", "probation"):
+                self._unhealthy.discard(n)
+            else:
+                self._unhealthy.add(n)
+            if r is not None and state == "probation":
+                self._probation[n] = r.since
+            else:
+                self._probation.pop(n, None)
 
     # --- the nodes ----------------------------------------------------------------------------------
 
     def record(self, node: str) -> NodeRecord:
-        """The node's lifecycle record, created (healthy) on first use."""
+        """The node's lifecycle record, created (healthy) on first use, to be changed."""
         rec = self.state.nodes.get(node)
         if rec is None:
             rec = self.state.nodes[node] = NodeRecord(name=node)
+        self._changing(node)
         return rec
 
     def state_of(self, node: str) -> NodeState:
@@ -89,6 +145,7 @@ class NodeTrack:
                 or any(f.action in DISRUPTIVE for f in rec.inflight)):
             return
         if supports(finding, rec.signature):
+            self._changing(rec.name)
             rec.evidence_seen = now
 
     def new_evidence(self, finding: Finding) -> bool:
@@ -244,8 +301,35 @@ class NodeTrack:
     def tick(self, now: float, out: Decisions) -> None:
         """Retry blocked isolations; run lifecycle deadlines, backoffs and probation."""
         window = self.settings.policy.flap_window_s
-        for name in sorted(self.state.nodes):
-            rec = self.state.nodes[name]
+        nodes = self.state.nodes
+        # the records the tick has something to do for now: a plan, an isolation waiting, or a
+        # deadline, the end of probation or a return to forget that has come; a record waiting for one
+        # of those sleeps until then (in ``_sleeping``), one waiting for nothing until it changes
+        if self._for_tick is None:
+            candidates, self._sleeping = set(nodes), []
+        else:
+            candidates, sleeping = self._for_tick, self._sleeping
+            while sleeping and sleeping[0][0] <= now:
+                candidates.add(heapq.heappop(sleeping)[1])
+        names = []
+        for n in candidates:
+            r = nodes.get(n)
+            if r is None:
+                continue
+            if r.plan or (r.state == "suspect" and r.blocked_reason):
+                names.append(n)
+                continue
+            due = _next_due(r, window)
+            if due <= now:
+                names.append(n)
+            elif due < math.inf:
+                heapq.heappush(self._sleeping, (due, n))
+        names.sort()
+        self._for_tick = set(names)
+        if self._for_forget is not None:
+            self._for_forget.update(names)
+        for name in names:
+            rec = nodes[name]
             if rec.state == "suspect" and rec.blocked_reason:
                 self._retry_blocked(rec, now, out)
             elif rec.state in ("healthy", "probation") and not rec.plan and not rec.inflight and (
@@ -296,10 +380,12 @@ class NodeTrack:
         """A job on ``node`` stopped: a plan waiting for the job boundary may go on."""
         rec = self.state.nodes.get(node)
         if rec is not None and rec.plan and rec.state != "suspect":
+            self._changing(node)
             self.apply(self.lifecycle.advance(rec, now, self.busy(node), self.issuer.node_commands(now, out)), now, out)
 
     def on_result(self, info: CommandInfo, result: RemediationResult, now: float, out: Decisions) -> None:
         rec = self.state.nodes[info.node]
+        self._changing(info.node)
         events = self.lifecycle.on_result(rec, result, now, self.busy(info.node), self.issuer.node_commands(now, out))
         self.apply(events, now, out)
 
@@ -338,6 +424,7 @@ class NodeTrack:
         if kind == "cleared":
             rec = self.state.nodes.get(finding.node)
             if rec is not None and ctype in rec.conditions:
+                self._changing(rec.name)
                 if rec.state == "repair_needed" and rec.blocked_reason == "condition":
                     self.gate.confirm(rec.name)  # its own health check said so: the hold was right
                 self.apply(self.lifecycle.condition_cleared(rec, ctype, now, self.busy(rec.name),
@@ -374,6 +461,8 @@ class NodeTrack:
         audit = self.issuer.audit
         for ev in events:
             rec = self.state.nodes.get(ev.node)
+            if rec is not None:
+                self._changing(ev.node)
             incident_id = incident.id if incident else (rec.incident_id if rec else "")
             if ev.kind == "state_change":
                 audit(out, now, "state_change", ev.explanation, node=ev.node, incident_id=incident_id,
@@ -410,6 +499,7 @@ class NodeTrack:
         self.accounting.refusal_ended(node, now)
         self.accounting.state.clocks.pop(node, None)
         rec = self.state.nodes.pop(node, None)
+        self._changing(node)
         self.state.muted.pop(node, None)
         if rec is not None and rec.incident_id:
             self.incidents.stop_waiting_for(rec.incident_id, node)
@@ -420,19 +510,39 @@ class NodeTrack:
 
     # --- housekeeping -------------------------------------------------------------------------------
 
-    def live_command_ids(self) -> set[str]:
-        """Commands whose results a node still waits for (in flight, or its repair)."""
-        live = {f.command_id for r in self.state.nodes.values() for f in r.inflight}
-        return live | {cid for r in self.state.nodes.values() for cid in r.repair_ids}
+    def waits_for(self, command_id: str, node: str) -> bool:
+        """Whether ``node`` still waits for the result of ``command_id`` (in flight, or its repair): a
+        node's commands are issued for it, so no other record names them."""
+        rec = self.state.nodes.get(node) if node else None
+        return rec is not None and (command_id in rec.repair_ids
+                                    or any(f.command_id == command_id for f in rec.inflight))
 
     def forget_idle(self, now: float) -> None:
         """Forget released holds past the cooldown and flap window, and healthy nodes nothing marks."""
         s, p = self.settings, self.settings.policy
         self.gate.forget_released_before(now - max(s.safety.node_cooldown_s, p.flap_window_s))
+        nodes = self.state.nodes
         remember = now - p.definitive_recurrence_s  # a definitive return is remembered this long
-        for name in [n for n, r in self.state.nodes.items()
-                     if _forgettable(r) and (not r.returned_signature or r.returned_at < remember)]:
-            del self.state.nodes[name]
+        names = set(nodes) if self._for_forget is None else self._for_forget
+        if self._for_forget is None:
+            self._remembered, self._remembering = [], set()
+        remembered = self._remembered
+        while remembered and remembered[0][0] < remember:  # a remembered return that has expired
+            name = heapq.heappop(remembered)[1]
+            self._remembering.discard(name)
+            names.add(name)
+        for name in list(names):  # forgetting notes the name in ``names``
+            r = nodes.get(name)
+            if r is None or r.state != "healthy" or (r.plan or r.inflight or r.returns or r.opted_out
+                                                     or r.foreign_cordon or r.cordon_owned or r.conditions):
+                continue  # something marks it: looked at again when it changes
+            if not r.returned_signature or r.returned_at < remember:
+                del nodes[name]  # nothing marks it: a record is made again when needed
+                self._changing(name)
+            elif name not in self._remembering:  # looked at again when its return expires
+                self._remembering.add(name)
+                heapq.heappush(remembered, (r.returned_at, name))
+        self._for_forget = set()
 
 
 def supports(finding: Finding, signature: str) -> bool:
@@ -448,6 +558,13 @@ def supports(finding: Finding, signature: str) -> bool:
     return bool(tail) and own.partition(":")[2] == tail
 
 
-def _forgettable(rec: NodeRecord) -> bool:
-    return (rec.state == "healthy" and not rec.plan and not rec.inflight and not rec.returns
-            and not rec.opted_out and not rec.foreign_cordon and not rec.cordon_owned and not rec.conditions)
+def _next_due(rec: NodeRecord, window: float) -> float:
+    """When the tick next has something to do for ``rec`` (with no plan and no isolation waiting): a
+    command's deadline, the end of probation, a return older than the flap ``window``; a second early
+    (the tick's own tests decide), infinity when it waits for nothing but a change."""
+    due = min((f.deadline for f in rec.inflight), default=math.inf)
+    if rec.state == "probation":
+        due = min(due, rec.probation_until)
+    if rec.returns and rec.state in ("healthy", "probation"):
+        due = min(due, min(rec.returns) + window)
+    return due - 1.0

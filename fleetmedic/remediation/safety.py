@@ -304,6 +304,7 @@ class SafetyGate:
         self.settings = settings
         self.state = state if state is not None else SafetyState()
         self.breaker = CircuitBreaker(settings.breaker, self.state.breaker)
+        self._oldest_release = float("-inf")  # no release or disruption remembered is older (unknown: restored)
 
     # --- limits -------------------------------------------------------------------------------
 
@@ -521,10 +522,12 @@ class SafetyGate:
 
     def record_disruptive(self, node: str, action: str, now: float) -> None:
         self.state.disruptive[f"{node}|{action}"] = now
+        self._oldest_release = min(self._oldest_release, now)
 
     def release(self, node: str, now: float) -> None:
         if self.state.held.pop(node, None) is not None:
             self.state.released[node] = now
+            self._oldest_release = min(self._oldest_release, now)
         self._unlist(node)
 
     def forget(self, node: str) -> bool:
@@ -536,8 +539,12 @@ class SafetyGate:
         return held
 
     def forget_released_before(self, horizon: float) -> None:
+        if horizon <= self._oldest_release:
+            return  # none is that old
         self.state.released = {n: ts for n, ts in self.state.released.items() if ts >= horizon}
         self.state.disruptive = {n: ts for n, ts in self.state.disruptive.items() if ts >= horizon}
+        self._oldest_release = min([*self.state.released.values(), *self.state.disruptive.values()],
+                                   default=float("inf"))
 
     def snapshot(self, now: float, fleet_size: int) -> BudgetSnapshot:
         """The budget (``held``: the preventive and uncertain holds it counts)."""

@@ -57,6 +57,13 @@ def test_definitive_evidence_that_recurs_after_passing_diagnostics_sends_the_nod
     assert len(w.cmds("return_to_service", node="node-4")) == 1
     (ticket,) = w.cmds("escalate", node="node-4")
     assert "definitive_recurrence_s" in ticket.reason
+    # remembered while nothing else marks the record, forgotten once definitive_recurrence_s has passed
+    kept = World(config="safety: {max_quarantined_fraction: 0.1}\npolicy: {definitive_return: diagnostics}")
+    kept.dbe("node-4")
+    kept.advance(10 * 86_400)
+    assert kept.engine.state.nodes["node-4"].returned_signature
+    kept.advance(21 * 86_400)  # no input meanwhile: the forgetting looks at it when its return expires
+    assert "node-4" not in kept.engine.state.nodes
     off = World(config="safety: {max_quarantined_fraction: 0.1}\n"
                        "policy: {definitive_recurrence_s: 0, definitive_return: diagnostics}")
     off.dbe("node-4")

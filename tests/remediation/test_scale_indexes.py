@@ -7,22 +7,31 @@ what a rebuild from scratch gives, over random sequences of the events that chan
   silent nodes;
 - triage's pending groups, kept in deadline order so that the due ones are a prefix;
 - the incident book's subject index and its queue of closed incidents;
-- triage's node -> jobs index under placements, status changes, restores and forgetting.
+- triage's node -> jobs index under placements, status changes, restores and forgetting;
+- the housekeeping's record sets (the node track's records for the tick, the forgetting and its
+  remembered definitive returns, the unhealthy nodes and those in probation; the issuer's commands
+  in issue order; triage's finished jobs): an engine keeping them decides as one that rebuilds them
+  before every call, the return rules' deadlines (``boundary_wait_s``, ``evidence_quiet_s``,
+  ``definitive_recurrence_s``) included.
 
 The timing itself is measured in ``bench/bench_decide_scale.py``, never asserted here."""
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+import functools
+
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from fleetmedic.config import parse_config
 from fleetmedic.records import JobEvent, RankPlacement
-from fleetmedic.remediation.engine import DecisionEngine
+from fleetmedic.remediation.engine import DecisionEngine, Decisions
+from fleetmedic.remediation.node_track import NodeTrack
 from fleetmedic.remediation.topology import Placement, Topology
+from fleetmedic.remediation.triage.failures import _note, _note_all
 from fleetmedic.remediation.triage.jobs import JobBoard
 from fleetmedic.remediation.triage.records import PendingGroup, TriageState, file_group, order_groups
-from tests.remediation.helpers_world import T0, World
+from tests.remediation.helpers_world import ECC, OOM, T0, XID79, World, timeout_line
 
 NODES = [f"n{i}" for i in range(12)]
 node = st.sampled_from(NODES)
@@ -63,8 +72,9 @@ def test_with_node_leaves_the_topology_it_was_called_on_as_it_was() -> None:
 event = st.one_of(
     st.tuples(st.just("observe"), node, st.sampled_from(["", "r0", "r1"])),
     st.tuples(st.just("seen"), st.lists(node, max_size=4)),
+    st.tuples(st.just("seen_late"), st.lists(node, max_size=4)),  # a sighting stamped before the last one
     st.tuples(st.just("removed"), node),
-    st.tuples(st.just("wait"), st.sampled_from([10.0, 50_000.0, 100_000.0])),
+    st.tuples(st.just("wait"), st.sampled_from([10.0, 40_000.0, 60_000.0, 100_000.0])),
 )
 
 
@@ -79,6 +89,8 @@ def test_the_fleet_size_equals_a_recount_of_its_source_after_a_restore(events: l
             engine.node_observed(e[1], cordoned=False, cordoned_by_fleetmedic=False, labels=labels, now=now)
         elif e[0] == "seen":
             engine.nodes_seen(e[1], now)
+        elif e[0] == "seen_late":
+            engine.nodes_seen(e[1], now - 30_000.0)
         elif e[0] == "removed":
             engine.node_removed(e[1], now)
         else:
@@ -150,6 +162,7 @@ def test_the_node_to_jobs_index_kept_as_events_come_equals_a_rebuild(ops: list) 
     state = TriageState()
     board = JobBoard(tri, state)
     board.jobs_on("n0")  # built now, then only updated
+    made: dict[tuple[str, ...], list[RankPlacement]] = {}  # the same nodes: the same records, as a replay sends
     for k, op in enumerate(ops):
         now = T0 + k
         if op == "forget":
@@ -158,9 +171,163 @@ def test_the_node_to_jobs_index_kept_as_events_come_equals_a_rebuild(ops: list) 
             board = JobBoard(tri, state)
         else:
             job, kind, nodes, attempt = op
-            ranks = [RankPlacement(rank=r, node=n) for r, n in enumerate(nodes)] if kind == "placement" else []
+            ranks = made.setdefault(tuple(nodes), [RankPlacement(rank=r, node=n) for r, n in enumerate(nodes)]) \
+                if kind == "placement" else []
             board.add_event(JobEvent(job=job, event=kind, ts=now, attempt=attempt, placement=ranks), now)
         for n in NODES:
             every = tuple(sorted(j for j, rec in state.jobs.items() if n in rec.nodes))
             live = tuple(j for j in every if state.jobs[j].status in ("placed", "running"))
             assert (board.jobs_placed_on(n), board.jobs_on(n)) == (every, live), (n, op)
+        for rec in state.jobs.values():
+            assert rec.nodes == sorted(set(rec.ranks.values())), op
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(node, st.lists(st.tuples(st.sampled_from([T0 - 5.0, T0, T0 + 5.0]),
+                                                st.sampled_from(["a/j0", "a/j1"])), max_size=3), max_size=6),
+       st.lists(node, max_size=6, unique=True), st.sampled_from([T0 - 10.0, T0, T0 + 10.0]),
+       st.sampled_from(["a/j0", "a/j1"]))
+def test_a_failure_noted_on_a_jobs_nodes_in_bulk_notes_what_one_note_a_node_does(
+        table: dict[str, list[tuple[float, str]]], nodes: list[str], t: float, job: str) -> None:
+    again = [n for n in sorted(table) if table[n] and table[n][-1][1] == job]  # the job failing again there
+    for names in (sorted(nodes), again):
+        expected = {n: list(v) for n, v in table.items()}
+        for n in names:
+            entries = expected.get(n)
+            if entries and entries[-1][1] == job:
+                entries[-1] = (max(t, entries[-1][0]), job)
+            else:
+                _note(expected, n, t, job)
+        _note_all(table, names, t, job)
+        assert table == expected
+
+
+SHORT = ("safety: {max_quarantined_fraction: 0.1}\n"
+         "policy: {action_timeout_s: 60, diagnostics_timeout_s: 120, probation_s: 1800, flap_window_s: 3000,\n"
+         "  definitive_return: diagnostics, definitive_recurrence_s: 5400, boundary_wait_s: 2400,\n"
+         "  evidence_quiet_s: 300}\n"
+         "signing: {command_ttl_s: 60}")
+WNODES = [f"node-{i}" for i in range(16)]
+engine_op = st.one_of(
+    st.tuples(st.just("xid"), st.sampled_from(WNODES), st.sampled_from([79, 48, 94, 13])),
+    st.tuples(st.just("dbe"), st.sampled_from(WNODES)),
+    st.tuples(st.just("degradation"), st.sampled_from(WNODES)),
+    st.tuples(st.just("fail"), st.sampled_from(["a/big", "a/small"]), st.integers(0, 7),
+              st.sampled_from([[ECC], [XID79], [OOM], [timeout_line(0)], []])),
+    st.tuples(st.just("place"), st.sampled_from(["a/big", "a/small"]), st.integers(0, 8)),
+    st.tuples(st.just("observe"), st.sampled_from(WNODES), st.booleans(), st.booleans()),
+    st.tuples(st.just("advance"), st.sampled_from([10.0, 120.0, 900.0, 3600.0])),
+    st.tuples(st.just("restore")),
+    st.tuples(st.just("executor"), st.booleans()),  # the executor answers (or leaves commands to time out)
+)
+
+
+def _every_record_tick(track: NodeTrack, now: float, out: Decisions) -> None:
+    """The node track's tick walking every record, whatever it waits for."""
+    window = track.settings.policy.flap_window_s
+    for name in sorted(track.state.nodes):
+        rec = track.state.nodes[name]
+        if rec.state == "suspect" and rec.blocked_reason:
+            track._retry_blocked(rec, now, out)
+        elif rec.state in ("healthy", "probation") and not rec.plan and not rec.inflight and (
+                rec.state == "healthy" or now < rec.probation_until):
+            if rec.returns and now - rec.returns[0] >= window:
+                rec.returns = [t for t in rec.returns if now - t < window]
+        elif rec.state != "healthy" or rec.inflight or rec.plan or rec.returns:
+            track.apply(track.lifecycle.tick(rec, now, track.busy(name), track.issuer.node_commands(now, out)),
+                        now, out)
+
+
+def _rebuild_indexes(engine: DecisionEngine) -> None:
+    """Make ``engine`` look at everything again, as a fresh one does, and tick every record."""
+    nodes = engine.nodes
+    nodes._for_tick = nodes._for_forget = nodes._for_commands = nodes._for_unhealthy = None
+    nodes.tick = functools.partial(_every_record_tick, nodes)  # type: ignore[method-assign]
+    engine.issuer._issued = None
+    engine.triage.job_board._done_since = float("-inf")
+
+
+def _apply(w: World, op: tuple, rebuild: bool) -> None:  # type: ignore[type-arg]
+    if rebuild:
+        _rebuild_indexes(w.engine)
+    kind = op[0]
+    if kind == "xid":
+        w.xid(op[1], op[2])
+    elif kind == "dbe":
+        w.dbe(op[1])
+    elif kind == "degradation":
+        w.degradation(op[1])
+    elif kind == "fail" and op[1] in w.placements:
+        nodes = w.placements[op[1]]
+        if nodes:
+            w.fail(op[1], nodes[op[2] % len(nodes)], op[3])
+    elif kind == "place":
+        start = 0 if op[1] == "a/big" else 12
+        w.place(op[1], WNODES[start + op[2] % 4:start + op[2] % 4 + (8 if op[1] == "a/big" else 1)])
+    elif kind == "observe":
+        w.observe(op[1], op[2], op[3])
+    elif kind == "advance":
+        if rebuild:  # every tick as a fresh engine would see it
+            end = w.now + op[1]
+            while w.now < end:
+                _rebuild_indexes(w.engine)
+                w.advance(min(10.0, end - w.now))
+        else:
+            w.advance(op[1])
+    elif kind == "restore":
+        w.engine = DecisionEngine.from_bytes(w.engine.to_bytes(), w.settings)
+    elif kind == "executor":
+        w.auto_execute = op[1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(engine_op, max_size=25))
+def test_an_engine_keeping_its_housekeeping_sets_decides_as_one_rebuilding_them(ops: list) -> None:  # type: ignore[type-arg]
+    kept, rebuilt = World(16, config=SHORT), World(16, config=SHORT)
+    for op in [("place", "a/big", 0), ("place", "a/small", 0), ("advance", 10.0), *ops, ("advance", 3600.0)]:
+        _apply(kept, op, rebuild=False)
+        _apply(rebuilt, op, rebuild=True)
+        assert [c.id for c in kept.commands] == [c.id for c in rebuilt.commands], op
+        assert [(a.ts, a.decision, a.explanation) for a in kept.audit] == \
+            [(a.ts, a.decision, a.explanation) for a in rebuilt.audit], op
+        assert kept.state_bytes() == rebuilt.state_bytes(), op
+        engine, track = kept.engine, kept.engine.nodes
+        records = engine.state.nodes
+        assert track.unhealthy() == {n for n, r in records.items() if r.state not in ("healthy", "probation")}
+        assert track.in_probation() == {n: r.since for n, r in records.items() if r.state == "probation"}
+        if track._for_tick is not None:  # every record the tick has something to do for is looked at, or sleeps
+            assert {n for n, r in records.items() if r.plan or (r.state == "suspect" and r.blocked_reason)
+                    or r.inflight or r.state == "probation" or (r.state == "healthy" and r.returns)} \
+                <= track._for_tick | {n for _, n in track._sleeping}, op
+        if track._for_forget is not None:  # every record the forgetting may drop is looked at
+            assert {n for n, r in records.items() if r.state == "healthy" and not (
+                r.plan or r.inflight or r.returns or r.opted_out or r.foreign_cordon or r.cordon_owned
+                or r.conditions)} <= track._for_forget | track._remembering, op
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(event, max_size=30))
+@example([("seen", ["n0"]), ("wait", 40_000.0), ("seen", ["n1"]), ("seen_late", ["n2"]), ("wait", 60_000.0)])
+def test_the_nodes_seen_are_forgotten_as_a_walk_over_all_of_them_forgets_them(events: list) -> None:  # type: ignore[type-arg]
+    after = 86400.0
+    engine = DecisionEngine(parse_config(f"safety: {{fleet_forget_after_s: {after:g}}}"))
+    walked: dict[str, float] = {}  # what a walk over every node seen keeps (none is held in this test)
+    due = float("-inf")  # when the walk looks next: when the oldest sighting expires
+    now = T0
+    for e in events:
+        if e[0] in ("seen", "seen_late"):
+            at = now if e[0] == "seen" else now - 30_000.0
+            engine.nodes_seen(e[1], at)
+            walked.update(dict.fromkeys(e[1], at))
+        elif e[0] == "removed":
+            engine.node_removed(e[1], now)
+            walked.pop(e[1], None)
+        elif e[0] == "wait":
+            now += e[1]
+            engine.tick(now)
+            if now >= due:
+                due = min(walked.values(), default=now) + after
+                if due <= now:
+                    walked = {n: t for n, t in walked.items() if t >= now - after}
+                    due = min(walked.values(), default=now) + after
+        assert list(engine.state.seen.items()) == list(walked.items()), e

@@ -6,8 +6,10 @@ histories end to end."""
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import UTC
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from fleetmedic.sim.whatif.mapping import MappingError, load_mapping, parse_mapp
 from fleetmedic.sim.whatif.policies import Fleetmedic, Manual, NpdDraino
 from fleetmedic.sim.whatif.replay import PolicySpec, decision_interval_s, replay
 from fleetmedic.sim.whatif.shipped import llama3_csv, shipped_history
-from fleetmedic.sim.whatif.world import Assumptions, World
+from fleetmedic.sim.whatif.world import Assumptions, Job, World, shuffle
 
 GPUS = 9 * 8  # the big job: 9 of 10 nodes, 8 GPUs each
 MIN = 60.0
@@ -289,3 +291,39 @@ def test_a_restarts_exclusions_stay_in_the_template_for_the_controllers_next_res
     w.fail_job(job, job.nodes[0], w.t, "a crash")
     w.request_restart(job, set(), w.t + 30, "controller", job.attempt)
     assert job.state == "restart_overhead" and spare not in job.nodes and job.exclude == {spare}
+
+
+@pytest.mark.parametrize("batch", [0, 1, 2, 5])
+def test_the_fast_shuffle_gives_the_permutation_random_shuffle_gives(batch: int) -> None:
+    for n in (0, 1, 2, 3, 4, 5, 8, 9, 17, 100, 1000, 4097):
+        for seed in range(5):
+            expected, got = list(range(n)), list(range(n))
+            random.Random(f"{seed}:{n}").shuffle(expected)
+            shuffle(random.Random(f"{seed}:{n}"), got, batch)
+            assert got == expected, (n, seed, batch)
+
+
+class _Checked(World):
+    """A world that checks, at every placement, the sets it keeps against a scan of its nodes."""
+
+    checks = 0
+
+    def _place(self, job: Job, t: float) -> None:
+        assert self.free == {n.index for n in self.nodes if n.job is None and n.schedulable}
+        assert self.blocked == {n.index for n in self.nodes if not n.schedulable}
+        assert self.faulty == {n.index for n in self.nodes if n.fault() is not None}
+        assert set(self._waiting) == {j.index for j in self.jobs if j.state == "waiting_for_capacity"}
+        _Checked.checks += 1
+        super()._place(job, t)
+
+
+@pytest.mark.parametrize("policy", [Manual, NpdDraino, lambda: Fleetmedic(parse_config(""))])
+def test_the_free_faulty_and_waiting_sets_agree_with_the_nodes_at_every_placement(policy: object) -> None:
+    h = shipped_history("llama3")  # its first 60 faults, on the nodes they name
+    faults = h.faults[:60]
+    h = replace(h, faults=faults, end=faults[-1].start + 86400.0, nodes=list(dict.fromkeys(f.node for f in faults)))
+    _Checked.checks = 0
+    w = _Checked(h, load_mapping("llama3"), tiny(nodes=40, small_job_fraction=0.2), policy(),  # type: ignore[operator]
+                 105.0, 600.0)
+    w.run()
+    assert _Checked.checks > 20

@@ -22,8 +22,10 @@ from fleetmedic.remediation.triage.network import NetworkTriage
 from fleetmedic.remediation.triage.records import Assessment, JobRecord, PendingGroup, TriageState, order_groups
 
 # Engine seconds between trims of the failure histories (dropping what no window reaches): a trim
-# walks every node's list, and the decision stage ticks every few seconds.
-TRIM_EVERY_S: Final = 60.0
+# walks every node's list (a lock-step job's failures put each of its nodes in), and the decision
+# stage ticks every few seconds. Readers filter by their window, so a trim an hour late costs memory
+# only: at most an hour's entries more per node and job.
+TRIM_EVERY_S: Final = 3600.0
 
 class Triage:
     def __init__(self, settings: TriageSettings, policy: PolicySettings, library: PatternLibrary,
@@ -172,7 +174,7 @@ class Triage:
                 self.state.findings[node] = fs
             else:
                 del self.state.findings[node]
-        if now >= self._next_trim:  # readers filter by their windows: a minute late costs nothing
+        if now >= self._next_trim:  # readers filter by their windows: an hour late costs nothing
             self._next_trim = now + TRIM_EVERY_S
             _trim(self.state.node_failures, now - p.escalate_window_s)
             _trim(self.state.job_signatures, now - p.escalate_window_s)

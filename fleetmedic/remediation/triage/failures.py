@@ -29,10 +29,12 @@ Pure: time comes in as ``now``."""
 from __future__ import annotations
 
 import functools
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from itertools import compress, repeat
+from operator import itemgetter, setitem
+from typing import Any, Final
 
 from fleetmedic.config import PolicySettings, TriageSettings
 from fleetmedic.records import Evidence, Finding, IncidentClass, Suspect
@@ -136,14 +138,17 @@ class JobFailureTriage:
         matches = [m for ms in by_node.values() for m in ms] + loose
         first = min([r.ts for r in group.reports] or [group.first_ts])
         since = first - s.evidence_window_s
+        findings = self.state.findings
         return _Failure(
-            group=group, rec=rec, job_nodes=job_nodes, nodes=sorted(job_nodes), distinct=distinct,
+            group=group, rec=rec, job_nodes=job_nodes, distinct=distinct,
+            # the record's nodes are sorted and distinct: the same list unless a report named another
+            nodes=list(rec.nodes) if len(job_nodes) == len(rec.nodes) else sorted(job_nodes),
             soft={n: m for n, m in distinct.items() if m.incident_class not in ("hardware", "network")
                   and m.signal != "preemption"},
             loose_best=lib.strongest(loose), matches=matches, signals={m.signal for m in matches}, first=first,
             since=since, log_evidence=_log_evidence(by_node, loose),
-            hw_findings={n: fs for n in job_nodes if (fs := [f for f in self.state.findings.get(n, ())
-                                                             if is_hardware_finding(f) and since <= f.ts <= now])},
+            hw_findings={n: fs for n in job_nodes.intersection(findings) if (fs := [
+                f for f in findings[n] if is_hardware_finding(f) and since <= f.ts <= now])},
             hw_logs={n: m for n, m in distinct.items() if m.incident_class == "hardware"},
         )
 
@@ -200,9 +205,10 @@ class JobFailureTriage:
         if fabric_suspected and (behind_open := self._behind_an_open_switch_incident(x, now)):
             return behind_open
         since, congestion = x.since, self.settings.congestion_metrics
-        net_findings = {n for n in x.job_nodes if any(f.kind == "network" and f.severity != "info"
-                                                      and since <= f.ts <= now and not is_congestion(f, congestion)
-                                                      for f in self.state.findings.get(n, ()))}
+        findings = self.state.findings
+        net_findings = {n for n in x.job_nodes.intersection(findings) if any(
+            f.kind == "network" and f.severity != "info" and since <= f.ts <= now and not is_congestion(f, congestion)
+            for f in findings[n])}
         net_nodes = (net_findings if fabric_suspected else set()) | net_logs
         if not net_nodes:
             return None
@@ -215,6 +221,9 @@ class JobFailureTriage:
         return self._shared_leaf(x, net_nodes, now)
 
     def _behind_an_open_switch_incident(self, x: _Failure, now: float) -> Assessment | None:
+        prefix = "network|switch:"
+        if not any(key.startswith(prefix) for key in self.state.open_by_subject):
+            return None  # no switch incident on the book: the job's leaves need not be looked at
         for leaf in sorted({leaf for n in x.nodes for leaf in self.topology.leaves_of(n)}):
             if self.book.is_open("network", f"switch:{leaf}"):
                 behind = self.topology.behind_leaf(leaf)
@@ -332,16 +341,17 @@ class JobFailureTriage:
 
     def _history(self, x: _Failure, now: float) -> Assessment:
         job, p = x.job, self.policy
-        for n in x.nodes:
-            _note(self.state.node_failed_jobs, n, x.first, job)
+        _note_all(self.state.node_failed_jobs, x.nodes, x.first, job)
         sizes = self.state.failed_job_sizes
         sizes[job] = len(x.nodes)
         horizon = now - p.suspect_window_s
         fleet = max(self.fleet_size(), len(x.nodes), 1)
         repeated = []
-        for n in x.nodes:
-            jobs = {j for ts, j in self.state.node_failed_jobs.get(n, ()) if ts >= horizon}
-            if len(jobs) >= p.suspect_after_failed_jobs and _chance_nodes(fleet, [sizes.get(j, 1) for j in jobs]) \
+        failed_jobs, enough = self.state.node_failed_jobs, p.suspect_after_failed_jobs
+        # one entry a job: a node with fewer entries has too few jobs whatever their times
+        for n in compress(x.nodes, map(enough.__le__, map(len, map(failed_jobs.get, x.nodes, repeat(()))))):
+            jobs = {j for ts, j in failed_jobs.get(n, ()) if ts >= horizon}
+            if len(jobs) >= enough and _chance_nodes(fleet, [sizes.get(j, 1) for j in jobs]) \
                     <= p.suspect_max_chance_nodes:
                 repeated.append((len(jobs), n))
         if repeated and len(repeated) <= self.settings.max_hardware_suspects:
@@ -400,6 +410,25 @@ def _chance_nodes(fleet: int, sizes: list[int]) -> float:
     for k in sizes:
         out *= min(1.0, k / fleet)
     return out
+
+
+def _note_all(table: dict[str, list[tuple[float, str]]], nodes: list[str], t: float, job: str) -> None:
+    """:func:`_note` on each of ``nodes``; a node whose latest entry is the job's (a lock-step job
+    failing again on the same nodes) only has that entry's time moved: when that is every node, in
+    bulk (one shared entry, as many as the job's nodes, set by C loops)."""
+    lists: list[Any] = list(map(table.get, nodes))
+    if all(lists):  # each node has entries
+        lasts = list(map(itemgetter(-1), lists))
+        if all(map(job.__eq__, map(itemgetter(1), lasts))) and max(map(itemgetter(0), lasts), default=t) < t:
+            deque(map(setitem, lists, repeat(-1), repeat((t, job))), maxlen=0)
+            return
+    for node in nodes:
+        entries = table.get(node)
+        if entries and entries[-1][1] == job:
+            if t > entries[-1][0]:
+                entries[-1] = (t, job)
+        else:
+            _note(table, node, t, job)
 
 
 def _note(table: dict[str, list[tuple[float, str]]], node: str, t: float, job: str) -> None:

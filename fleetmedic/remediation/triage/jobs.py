@@ -5,7 +5,7 @@ the failure is decided (:mod:`.failures`)."""
 from __future__ import annotations
 
 from fleetmedic.config import TriageSettings
-from fleetmedic.records import JobEvent
+from fleetmedic.records import JobEvent, RankPlacement
 from fleetmedic.remediation.triage.records import FailureReport, JobRecord, PendingGroup, TriageState, file_group
 
 
@@ -16,6 +16,11 @@ class JobBoard:
         #: node -> the jobs whose current placement has a rank there, whatever their status: built from
         #: the state once (after a restore), then updated as placements change (per event, not per fleet)
         self._by_node: dict[str, set[str]] | None = None
+        #: no completed or failed job's last event is older than this (unknown after a restore)
+        self._done_since = float("-inf")
+        #: job -> its record and the placement its ranks and nodes were last read from: a job placed
+        #: again on the same ranks (a lock-step job restarted where it ran) is not read again
+        self._read_from: dict[str, tuple[JobRecord, list[RankPlacement]]] = {}
 
     def _index(self) -> dict[str, set[str]]:
         if self._by_node is None:
@@ -71,9 +76,12 @@ class JobBoard:
         rec.last_event = max(rec.last_event, e.ts)
         if e.placement:
             rec.attempt = e.attempt
-            rec.ranks = {p.rank: p.node for p in e.placement}
-            before, rec.nodes = rec.nodes, sorted(set(rec.ranks.values()))
-            self._moved(rec.job, before, rec.nodes)
+            last = self._read_from.get(e.job)
+            if last is None or last[0] is not rec or last[1] != e.placement:  # the same records: compared by identity
+                rec.ranks = {p.rank: p.node for p in e.placement}
+                before, rec.nodes = rec.nodes, sorted(set(rec.ranks.values()))
+                self._moved(rec.job, before, rec.nodes)
+                self._read_from[e.job] = (rec, list(e.placement))
         if e.event == "placement":
             rec.attempt, rec.status = e.attempt, "placed"
         elif e.event in ("start", "progress"):
@@ -87,6 +95,8 @@ class JobBoard:
             rec.attempt, rec.status = max(rec.attempt, e.attempt), "placed"
         elif e.event == "failure":
             notes += self._gather_failure(rec, e, now)
+        if rec.status in ("completed", "failed"):
+            self._done_since = min(self._done_since, rec.last_event)
         return notes
 
     def _gather_failure(self, rec: JobRecord, e: JobEvent, now: float) -> list[str]:
@@ -109,7 +119,15 @@ class JobBoard:
 
     def forget_finished(self, before: float) -> None:
         """Drop completed and failed jobs whose last event is older than ``before``."""
+        if before <= self._done_since:
+            return  # none is old enough: the jobs need not be looked at
+        since = float("inf")
         for job, rec in list(self.state.jobs.items()):
-            if rec.status in ("completed", "failed") and rec.last_event < before:
-                del self.state.jobs[job]
-                self._moved(job, rec.nodes, [])
+            if rec.status in ("completed", "failed"):
+                if rec.last_event < before:
+                    del self.state.jobs[job]
+                    self._read_from.pop(job, None)
+                    self._moved(job, rec.nodes, [])
+                else:
+                    since = min(since, rec.last_event)
+        self._done_since = since

@@ -184,6 +184,8 @@ class Fleetmedic:
         self.breaker_reasons: dict[str, int] = {}
         self.commands: dict[str, int] = {}
         self.breaker_trips = 0
+        #: job -> (its nodes, its placement records) when last placed
+        self._placements: dict[int, tuple[list[int], list[r.RankPlacement]]] = {}
 
     # --- the engine's inputs ----------------------------------------------------------------------
 
@@ -261,8 +263,14 @@ class Fleetmedic:
             self.oncall.notice_failure(world, job, node, t)
 
     def job_placed(self, world: World, job: Job, t: float) -> None:
-        gpus = list(range(world.a.gpus_per_node))  # one list for every rank: the records are read-only
-        placement = [r.RankPlacement(rank=i, node=world.nodes[n].name, gpus=gpus) for i, n in enumerate(job.nodes)]
+        last = self._placements.get(job.index)
+        if last is not None and last[0] == job.nodes:
+            placement = last[1]  # placed where it ran: the same records (they are read-only)
+        else:
+            gpus = list(range(world.a.gpus_per_node))  # one list for every rank: the records are read-only
+            nodes = world.nodes
+            placement = [r.RankPlacement(rank=i, node=nodes[n].name, gpus=gpus) for i, n in enumerate(job.nodes)]
+            self._placements[job.index] = (list(job.nodes), placement)
         ev = r.JobEvent(job=job.ref, event="start", ts=round(t, 3), attempt=job.attempt, workload_kind="PyTorchJob",
                         world_size=job.size, placement=placement)
         self._execute(world, self.engine_pipeline.job(ev, t), t)

@@ -28,9 +28,14 @@ import functools
 import heapq
 import itertools
 import math
+import operator
 import random
+import sys
+from array import array
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import compress, repeat
 from typing import Any, Final, Literal, Protocol
 
 from fleetmedic.sim.whatif.history import History, HistoryFault
@@ -104,29 +109,92 @@ class Fault:
         return self.entry.kind.visible
 
 
-@dataclass
 class Node:
-    name: str
-    index: int
-    cordoned_by: str = ""  # "" | policy name | "planned"
-    not_ready: bool = False
-    busy: str = ""  # "" | diagnostics | reset_gpu | reboot | repair
-    busy_until: float = 0.0
-    validating: bool = False  # repaired after a real fault, held until it returns to service
-    repair_waiters: list[Callable[[float], None]] = field(default_factory=list)  # told when the repair ends
-    job: Job | None = None
-    faults: list[Fault] = field(default_factory=list)
-    since: float = 0.0  # when the accounted state below began
-    acct: tuple[bool, bool, str, bool, float, str, str, bool] = (True, False, "", False, 0.0, "", "", False)
-    # (schedulable, held without a harmful fault, the harmful fault's effect, visible, confirmable_at, evidence)
+    """A node of the replayed cluster. Its placement state (``cordoned_by``, ``not_ready``, ``busy``,
+    ``job``) keeps ``free``, the world's set of nodes a job may be placed on now, up to date as it
+    changes, and ``blocked``, the world's set of nodes that are not schedulable, so placing a job looks
+    at the free nodes only."""
+
+    __slots__ = ("_busy", "_cordoned_by", "_job", "_not_ready", "acct", "blocked", "busy_until", "faults", "free",
+                 "index", "name", "repair_waiters", "since", "validating")
+
+    def __init__(self, name: str, index: int, since: float = 0.0, free: set[int] | None = None,
+                 blocked: set[int] | None = None) -> None:
+        self.name = name
+        self.index = index
+        self._cordoned_by = ""  # "" | policy name | "planned"
+        self._not_ready = False
+        self._busy = ""  # "" | diagnostics | reset_gpu | reboot | repair
+        self.busy_until = 0.0
+        self.validating = False  # repaired after a real fault, held until it returns to service
+        self.repair_waiters: list[Callable[[float], None]] = []  # told when the repair ends
+        self._job: Job | None = None
+        self.faults: list[Fault] = []
+        self.since = since  # when the accounted state below began
+        # (schedulable, held without a harmful fault, the harmful fault's effect, visible, confirmable_at, evidence)
+        self.acct: tuple[bool, bool, str, bool, float, str, str, bool] = (
+            True, False, "", False, 0.0, "", "", False)
+        self.free = free if free is not None else set()
+        self.blocked = blocked if blocked is not None else set()
+        self.free.add(index)
+
+    def _sync(self) -> None:
+        if self._cordoned_by or self._not_ready or self._busy:
+            self.blocked.add(self.index)
+            self.free.discard(self.index)
+        else:
+            self.blocked.discard(self.index)
+            if self._job is None:
+                self.free.add(self.index)
+            else:
+                self.free.discard(self.index)
+
+    @property
+    def cordoned_by(self) -> str:
+        return self._cordoned_by
+
+    @cordoned_by.setter
+    def cordoned_by(self, value: str) -> None:
+        self._cordoned_by = value
+        self._sync()
+
+    @property
+    def not_ready(self) -> bool:
+        return self._not_ready
+
+    @not_ready.setter
+    def not_ready(self, value: bool) -> None:
+        self._not_ready = value
+        self._sync()
+
+    @property
+    def busy(self) -> str:
+        return self._busy
+
+    @busy.setter
+    def busy(self, value: str) -> None:
+        self._busy = value
+        self._sync()
+
+    @property
+    def job(self) -> Job | None:
+        return self._job
+
+    @job.setter
+    def job(self, value: Job | None) -> None:
+        self._job = value
+        self._sync()
 
     @property
     def schedulable(self) -> bool:
-        return not (self.cordoned_by or self.not_ready or self.busy)
+        return not (self._cordoned_by or self._not_ready or self._busy)
 
     def fault(self) -> Fault | None:
         """The active fault (the most harmful first: crash, then slow)."""
-        live = [f for f in self.faults if f.active]
+        faults = self.faults
+        if len(faults) == 1:  # most often
+            return faults[0] if faults[0].active else None
+        live = [f for f in faults if f.active]
         if not live:
             return None
         return min(live, key=lambda f: ({"crash": 0, "slow": 1, "none": 2}[f.entry.effect], f.onset))
@@ -189,6 +257,45 @@ class Tally:
         "detect": [], "wait_for_capacity": [], "restart": [], "total": []})
 
 
+def shuffle(rng: random.Random, x: list[int], batch: int = 0) -> None:
+    """``rng.shuffle(x)``: the same permutation from the same generator, drawn faster. Python's shuffle
+    draws ``_randbelow(i + 1)`` for each ``i`` from the end, each draw taking 32-bit words of the
+    generator's output until one's top ``k`` bits (``getrandbits(k)``, ``k`` the bit length of
+    ``i + 1``) are below ``i + 1``; here the words come in batches (the generator is left further on)
+    and the loop runs per bit length. ``batch``: words a batch (default: enough for one shuffle, most
+    often)."""
+
+    def words(count: int) -> array[int]:
+        out = array("I", rng.getrandbits(32 * count).to_bytes(4 * count, "little"))
+        if sys.byteorder != "little":
+            out.byteswap()
+        return out
+
+    top = len(x) - 1
+    buf, p = words(batch or top + top // 2 + 64), 0
+    while top >= 1:
+        k = (top + 1).bit_length()
+        lo = max(1, (1 << (k - 1)) - 1)  # the draws below i + 1 in [2**(k-1), 2**k) keep k bits
+        shift = 32 - k
+        i = top
+        try:
+            for i in range(top, lo - 1, -1):
+                b = i + 1
+                j = buf[p] >> shift
+                p += 1
+                while j >= b:
+                    j = buf[p] >> shift
+                    p += 1
+                x[i], x[j] = x[j], x[i]
+        except IndexError:  # the batch ran out: the next one, drawing again for this i
+            buf, p, top = words(batch or i + 64), 0, i
+            continue
+        top = lo - 1
+
+
+_JOB_OF: Final = operator.attrgetter("_job")
+
+
 class Policy(Protocol):
     """What the world calls on the policy it replays (the policies implement it)."""
 
@@ -217,7 +324,15 @@ class World:
         self._seq = itertools.count()
         names = list(history.nodes)
         names += [f"spare-{i:05d}" for i in range(max(0, a.nodes - len(names)))]
-        self.nodes = [Node(n, i, since=self.t) for i, n in enumerate(names)]
+        #: the nodes a job may be placed on now (no job, schedulable): the nodes keep it up to date
+        self.free: set[int] = set()
+        #: the nodes that are not schedulable (cordoned, NotReady or busy)
+        self.blocked: set[int] = set()
+        self.nodes = [Node(n, i, since=self.t, free=self.free, blocked=self.blocked) for i, n in enumerate(names)]
+        #: the nodes with an active fault
+        self.faulty: set[int] = set()
+        #: the jobs waiting for capacity, by index
+        self._waiting: dict[int, Job] = {}
         self.index = {n.name: n.index for n in self.nodes}
         self.unmapped: dict[str, int] = {}
         self.faults: list[Fault] = []
@@ -290,14 +405,22 @@ class World:
 
     def _assign(self, job: Job, nodes: list[int]) -> None:
         job.nodes = nodes
-        for n in nodes:
-            self.nodes[n].job = job
+        # each node's job set by C loops (a lock-step job has thousands of nodes)
+        deque(map(setattr, map(self.nodes.__getitem__, nodes), repeat("_job"), repeat(job)), maxlen=0)
+        self.free.difference_update(nodes)
 
     def _release(self, job: Job) -> None:
-        for n in job.nodes:
-            if self.nodes[n].job is job:
-                self.nodes[n].job = None
+        held = list(map(self.nodes.__getitem__, job.nodes))
+        mask = list(map(operator.is_, map(_JOB_OF, held), repeat(job)))  # the nodes still the job's
+        deque(map(setattr, compress(held, mask), repeat("_job"), repeat(None)), maxlen=0)
+        self.free.update(set(compress(job.nodes, mask)).difference(self.blocked))
         job.nodes = []
+
+    def _faults_changed(self, node: Node) -> None:
+        if any(f.active for f in node.faults):
+            self.faulty.add(node.index)
+        else:
+            self.faulty.discard(node.index)
 
     def _job_state(self, job: Job, state: JobState, t: float) -> None:
         """Account the job's time since its last change, then enter ``state``."""
@@ -311,10 +434,16 @@ class World:
         else:
             job.buckets[job.state] += dt
         job.state, job.since = state, t
+        if state == "waiting_for_capacity":
+            self._waiting[job.index] = job
+        else:
+            self._waiting.pop(job.index, None)
 
     def _update_slow(self, job: Job, t: float) -> None:
         slow = 0.0
-        for n in job.nodes:
+        for n in self.faulty:  # of the job's nodes, only those with an active fault slow it
+            if self.nodes[n].job is not job:
+                continue
             f = self.nodes[n].fault()
             if f is not None and f.entry.effect == "slow":
                 slow = max(slow, f.entry.slowdown)
@@ -369,32 +498,44 @@ class World:
 
     def try_place(self, t: float) -> None:
         """Place waiting jobs, the big job first (it may preempt small ones)."""
-        waiting = [j for j in self.jobs if j.state == "waiting_for_capacity"]
-        if not waiting:
+        if not self._waiting:
             return
-        for job in sorted(waiting, key=lambda j: (not j.big, j.index)):
-            self._place(job, t)
+        if not self.free and not any(j.big for j in self._waiting.values()):
+            return  # no free node, and no job that may preempt: none can be placed
+        for job in sorted(self._waiting.values(), key=lambda j: (not j.big, j.index)):
+            # a job that may not preempt needs as many free nodes as it has pods
+            if job.state == "waiting_for_capacity" and (job.big or job.size <= len(self.free)):
+                self._place(job, t)
 
     def _place(self, job: Job, t: float) -> None:
-        free = [n.index for n in self.nodes if n.job is None and n.schedulable and n.index not in job.exclude]
-        if len(free) < job.size and job.big and self.a.preempt_small:
-            victims = [n.index for n in self.nodes if n.job is not None and not n.job.big and n.schedulable
-                       and n.index not in job.exclude]
-            if len(free) + len(victims) >= job.size:
-                for n in victims[: job.size - len(free)]:
-                    small = self.nodes[n].job
-                    assert small is not None
-                    self.fail_job(small, n, t, "preempted by the big job")
-                    free.append(n)
-        if len(free) < job.size:
-            return
         # the scheduler puts the pods back where they ran when it may (images cached, the gang's
         # topology kept), and takes the rest from the free nodes in random order
         again = set(job.prev_nodes)
-        rng = self.rng("place", job.name, job.attempt, round(t))
-        rng.shuffle(free)
-        free.sort(key=lambda n: n not in again)
-        chosen = sorted(free[: job.size])
+        if len(again) == job.size and self.free.issuperset(again) and again.isdisjoint(job.exclude):
+            chosen = sorted(job.prev_nodes)  # every pod goes back: the random order decides nothing
+        else:
+            exclude, nodes = job.exclude, self.nodes
+            room = len(self.free) - len(self.free.intersection(exclude))
+            preempt = room < job.size and job.big and self.a.preempt_small
+            victims = sorted(n for j in self.jobs if not j.big for n in j.nodes
+                             if nodes[n].job is j and nodes[n].schedulable and n not in exclude) if preempt else []
+            if room + len(victims) < job.size:
+                return  # not enough room, even preempting: the free nodes need not be ordered
+            free = sorted(self.free - exclude if exclude else self.free)
+            for n in victims[: job.size - len(free)] if preempt else ():  # room enough with them
+                small = self.nodes[n].job
+                assert small is not None
+                self.fail_job(small, n, t, "preempted by the big job")
+                free.append(n)
+            if len(free) < job.size:
+                return
+            if len(again.intersection(free)) < job.size:  # (``free`` holds distinct nodes)
+                shuffle(self.rng("place", job.name, job.attempt, round(t)), free)
+                # where the pods ran first, in the scheduler's order, then the rest
+                back = [*filter(again.__contains__, free), *itertools.filterfalse(again.__contains__, free)]
+            else:
+                back = list(filter(again.__contains__, free))
+            chosen = sorted(back[: job.size])
         job.attempt += 1
         job.restart_requested = False
         job.started_at = t
@@ -402,7 +543,8 @@ class World:
         self._job_state(job, "restart_overhead", t)
         attempt = job.attempt
         self.policy.job_placed(self, job, t)
-        for n in chosen:
+        crashing = []
+        for n in sorted(n for n in self.faulty if self.nodes[n].job is job):  # the chosen nodes with a fault
             f = self.nodes[n].fault()
             if f is not None and f.entry.effect == "crash":
                 self.tally.placements_on_faulty += 1
@@ -413,13 +555,21 @@ class World:
                 else:
                     k = f.entry.evidence
                     self.tally.placements_on_undetected[k] = self.tally.placements_on_undetected.get(k, 0) + 1
-                self.at(t + self.a.crash_after_s, functools.partial(self._crash_if, job, attempt, n))
+                crashing.append(n)
+        if crashing:  # one event for them all: they come due together, in this order
+            self.at(t + self.a.crash_after_s, functools.partial(self._crash_first, job, attempt, crashing))
         self.at(t + self.a.restart_overhead_s, lambda at: self._resume(job, attempt, at))
 
-    def _crash_if(self, job: Job, attempt: int, node: int, t: float) -> None:
-        f = self.nodes[node].fault()
-        if job.attempt == attempt and node in job.nodes and f is not None and f.entry.effect == "crash":
-            self.fail_job(job, node, t, f"{f.entry.category} on {self.nodes[node].name}")
+    def _crash_first(self, job: Job, attempt: int, nodes: list[int], t: float) -> None:
+        """The attempt dies on the first of ``nodes`` whose crash fault is still active there; once it
+        died (its nodes released, or placed again as a later attempt) the others have nothing to do."""
+        for node in nodes:
+            if job.attempt != attempt:
+                return
+            f = self.nodes[node].fault()
+            if f is not None and f.entry.effect == "crash" and node in job.nodes:
+                self.fail_job(job, node, t, f"{f.entry.category} on {self.nodes[node].name}")
+                return
 
     def _resume(self, job: Job, attempt: int, t: float) -> None:
         if job.attempt != attempt or job.state != "restart_overhead":
@@ -445,8 +595,10 @@ class World:
         self._confirmable(f)
         self.faults.append(f)
         node.faults.append(f)
+        self.faulty.add(node.index)
         if entry.evidence == "software":  # the job fails; the node is fine
             f.active = False
+            self._faults_changed(node)
             if node.job is not None:
                 self.fail_job(node.job, node.index, t, entry.category)
             return
@@ -593,6 +745,7 @@ class World:
             for g in node.faults:
                 if g.active:
                     g.active, g.repaired_at = False, at
+                    self._faults_changed(node)
                     self.policy.fault_repaired(self, g, at)
             node.not_ready = False
             node.validating = f is not None and by != "planned"
