@@ -542,13 +542,16 @@ class World:
         self._assign(job, chosen)
         self._job_state(job, "restart_overhead", t)
         attempt = job.attempt
+        faulty = sorted(n for n in self.faulty if self.nodes[n].job is job)  # the chosen nodes with a fault
+        # what the policy suspected when the scheduler placed the pods, before it hears of the placement
+        suspected = {n for n in faulty if self.policy.suspected(self, n, t)}
         self.policy.job_placed(self, job, t)
         crashing = []
-        for n in sorted(n for n in self.faulty if self.nodes[n].job is job):  # the chosen nodes with a fault
+        for n in faulty:
             f = self.nodes[n].fault()
             if f is not None and f.entry.effect == "crash":
                 self.tally.placements_on_faulty += 1
-                if self.policy.suspected(self, n, t):
+                if n in suspected:
                     self.tally.placements_on_suspected += 1
                     by = self.tally.placements_on_suspected_by
                     by[job.restarted_by] = by.get(job.restarted_by, 0) + 1
