@@ -26,7 +26,7 @@ from fleetmedic.config import Settings
 from fleetmedic.connectors.prometheus.text import ExpositionReader
 from fleetmedic.devenv import proc, tls
 from tests.conftest import unavailable
-from tests.connectors.conftest import PROMETHEUS
+from tests.connectors.helpers_prometheus import PROMETHEUS
 from tests.streams.helpers_harness import collect_sync
 
 FIELD = Path(__file__).parents[2] / "data" / "field"
