@@ -709,8 +709,8 @@ class ExpositionReader:
         for metric in rest:
             raw: list[float | None] = list(map(dict.get, per_gpu, repeat(metric)))  # None where a GPU did not report it
             integral, lo, top, series = _GPU_CHECKS[metric]
-            if None not in raw and lo <= min(raw) and max(raw) <= top:  # type: ignore[type-var,operator]
-                # the common case, checked by column (values are finite: every caller checks)
+            if None not in raw and all(lo <= v <= top for v in raw):  # type: ignore[operator]
+                # the common case (min/max would let a NaN after the first value through to int())
                 columns[metric] = list(map(int, raw)) if integral else raw  # type: ignore[arg-type]
                 continue
             bad = [v for v in raw if v is not None and not lo <= v <= top]
