@@ -140,13 +140,20 @@ class NodeTrack:
         """A finding on a node out of service that repeats what the node was isolated on: that
         evidence is still there (unless a reset or reboot in flight explains it), and a passing
         diagnostic soon after does not return the node (the lifecycle's verdict)."""
-        rec = self.state.nodes.get(finding.node)
-        if (rec is None or rec.state not in OUT_OF_SERVICE or not rec.signature or finding.detector == "node_condition"
-                or any(f.action in DISRUPTIVE for f in rec.inflight)):
-            return
-        if supports(finding, rec.signature):
+        rec = self._held_quiet(finding)
+        if rec is not None and rec.signature and supports(finding, rec.signature):
             self._changing(rec.name)
             rec.evidence_seen = now
+
+    def _held_quiet(self, finding: Finding) -> NodeRecord | None:
+        """The record of the node fleetmedic holds out of service that ``finding`` is about, when
+        the finding may be evidence: not a node condition (those have their own path) and not
+        reported while a reset or reboot is in flight (what the node reports then is its echo)."""
+        rec = self.state.nodes.get(finding.node)
+        if (rec is None or rec.state not in OUT_OF_SERVICE or finding.detector == "node_condition"
+                or any(f.action in DISRUPTIVE for f in rec.inflight)):
+            return None
+        return rec
 
     def new_evidence(self, finding: Finding) -> bool:
         """Whether ``finding`` on a node fleetmedic holds out of service is hardware evidence of a
@@ -154,9 +161,8 @@ class NodeTrack:
         the repair ticket amended) instead of muted as an echo of the work on the node. Not while a
         reset or reboot is in flight (what it reports then is the echo), not what the hold rests on
         or its GPU repeats, and not a preventive symptom while diagnostics load the node."""
-        rec = self.state.nodes.get(finding.node)
-        if (rec is None or rec.state not in OUT_OF_SERVICE or finding.detector == "node_condition"
-                or not is_hardware_finding(finding) or any(f.action in DISRUPTIVE for f in rec.inflight)):
+        rec = self._held_quiet(finding)
+        if rec is None or not is_hardware_finding(finding):
             return False
         if rec.signature and supports(finding, rec.signature):
             return False

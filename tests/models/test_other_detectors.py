@@ -4,6 +4,8 @@ and the EWMA baseline's arithmetic, merge and persistence."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 import numpy as np
 import pytest
@@ -311,26 +313,34 @@ class TestSkuOffsets:
     its own usual place among its peers it is not a fault; a failing fan still is."""
 
     @staticmethod
-    def run(settings: str) -> dict[str, list[float]]:
+    def idle_fleet(settings: str, heat: Callable[[int, int], float], hours: int, seed: int) -> dict[str, list[float]]:
+        """Twelve idle nodes n0..n11 for ``hours``, one record a minute; ``heat(i, k)``: the degrees
+        node i runs above the rest k seconds in. Returns node -> the hours of its sku_peers findings."""
         fleet = FleetDetection(parse_config(settings).detection)
-        rng = np.random.default_rng(11)
-        spread = {f"n{i}": d for i, d in enumerate([-2.0, -1.5, -1.0, -0.5, 4.0, 0.5, 1.0, 1.5, 2.0, -1.8, 1.8, 0.0])}
+        rng = np.random.default_rng(seed)
         found: dict[str, list[float]] = {}
-        for k in range(0, 8 * 3600, 60):
+        for k in range(0, hours * 3600, 60):
             t = 1000.0 + k
-            for node, d in spread.items():
-                # hours 0-6: the fleet's temperatures spread widely (n4's +4 degC is within it);
-                # from hour 6 they are uniform, so n4 stands out; at hour 7 n7's fan fails
-                extra = d if (k < 6 * 3600 or node == "n4") else 0.0
-                if node == "n7" and k >= 7 * 3600:
-                    extra += 9.0
-                msg = gpu_message(node, t, rng, load=0.0, hot={g: extra for g in range(8)})
+            for i in range(12):
+                msg = gpu_message(f"n{i}", t, rng, load=0.0, hot={g: heat(i, k) for g in range(8)})
                 fleet.on_gpu(msgspec.structs.replace(msg, sku="H100", metrics=msgspec.structs.replace(
                     msg.metrics, gpu_util=[0.0] * 8)))
             for f in fleet.tick(t):
                 if f.detector == "sku_peers":
                     found.setdefault(f.node, []).append(k / 3600)
         return found
+
+    @classmethod
+    def run(cls, settings: str) -> dict[str, list[float]]:
+        spread = [-2.0, -1.5, -1.0, -0.5, 4.0, 0.5, 1.0, 1.5, 2.0, -1.8, 1.8, 0.0]
+
+        def heat(i: int, k: int) -> float:
+            # hours 0-6: the fleet's temperatures spread widely (n4's +4 degC is within it);
+            # from hour 6 they are uniform, so n4 stands out; at hour 7 n7's fan fails
+            extra = spread[i] if (k < 6 * 3600 or i == 4) else 0.0
+            return extra + (9.0 if i == 7 and k >= 7 * 3600 else 0.0)
+
+        return cls.idle_fleet(settings, heat, hours=8, seed=11)
 
     def test_a_warm_slot_is_learned_and_a_failing_fan_still_stands_out(self) -> None:
         # a spread floor low enough for n4's +4 degC to count, so that only the learned place can excuse it
@@ -374,20 +384,8 @@ class TestSkuOffsets:
         smallest spread it is measured against (``sku_min_temp_spread_c``) keeps it from being
         flagged; a fan failing on another node (+9 degC) is still found."""
         def run(settings: str) -> dict[str, list[float]]:
-            fleet = FleetDetection(parse_config(settings).detection)
-            rng = np.random.default_rng(3)
-            found: dict[str, list[float]] = {}
-            for k in range(0, 3 * 3600, 60):
-                t = 1000.0 + k
-                for i in range(12):
-                    extra = 5.0 if i == 4 else (9.0 if i == 7 and k >= 2 * 3600 else 0.0)
-                    msg = gpu_message(f"n{i}", t, rng, load=0.0, hot={g: extra for g in range(8)})
-                    fleet.on_gpu(msgspec.structs.replace(msg, sku="H100", metrics=msgspec.structs.replace(
-                        msg.metrics, gpu_util=[0.0] * 8)))
-                for f in fleet.tick(t):
-                    if f.detector == "sku_peers":
-                        found.setdefault(f.node, []).append(k / 3600)
-            return found
+            return self.idle_fleet(settings, lambda i, k: 5.0 if i == 4 else (9.0 if i == 7 and k >= 2 * 3600 else 0.0),
+                                   hours=3, seed=3)
 
         shipped = run("")
         assert "n4" not in shipped, shipped

@@ -357,7 +357,6 @@ class ExpositionReader:
         float timestamp on)."""
         self._openmetrics = openmetrics
         merged: dict[int, tuple[dict[str, str], dict[str, str]]] = {}
-        named: dict[int, tuple[dict[str, str], dict[str, str]]] = {}
         for line in lines:
             if len(line) > MAX_LINE_CHARS:  # before anything copies or matches it
                 count(self.skipped, f"line longer than {MAX_LINE_CHARS} characters")
@@ -380,25 +379,24 @@ class ExpositionReader:
                 continue
             if sample is None:
                 continue
-            if extra_labels:
+            if extra_labels or default_node:
                 labels = sample[1]
                 hit = merged.get(id(labels))
                 if hit is None or hit[0] is not labels:
                     if len(merged) > 100_000:
                         merged.clear()
                     # the entry holds the original too, so its id cannot be reused while cached
-                    hit = merged[id(labels)] = (labels, _with_target_labels(labels, extra_labels))
-                sample = (sample[0], hit[1], sample[2], sample[3])
-            if default_node and self.node_labels:
-                labels = sample[1]
-                hit = named.get(id(labels))
-                if hit is None or hit[0] is not labels:
-                    if len(named) > 100_000:
-                        named.clear()
-                    own = labels if self.node_of(labels) is not None else {**labels, self.node_labels[0]: default_node}
-                    hit = named[id(labels)] = (labels, own)
+                    hit = merged[id(labels)] = (labels, self._relabelled(labels, extra_labels, default_node))
                 sample = (sample[0], hit[1], sample[2], sample[3])
             yield sample
+
+    def _relabelled(self, labels: dict[str, str], extra_labels: Mapping[str, str] | None,
+                    default_node: str) -> dict[str, str]:
+        """``labels`` with the target labels added, and ``default_node`` as its node when none names one."""
+        out = _with_target_labels(labels, extra_labels) if extra_labels else labels
+        if default_node and self.node_labels and self.node_of(out) is None:
+            out = {**out, self.node_labels[0]: default_node}
+        return out
 
     def _sample(self, line: str, default_ts: float | None) -> Sample | None:
         if line[0] == "{":  # promtool tsdb dump: {__name__="x", a="b"} value ts
