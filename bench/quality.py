@@ -7,8 +7,10 @@
 Each seed runs the fleet simulator with the ``mix`` fault plan (hardware, silent degradation,
 network, transient software, job bugs and negative controls) through the embedded pipeline
 (detection -> triage -> policy -> commands back to the simulator) and scores the incidents and
-commands against the ground truth with the simulator's scorer. Seeds run in parallel processes
-(``--jobs``). Counts are summed over seeds and the ratios recomputed from the sums.
+commands against the ground truth with the simulator's scorer. A person on call resumes a tripped
+breaker once its storm is over (:class:`~fleetmedic.sim.embedded.OnCall`: 30 minutes after the page,
+then every 30 minutes while a count is at its level). Seeds run in parallel processes (``--jobs``).
+Counts are summed over seeds and the ratios recomputed from the sums.
 
 Then the small-fleet bursts (:data:`BURSTS`, ``--no-bursts`` skips them), each with the shipped
 defaults: several distinct hard faults at once on 16 and 32 nodes (each dead node isolated within
@@ -17,7 +19,8 @@ signature on 40 % of a fleet at once (the breaker trips; nothing preventive is i
 dead nodes left schedulable past one decision interval (:data:`DECISION_INTERVAL_S`, target 0),
 dangerous-but-schedulable node-hours (the simulator's truth) and the engine's own clock of refused
 isolations, isolations, healthy nodes isolated per true fault (target <= 0.05), software faults that
-isolated (target 0) and breaker trips.
+isolated (target 0) and breaker trips. The bursts have nobody on call: they measure the automation
+alone.
 
 ``--ingest-paths jsonl,text,openmetrics,prometheus`` instead scores one simulated fleet (open loop,
 per seed) read through each way telemetry comes in, and says whether every path finds the same
@@ -109,19 +112,23 @@ BURSTS: tuple[Burst, ...] = (
 def run_seed(seed: int, nodes: int, hours: float, faults: str) -> dict[str, Any]:
     from fleetmedic.config import Settings
     from fleetmedic.evaluation.scoring import score
-    from fleetmedic.sim.embedded import run_simulation
+    from fleetmedic.sim.embedded import OnCall, run_simulation
     from fleetmedic.sim.engine import SimConfig, Simulator
 
     started = time.process_time()
     sim = Simulator(SimConfig(nodes=nodes, duration_s=hours * 3600.0, seed=seed, faults=faults))
-    run = run_simulation(sim, Settings())
+    run = run_simulation(sim, Settings(), oncall=OnCall())
     out = run.pipeline.out
+    engine = run.pipeline.engine.report(sim.now)
     acc = msgspec.to_builtins(run.accounting) if not isinstance(run.accounting, dict) else run.accounting
     report = score(run.truth, out.incidents, out.commands, None, acc if isinstance(acc, dict) else None)
     return {
         "seed": seed,
         "cpu_s": round(time.process_time() - started, 1),
         "findings": len(out.findings),
+        "breaker": {"trips": engine.get("breaker_trips", 0),
+                    "resumed": sum(1 for a in out.audit if a.decision == "breaker_resumed"),
+                    "reasons": [a.explanation for a in out.audit if a.decision == "breaker_tripped"]},
         "report": msgspec.to_builtins(report),
         "false_incidents": false_incident_rows(run.truth, out.incidents, report),
         "delays": [{"kind": t.kind, "class": t.fault_class, "delay_s": report.delays.get(t.id)}
@@ -267,6 +274,8 @@ def aggregate(results: list[dict[str, Any]], node_days: float) -> dict[str, Any]
         "job_failures": sum((r["report"].get("closed_loop") or {}).get("job_failures") or 0 for r in results),
         "repeat_failures": sum((r["report"].get("closed_loop") or {}).get("repeat_failures") or 0 for r in results),
         "unobserved": [f"{r['seed']}:{fid}" for r in results for fid in r["report"].get("unobserved") or []],
+        "breaker_trips": sum((r.get("breaker") or {}).get("trips", 0) for r in results),
+        "breaker_resumed": sum((r.get("breaker") or {}).get("resumed", 0) for r in results),
     }
     overall["false_incidents_per_node_day"] = _ratio(overall["false_incidents"], node_days)
     placement: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -334,7 +343,9 @@ def markdown(args: argparse.Namespace, results: list[dict[str, Any]], agg: dict[
         f"{', '.join(fmt(x) for x in o['healthy_isolated_per_fault'])}. "
         f"Job failures: {o['job_failures']}; {o['repeat_failures']} of them were further kills by a fault that had "
         "killed a job before (a leaf switch fails every job behind it; jobs placed on a node before its fault "
-        "was found). Placements on a node a restart had excluded: the table below.",
+        "was found). Placements on a node a restart had excluded: the table below. "
+        f"Breaker trips: {o.get('breaker_trips', 0)}, resumed by the person on call once the storm was over: "
+        f"{o.get('breaker_resumed', 0)}.",
         "",
         "Re-placements after failures, summed over seeds (replacement nodes that stayed in the job's original "
         "leaf, counted where that leaf had room; placements on a node of the outage's fault, split into nodes "

@@ -214,6 +214,9 @@ class BreakerSettings(Section, frozen=True, kw_only=True):
     domain_fraction: Fraction = 0.5
     domain_min_nodes: PosInt = 3
     window_s: PosFloat = 300.0
+    # while open, what it stops: "evidence" stops the tripped signatures and failure domains (and
+    # everything once the fleet share trips), "all" stops every isolation
+    scope: Literal["evidence", "all"] = "evidence"
     resume: Literal["auto", "command"] = "command"
     auto_resume_after_s: PosFloat = 1800.0
     # while open, definitive isolation of a node whose GPU or whole self is gone still proceeds

@@ -105,7 +105,8 @@ class DecisionEngine:
         self.nodes = NodeTrack(s, self.state, fleet, self.triage, self.gate, self.lifecycle, self.accounting,
                                self.issuer, self.incidents, lambda: self.fleet_size)
         self.jobs = JobTrack(s, self.state, self.triage, self.gate, self.accounting, self.issuer, self.incidents,
-                             self.nodes.state_of, self.suspected_nodes, self.nodes.unhealthy)
+                             self.nodes.state_of, self.suspected_nodes, self.nodes.unhealthy,
+                             self.nodes.breaker_stops)
 
     @property
     def topology(self) -> Topology:
@@ -447,6 +448,10 @@ class DecisionEngine:
     @property
     def breaker_open(self) -> bool:
         return self.gate.breaker.state.open
+
+    def breaker_calm(self, now: float) -> bool:
+        """Every breaker count is below its level now (what ``resume: auto`` waits for)."""
+        return self.gate.breaker.calm(now, self.fleet_size, self.topology)
 
     def report(self, now: float) -> dict[str, Any]:
         states: dict[str, int] = {}

@@ -24,7 +24,8 @@ class JobTrack:
     def __init__(self, settings: Settings, state: EngineState, triage: Triage, gate: SafetyGate,
                  accounting: Accounting, issuer: Issuer, incidents: IncidentTracker,
                  node_state: Callable[[str], NodeState], suspected: Callable[[], set[str]] | None = None,
-                 unhealthy: Callable[[], set[str]] | None = None) -> None:
+                 unhealthy: Callable[[], set[str]] | None = None,
+                 breaker_stops: Callable[[Assessment], bool] | None = None) -> None:
         self.settings = settings
         self.state = state
         self.triage = triage
@@ -38,6 +39,8 @@ class JobTrack:
         #: the nodes whose state is neither healthy nor probation (the node track's
         #: :meth:`~.node_track.NodeTrack.unhealthy`), else each node's state is asked
         self.unhealthy = unhealthy
+        #: does the open breaker stop isolation on this assessment's evidence (then its running jobs stay)
+        self.breaker_stops: Callable[[Assessment], bool] = breaker_stops or (lambda a: self.gate.breaker.state.open)
 
     # --- acting on a decision -----------------------------------------------------------------------
 
@@ -49,7 +52,7 @@ class JobTrack:
         if any(s.action == "drain" for s in decision.node_steps):
             jobs += [j for n in a.suspect_nodes for j in self.triage.jobs_on(n) if j not in jobs]
         done = self.incidents.handled_jobs(inc.id)
-        if self.gate.breaker.state.open and decision.job_steps and any(j != a.job for j in jobs):
+        if decision.job_steps and any(j != a.job for j in jobs) and self.breaker_stops(a):
             self.issuer.audit(out, now, "skipped", "circuit breaker open: running jobs are not moved on this "
                               "evidence (a failed job still is)", incident=inc, rule=decision.rule, track="job")
             jobs = [j for j in jobs if j == a.job]

@@ -31,7 +31,7 @@ from fleetmedic.remediation.lifecycle import (
     PlanStep,
 )
 from fleetmedic.remediation.policy import Decision
-from fleetmedic.remediation.safety import SafetyGate, Verdict
+from fleetmedic.remediation.safety import SafetyGate, Verdict, domain_keys
 from fleetmedic.remediation.topology import Topology
 from fleetmedic.remediation.triage import Assessment, Triage, finding_isolation, is_hardware_finding
 from fleetmedic.remediation.triage.records import finding_class
@@ -229,7 +229,7 @@ class NodeTrack:
                        now, out, incident=inc)
             self.incidents.track(inc.id, node=node)
             return Verdict(allowed=False, reason="settling")
-        verdict = self._check(node, iso, critical, now)
+        verdict = self._check(node, iso, critical, now, stopped=rec.blocked_reason == "breaker_open")
         if verdict.allowed:
             self._admitted(node, iso, critical, inc.incident_class, a.fault_at, now)
             return verdict
@@ -241,7 +241,7 @@ class NodeTrack:
         if breaker.note_suspicion(node, now, self.fleet_size(), iso.signature, self.topology):
             incident_id = inc.id if inc else ""
             self.issuer.audit(out, now, "breaker_tripped", f"circuit breaker open: {breaker.state.opened_reason}; "
-                              "isolation stops until it resumes"
+                              f"{breaker.scope_text()} stops until it resumes"
                               + (", except of nodes whose devices are gone" if
                                  self.settings.safety.breaker.pass_lost_devices else ""),
                               incident=inc, incident_id=incident_id, node=node)
@@ -250,10 +250,23 @@ class NodeTrack:
                                 {"scope": "fleet", "reason": "breaker_open", "escalation": "notify"}, node=node,
                                 track="node")
 
-    def _check(self, node: str, iso: Isolation, critical: bool, now: float) -> Verdict:
+    def breaker_stops(self, a: Assessment) -> bool:
+        """Does the open breaker stop isolating any node this assessment suspects (every assessment
+        while it stops all isolation; one without suspect nodes while it is open)?"""
+        breaker = self.gate.breaker
+        if not breaker.state.open:
+            return False
+        topo = self.topology
+        return not a.suspect_nodes or any(
+            breaker.stops(a.isolation_of(n).signature, domain_keys(n, topo.rack_of, topo.leaves_of))
+            for n in a.suspect_nodes)
+
+    def _check(self, node: str, iso: Isolation, critical: bool, now: float, stopped: bool = False) -> Verdict:
+        """The gate's verdict; ``stopped``: the open breaker already stopped this node, so its further
+        evidence (one fault shows several signatures) waits with it."""
         return self.gate.check_isolation(node, now, self.fleet_size(), self.topology.rack_of, self.topology.leaves_of,
                                          critical, kind=iso.kind, device_gone=iso.device_gone,
-                                         signature=iso.signature, domains=self.topology)
+                                         signature=iso.signature, domains=self.topology, stopped=stopped)
 
     def _admitted(self, node: str, iso: Isolation, critical: bool, klass: str, evidence_at: float,
                   now: float) -> None:
@@ -356,7 +369,7 @@ class NodeTrack:
             return
         iso = Isolation(kind_of(rec.isolation, rec.critical), rec.signature, rec.device_gone)
         issue = self.issuer.node_commands(now, out)
-        verdict = self._check(rec.name, iso, rec.critical, now)
+        verdict = self._check(rec.name, iso, rec.critical, now, stopped=rec.blocked_reason == "breaker_open")
         if not verdict.allowed:
             if settling:  # settled, and refused: the first refusal is said and escalated
                 self._refused(rec, verdict, list(rec.plan), rec.incident_id, rec.rule, rec.critical, rec.evidence_at,

@@ -8,10 +8,12 @@ audited and reported, never refused by a budget), **preventive** (degradation) a
 (the rest). :class:`SafetyGate` answers :meth:`SafetyGate.check_isolation`: may fleetmedic take one
 more node out of service now? It refuses (with a reason an operator can read) when
 
-- the :class:`CircuitBreaker` is open; only a definitive isolation of a node whose device is gone
-  passes it (``breaker.pass_lost_devices``), unless the breaker tripped on that very signature outside
-  the node's failure domain (a storm of one kind of evidence is likelier a telemetry fault than that
-  many dead GPUs);
+- the :class:`CircuitBreaker` is open and stops this evidence (:meth:`CircuitBreaker.stops`: with
+  ``scope: evidence`` the signatures and failure domains it tripped on, evidence without a signature
+  and nodes it stopped before; everything once the fleet share trips or with ``scope: all``); only a
+  definitive isolation of a node whose device is gone passes it (``breaker.pass_lost_devices``),
+  unless the breaker tripped on that very signature outside the node's failure domain (a storm of
+  one kind of evidence is likelier a telemetry fault than that many dead GPUs);
 - and, for preventive and uncertain isolation only (the *budgeted* holds, until their fault is
   confirmed by failed diagnostics or a repair: a confirmed hold leaves the budget, still held and
   counted):
@@ -62,9 +64,10 @@ from fleetmedic.remediation.kinds import KIND_RANK, IsolationKind, kind_of
 
 class Verdict(msgspec.Struct, frozen=True, kw_only=True):
     allowed: bool
-    # "" when allowed within the budget; "definitive" when allowed outside it; "lost_device" when a
-    # lost device passed the open breaker; otherwise why not: breaker_open, max_held, rate, rack,
-    # switch, preventive_share, cooldown
+    # "" when allowed within the budget; "outside_breaker" when allowed within it while the breaker
+    # is open on other evidence; "definitive" when allowed outside it; "lost_device" when a lost
+    # device passed the open breaker; otherwise why not: breaker_open, max_held, rate, rack, switch,
+    # preventive_share, cooldown
     reason: str
     explanation: str = ""
 
@@ -112,6 +115,7 @@ class BreakerState(msgspec.Struct, kw_only=True):
     domains: dict[str, dict[str, float]] = {}  # failure domain -> node -> last time (pruned to the window)
     tripped_signatures: list[str] = []  # signatures whose count reached its level while open
     tripped_domains: list[str] = []  # failure domains whose count reached its level while open
+    tripped_fleet: bool = False  # the fleet share reached its level while open: every isolation stops
 
 
 class CircuitBreaker:
@@ -156,9 +160,14 @@ class CircuitBreaker:
         reasons = self._reached(fleet_size, signature, node, domains)
         if not reasons:
             return False
-        for kind, key, _ in reasons:
+        for kind, key, why in reasons:
+            if kind == "fleet":
+                if st.open and not st.tripped_fleet:
+                    st.opened_reason += f"; then {why}"
+                st.tripped_fleet = True
+                continue
             listed = st.tripped_signatures if kind == "signature" else st.tripped_domains
-            if kind != "fleet" and key not in listed:
+            if key not in listed:
                 listed.append(key)
         if st.open:
             return False
@@ -166,6 +175,27 @@ class CircuitBreaker:
         st.trips += 1
         st.opened_reason = "; ".join(why for _, _, why in reasons)
         return True
+
+    def stops(self, signature: str, node_domains: Iterable[str]) -> bool:
+        """Does the open breaker stop isolating a node with this evidence in these failure domains?
+        With ``scope: all``, or once the fleet share tripped, everything; with ``scope: evidence``, the
+        signatures and failure domains that reached their levels, and evidence without a signature
+        (it cannot be told apart from the storm)."""
+        st = self.state
+        if not st.open:
+            return False
+        if self.settings.scope == "all" or st.tripped_fleet or not signature or signature in st.tripped_signatures:
+            return True
+        return bool(set(node_domains) & set(st.tripped_domains))
+
+    def scope_text(self) -> str:
+        """What the open breaker stops, in words, for the audit and the escalation."""
+        st = self.state
+        if self.settings.scope == "all" or st.tripped_fleet:
+            return "all isolation"
+        parts = [*(f"evidence {sig}" for sig in st.tripped_signatures),
+                 *(d.replace(":", " ", 1) for d in st.tripped_domains)]
+        return "isolation on " + ", ".join(parts)
 
     def blames(self, signature: str, node_domains: Iterable[str]) -> bool:
         """The breaker tripped on ``signature`` and not on a failure domain of this node: a lost
@@ -179,16 +209,22 @@ class CircuitBreaker:
         s, st = self.settings, self.state
         if not st.open or s.resume != "auto" or now - st.opened_at < s.auto_resume_after_s:
             return False
+        if not self.calm(now, fleet_size, domains):
+            return False
+        self.close()
+        return True
+
+    def calm(self, now: float, fleet_size: int, domains: Domains = NO_DOMAINS) -> bool:
+        """Every count is below its level within the window: what ``resume: auto`` waits for, and what
+        a person checks before resuming."""
+        st = self.state
         self._prune(now)
         if len(st.suspicions) >= self.trip_level(fleet_size):
             return False
         if any(len(nodes) >= self.signature_level(fleet_size) for nodes in st.signatures.values()):
             return False
-        if any(len(nodes) >= self.domain_level(size) for d, nodes in st.domains.items()
-               if (size := domains.domain_size(d)) > 0):
-            return False
-        self.close()
-        return True
+        return not any(len(nodes) >= self.domain_level(size) for d, nodes in st.domains.items()
+                       if (size := domains.domain_size(d)) > 0)
 
     def close(self) -> None:
         st = self.state
@@ -197,6 +233,7 @@ class CircuitBreaker:
         st.suspicions, st.signatures, st.domains = {}, {}, {}
         self._earliest = None
         st.tripped_signatures, st.tripped_domains = [], []
+        st.tripped_fleet = False
 
     def _reached(self, fleet_size: int, signature: str, node: str, domains: Domains
                  ) -> list[tuple[str, str, str]]:
@@ -395,17 +432,21 @@ class SafetyGate:
         device_gone: bool = False,
         signature: str = "",
         domains: Domains = NO_DOMAINS,
+        stopped: bool = False,
     ) -> Verdict:
         """May ``node`` be taken out of service now? (Holding it already is always allowed.) ``kind``
         defaults to uncertain for critical evidence and preventive otherwise; ``domains`` sizes the
-        failure domains for the breaker's levels among the holds (:meth:`max_held_distinct`)."""
+        failure domains for the breaker's levels among the holds (:meth:`max_held_distinct`);
+        ``stopped``: the open breaker stopped this node before, so it stops it on any evidence (one
+        fault shows several signatures: a DBE counter and XID 48) but a lost device it does not blame."""
         s = self.settings
         kind = kind or kind_of("", critical)
         if node in self.state.held:
             return ALLOWED
-        if self.breaker.state.open:
+        node_domains = domain_keys(node, rack_of, leaves_of) if self.breaker.state.open else set()
+        if self.breaker.stops(signature, node_domains) or (stopped and self.breaker.state.open):
             if kind == "definitive" and device_gone and s.breaker.pass_lost_devices and not self.breaker.blames(
-                    signature, domain_keys(node, rack_of, leaves_of)):
+                    signature, node_domains):
                 return Verdict(allowed=True, reason="lost_device",
                                explanation=f"its device is gone ({signature or 'definitive evidence'}): isolated "
                                f"although the circuit breaker is open ({self.breaker.state.opened_reason})")
@@ -462,6 +503,11 @@ class SafetyGate:
             return Verdict(allowed=False, reason="cooldown",
                            explanation=f"returned to service {now - released:.0f}s ago (node_cooldown_s "
                            f"{s.node_cooldown_s:g}); only critical evidence isolates it again this soon")
+        if self.breaker.state.open:
+            return Verdict(allowed=True, reason="outside_breaker",
+                           explanation=f"the circuit breaker is open ({self.breaker.state.opened_reason}) and stops "
+                           f"{self.breaker.scope_text()}: this evidence ({signature}) and the node's racks and leaves "
+                           "are outside it")
         return ALLOWED
 
     def _shared_evidence(self, node: str, signature: str, budgeted: list[str], fleet_size: int,

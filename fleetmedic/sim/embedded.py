@@ -130,6 +130,10 @@ class EmbeddedPipeline:
             return []
         return self._decisions(decisions)
 
+    def resume_breaker(self, actor: str, reason: str, now: float) -> list[r.RemediationCommand]:
+        """A person closes the open breaker (``fleetmedic ctl resume-breaker``)."""
+        return self._decisions(self.engine.resume_breaker(actor=actor, reason=reason, now=now))
+
     def node_observed(self, node: str, *, cordoned: bool, cordoned_by_fleetmedic: bool,
                       now: float) -> list[r.RemediationCommand]:
         """A node's cordon as the executor sees it (who made it decides whether it is ours); not the
@@ -202,17 +206,31 @@ class SimulationRun:
     ticks: int
 
 
+@dataclass(frozen=True)
+class OnCall:
+    """The person a breaker trip pages (its ``escalate``, the FleetmedicBreakerOpen alert). They look
+    ``delay_s`` after the page and resume the breaker once the storm is over (every count below its
+    level, what ``resume: auto`` waits for); while it is not, they look again every ``delay_s``."""
+
+    delay_s: float = 1800.0
+
+    def paged(self, commands: Iterable[r.RemediationCommand]) -> bool:
+        return any(c.action == "escalate" and c.params.get("reason") == "breaker_open" for c in commands)
+
+
 def run_simulation(sim: Simulator, settings: Settings, key: bytes | None = None,
                    on_tick: Callable[[float, EmbeddedPipeline], None] | None = None,
-                   topology: bool = True) -> SimulationRun:
+                   topology: bool = True, oncall: OnCall | None = None) -> SimulationRun:
     """Drive the simulator through the pipeline with the closed loop: commands go back to it.
     ``topology=False``: the engine is given no topology (racks, leaves) and sizes the fleet from
-    the telemetry it sees, as a deployment without a node watch does."""
+    the telemetry it sees, as a deployment without a node watch does. ``oncall``: a person resumes
+    a tripped breaker (:class:`OnCall`); without one, a breaker with ``resume: command`` stays open."""
     pipeline = EmbeddedPipeline(settings, fleet_topology(sim.fleet) if topology else None, key)
     index = sim.fleet.node_index
     # for the accounting: which nodes of each re-placement fleetmedic suspected at that moment
     sim.workload.suspected_by = lambda: {index[n] for n in pipeline.engine.suspected_nodes() if n in index}
     ticks = 0
+    look_at: float | None = None  # when the person on call looks at the open breaker next
     for out in sim.run():
         now = float(out.t)
         commands: list[r.RemediationCommand] = []
@@ -229,6 +247,15 @@ def run_simulation(sim: Simulator, settings: Settings, key: bytes | None = None,
             for msg in out.ports.to_records():
                 commands += pipeline.port(msg, now)
         commands += pipeline.tick(now)
+        if oncall is not None:
+            if look_at is not None and now >= look_at:
+                look_at = None
+                if pipeline.engine.breaker_open and not pipeline.engine.breaker_calm(now):
+                    look_at = now + oncall.delay_s
+                elif pipeline.engine.breaker_open:
+                    commands += pipeline.resume_breaker("oncall", "the storm is over (simulated on-call)", now)
+            if look_at is None and oncall.paged(commands):
+                look_at = now + oncall.delay_s
         for cmd in commands:
             sim.submit(cmd)
         ticks += 1

@@ -169,15 +169,24 @@ def test_lost_devices_pass_an_open_breaker_unless_it_tripped_on_their_evidence_a
     assert "rack r1" in w.decisions("breaker_tripped")[0].explanation
     w.gpu_lost("node-20")  # elsewhere, a GPU falls off the bus: its device is gone, it passes
     assert isolated_fully(w, "node-20")
-    w.dbe("node-28")  # definitive, but its device is not gone: waits for the operator
-    assert not w.cmds("cordon", node="node-28")
-    assert w.engine.node_state("node-28") == "suspect"
+    w.dbe("node-28")  # definitive, its device not gone, outside the tripped rack: the breaker does not stop it
+    assert isolated_fully(w, "node-28")
+    w.dbe("node-7")  # the tripped rack's fourth node: waits for the operator
+    assert not w.cmds("cordon", node="node-7") and w.engine.node_state("node-7") == "suspect"
+    everything = World(n=32, config="safety: {breaker: {scope: all}}")
+    for node in ("node-4", "node-5", "node-6"):
+        everything.xid(node, 48)
+    everything.gpu_lost("node-20")
+    assert isolated_fully(everything, "node-20")
+    everything.dbe("node-28")  # with scope all, definitive evidence whose device is not gone waits
+    assert not everything.cmds("cordon", node="node-28")
+    assert everything.engine.node_state("node-28") == "suspect"
     w2 = World(n=32, config=DEFAULTS)
     for node in ("node-0", "node-9", "node-18", "node-27"):  # one signature everywhere: likelier the telemetry
         w2.gpu_lost(node)
     assert w2.engine.breaker_open
     assert not w2.cmds("cordon", node="node-27") and w2.engine.node_state("node-27") == "suspect"
-    off = World(n=32, config="safety: {breaker: {pass_lost_devices: false}}")
+    off = World(n=32, config="safety: {breaker: {pass_lost_devices: false, scope: all}}")
     for node in ("node-4", "node-5", "node-6"):
         off.xid(node, 48)
     off.gpu_lost("node-20")

@@ -163,12 +163,12 @@ def signature_of(node: str) -> str:
 
 @settings(max_examples=300, deadline=None)
 @given(ops=ops, max_new=st.integers(0, 5), max_count=st.integers(0, 12), fraction=st.floats(0.0, 0.5),
-       trip=st.integers(1, 12), sig_level=st.integers(1, 6))
+       trip=st.integers(1, 12), sig_level=st.integers(1, 6), scope=st.sampled_from(["evidence", "all"]))
 def test_no_event_order_exceeds_any_budget(ops: list[tuple[str, int, bool]], max_new: int, max_count: int,
-                                           fraction: float, trip: int, sig_level: int) -> None:
+                                           fraction: float, trip: int, sig_level: int, scope: str) -> None:
     g = gate(max_new_isolations=max_new, max_quarantined_count=max_count, max_quarantined_fraction=fraction,
              breaker=BreakerSettings(trip_suspect_fraction=0.0, trip_min_nodes=trip, signature_min_nodes=sig_level,
-                                     window_s=300.0))
+                                     window_s=300.0, scope=scope))  # type: ignore[arg-type]
     now = 0.0
     admitted: list[float] = []
     for op, arg, critical in ops:
@@ -184,13 +184,19 @@ def test_no_event_order_exceeds_any_budget(ops: list[tuple[str, int, bool]], max
             g.breaker.close()
         else:
             if op == "suspect":
-                g.breaker.note_suspicion(node, now, FLEET)
+                g.breaker.note_suspicion(node, now, FLEET, signature_of(node), DOMAINS)
             was_open = g.breaker.state.open
+            stopped = g.breaker.stops(signature_of(node), DOMAINS.domains_of(node))
             held_before = g.holds(node)
             verdict = g.check_isolation(node, now, FLEET, rack_of, leaves_of, critical, signature=signature_of(node),
                                         domains=DOMAINS)
             if verdict.allowed:
-                assert not was_open or held_before, "the breaker is open but a new isolation was allowed"
+                assert not stopped or held_before, "the breaker stops this evidence but a new isolation was allowed"
+                assert not was_open or held_before or scope == "evidence", "the breaker is open on all isolation"
+                if was_open and not held_before:  # outside the storm: its signature and domains did not trip
+                    st_ = g.breaker.state
+                    assert not st_.tripped_fleet and signature_of(node) not in st_.tripped_signatures
+                    assert not DOMAINS.domains_of(node) & set(st_.tripped_domains)
                 if not held_before:
                     admitted.append(now)
                 g.record_isolation(node, now, critical, signature=signature_of(node))
@@ -309,18 +315,67 @@ def test_the_breaker_trips_on_one_signature_and_on_one_rack_not_on_distinct_faul
 
 
 def test_lost_devices_pass_the_open_breaker_unless_it_blames_their_evidence() -> None:
-    g = gate(breaker=BreakerSettings(trip_min_nodes=100, signature_min_nodes=3, signature_fraction=0.0,
-                                     domain_min_nodes=3, domain_fraction=0.5))
-    for n in ("node-0", "node-9", "node-18"):
-        g.breaker.note_suspicion(n, 0.0, FLEET, "hard_rules:gpu_count", Racks())
-    assert g.breaker.state.open
+    """With ``scope: all`` the open breaker stops every isolation but of lost devices (unless it tripped
+    on their very evidence); with ``scope: evidence`` other evidence outside the storm's domains passes."""
+    def tripped(scope: str) -> SafetyGate:
+        g = gate(breaker=BreakerSettings(trip_min_nodes=100, signature_min_nodes=3, signature_fraction=0.0,
+                                         domain_min_nodes=3, domain_fraction=0.5, scope=scope))  # type: ignore[arg-type]
+        for n in ("node-0", "node-9", "node-18"):
+            g.breaker.note_suspicion(n, 0.0, FLEET, "hard_rules:gpu_count", Racks())
+        assert g.breaker.state.open
+        return g
+
     lost = {"kind": "definitive", "device_gone": True}
+    for scope in ("all", "evidence"):
+        g = tripped(scope)
+        blamed = g.check_isolation("node-27", 1.0, FLEET, rack_of, leaves_of, signature="hard_rules:gpu_count", **lost)  # type: ignore[arg-type]
+        assert blamed.reason == "breaker_open" and "this very evidence" in blamed.explanation
+    g = tripped("all")
     elsewhere = g.check_isolation("node-27", 1.0, FLEET, rack_of, leaves_of, signature="xid:79", **lost)  # type: ignore[arg-type]
     assert elsewhere.allowed and elsewhere.reason == "lost_device"
-    blamed = g.check_isolation("node-27", 1.0, FLEET, rack_of, leaves_of, signature="hard_rules:gpu_count", **lost)  # type: ignore[arg-type]
-    assert blamed.reason == "breaker_open" and "this very evidence" in blamed.explanation
     dbe = g.check_isolation("node-27", 1.0, FLEET, rack_of, leaves_of, kind="definitive", signature="xid:48")
     assert dbe.reason == "breaker_open"
+    g = tripped("evidence")
+    dbe = g.check_isolation("node-27", 1.0, FLEET, rack_of, leaves_of, kind="definitive", signature="xid:48")
+    assert dbe.allowed and dbe.reason == "definitive"  # other evidence, other domains: outside the storm
+    in_rack = g.check_isolation("node-1", 1.0, FLEET, rack_of, leaves_of, kind="definitive", signature="xid:48")
+    assert in_rack.allowed  # rack r0 has one suspect: below its level, so not a tripped domain
+
+
+def test_the_open_breaker_stops_the_evidence_it_tripped_on_and_everything_once_the_fleet_share_trips() -> None:
+    """Three nodes of one signature in three racks trip the signature level: that signature stops
+    everywhere; other evidence outside the tripped domains is isolated within the budgets; evidence
+    without a signature waits; a rack at its level stops every node of it; the fleet share stops all."""
+    g = gate(max_quarantined_count=10, max_quarantined_fraction=0.25, max_new_isolations=10, max_per_rack=4,
+             max_per_switch=8, breaker=BreakerSettings(trip_suspect_fraction=0.0, trip_min_nodes=10,
+                                                       signature_min_nodes=3, signature_fraction=0.0,
+                                                       domain_min_nodes=3, domain_fraction=0.5, window_s=300.0))
+    for n in ("node-0", "node-9", "node-18"):
+        g.breaker.note_suspicion(n, 0.0, FLEET, "network:link_state", Racks())
+    assert g.breaker.state.open and g.breaker.state.tripped_signatures == ["network:link_state"]
+    assert g.breaker.scope_text() == "isolation on evidence network:link_state"
+
+    def check(node: str, sig: str, kind: str = "preventive") -> str:
+        g.breaker.note_suspicion(node, 1.0, FLEET, sig, Racks())
+        v = g.check_isolation(node, 1.0, FLEET, rack_of, leaves_of, kind=kind, signature=sig,  # type: ignore[arg-type]
+                              domains=Racks())
+        if v.allowed:
+            g.record_isolation(node, 1.0, kind=kind, signature=sig)  # type: ignore[arg-type]
+        return v.reason
+
+    assert check("node-27", "network:link_state", "uncertain") == "breaker_open"
+    assert check("node-36", "power_brake:clocks_event_reasons") == "outside_breaker"
+    assert check("node-37", "") == "breaker_open"  # no signature: it cannot be told apart from the storm
+    assert check("node-1", "xid:119", "definitive") == "definitive"  # rack r0 has 1 suspect of its 4: below 3
+    assert check("node-2", "gpu_baseline:sm_clock") == "breaker_open"  # rack r0 now has 3 of 4: it tripped
+    assert g.breaker.state.tripped_domains == ["rack:r0"] and not g.breaker.state.tripped_fleet
+    assert check("node-3", "xid:48", "definitive") == "breaker_open"  # rack r0 stops every node of it
+    assert check("node-12", "gpu_baseline:power") == "breaker_open"  # the 10th suspect: the fleet share trips
+    assert g.breaker.state.tripped_fleet and "then 10 nodes became suspect" in g.breaker.state.opened_reason
+    assert g.breaker.scope_text() == "all isolation"
+    assert check("node-20", "xid:95", "definitive") == "breaker_open"
+    g.breaker.close()
+    assert not g.breaker.state.tripped_fleet and not g.breaker.stops("xid:95", {"rack:r5"})
 
 
 def test_auto_resume_waits_until_every_rule_is_below_its_level() -> None:

@@ -322,8 +322,9 @@ class Fleetmedic:
         self._note_audit()
 
     def _note_audit(self) -> None:
-        """Count refusals and breaker trips; the person on call resumes a tripped breaker after
-        looking at it (``human_delay_s``), as the FleetmedicBreakerOpen alert asks."""
+        """Count refusals and breaker trips; the person on call looks at a tripped breaker after
+        ``human_delay_s``, as the FleetmedicBreakerOpen alert asks, and resumes it once the storm is
+        over (every count below its level), else looks again later."""
         out = self.engine_pipeline.out
         for a in out.audit:
             if a.decision == "blocked":
@@ -344,6 +345,9 @@ class Fleetmedic:
 
     def _resume_breaker(self, t: float) -> None:
         engine = self.engine_pipeline.engine
+        if engine.breaker_open and not engine.breaker_calm(t):
+            self.world.at(t + self.world.human_delay("breaker", t), self._resume_breaker)
+            return
         d = engine.resume_breaker(actor="oncall", reason="looked at the trip (whatif)", now=t)
         self._execute(self.world, self.engine_pipeline._decisions(d), t)
 
