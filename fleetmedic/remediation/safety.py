@@ -457,7 +457,7 @@ class SafetyGate:
         if kind == "definitive":
             return Verdict(allowed=True, reason="definitive",
                            explanation=f"definitive evidence ({signature or 'hard fault'}): the capacity is already "
-                           "gone, isolated outside the budget")
+                           "gone, isolated outside the budget" + self._outside_breaker(signature))
         budgeted = self.budgeted()
         held = len(budgeted)
         limit = self.max_held(fleet_size)
@@ -504,11 +504,16 @@ class SafetyGate:
                            explanation=f"returned to service {now - released:.0f}s ago (node_cooldown_s "
                            f"{s.node_cooldown_s:g}); only critical evidence isolates it again this soon")
         if self.breaker.state.open:
-            return Verdict(allowed=True, reason="outside_breaker",
-                           explanation=f"the circuit breaker is open ({self.breaker.state.opened_reason}) and stops "
-                           f"{self.breaker.scope_text()}: this evidence ({signature}) and the node's racks and leaves "
-                           "are outside it")
+            return Verdict(allowed=True, reason="outside_breaker", explanation=self._outside_breaker(signature)[2:])
         return ALLOWED
+
+    def _outside_breaker(self, signature: str) -> str:
+        """What an isolation the open breaker lets through says about it ("" while it is closed)."""
+        if not self.breaker.state.open:
+            return ""
+        return (f"; the circuit breaker is open ({self.breaker.state.opened_reason}) and stops "
+                f"{self.breaker.scope_text()}: this evidence ({signature}) and the node's racks and leaves are "
+                "outside it")
 
     def _shared_evidence(self, node: str, signature: str, budgeted: list[str], fleet_size: int,
                          domains: Domains) -> str:
