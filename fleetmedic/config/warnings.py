@@ -26,7 +26,8 @@ def config_warnings(settings: Settings) -> list[str]:
     - a rule of the circuit breaker effectively off: a ``*_fraction`` above 0.5 (it opens only once
       more than half of its nodes are suspect at once) or a ``*_min_nodes`` of 1,000 or more (it never
       opens in a smaller storm), for the fleet-share, one-signature and one-domain rules alike; each
-      warning names the rules left on (or says none is); or ``breaker.window_s`` under 60 s
+      warning names the rules left on (or says none is), and the fleet-share one says that with
+      ``scope: evidence`` nothing then stops all isolation at once; or ``breaker.window_s`` under 60 s
       (suspicions are forgotten before a storm that unfolds over minutes reaches the trip level).
 
     Always:
@@ -108,6 +109,8 @@ def _breaker_rule_warnings(b: BreakerSettings, max_count: int) -> list[str]:
     out = []
     for name, why in off.items():
         extra = (f"; the budget for distinct evidence follows its level, up to max_quarantined_count {max_count}"
+                 + ("; with scope: evidence nothing stops all isolation at once (each tripped signature or "
+                    "domain stops only its own)" if b.scope == "evidence" else "")
                  if name == "fleet-share" else "")
         out.append(why + extra + left)
     return out

@@ -331,6 +331,13 @@ def test_no_warning_claims_a_rule_that_is_off_still_protects() -> None:
     assert len(warnings) == 3 and all("no rule can open the breaker" in w for w in warnings)
 
 
+def test_turning_the_fleet_share_off_says_what_scope_evidence_then_leaves() -> None:
+    (warning,) = config_warnings(parse_config("safety: {breaker: {trip_min_nodes: 100000}}"))
+    assert "nothing stops all isolation at once" in warning
+    (warning,) = config_warnings(parse_config("safety: {breaker: {trip_min_nodes: 100000, scope: all}}"))
+    assert "nothing stops all isolation" not in warning
+
+
 @pytest.mark.parametrize("text", [
     "safety: {dry_run: true, max_quarantined_fraction: 1.0}",
     "safety: {dry_run: true, breaker: {trip_suspect_fraction: 1.0, trip_min_nodes: 5000, window_s: 1}}",
