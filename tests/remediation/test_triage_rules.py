@@ -166,6 +166,31 @@ def test_a_switch_incident_is_one_incident_and_escalates_without_isolating() -> 
     assert not w.isolated()
 
 
+def test_a_dead_leafs_links_reported_still_down_node_by_node_join_its_switch_incident() -> None:
+    """A dead leaf's host links are reported down by each node's exporter on its own schedule: after
+    the switch incident opened, a few nodes at a time report them still down. Those are the switch's,
+    not link incidents of their own that would isolate healthy nodes."""
+    w = World(n=32)
+    leaf_ports(w)
+    w.advance(45)
+    switch = w.incidents[-1]
+    assert {i.id for i in w.incidents} == {switch.id}
+    for batch in (range(8, 10), range(10, 12), range(12, 13)):
+        w.advance(600)
+        for i in batch:
+            w.finding(f"node-{i}", kind="network", severity="critical", detector="link_state", port="mlx5_0",
+                      metric="link_state")
+        w.advance(45)
+    assert {i.id for i in w.incidents} == {switch.id} and not w.isolated()
+    assert len(w.last_incident(node="leaf-1").finding_ids) > len(switch.finding_ids)
+    w.advance(3700)  # the switch replaced: no evidence for incident_merge_s, its incident closes
+    assert not w.engine.triage.book.is_open("network", "switch:leaf-1")
+    for _ in range(2):  # then one node's link errors are its own again
+        w.finding("node-9", kind="network", severity="warning", detector="ib_ports", port="mlx5_0")
+        w.advance(600)
+    assert w.last_incident(node="node-9").suspects[0].name == "node-9"
+
+
 def test_a_single_node_with_port_errors_is_a_link_incident_isolated_at_the_job_boundary() -> None:
     w = World(n=32)
     w.place(JOB, NODES)

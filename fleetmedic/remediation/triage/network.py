@@ -1,6 +1,7 @@
 """Network findings, gathered per leaf switch for ``network_settle_s`` and then decided together:
 **one** switch incident when at least ``leaf_min_nodes`` and ``leaf_min_fraction`` of the nodes
-behind the leaf are affected (or the switch itself reports), else one link incident per node. A node
+behind the leaf are affected (or the switch itself reports, or a switch incident is open for the
+leaf: its findings join it), else one link incident per node. A node
 whose every link went down at once is down itself (a hardware incident), never evidence against its
 leaf; congestion alone on one node is its own traffic, not a broken link."""
 
@@ -68,7 +69,10 @@ class NetworkTriage:
         hosts -= dark
         dark_now = [self._node_down(h, [f for f in window if f.node == h], now) for h in sorted(dark)
                     if any(f.node == h for f in window)]
-        if leaf and (on_switch or (len(hosts) >= s.leaf_min_nodes and len(hosts) >= s.leaf_min_fraction * len(behind))):
+        # a leaf with an open switch incident: its ports' further findings (a dead leaf's links reported
+        # still down, node by node, minutes apart) are that incident's, never a node's
+        if leaf and (on_switch or self.book.is_open("network", f"switch:{leaf}") or (
+                len(hosts) >= s.leaf_min_nodes and len(hosts) >= s.leaf_min_fraction * len(behind))):
             return [self._switch_incident(leaf, behind, window, on_switch, hosts, now), *dark_now]
         return dark_now + self._link_incidents(window, dark, now)
 
