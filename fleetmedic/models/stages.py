@@ -265,7 +265,11 @@ class FleetDetection:
 
     def __post_init__(self) -> None:
         s = self.settings
-        self.peers = PeerComparison(s.peers, reassert_s=s.reassert_s, detector="job_peers")
+        # a node cooler than its job's peers is doing less work, not overheating: only a hotter one is
+        # suspect on temperature (as the baselines watch temperatures upwards); less work shows in power
+        # and clocks, compared both ways
+        self.peers = PeerComparison(s.peers, reassert_s=s.reassert_s, detector="job_peers",
+                                    upper_only=("gpu_temp", "memory_temp"))
         # across a SKU fleet only temperatures compare (clocks and power follow each job's workload),
         # and only a node hotter than its peers is suspect (a cooler one is doing less work)
         self.sku_peers = PeerComparison(s.peers, reassert_s=s.reassert_s, detector="sku_peers",

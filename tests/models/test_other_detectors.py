@@ -182,6 +182,26 @@ class TestPeers:
         assert found[0].ts - 1000.0 >= S.peers.continuity_window_s
         assert found[0].evidence[0].metric in ("gpu_temp", "memory_temp")
 
+    def test_against_its_job_peers_a_hotter_node_is_suspect_on_temperature_a_cooler_one_is_not(self) -> None:
+        """Two nodes of an 8-node job, 10 degrees cooler and 10 degrees hotter than the others at the same
+        load: the fleet stage's job-peer comparison flags the hot one only (a cooler node is doing no less
+        work here; one that does less shows it in power and clocks)."""
+        fleet = FleetDetection(S)
+        nodes = [f"n{i}" for i in range(8)]
+        fleet.on_job(r.JobEvent(job="ml/j", event="placement", ts=0,
+                                placement=[r.RankPlacement(rank=i, node=n) for i, n in enumerate(nodes)]))
+        rng = np.random.default_rng(3)
+        found: list[r.Finding] = []
+        for k in range(40):
+            for i, n in enumerate(nodes):
+                shift = {2: -10.0, 5: 10.0}.get(i)
+                msg = gpu_message(n, 1000 + 10 * k, rng, hot={g: shift for g in range(8)} if shift else None)
+                fleet.on_gpu(msg)
+            found += fleet.tick(1000 + 10 * k + 1)
+        peers = [f for f in found if f.detector == "job_peers"]
+        assert {f.node for f in peers} == {"n5"}
+        assert {f.evidence[0].metric for f in peers} <= {"gpu_temp", "memory_temp"}
+
     def test_healthy_peers_and_small_groups_are_not_flagged(self) -> None:
         cmp = PeerComparison(S.peers)
         rng = np.random.default_rng(1)
