@@ -28,14 +28,11 @@ import functools
 import heapq
 import itertools
 import math
-import operator
 import random
 import sys
 from array import array
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import compress, repeat
 from typing import Any, Final, Literal, Protocol
 
 from fleetmedic.sim.whatif.history import History, HistoryFault
@@ -113,7 +110,12 @@ class Node:
     """A node of the replayed cluster. Its placement state (``cordoned_by``, ``not_ready``, ``busy``,
     ``job``) keeps ``free``, the world's set of nodes a job may be placed on now, up to date as it
     changes, and ``blocked``, the world's set of nodes that are not schedulable, so placing a job looks
-    at the free nodes only."""
+    at the free nodes only.
+
+    ``job`` is the job whose pods run here: ``_job`` names the job last placed on the node, and counts
+    only while that job holds its nodes (its ``nodes`` are not empty). A failed job so releases its
+    nodes without visiting them, and a job placed again where it ran writes only the nodes that
+    changed (see :meth:`World._assign`)."""
 
     __slots__ = ("_busy", "_cordoned_by", "_job", "_not_ready", "acct", "blocked", "busy_until", "faults", "free",
                  "index", "name", "repair_waiters", "since", "validating")
@@ -144,7 +146,7 @@ class Node:
             self.free.discard(self.index)
         else:
             self.blocked.discard(self.index)
-            if self._job is None:
+            if self.job is None:
                 self.free.add(self.index)
             else:
                 self.free.discard(self.index)
@@ -178,12 +180,8 @@ class Node:
 
     @property
     def job(self) -> Job | None:
-        return self._job
-
-    @job.setter
-    def job(self, value: Job | None) -> None:
-        self._job = value
-        self._sync()
+        job = self._job
+        return job if job is not None and job.nodes else None
 
     @property
     def schedulable(self) -> bool:
@@ -217,6 +215,11 @@ class Job:
     restart_requested: bool = False
     exclude: set[int] = field(default_factory=set)
     prev_nodes: list[int] = field(default_factory=list)  # where its last attempt ran
+    prev_set: set[int] = field(default_factory=set)  # the same, as a set (read-only: shared with ``owned``)
+    #: the nodes whose ``_job`` is this job (the nodes of its last placement, less ``lost``); read-only,
+    #: replaced at each placement
+    owned: set[int] = field(default_factory=set)
+    lost: set[int] = field(default_factory=set)  # of ``owned``, nodes placed for another job since
     started_at: float = 0.0  # when its current attempt was placed
     restarted_by: str = ""  # who asked for its current placement: controller, a policy
     buckets: dict[str, float] = field(default_factory=lambda: dict.fromkeys(JOB_BUCKETS, 0.0))
@@ -291,9 +294,6 @@ def shuffle(rng: random.Random, x: list[int], batch: int = 0) -> None:
             buf, p, top = words(batch or i + 64), 0, i
             continue
         top = lo - 1
-
-
-_JOB_OF: Final = operator.attrgetter("_job")
 
 
 class Policy(Protocol):
@@ -403,17 +403,30 @@ class World:
             self.jobs.append(j)
             self._assign(j, [n])
 
-    def _assign(self, job: Job, nodes: list[int]) -> None:
-        job.nodes = nodes
-        # each node's job set by C loops (a lock-step job has thousands of nodes)
-        deque(map(setattr, map(self.nodes.__getitem__, nodes), repeat("_job"), repeat(job)), maxlen=0)
+    def _assign(self, job: Job, nodes: list[int], chosen: set[int] | None = None) -> None:
+        """Place ``job`` on ``nodes`` (free; ``chosen``: the same as a set, when the caller has it).
+        Only the nodes that differ from the job's last placement, or were placed for another job
+        since, are written: a lock-step job placed again where it ran costs its set operations, not
+        a step per node."""
+        chosen = set(nodes) if chosen is None else chosen
+        owned, lost, table = job.owned, job.lost, self.nodes
+        for n in owned.difference(chosen).difference(lost):  # its nodes it leaves: no longer its
+            table[n]._job = None
+        for n in chosen.difference(owned).union(lost.intersection(chosen)):
+            node = table[n]
+            before = node._job
+            if before is not None and before is not job:
+                before.lost.add(n)
+            node._job = job
+        job.nodes, job.owned, job.lost = nodes, chosen, set()
         self.free.difference_update(nodes)
 
     def _release(self, job: Job) -> None:
-        held = list(map(self.nodes.__getitem__, job.nodes))
-        mask = list(map(operator.is_, map(_JOB_OF, held), repeat(job)))  # the nodes still the job's
-        deque(map(setattr, compress(held, mask), repeat("_job"), repeat(None)), maxlen=0)
-        self.free.update(set(compress(job.nodes, mask)).difference(self.blocked))
+        """The job's pods are gone: its nodes (all still its own: a node is placed for another job only
+        when free) are free again unless not schedulable; ``job.nodes`` empty, each node's ``_job``
+        no longer counts."""
+        self.free.update(job.nodes)
+        self.free.difference_update(self.blocked)
         job.nodes = []
 
     def _faults_changed(self, node: Node) -> None:
@@ -471,8 +484,9 @@ class World:
         job.failures_in_a_row += 1
         job.restart_requested = False
         # the exclusions a restart wrote into the job's template stay for the controller's restarts
-        was_on = list(job.nodes)
-        job.prev_nodes = was_on or job.prev_nodes
+        was_on = job.nodes  # (read-only: a placement replaces the list)
+        if was_on:
+            job.prev_nodes, job.prev_set = was_on, job.owned
         self._release(job)
         job.slow = 0.0
         attempt = job.attempt
@@ -510,9 +524,10 @@ class World:
     def _place(self, job: Job, t: float) -> None:
         # the scheduler puts the pods back where they ran when it may (images cached, the gang's
         # topology kept), and takes the rest from the free nodes in random order
-        again = set(job.prev_nodes)
+        again, chosen_set = job.prev_set, None
         if len(again) == job.size and self.free.issuperset(again) and again.isdisjoint(job.exclude):
             chosen = sorted(job.prev_nodes)  # every pod goes back: the random order decides nothing
+            chosen_set = again
         else:
             exclude, nodes = job.exclude, self.nodes
             room = len(self.free) - len(self.free.intersection(exclude))
@@ -539,7 +554,7 @@ class World:
         job.attempt += 1
         job.restart_requested = False
         job.started_at = t
-        self._assign(job, chosen)
+        self._assign(job, chosen, chosen_set)
         self._job_state(job, "restart_overhead", t)
         attempt = job.attempt
         faulty = sorted(n for n in self.faulty if self.nodes[n].job is job)  # the chosen nodes with a fault
