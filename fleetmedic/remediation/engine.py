@@ -154,6 +154,7 @@ class DecisionEngine:
     def to_bytes(self) -> bytes:
         """The whole state (msgpack). Restore with :meth:`from_bytes` and the same settings."""
         self.state.topology = self.topology.nodes
+        self.triage.write_state()
         return encode_state(self.state)
 
     @classmethod

@@ -6,6 +6,7 @@ what a rebuild from scratch gives, over random sequences of the events that chan
 - the fleet size under node observations, telemetry sightings, deletions and the forgetting of
   silent nodes;
 - triage's pending groups, kept in deadline order so that the due ones are a prefix;
+- the history rule's failed jobs, kept once a failure, against a table of each node's jobs;
 - the incident book's subject index and its queue of closed incidents;
 - triage's node -> jobs index under placements, status changes, restores and forgetting;
 - the housekeeping's record sets (the node track's records for the tick, the forgetting and its
@@ -28,7 +29,7 @@ from fleetmedic.records import JobEvent, RankPlacement
 from fleetmedic.remediation.engine import DecisionEngine, Decisions
 from fleetmedic.remediation.node_track import NodeTrack
 from fleetmedic.remediation.topology import Placement, Topology
-from fleetmedic.remediation.triage.failures import _note, _note_all
+from fleetmedic.remediation.triage.history import FailedJobs
 from fleetmedic.remediation.triage.jobs import JobBoard
 from fleetmedic.remediation.triage.records import PendingGroup, TriageState, file_group, order_groups
 from tests.remediation.helpers_world import ECC, OOM, T0, XID79, World, timeout_line
@@ -182,24 +183,59 @@ def test_the_node_to_jobs_index_kept_as_events_come_equals_a_rebuild(ops: list) 
             assert rec.nodes == sorted(set(rec.ranks.values())), op
 
 
+failure = st.tuples(st.sampled_from(["a/j0", "a/j1", "a/j2"]), st.lists(node, min_size=1, max_size=8, unique=True),
+                    st.sampled_from([0.0, 5.0, 10.0]))
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.dictionaries(node, st.lists(st.tuples(st.sampled_from([T0 - 5.0, T0, T0 + 5.0]),
-                                                st.sampled_from(["a/j0", "a/j1"])), max_size=3), max_size=6),
-       st.lists(node, max_size=6, unique=True), st.sampled_from([T0 - 10.0, T0, T0 + 10.0]),
-       st.sampled_from(["a/j0", "a/j1"]))
-def test_a_failure_noted_on_a_jobs_nodes_in_bulk_notes_what_one_note_a_node_does(
-        table: dict[str, list[tuple[float, str]]], nodes: list[str], t: float, job: str) -> None:
-    again = [n for n in sorted(table) if table[n] and table[n][-1][1] == job]  # the job failing again there
-    for names in (sorted(nodes), again):
-        expected = {n: list(v) for n, v in table.items()}
-        for n in names:
-            entries = expected.get(n)
-            if entries and entries[-1][1] == job:
-                entries[-1] = (max(t, entries[-1][0]), job)
-            else:
-                _note(expected, n, t, job)
-        _note_all(table, names, t, job)
-        assert table == expected
+@given(st.lists(st.one_of(st.tuples(st.just("fail"), failure), st.tuples(st.just("again")),
+                          st.tuples(st.just("restore")), st.tuples(st.just("trim"), st.sampled_from([0.0, 5.0, 20.0]))),
+                max_size=25),
+       st.lists(node, min_size=1, max_size=8, unique=True), st.sampled_from([0.0, 5.0, 10.0, 40.0]),
+       st.integers(1, 3))
+def test_failed_jobs_kept_once_a_failure_say_what_one_entry_a_node_and_job_says(
+        ops: list[tuple], nodes: list[str], horizon: float, enough: int) -> None:  # type: ignore[type-arg]
+    """Rule 6's failed jobs, recorded once a failure (its nodes shared) and restored from their
+    serialised form, name for each node the jobs a table of each node's latest failure per job names
+    (the table the serialised form is)."""
+    state = TriageState()
+    failed = FailedJobs(state)
+    table: dict[str, dict[str, float]] = {}  # node -> job -> its latest failure there
+    clock, last = 0.0, None
+    for op in ops:
+        if op[0] in ("fail", "again"):
+            if op[0] == "again" and last is None:
+                continue
+            if op[0] == "fail":
+                job, names, dt = op[1]
+                listed = sorted(names)
+            else:  # the same job failing again on the same nodes (the same list)
+                job, listed, dt = last
+            clock += dt
+            failed.note(job, listed, clock)
+            last = (job, listed, dt)
+            for n in listed:
+                table.setdefault(n, {})[job] = max(clock, table.get(n, {}).get(job, clock))
+        elif op[0] == "restore":
+            failed.write()
+            assert state.node_failed_jobs == {n: sorted((t, j) for j, t in jobs.items())
+                                              for n, jobs in sorted(table.items())}
+            failed = FailedJobs(state)
+            last = None
+        else:
+            failed.trim(clock - op[1])  # what a trim drops is out of every window read after it
+            table = {n: kept for n, jobs in table.items() if (kept := {j: t for j, t in jobs.items()
+                                                                       if t >= clock - op[1]})}
+            horizon = max(horizon, clock - op[1])
+    asked = sorted(nodes)
+    expected = [(n, {j for j, t in table.get(n, {}).items() if t >= horizon}) for n in asked]
+    assert list(failed.jobs_of(asked, set(asked), horizon, enough)) == [(n, js) for n, js in expected
+                                                                         if len(js) >= enough]
+    if last is not None:  # asked for the nodes of the latest failure itself (the list it was noted with)
+        listed = last[1]
+        expected = [(n, {j for j, t in table.get(n, {}).items() if t >= horizon}) for n in listed]
+        assert list(failed.jobs_of(listed, set(listed), horizon, enough)) == [(n, js) for n, js in expected
+                                                                               if len(js) >= enough]
 
 
 SHORT = ("safety: {max_quarantined_fraction: 0.1}\n"
