@@ -4,7 +4,7 @@ what a rebuild from scratch gives, over random sequences of the events that chan
 
 - the topology's leaf and rack indexes under place/relabel/remove;
 - the fleet size under node observations, telemetry sightings, deletions and the forgetting of
-  silent nodes;
+  silent nodes; the sightings' order with placements seen again in bulk against a walk over every node;
 - triage's pending groups, kept in deadline order so that the due ones are a prefix;
 - the history rule's failed jobs, kept once a failure, against a table of each node's jobs;
 - the incident book's subject index and its queue of closed incidents;
@@ -19,6 +19,7 @@ The timing itself is measured in ``bench/bench_decide_scale.py``, never asserted
 
 from __future__ import annotations
 
+import copy
 import functools
 
 from hypothesis import example, given, settings
@@ -28,6 +29,7 @@ from fleetmedic.config import parse_config
 from fleetmedic.records import JobEvent, RankPlacement
 from fleetmedic.remediation.engine import DecisionEngine, Decisions
 from fleetmedic.remediation.node_track import NodeTrack
+from fleetmedic.remediation.sightings import Sightings
 from fleetmedic.remediation.topology import Placement, Topology
 from fleetmedic.remediation.triage.history import FailedJobs
 from fleetmedic.remediation.triage.jobs import JobBoard
@@ -367,3 +369,60 @@ def test_the_nodes_seen_are_forgotten_as_a_walk_over_all_of_them_forgets_them(ev
                     walked = {n: t for n, t in walked.items() if t >= now - after}
                     due = min(walked.values(), default=now) + after
         assert list(engine.state.seen.items()) == list(walked.items()), e
+
+
+PLACEMENTS = [NODES[:6], NODES[3:9], NODES[:6][::-1], NODES[6:]]  # the same list object while a placement stays
+sighting = st.one_of(
+    st.tuples(st.just("seen"), st.lists(node, max_size=4)),
+    st.tuples(st.just("seen_late"), st.lists(node, max_size=4)),
+    st.tuples(st.just("placed"), st.sampled_from(["a/j0", "a/j1"]), st.integers(0, len(PLACEMENTS) - 1)),
+    st.tuples(st.just("removed"), node),
+    st.tuples(st.just("written"),),
+    st.tuples(st.just("wait"), st.sampled_from([10.0, 40_000.0, 60_000.0, 100_000.0])),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(sighting, max_size=40))
+@example([("placed", "a/j0", 0), ("wait", 40_000.0), ("placed", "a/j0", 0), ("wait", 60_000.0),
+          ("placed", "a/j0", 1), ("wait", 60_000.0), ("wait", 40_000.0)])
+@example([("wait", 10.0), ("placed", "a/j0", 0), ("removed", "n1"), ("placed", "a/j0", 0)])
+def test_sightings_with_placements_seen_again_in_bulk_forget_as_a_walk_over_every_node(events: list) -> None:  # type: ignore[type-arg]
+    """A placement seen again whole is one bulk of the sightings' order; what they keep, once written,
+    and when they forget, are a walk's over every node's latest sighting (n0 is held: renewed, never
+    forgotten)."""
+    after = 86400.0
+    seen: dict[str, float] = {}
+    sightings = Sightings(seen, bulk_min=2)
+    walked: dict[str, float] = {}
+    due, now = float("-inf"), T0
+
+    def may_forget(n: str) -> bool:
+        return n != "n0"
+
+    for e in events:
+        if e[0] in ("seen", "seen_late"):
+            at = now if e[0] == "seen" else now - 30_000.0
+            sightings.nodes(e[1], at)
+            walked.update(dict.fromkeys(e[1], at))
+        elif e[0] == "placed":
+            sightings.placement(e[1], PLACEMENTS[e[2]], now)
+            walked.update(dict.fromkeys(PLACEMENTS[e[2]], now))
+        elif e[0] == "removed":
+            sightings.remove(e[1])
+            walked.pop(e[1], None)
+        elif e[0] == "written":
+            sightings.write()
+        else:
+            now += e[1]
+            sightings.forget(now, after, may_forget)
+            if now >= due:
+                due = min(walked.values(), default=now) + after
+                if due <= now:
+                    walked = {n: (t if t >= now - after else now) for n, t in walked.items()
+                              if t >= now - after or not may_forget(n)}
+                    due = min(walked.values(), default=now) + after
+        assert sorted(seen) == sorted(walked), e  # the nodes seen, without writing the bulks
+        written = copy.deepcopy(sightings)
+        written.write()
+        assert written.seen == walked, e
