@@ -29,6 +29,7 @@ Pure: time comes in as ``now``."""
 from __future__ import annotations
 
 import functools
+from bisect import insort
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,7 +64,7 @@ class _Failure:
 
     group: PendingGroup
     rec: JobRecord
-    job_nodes: set[str]  # the job's nodes and every node a report came from
+    job_nodes: frozenset[str]  # the job's nodes and every node a report came from
     nodes: list[str]  # the same, sorted
     distinct: dict[str, LineMatch]  # node -> its strongest distinctive log match
     soft: dict[str, LineMatch]  # of those, the software failures (neither hardware, network nor preemption)
@@ -106,6 +107,7 @@ class JobFailureTriage:
         self.fleet_size: Callable[[], int] = fleet_size or (lambda: len(self.topology))
         #: rule 6's failed jobs (their serialised form is the state's ``node_failed_jobs``)
         self.failed_jobs = failed_jobs if failed_jobs is not None else FailedJobs(state)
+        self._node_sets: dict[str, tuple[list[str], frozenset[str]]] = {}  # job -> its record's nodes, as a set
 
     def decide(self, group: PendingGroup, now: float) -> list[Assessment]:
         """The first of the rules (see the module's docstring) that applies to this failed attempt."""
@@ -123,12 +125,12 @@ class JobFailureTriage:
     def _read(self, group: PendingGroup, now: float) -> _Failure:
         s, lib = self.settings, self.library
         rec = self.state.jobs.get(group.job) or JobRecord(job=group.job, attempt=group.attempt)
-        job_nodes = set(rec.nodes)
+        placed = self._node_set(rec)
+        extra = sorted({rep.node for rep in group.reports if rep.node and rep.node not in placed})
+        job_nodes = placed.union(extra) if extra else placed
         by_node: dict[str, list[LineMatch]] = {}
         loose: list[LineMatch] = []
         for rep in group.reports:
-            if rep.node:
-                job_nodes.add(rep.node)
             for m in lib.classify_all([*rep.lines, *([rep.reason] if rep.reason else [])]):
                 if m.pattern is None:
                     continue
@@ -144,7 +146,7 @@ class JobFailureTriage:
             group=group, rec=rec, job_nodes=job_nodes, distinct=distinct,
             # the record's nodes are sorted and distinct: the same list (read-only: a placement replaces
             # it) unless a report named another
-            nodes=rec.nodes if len(job_nodes) == len(rec.nodes) else sorted(job_nodes),
+            nodes=_with(rec.nodes, extra) if extra else rec.nodes,
             soft={n: m for n, m in distinct.items() if m.incident_class not in ("hardware", "network")
                   and m.signal != "preemption"},
             loose_best=lib.strongest(loose), matches=matches, signals={m.signal for m in matches}, first=first,
@@ -153,6 +155,14 @@ class JobFailureTriage:
                 f for f in findings[n] if is_hardware_finding(f) and since <= f.ts <= now])},
             hw_logs={n: m for n, m in distinct.items() if m.incident_class == "hardware"},
         )
+
+    def _node_set(self, rec: JobRecord) -> frozenset[str]:
+        """``rec.nodes`` as a set, made once for each placement (a lock-step job fails again and again
+        on the same nodes)."""
+        made = self._node_sets.get(rec.job)
+        if made is None or made[0] is not rec.nodes:
+            made = self._node_sets[rec.job] = (rec.nodes, frozenset(rec.nodes))
+        return made[1]
 
     def _node_of(self, m: LineMatch, rec: JobRecord) -> str:
         if m.rank is not None and m.rank in rec.ranks:
@@ -394,6 +404,14 @@ def _log_evidence(by_node: dict[str, list[LineMatch]], loose: list[LineMatch]) -
     for m in sorted(loose, key=lambda m: (not m.distinctive, -m.priority))[:LOG_EVIDENCE_PER_NODE]:
         out.append(Evidence(detector="log_patterns", metric=m.pattern or "", note=m.line[:1000]))
     return out[:20]
+
+
+def _with(nodes: list[str], extra: list[str]) -> list[str]:
+    """``nodes`` (sorted, distinct) with ``extra`` (sorted, none of them in ``nodes``), sorted."""
+    out = list(nodes)
+    for n in extra:
+        insort(out, n)
+    return out
 
 
 def _exit_codes(group: PendingGroup) -> str:

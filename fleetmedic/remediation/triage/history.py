@@ -61,7 +61,7 @@ class FailedJobs:
         if len(failures) > 1 and failures[-2][0] > t:  # noted out of time order: keep them oldest first
             failures.sort(key=lambda e: e[0])
 
-    def jobs_of(self, nodes: list[str], node_set: set[str], horizon: float, enough: int
+    def jobs_of(self, nodes: list[str], node_set: set[str] | frozenset[str], horizon: float, enough: int
                 ) -> Iterator[tuple[str, set[str]]]:
         """Of ``nodes`` (sorted; ``node_set`` the same as a set), each that was part of at least
         ``enough`` failed jobs at or after ``horizon``, with those jobs, in the order of ``nodes``.

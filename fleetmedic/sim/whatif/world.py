@@ -410,9 +410,10 @@ class World:
         a step per node."""
         chosen = set(nodes) if chosen is None else chosen
         owned, lost, table = job.owned, job.lost, self.nodes
-        for n in owned.difference(chosen).difference(lost):  # its nodes it leaves: no longer its
+        same = chosen is owned  # placed where it ran
+        for n in () if same else owned.difference(chosen).difference(lost):  # the nodes it leaves: no longer its
             table[n]._job = None
-        for n in chosen.difference(owned).union(lost.intersection(chosen)):
+        for n in lost.intersection(chosen) if same else chosen.difference(owned).union(lost.intersection(chosen)):
             node = table[n]
             before = node._job
             if before is not None and before is not job:
