@@ -40,6 +40,8 @@ publication), :class:`~.issuer.Issuer` (audit records and commands) and
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from itertools import compress, count
+from operator import is_not
 from typing import Any
 
 import msgspec
@@ -198,7 +200,7 @@ class DecisionEngine:
             if last is not None and last[0] == event.placement:  # the same records: compared by identity
                 placed = last[1]
             else:
-                placed = [p.node for p in event.placement if p.node]
+                placed = _placed_nodes(event.placement, last)
                 self._placed_nodes[event.job] = (list(event.placement), placed)
             self.sightings.placement(event.job, placed, now)
         for note in self.triage.add_job_event(event, now):
@@ -426,6 +428,22 @@ class DecisionEngine:
                        "fleet_source": self.fleet_source},
             "breaker_trips": self.gate.breaker.state.trips,
         }
+
+
+def _placed_nodes(placement: list[RankPlacement], last: tuple[list[RankPlacement], list[str]] | None) -> list[str]:
+    """The named nodes of ``placement``'s ranks, in rank order. ``last`` (the job's last placement and
+    its nodes, every rank named): the ranks at the head, and for a placement of the same size the
+    tail, that are the same records (the same objects) are taken from it, not read again."""
+    if last is None or len(last[0]) != len(last[1]):
+        return [p.node for p in placement if p.node]
+    before, nodes = last
+    both = min(len(before), len(placement))
+    head = next(compress(count(), map(is_not, before, placement)), both)
+    tail = 0
+    if len(before) == len(placement):
+        tail = min(next(compress(count(), map(is_not, reversed(before), reversed(placement))), both), both - head)
+    middle = [p.node for p in placement[head:len(placement) - tail] if p.node]
+    return [*nodes[:head], *middle, *nodes[len(nodes) - tail:]]
 
 
 def _command_order(c: RemediationCommand) -> int:
