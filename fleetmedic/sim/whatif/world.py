@@ -329,8 +329,9 @@ class World:
         #: the nodes that are not schedulable (cordoned, NotReady or busy)
         self.blocked: set[int] = set()
         self.nodes = [Node(n, i, since=self.t, free=self.free, blocked=self.blocked) for i, n in enumerate(names)]
-        #: the nodes with an active fault
+        #: the nodes with an active fault, and of those the nodes whose fault (:meth:`Node.fault`) crashes jobs
         self.faulty: set[int] = set()
+        self.crashing: set[int] = set()
         #: the jobs waiting for capacity, by index
         self._waiting: dict[int, Job] = {}
         self.index = {n.name: n.index for n in self.nodes}
@@ -431,10 +432,17 @@ class World:
         job.nodes = []
 
     def _faults_changed(self, node: Node) -> None:
-        if any(f.active for f in node.faults):
-            self.faulty.add(node.index)
-        else:
+        """A fault of ``node`` started, turned hard or ended: ``faulty`` and ``crashing`` follow."""
+        f = node.fault()
+        if f is None:
             self.faulty.discard(node.index)
+            self.crashing.discard(node.index)
+            return
+        self.faulty.add(node.index)
+        if f.entry.effect == "crash":
+            self.crashing.add(node.index)
+        else:
+            self.crashing.discard(node.index)
 
     def _job_state(self, job: Job, state: JobState, t: float) -> None:
         """Account the job's time since its last change, then enter ``state``."""
@@ -455,9 +463,8 @@ class World:
 
     def _update_slow(self, job: Job, t: float) -> None:
         slow = 0.0
-        for n in self.faulty:  # of the job's nodes, only those with an active fault slow it
-            if self.nodes[n].job is not job:
-                continue
+        # of the job's nodes (those it owns, while it holds them), only those with an active fault slow it
+        for n in self.faulty.intersection(job.owned) if job.nodes else ():
             f = self.nodes[n].fault()
             if f is not None and f.entry.effect == "slow":
                 slow = max(slow, f.entry.slowdown)
@@ -558,7 +565,7 @@ class World:
         self._assign(job, chosen, chosen_set)
         self._job_state(job, "restart_overhead", t)
         attempt = job.attempt
-        faulty = sorted(n for n in self.faulty if self.nodes[n].job is job)  # the chosen nodes with a fault
+        faulty = sorted(self.crashing.intersection(job.owned))  # the chosen nodes with a fault that crashes
         # what the policy suspected when the scheduler placed the pods, before it hears of the placement
         suspected = {n for n in faulty if self.policy.suspected(self, n, t)}
         self.policy.job_placed(self, job, t)
@@ -614,7 +621,7 @@ class World:
         self._confirmable(f)
         self.faults.append(f)
         node.faults.append(f)
-        self.faulty.add(node.index)
+        self._faults_changed(node)
         if entry.evidence == "software":  # the job fails; the node is fine
             f.active = False
             self._faults_changed(node)
@@ -660,6 +667,7 @@ class World:
             return
         self._account_node(node, t)
         f.entry, f.turned_at, f.evidence_at = then, t, t + then.detection_delay_s
+        self._faults_changed(node)
         self._confirmable(f)
         self._account_node(node, t)
         self._effect(node, f, t)
