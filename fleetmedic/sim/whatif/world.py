@@ -553,12 +553,15 @@ class World:
             if len(free) < job.size:
                 return
             if len(again.intersection(free)) < job.size:  # (``free`` holds distinct nodes)
+                ordered = list(free)  # sorted, then the nodes preempted
                 shuffle(self.rng("place", job.name, job.attempt, round(t)), free)
-                # where the pods ran first, in the scheduler's order, then the rest
-                back = [*filter(again.__contains__, free), *itertools.filterfalse(again.__contains__, free)]
+                # where the pods ran first (all of them), then the rest in the scheduler's order
+                kept = list(filter(again.__contains__, ordered))
+                rest = itertools.filterfalse(again.__contains__, free)
+                # (``kept`` is sorted but for preempted nodes: the sort runs over it in one pass)
+                chosen = sorted([*kept, *itertools.islice(rest, job.size - len(kept))])
             else:
-                back = list(filter(again.__contains__, free))
-            chosen = sorted(back[: job.size])
+                chosen = sorted(list(filter(again.__contains__, free))[: job.size])
         job.attempt += 1
         job.restart_requested = False
         job.started_at = t
