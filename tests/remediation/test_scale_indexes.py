@@ -13,7 +13,8 @@ what a rebuild from scratch gives, over random sequences of the events that chan
   remembered definitive returns, the unhealthy nodes and those in probation; the issuer's commands
   in issue order; triage's finished jobs): an engine keeping them decides as one that rebuilds them
   before every call, the return rules' deadlines (``boundary_wait_s``, ``evidence_quiet_s``,
-  ``definitive_recurrence_s``) included.
+  ``definitive_recurrence_s``) included; so does one reading the open incidents' suspects (and the
+  open incidents) again at every call.
 
 The timing itself is measured in ``bench/bench_decide_scale.py``, never asserted here."""
 
@@ -283,6 +284,8 @@ def _rebuild_indexes(engine: DecisionEngine) -> None:
     nodes.tick = functools.partial(_every_record_tick, nodes)  # type: ignore[method-assign]
     engine.issuer._issued = None
     engine.triage.job_board._done_since = float("-inf")
+    engine.triage._suspects = (None, {})  # the suspects read from every open incident again
+    engine.triage.book._order_open()
 
 
 def _apply(w: World, op: tuple, rebuild: bool) -> None:  # type: ignore[type-arg]
@@ -318,7 +321,7 @@ def _apply(w: World, op: tuple, rebuild: bool) -> None:  # type: ignore[type-arg
         w.auto_execute = op[1]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(st.lists(engine_op, max_size=25))
 def test_an_engine_keeping_its_housekeeping_sets_decides_as_one_rebuilding_them(ops: list) -> None:  # type: ignore[type-arg]
     kept, rebuilt = World(16, config=SHORT), World(16, config=SHORT)
@@ -333,6 +336,11 @@ def test_an_engine_keeping_its_housekeeping_sets_decides_as_one_rebuilding_them(
         records = engine.state.nodes
         assert track.unhealthy() == {n for n, r in records.items() if r.state not in ("healthy", "probation")}
         assert track.in_probation() == {n: r.since for n, r in records.items() if r.state == "probation"}
+        assert list(engine.triage.book.open_ids) == [i for i, inc in engine.triage.state.incidents.items()
+                                                     if inc.status in ("open", "mitigating")], op
+        suspected = engine.suspected_nodes()
+        engine.triage._suspects = (None, {})
+        assert suspected == engine.suspected_nodes(), op  # as read from every open incident again
         if track._for_tick is not None:  # every record the tick has something to do for is looked at, or sleeps
             assert {n for n, r in records.items() if r.plan or (r.state == "suspect" and r.blocked_reason)
                     or r.inflight or r.state == "probation" or (r.state == "healthy" and r.returns)} \

@@ -47,6 +47,10 @@ class Triage:
         self.failures = JobFailureTriage(settings, policy, library, self.state, self.book, topology, fleet_size,
                                          self.failed_jobs)
         self._topology = topology
+        #: (the book's version and the classes asked for, node -> the latest evidence of an open
+        #: incident of those classes naming it): :meth:`suspected_nodes` reads the incidents again
+        #: only when they changed
+        self._suspects: tuple[tuple[int, frozenset[str]] | None, dict[str, float]] = (None, {})
 
     @property
     def topology(self) -> Topology:
@@ -99,19 +103,22 @@ class Triage:
         or still watched, and hosts whose network findings are being gathered. ``returned``: nodes
         returned to service (after passing diagnostics) and when; an incident whose last evidence is
         older than the return no longer counts against the node."""
-        out: set[str] = set()
-        incidents = self.state.incidents
+        key = (self.book.version, classes)
+        if self._suspects[0] != key:  # the incidents changed: their suspects are read again
+            named: dict[str, float] = {}  # node -> the latest evidence of an open incident naming it
+            incidents = self.state.incidents
+            for inc_id in set(self.state.open_by_subject.values()):
+                inc = incidents.get(inc_id)
+                if inc is None or inc.status not in ("open", "mitigating") or inc.incident_class not in classes:
+                    continue
+                seen = inc.last_seen if inc.last_seen is not None else inc.first_seen
+                for s in inc.suspects:
+                    if s.kind in ("node", "gpu"):
+                        node = s.name if s.kind == "node" else s.name.rsplit("/", 1)[0]
+                        named[node] = max(seen, named.get(node, seen))
+            self._suspects = (key, named)
         back = returned or {}
-        for inc_id in set(self.state.open_by_subject.values()):
-            inc = incidents.get(inc_id)
-            if inc is None or inc.status not in ("open", "mitigating") or inc.incident_class not in classes:
-                continue
-            seen = inc.last_seen if inc.last_seen is not None else inc.first_seen
-            for s in inc.suspects:
-                if s.kind in ("node", "gpu"):
-                    node = s.name if s.kind == "node" else s.name.rsplit("/", 1)[0]
-                    if node not in back or seen > back[node]:
-                        out.add(node)
+        out = {node for node, seen in self._suspects[1].items() if node not in back or seen > back[node]}
         out.update(key[5:] for key in self.state.network if key.startswith("node:"))
         return out
 
