@@ -276,6 +276,13 @@ def shuffle(rng: random.Random, x: list[int], batch: int = 0) -> None:
 
     top = len(x) - 1
     buf, p = words(batch or top + top // 2 + 64), 0
+    if _native_shuffle is not None:  # the same loop in C (_shuffle.c)
+        while top >= 1:
+            top, p, done = _native_shuffle(x, buf, p, top)
+            if done:
+                return
+            buf, p = words(batch or top + 64), 0  # the batch ran out: the next one, drawing again for top
+        return
     while top >= 1:
         k = (top + 1).bit_length()
         lo = max(1, (1 << (k - 1)) - 1)  # the draws below i + 1 in [2**(k-1), 2**k) keep k bits
@@ -294,6 +301,12 @@ def shuffle(rng: random.Random, x: list[int], batch: int = 0) -> None:
             buf, p, top = words(batch or i + 64), 0, i
             continue
         top = lo - 1
+
+
+try:  # the shuffle's loop in C (_shuffle.c), built with the package where a C compiler is found
+    from fleetmedic.sim.whatif._shuffle import run as _native_shuffle
+except ImportError:  # pragma: no cover - the Python loop below draws the same permutation
+    _native_shuffle = None
 
 
 class Policy(Protocol):
@@ -332,6 +345,8 @@ class World:
         #: the nodes with an active fault, and of those the nodes whose fault (:meth:`Node.fault`) crashes jobs
         self.faulty: set[int] = set()
         self.crashing: set[int] = set()
+        #: the nodes small jobs hold (the big job may preempt them)
+        self._small: set[int] = set()
         #: the jobs waiting for capacity, by index
         self._waiting: dict[int, Job] = {}
         self.index = {n.name: n.index for n in self.nodes}
@@ -422,6 +437,8 @@ class World:
             node._job = job
         job.nodes, job.owned, job.lost = nodes, chosen, set()
         self.free.difference_update(nodes)
+        if not job.big:
+            self._small.update(nodes)
 
     def _release(self, job: Job) -> None:
         """The job's pods are gone: its nodes (all still its own: a node is placed for another job only
@@ -429,6 +446,8 @@ class World:
         no longer counts."""
         self.free.update(job.nodes)
         self.free.difference_update(self.blocked)
+        if not job.big:
+            self._small.difference_update(job.nodes)
         job.nodes = []
 
     def _faults_changed(self, node: Node) -> None:
@@ -537,11 +556,11 @@ class World:
             chosen = sorted(job.prev_nodes)  # every pod goes back: the random order decides nothing
             chosen_set = again
         else:
-            exclude, nodes = job.exclude, self.nodes
+            exclude = job.exclude
             room = len(self.free) - len(self.free.intersection(exclude))
             preempt = room < job.size and job.big and self.a.preempt_small
-            victims = sorted(n for j in self.jobs if not j.big for n in j.nodes
-                             if nodes[n].job is j and nodes[n].schedulable and n not in exclude) if preempt else []
+            # the schedulable nodes of small jobs (each holds its nodes: they are its own)
+            victims = sorted(self._small.difference(self.blocked).difference(exclude)) if preempt else []
             if room + len(victims) < job.size:
                 return  # not enough room, even preempting: the free nodes need not be ordered
             free = sorted(self.free - exclude if exclude else self.free)
