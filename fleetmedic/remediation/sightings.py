@@ -111,7 +111,7 @@ class Sightings:
         self._order = None
 
     def remove(self, node: str) -> None:
-        """``node`` is no longer seen (deleted from the cluster): a later sighting adds it back."""
+        """``node`` leaves ``seen`` (deleted from the cluster): a later sighting adds it back."""
         self.seen.pop(node, None)
         if self._order is not None:
             self._order.pop(node, None)

@@ -2,7 +2,8 @@
  *
  * A what-if replay of a 20,000-node fleet shuffles the free nodes at each placement that cannot put
  * every pod back where it ran: tens of thousands of shuffles of ~20,000 nodes in a year of history.
- * In Python the loop costs about 4 ms a shuffle; here about 0.1 ms. It draws the same permutation
+ * A shuffle of 20,000 nodes costs about 2.7 ms with the Python loop, 0.25 ms with this one (the
+ * words drawn included; a loaded 2-core VM). It draws the same permutation
  * from the same words as the Python loop (tests/sim/test_whatif.py compares both with
  * random.shuffle): for each i from `top` down, words of `buf` from `p` on, shifted to the bit length
  * of i + 1, until one is below i + 1; then x[i] and x[j] are swapped. When the words run out while
