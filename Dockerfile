@@ -8,7 +8,7 @@
 ARG BASE=python:3.11-slim
 FROM ${BASE} AS build
 # a C compiler for the C loops (fleetmedic/models/_columns.c, _baselines.c, connectors/remote_write/_remote_write.c,
-# connectors/prometheus/_gpu_record.c); only this stage
+# connectors/prometheus/_gpu_record.c, sim/whatif/_shuffle.c); only this stage
 # has it (a Debian base adds python3-dev: python:3.11-slim carries Python's headers already)
 ARG BUILD_PACKAGES="gcc libc6-dev"
 WORKDIR /src

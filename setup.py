@@ -1,11 +1,12 @@
 """The one thing pyproject.toml cannot yet say without an experimental table: the C loops of stage 1,
 the metric columns (fleetmedic/models/_columns.c) and the GPU detector's signals and baseline
 step (fleetmedic/models/_baselines.c), of the remote-write receiver
-(fleetmedic/connectors/remote_write/_remote_write.c) and of the exposition readers' GPU records
-(fleetmedic/connectors/prometheus/_gpu_record.c). Optional: without a C compiler the package
-installs and runs the same pure-Python / numpy paths (fleetmedic.models.sample_columns,
-fleetmedic.models.gpu_signals, fleetmedic.connectors.remote_write.assembler,
-fleetmedic.connectors.prometheus.text), slower."""
+(fleetmedic/connectors/remote_write/_remote_write.c), of the exposition readers' GPU records
+(fleetmedic/connectors/prometheus/_gpu_record.c) and of the what-if replay's scheduler shuffle
+(fleetmedic/sim/whatif/_shuffle.c). Optional: without a C compiler the package installs and runs
+the same pure-Python / numpy paths (fleetmedic.models.sample_columns, fleetmedic.models.gpu_signals,
+fleetmedic.connectors.remote_write.assembler, fleetmedic.connectors.prometheus.text,
+fleetmedic.sim.whatif.world), slower."""
 
 from setuptools import Extension, setup
 
@@ -21,4 +22,6 @@ setup(ext_modules=[
     # (fleetmedic/connectors/prometheus/_gpu_record.c)
     Extension("fleetmedic.connectors.prometheus._gpu_record", ["fleetmedic/connectors/prometheus/_gpu_record.c"],
               optional=True),
+    # the what-if replay's scheduler shuffle (fleetmedic/sim/whatif/_shuffle.c)
+    Extension("fleetmedic.sim.whatif._shuffle", ["fleetmedic/sim/whatif/_shuffle.c"], optional=True),
 ])

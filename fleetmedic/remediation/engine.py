@@ -39,9 +39,9 @@ publication), :class:`~.issuer.Issuer` (audit records and commands) and
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Mapping
-from itertools import repeat
+from itertools import compress, count
+from operator import is_not
 from typing import Any
 
 import msgspec
@@ -68,6 +68,7 @@ from fleetmedic.remediation.log_patterns import PatternLibrary, default_library
 from fleetmedic.remediation.node_track import NodeTrack
 from fleetmedic.remediation.policy import Policy
 from fleetmedic.remediation.safety import SafetyGate
+from fleetmedic.remediation.sightings import Sightings
 from fleetmedic.remediation.topology import Topology
 from fleetmedic.remediation.triage import Assessment, Triage
 
@@ -83,11 +84,8 @@ class DecisionEngine:
                  library: PatternLibrary | None = None, state: EngineState | None = None) -> None:
         self.settings = s = settings or Settings()
         self.state = state if state is not None else EngineState()
-        self._next_forget = float("-inf")  # when the oldest node seen in telemetry may be forgotten
-        #: the nodes of ``state.seen``, the longest unseen first (None: to be sorted, after a restore or
-        #: a sighting stamped earlier than the last), so the forgetting looks only at those that expired
-        self._seen_order: dict[str, float | None] | None = None  # (only its keys are read)
-        self._seen_last = float("-inf")
+        #: ``state.seen`` and the order its nodes were seen in (the forgetting looks only at the oldest)
+        self.sightings = Sightings(self.state.seen)
         #: job -> the placement last read and its nodes: a job placed again on the same ranks (a
         #: lock-step job restarted where it ran) has its nodes read once
         self._placed_nodes: dict[str, tuple[list[RankPlacement], list[str]]] = {}
@@ -139,22 +137,15 @@ class DecisionEngine:
         """Telemetry (stage 1's node summaries, GPU records) showed ``nodes``: they are the fleet
         when neither the node watch nor a topology names it. O(1) a node: cheap enough to call for
         every batch."""
-        seen, order = self.state.seen, self._seen_order
-        nodes = nodes if isinstance(nodes, list) else list(nodes)
-        fresh = dict.fromkeys(nodes, now)
-        seen.update(fresh)
-        if order is None or now < self._seen_last:
-            self._seen_order = None
-            return
-        self._seen_last = now
-        deque(map(order.pop, nodes, repeat(None)), maxlen=0)  # out of their places: last seen now
-        order.update(fresh)
+        self.sightings.nodes(nodes if isinstance(nodes, list) else list(nodes), now)
 
     # --- serialisation ------------------------------------------------------------------------------
 
     def to_bytes(self) -> bytes:
         """The whole state (msgpack). Restore with :meth:`from_bytes` and the same settings."""
         self.state.topology = self.topology.nodes
+        self.sightings.write()
+        self.triage.write_state()
         return encode_state(self.state)
 
     @classmethod
@@ -202,7 +193,7 @@ class DecisionEngine:
     def on_job_event(self, event: JobEvent, now: float) -> Decisions:
         now, out = self._begin(now)
         rec_before = self.triage.job(event.job)
-        old_nodes = list(rec_before.nodes) if rec_before else []
+        old_nodes = rec_before.nodes if rec_before else []  # (read-only: a placement replaces the list)
         if event.event in ("start", "placement", "restart"):
             self.triage.forget_decision(event.job, event.attempt)  # a new run of that attempt
         if event.placement:
@@ -210,9 +201,9 @@ class DecisionEngine:
             if last is not None and last[0] == event.placement:  # the same records: compared by identity
                 placed = last[1]
             else:
-                placed = [p.node for p in event.placement if p.node]
+                placed = _placed_nodes(event.placement, last)
                 self._placed_nodes[event.job] = (list(event.placement), placed)
-            self.nodes_seen(placed, now)
+            self.sightings.placement(event.job, placed, now)
         for note in self.triage.add_job_event(event, now):
             self.issuer.audit(out, now, "skipped", note, job=event.job)
         self.jobs.on_event(event, now, out)
@@ -259,9 +250,7 @@ class DecisionEngine:
         now, out = self._begin(now)
         known = node in self.topology or node in self.state.seen or node in self.state.nodes
         self.topology.remove(node)
-        self.state.seen.pop(node, None)
-        if self._seen_order is not None:
-            self._seen_order.pop(node, None)
+        self.sightings.remove(node)
         self.state.cluster.pop(node, None)
         released = self.nodes.removed(node, now)
         if known:
@@ -375,32 +364,8 @@ class DecisionEngine:
     def _forget_unseen(self, now: float) -> None:
         """Nodes telemetry showed, silent for ``fleet_forget_after_s`` and not worked on, leave the
         telemetry's fleet (a node that is down but held or waiting stays counted)."""
-        if now < self._next_forget:
-            return
-        after = self.settings.safety.fleet_forget_after_s
-        horizon = now - after
-        seen, order = self.state.seen, self._seen_order
-        if order is None or len(order) != len(seen):
-            order = self._seen_order = dict.fromkeys(sorted(seen, key=seen.__getitem__))
-            self._seen_last = max(seen.values(), default=float("-inf"))
-        # a node's time only moves forward, so none expires before the oldest does
-        self._next_forget = (seen[next(iter(order))] if order else now) + after
-        if self._next_forget > now:
-            return
-        expired = []
-        for n in order:  # the longest unseen first
-            if seen[n] >= horizon:
-                break
-            expired.append(n)
-        for n in expired:
-            del order[n]
-            if self.nodes.state_of(n) == "healthy" and not self.gate.holds(n):
-                del seen[n]
-            else:  # it stays counted: renewed so that it is not rechecked each tick
-                seen[n] = now
-                order[n] = None
-        self._seen_last = max(self._seen_last, now)
-        self._next_forget = (seen[next(iter(order))] if order else now) + after
+        self.sightings.forget(now, self.settings.safety.fleet_forget_after_s,
+                              lambda n: self.nodes.state_of(n) == "healthy" and not self.gate.holds(n))
 
     def _may_disrupt(self, node: str, action: str, now: float) -> bool:
         return self.gate.check_disruptive(node, action, now).allowed
@@ -468,6 +433,22 @@ class DecisionEngine:
                        "fleet_source": self.fleet_source},
             "breaker_trips": self.gate.breaker.state.trips,
         }
+
+
+def _placed_nodes(placement: list[RankPlacement], last: tuple[list[RankPlacement], list[str]] | None) -> list[str]:
+    """The named nodes of ``placement``'s ranks, in rank order. ``last`` (the job's last placement and
+    its nodes, every rank named): the ranks at the head, and for a placement of the same size the
+    tail, that are the same records (the same objects) are taken from it, not read again."""
+    if last is None or len(last[0]) != len(last[1]):
+        return [p.node for p in placement if p.node]
+    before, nodes = last
+    both = min(len(before), len(placement))
+    head = next(compress(count(), map(is_not, before, placement)), both)
+    tail = 0
+    if len(before) == len(placement):
+        tail = min(next(compress(count(), map(is_not, reversed(before), reversed(placement))), both), both - head)
+    middle = [p.node for p in placement[head:len(placement) - tail] if p.node]
+    return [*nodes[:head], *middle, *nodes[len(nodes) - tail:]]
 
 
 def _command_order(c: RemediationCommand) -> int:

@@ -79,7 +79,8 @@ class IncidentTracker:
         """Incidents nothing waits for and no evidence renewed within ``incident_merge_s`` close:
         ``resolved`` if fleetmedic acted on them, else ``dismissed``."""
         horizon = now - self.settings.triage.incident_merge_s
-        for inc in list(self.triage.state.incidents.values()):
+        incidents = self.triage.state.incidents
+        for inc in [incidents[i] for i in self.triage.book.open_ids]:  # (the open ones, in the book's order)
             if inc.status not in ("open", "mitigating") or (inc.last_seen or inc.first_seen) > horizon:
                 continue
             t = self.state.tracks.get(inc.id)

@@ -136,14 +136,14 @@ class JobTrack:
             hard = {n for n in suspects if n in held or n in unhealthy}
         else:
             hard = {n for n in suspects if n in held or self.node_state(n) not in ("healthy", "probation")}
-        if not suspects - hard:
+        room = max(0, self.settings.policy.max_soft_exclusions - max(0, already - len(hard)))
+        if not room or not suspects - hard:  # no room for soft exclusions, or none to rank
             return hard
         rec = self.triage.job(job)
         own = set(rec.nodes) if rec else set()
         rank = {"hardware": 0, "unknown": 1, "network": 2, "degradation": 3}
         why = self.triage.suspicion_classes() if len(suspects - hard) > self.settings.policy.max_soft_exclusions else {}
         soft = sorted(suspects - hard, key=lambda n: (rank.get(why.get(n, ""), 9), n not in own, n))
-        room = max(0, self.settings.policy.max_soft_exclusions - max(0, already - len(hard)))
         return hard | set(soft[:room])
 
     # --- what time, results and job events bring -----------------------------------------------------

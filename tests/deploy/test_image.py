@@ -104,5 +104,6 @@ def test_image_entrypoint_help_and_config_check(image: tuple[list[str], dict[str
     assert "streams.max_future_skew_s" in bad.stderr
 
     c_loops = _run(bh, container, "python", "-c", "import fleetmedic.models._columns, fleetmedic.models._baselines, "
-                   "fleetmedic.connectors.remote_write._remote_write, fleetmedic.connectors.prometheus._gpu_record")
+                   "fleetmedic.connectors.remote_write._remote_write, fleetmedic.connectors.prometheus._gpu_record, "
+                   "fleetmedic.sim.whatif._shuffle")
     assert c_loops.returncode == 0, c_loops.stderr

@@ -4,20 +4,23 @@ what a rebuild from scratch gives, over random sequences of the events that chan
 
 - the topology's leaf and rack indexes under place/relabel/remove;
 - the fleet size under node observations, telemetry sightings, deletions and the forgetting of
-  silent nodes;
+  silent nodes; the sightings' order with placements seen again in bulk against a walk over every node;
 - triage's pending groups, kept in deadline order so that the due ones are a prefix;
+- the history rule's failed jobs, kept once a failure, against a table of each node's jobs;
 - the incident book's subject index and its queue of closed incidents;
 - triage's node -> jobs index under placements, status changes, restores and forgetting;
 - the housekeeping's record sets (the node track's records for the tick, the forgetting and its
   remembered definitive returns, the unhealthy nodes and those in probation; the issuer's commands
   in issue order; triage's finished jobs): an engine keeping them decides as one that rebuilds them
   before every call, the return rules' deadlines (``boundary_wait_s``, ``evidence_quiet_s``,
-  ``definitive_recurrence_s``) included.
+  ``definitive_recurrence_s``) included; so does one reading the open incidents' suspects (and the
+  open incidents) again at every call.
 
 The timing itself is measured in ``bench/bench_decide_scale.py``, never asserted here."""
 
 from __future__ import annotations
 
+import copy
 import functools
 
 from hypothesis import example, given, settings
@@ -27,8 +30,9 @@ from fleetmedic.config import parse_config
 from fleetmedic.records import JobEvent, RankPlacement
 from fleetmedic.remediation.engine import DecisionEngine, Decisions
 from fleetmedic.remediation.node_track import NodeTrack
+from fleetmedic.remediation.sightings import Sightings
 from fleetmedic.remediation.topology import Placement, Topology
-from fleetmedic.remediation.triage.failures import _note, _note_all
+from fleetmedic.remediation.triage.history import FailedJobs
 from fleetmedic.remediation.triage.jobs import JobBoard
 from fleetmedic.remediation.triage.records import PendingGroup, TriageState, file_group, order_groups
 from tests.remediation.helpers_world import ECC, OOM, T0, XID79, World, timeout_line
@@ -182,24 +186,59 @@ def test_the_node_to_jobs_index_kept_as_events_come_equals_a_rebuild(ops: list) 
             assert rec.nodes == sorted(set(rec.ranks.values())), op
 
 
+failure = st.tuples(st.sampled_from(["a/j0", "a/j1", "a/j2"]), st.lists(node, min_size=1, max_size=8, unique=True),
+                    st.sampled_from([0.0, 5.0, 10.0]))
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.dictionaries(node, st.lists(st.tuples(st.sampled_from([T0 - 5.0, T0, T0 + 5.0]),
-                                                st.sampled_from(["a/j0", "a/j1"])), max_size=3), max_size=6),
-       st.lists(node, max_size=6, unique=True), st.sampled_from([T0 - 10.0, T0, T0 + 10.0]),
-       st.sampled_from(["a/j0", "a/j1"]))
-def test_a_failure_noted_on_a_jobs_nodes_in_bulk_notes_what_one_note_a_node_does(
-        table: dict[str, list[tuple[float, str]]], nodes: list[str], t: float, job: str) -> None:
-    again = [n for n in sorted(table) if table[n] and table[n][-1][1] == job]  # the job failing again there
-    for names in (sorted(nodes), again):
-        expected = {n: list(v) for n, v in table.items()}
-        for n in names:
-            entries = expected.get(n)
-            if entries and entries[-1][1] == job:
-                entries[-1] = (max(t, entries[-1][0]), job)
-            else:
-                _note(expected, n, t, job)
-        _note_all(table, names, t, job)
-        assert table == expected
+@given(st.lists(st.one_of(st.tuples(st.just("fail"), failure), st.tuples(st.just("again")),
+                          st.tuples(st.just("restore")), st.tuples(st.just("trim"), st.sampled_from([0.0, 5.0, 20.0]))),
+                max_size=25),
+       st.lists(node, min_size=1, max_size=8, unique=True), st.sampled_from([0.0, 5.0, 10.0, 40.0]),
+       st.integers(1, 3))
+def test_failed_jobs_kept_once_a_failure_say_what_one_entry_a_node_and_job_says(
+        ops: list[tuple], nodes: list[str], horizon: float, enough: int) -> None:  # type: ignore[type-arg]
+    """Rule 6's failed jobs, recorded once a failure (its nodes shared) and restored from their
+    serialised form, name for each node the jobs a table of each node's latest failure per job names
+    (the table the serialised form is)."""
+    state = TriageState()
+    failed = FailedJobs(state)
+    table: dict[str, dict[str, float]] = {}  # node -> job -> its latest failure there
+    clock, last = 0.0, None
+    for op in ops:
+        if op[0] in ("fail", "again"):
+            if op[0] == "again" and last is None:
+                continue
+            if op[0] == "fail":
+                job, names, dt = op[1]
+                listed = sorted(names)
+            else:  # the same job failing again on the same nodes (the same list)
+                job, listed, dt = last
+            clock += dt
+            failed.note(job, listed, clock)
+            last = (job, listed, dt)
+            for n in listed:
+                table.setdefault(n, {})[job] = max(clock, table.get(n, {}).get(job, clock))
+        elif op[0] == "restore":
+            failed.write()
+            assert state.node_failed_jobs == {n: sorted((t, j) for j, t in jobs.items())
+                                              for n, jobs in sorted(table.items())}
+            failed = FailedJobs(state)
+            last = None
+        else:
+            failed.trim(clock - op[1])  # what a trim drops is out of every window read after it
+            table = {n: kept for n, jobs in table.items() if (kept := {j: t for j, t in jobs.items()
+                                                                       if t >= clock - op[1]})}
+            horizon = max(horizon, clock - op[1])
+    asked = sorted(nodes)
+    expected = [(n, {j for j, t in table.get(n, {}).items() if t >= horizon}) for n in asked]
+    assert list(failed.jobs_of(asked, set(asked), horizon, enough)) == [(n, js) for n, js in expected
+                                                                         if len(js) >= enough]
+    if last is not None:  # asked for the nodes of the latest failure itself (the list it was noted with)
+        listed = last[1]
+        expected = [(n, {j for j, t in table.get(n, {}).items() if t >= horizon}) for n in listed]
+        assert list(failed.jobs_of(listed, set(listed), horizon, enough)) == [(n, js) for n, js in expected
+                                                                               if len(js) >= enough]
 
 
 SHORT = ("safety: {max_quarantined_fraction: 0.1}\n"
@@ -245,6 +284,8 @@ def _rebuild_indexes(engine: DecisionEngine) -> None:
     nodes.tick = functools.partial(_every_record_tick, nodes)  # type: ignore[method-assign]
     engine.issuer._issued = None
     engine.triage.job_board._done_since = float("-inf")
+    engine.triage._suspects = (None, {})  # the suspects read from every open incident again
+    engine.triage.book._order_open()
 
 
 def _apply(w: World, op: tuple, rebuild: bool) -> None:  # type: ignore[type-arg]
@@ -280,7 +321,7 @@ def _apply(w: World, op: tuple, rebuild: bool) -> None:  # type: ignore[type-arg
         w.auto_execute = op[1]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(st.lists(engine_op, max_size=25))
 def test_an_engine_keeping_its_housekeeping_sets_decides_as_one_rebuilding_them(ops: list) -> None:  # type: ignore[type-arg]
     kept, rebuilt = World(16, config=SHORT), World(16, config=SHORT)
@@ -295,6 +336,11 @@ def test_an_engine_keeping_its_housekeeping_sets_decides_as_one_rebuilding_them(
         records = engine.state.nodes
         assert track.unhealthy() == {n for n, r in records.items() if r.state not in ("healthy", "probation")}
         assert track.in_probation() == {n: r.since for n, r in records.items() if r.state == "probation"}
+        assert list(engine.triage.book.open_ids) == [i for i, inc in engine.triage.state.incidents.items()
+                                                     if inc.status in ("open", "mitigating")], op
+        suspected = engine.suspected_nodes()
+        engine.triage._suspects = (None, {})
+        assert suspected == engine.suspected_nodes(), op  # as read from every open incident again
         if track._for_tick is not None:  # every record the tick has something to do for is looked at, or sleeps
             assert {n for n, r in records.items() if r.plan or (r.state == "suspect" and r.blocked_reason)
                     or r.inflight or r.state == "probation" or (r.state == "healthy" and r.returns)} \
@@ -331,3 +377,60 @@ def test_the_nodes_seen_are_forgotten_as_a_walk_over_all_of_them_forgets_them(ev
                     walked = {n: t for n, t in walked.items() if t >= now - after}
                     due = min(walked.values(), default=now) + after
         assert list(engine.state.seen.items()) == list(walked.items()), e
+
+
+PLACEMENTS = [NODES[:6], NODES[3:9], NODES[:6][::-1], NODES[6:]]  # the same list object while a placement stays
+sighting = st.one_of(
+    st.tuples(st.just("seen"), st.lists(node, max_size=4)),
+    st.tuples(st.just("seen_late"), st.lists(node, max_size=4)),
+    st.tuples(st.just("placed"), st.sampled_from(["a/j0", "a/j1"]), st.integers(0, len(PLACEMENTS) - 1)),
+    st.tuples(st.just("removed"), node),
+    st.tuples(st.just("written"),),
+    st.tuples(st.just("wait"), st.sampled_from([10.0, 40_000.0, 60_000.0, 100_000.0])),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(sighting, max_size=40))
+@example([("placed", "a/j0", 0), ("wait", 40_000.0), ("placed", "a/j0", 0), ("wait", 60_000.0),
+          ("placed", "a/j0", 1), ("wait", 60_000.0), ("wait", 40_000.0)])
+@example([("wait", 10.0), ("placed", "a/j0", 0), ("removed", "n1"), ("placed", "a/j0", 0)])
+def test_sightings_with_placements_seen_again_in_bulk_forget_as_a_walk_over_every_node(events: list) -> None:  # type: ignore[type-arg]
+    """A placement seen again whole is one bulk of the sightings' order; what they keep, once written,
+    and when they forget, are a walk's over every node's latest sighting (n0 is held: renewed, never
+    forgotten)."""
+    after = 86400.0
+    seen: dict[str, float] = {}
+    sightings = Sightings(seen, bulk_min=2)
+    walked: dict[str, float] = {}
+    due, now = float("-inf"), T0
+
+    def may_forget(n: str) -> bool:
+        return n != "n0"
+
+    for e in events:
+        if e[0] in ("seen", "seen_late"):
+            at = now if e[0] == "seen" else now - 30_000.0
+            sightings.nodes(e[1], at)
+            walked.update(dict.fromkeys(e[1], at))
+        elif e[0] == "placed":
+            sightings.placement(e[1], PLACEMENTS[e[2]], now)
+            walked.update(dict.fromkeys(PLACEMENTS[e[2]], now))
+        elif e[0] == "removed":
+            sightings.remove(e[1])
+            walked.pop(e[1], None)
+        elif e[0] == "written":
+            sightings.write()
+        else:
+            now += e[1]
+            sightings.forget(now, after, may_forget)
+            if now >= due:
+                due = min(walked.values(), default=now) + after
+                if due <= now:
+                    walked = {n: (t if t >= now - after else now) for n, t in walked.items()
+                              if t >= now - after or not may_forget(n)}
+                    due = min(walked.values(), default=now) + after
+        assert sorted(seen) == sorted(walked), e  # the nodes seen, without writing the bulks
+        written = copy.deepcopy(sightings)
+        written.write()
+        assert written.seen == walked, e

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from fleetmedic.config import parse_config
+from fleetmedic.sim.whatif import world as world_module
 from fleetmedic.sim.whatif.history import HistoryError, parse_history
 from fleetmedic.sim.whatif.mapping import MappingError, load_mapping, parse_mapping
 from fleetmedic.sim.whatif.policies import Fleetmedic, Manual, NpdDraino
@@ -293,8 +294,14 @@ def test_a_restarts_exclusions_stay_in_the_template_for_the_controllers_next_res
     assert job.state == "restart_overhead" and spare not in job.nodes and job.exclude == {spare}
 
 
+@pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("batch", [0, 1, 2, 5])
-def test_the_fast_shuffle_gives_the_permutation_random_shuffle_gives(batch: int) -> None:
+def test_the_fast_shuffle_gives_the_permutation_random_shuffle_gives(batch: int, native: bool,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    if native and world_module._native_shuffle is None:
+        pytest.skip("the C loop (_shuffle.c) is not built here")
+    if not native:
+        monkeypatch.setattr(world_module, "_native_shuffle", None)
     for n in (0, 1, 2, 3, 4, 5, 8, 9, 17, 100, 1000, 4097):
         for seed in range(5):
             expected, got = list(range(n)), list(range(n))
@@ -304,7 +311,8 @@ def test_the_fast_shuffle_gives_the_permutation_random_shuffle_gives(batch: int)
 
 
 class _Checked(World):
-    """A world that checks, at every placement, the sets it keeps against a scan of its nodes."""
+    """A world that checks, at every placement, the sets it keeps against a scan of its nodes (and
+    that each node's job is the job holding it)."""
 
     checks = 0
 
@@ -312,6 +320,11 @@ class _Checked(World):
         assert self.free == {n.index for n in self.nodes if n.job is None and n.schedulable}
         assert self.blocked == {n.index for n in self.nodes if not n.schedulable}
         assert self.faulty == {n.index for n in self.nodes if n.fault() is not None}
+        assert self.crashing == {n.index for n in self.nodes
+                                 if (f := n.fault()) is not None and f.entry.effect == "crash"}
+        assert self._small == {n for j in self.jobs if not j.big for n in j.nodes}
+        assert all(self.nodes[n].job is j for j in self.jobs for n in j.nodes)
+        assert {n.index for n in self.nodes if n.job is not None} == {n for j in self.jobs for n in j.nodes}
         assert set(self._waiting) == {j.index for j in self.jobs if j.state == "waiting_for_capacity"}
         _Checked.checks += 1
         super()._place(job, t)

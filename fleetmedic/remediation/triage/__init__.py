@@ -14,6 +14,7 @@ module          what it holds
 ``findings``    a node's own findings: hardware incidents at once, degradation once reasserted
 ``network``     network findings gathered per leaf: one switch incident, or link incidents per node
 ``failures``    a failed job attempt: hardware, network, preemption, job bug, software, history
+``history``     the failed jobs the history rule weighs: one entry a failure, a node's jobs derived when read
 ==============  ======================================================================================
 
 Failure reports of one job attempt are gathered for ``failure_settle_s``, network findings per leaf

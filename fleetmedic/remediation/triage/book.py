@@ -27,6 +27,15 @@ class IncidentBook:
         closed = sorted((inc.last_seen or inc.first_seen, inc_id) for inc_id, inc in state.incidents.items()
                         if inc.status in ("resolved", "dismissed"))
         self._closed: dict[str, None] = dict.fromkeys(inc_id for _, inc_id in closed)
+        #: the open (or mitigating) incidents, in the book's order
+        self.open_ids: dict[str, None] = {}
+        self._order_open()
+        #: moves on with every change to the incidents: what is derived from them is derived again
+        self.version = 0
+
+    def _order_open(self) -> None:
+        self.open_ids = dict.fromkeys(i for i, inc in self.state.incidents.items()
+                                      if inc.status in ("open", "mitigating"))
 
     def open(self, klass: IncidentClass, subject: str, suspects: list[Suspect], confidence: float,
              evidence: list[Evidence], severity: Severity, summary: str, jobs: list[str],
@@ -49,6 +58,7 @@ class IncidentBook:
                 finding_ids=union(old.finding_ids, finding_ids)[-MAX_IDS:],
             )
             self.state.incidents[merged.id] = merged
+            self.version += 1
             return merged, False
         base = f"{klass}:{subject}:{int(first_seen * 1000)}"
         inc_id, n = base, 1
@@ -60,6 +70,8 @@ class IncidentBook:
                        severity=severity, summary=summary[:4096], jobs=union([], jobs),
                        finding_ids=union([], finding_ids)[-MAX_IDS:])
         self.state.incidents[inc_id] = inc
+        self.open_ids[inc_id] = None
+        self.version += 1
         replaced = self.state.open_by_subject.get(key)
         if replaced is not None:
             self._subjects.get(replaced, set()).discard(key)
@@ -79,8 +91,14 @@ class IncidentBook:
         inc = self.state.incidents.get(incident_id)
         if inc is None or inc.status == status:
             return None
+        was_open = inc.status in ("open", "mitigating")
         inc = msgspec.structs.replace(inc, status=status, last_seen=max(now, inc.last_seen or 0.0))
         self.state.incidents[incident_id] = inc
+        self.version += 1
+        if status in ("open", "mitigating") and not was_open:  # reopened: back in its place in the book
+            self._order_open()
+        elif status not in ("open", "mitigating"):
+            self.open_ids.pop(incident_id, None)
         if status in ("resolved", "dismissed"):
             self._closed.pop(incident_id, None)
             self._closed[incident_id] = None
@@ -99,4 +117,5 @@ class IncidentBook:
                 if (inc.last_seen or inc.first_seen) >= horizon:
                     return  # closed later than this one: not due either
                 del self.state.incidents[inc_id]
+                self.version += 1
             del self._closed[inc_id]

@@ -17,14 +17,14 @@ from fleetmedic.remediation.topology import Topology
 from fleetmedic.remediation.triage.book import IncidentBook
 from fleetmedic.remediation.triage.failures import JobFailureTriage
 from fleetmedic.remediation.triage.findings import NodeFindings
+from fleetmedic.remediation.triage.history import FailedJobs
 from fleetmedic.remediation.triage.jobs import JobBoard
 from fleetmedic.remediation.triage.network import NetworkTriage
 from fleetmedic.remediation.triage.records import Assessment, JobRecord, PendingGroup, TriageState, order_groups
 
 # Engine seconds between trims of the failure histories (dropping what no window reaches): a trim
-# walks every node's list (a lock-step job's failures put each of its nodes in), and the decision
-# stage ticks every few seconds. Readers filter by their window, so a trim an hour late costs memory
-# only: at most an hour's entries more per node and job.
+# walks every node's list, and the decision stage ticks every few seconds. Readers filter by their
+# window, so a trim an hour late costs memory only: at most an hour's entries more per node and job.
 TRIM_EVERY_S: Final = 3600.0
 
 class Triage:
@@ -43,8 +43,14 @@ class Triage:
         self.job_board = JobBoard(settings, self.state)
         self.node_findings = NodeFindings(settings, self.state, self.book, self.job_board)
         self.network = NetworkTriage(settings, self.state, self.book, self.job_board, topology)
-        self.failures = JobFailureTriage(settings, policy, library, self.state, self.book, topology, fleet_size)
+        self.failed_jobs = FailedJobs(self.state)
+        self.failures = JobFailureTriage(settings, policy, library, self.state, self.book, topology, fleet_size,
+                                         self.failed_jobs)
         self._topology = topology
+        #: (the book's version and the classes asked for, node -> the latest evidence of an open
+        #: incident of those classes naming it): :meth:`suspected_nodes` reads the incidents again
+        #: only when they changed
+        self._suspects: tuple[tuple[int, frozenset[str]] | None, dict[str, float]] = (None, {})
 
     @property
     def topology(self) -> Topology:
@@ -97,19 +103,22 @@ class Triage:
         or still watched, and hosts whose network findings are being gathered. ``returned``: nodes
         returned to service (after passing diagnostics) and when; an incident whose last evidence is
         older than the return no longer counts against the node."""
-        out: set[str] = set()
-        incidents = self.state.incidents
+        key = (self.book.version, classes)
+        if self._suspects[0] != key:  # the incidents changed: their suspects are read again
+            named: dict[str, float] = {}  # node -> the latest evidence of an open incident naming it
+            incidents = self.state.incidents
+            for inc_id in set(self.state.open_by_subject.values()):
+                inc = incidents.get(inc_id)
+                if inc is None or inc.status not in ("open", "mitigating") or inc.incident_class not in classes:
+                    continue
+                seen = inc.last_seen if inc.last_seen is not None else inc.first_seen
+                for s in inc.suspects:
+                    if s.kind in ("node", "gpu"):
+                        node = s.name if s.kind == "node" else s.name.rsplit("/", 1)[0]
+                        named[node] = max(seen, named.get(node, seen))
+            self._suspects = (key, named)
         back = returned or {}
-        for inc_id in set(self.state.open_by_subject.values()):
-            inc = incidents.get(inc_id)
-            if inc is None or inc.status not in ("open", "mitigating") or inc.incident_class not in classes:
-                continue
-            seen = inc.last_seen if inc.last_seen is not None else inc.first_seen
-            for s in inc.suspects:
-                if s.kind in ("node", "gpu"):
-                    node = s.name if s.kind == "node" else s.name.rsplit("/", 1)[0]
-                    if node not in back or seen > back[node]:
-                        out.add(node)
+        out = {node for node, seen in self._suspects[1].items() if node not in back or seen > back[node]}
         out.update(key[5:] for key in self.state.network if key.startswith("node:"))
         return out
 
@@ -164,6 +173,11 @@ class Triage:
 
     # --- housekeeping -------------------------------------------------------------------------------
 
+    def write_state(self) -> None:
+        """Put what triage keeps outside its state (rule 6's failed jobs, :mod:`.history`) into the
+        state: call it before the state is serialised."""
+        self.failed_jobs.write()
+
     def prune(self, now: float) -> None:
         """Forget what no window can reach any more (keeps the serialised state small)."""
         s, p = self.settings, self.policy
@@ -178,9 +192,7 @@ class Triage:
             self._next_trim = now + TRIM_EVERY_S
             _trim(self.state.node_failures, now - p.escalate_window_s)
             _trim(self.state.job_signatures, now - p.escalate_window_s)
-            _trim(self.state.node_failed_jobs, now - p.suspect_window_s)
-            named = {j for entries in self.state.node_failed_jobs.values() for _, j in entries}
-            self.state.failed_job_sizes = {j: k for j, k in self.state.failed_job_sizes.items() if j in named}
+            self.failed_jobs.trim(now - p.suspect_window_s)
         self.state.expected = {k: t for k, t in self.state.expected.items() if t >= now}
         self.state.decided = {k: t for k, t in self.state.decided.items() if t >= now - s.incident_merge_s}
         self.book.forget_closed(now)

@@ -29,12 +29,11 @@ Pure: time comes in as ``now``."""
 from __future__ import annotations
 
 import functools
-from collections import Counter, deque
+from bisect import insort
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import compress, repeat
-from operator import itemgetter, setitem
-from typing import Any, Final
+from typing import Final
 
 from fleetmedic.config import PolicySettings, TriageSettings
 from fleetmedic.records import Evidence, Finding, IncidentClass, Suspect
@@ -42,6 +41,7 @@ from fleetmedic.remediation.kinds import Isolation
 from fleetmedic.remediation.log_patterns import LineMatch, PatternLibrary
 from fleetmedic.remediation.topology import Topology
 from fleetmedic.remediation.triage.book import IncidentBook
+from fleetmedic.remediation.triage.history import FailedJobs
 from fleetmedic.remediation.triage.records import (
     Assessment,
     JobRecord,
@@ -64,7 +64,7 @@ class _Failure:
 
     group: PendingGroup
     rec: JobRecord
-    job_nodes: set[str]  # the job's nodes and every node a report came from
+    job_nodes: frozenset[str]  # the job's nodes and every node a report came from
     nodes: list[str]  # the same, sorted
     distinct: dict[str, LineMatch]  # node -> its strongest distinctive log match
     soft: dict[str, LineMatch]  # of those, the software failures (neither hardware, network nor preemption)
@@ -97,7 +97,7 @@ Rule = Callable[[_Failure, float], Assessment | None]
 class JobFailureTriage:
     def __init__(self, settings: TriageSettings, policy: PolicySettings, library: PatternLibrary,
                  state: TriageState, book: IncidentBook, topology: Topology,
-                 fleet_size: Callable[[], int] | None = None) -> None:
+                 fleet_size: Callable[[], int] | None = None, failed_jobs: FailedJobs | None = None) -> None:
         self.settings = settings
         self.policy = policy
         self.library = library
@@ -105,6 +105,9 @@ class JobFailureTriage:
         self.book = book
         self.topology = topology
         self.fleet_size: Callable[[], int] = fleet_size or (lambda: len(self.topology))
+        #: rule 6's failed jobs (their serialised form is the state's ``node_failed_jobs``)
+        self.failed_jobs = failed_jobs if failed_jobs is not None else FailedJobs(state)
+        self._node_sets: dict[str, tuple[list[str], frozenset[str]]] = {}  # job -> its record's nodes, as a set
 
     def decide(self, group: PendingGroup, now: float) -> list[Assessment]:
         """The first of the rules (see the module's docstring) that applies to this failed attempt."""
@@ -122,12 +125,12 @@ class JobFailureTriage:
     def _read(self, group: PendingGroup, now: float) -> _Failure:
         s, lib = self.settings, self.library
         rec = self.state.jobs.get(group.job) or JobRecord(job=group.job, attempt=group.attempt)
-        job_nodes = set(rec.nodes)
+        placed = self._node_set(rec)
+        extra = sorted({rep.node for rep in group.reports if rep.node and rep.node not in placed})
+        job_nodes = placed.union(extra) if extra else placed
         by_node: dict[str, list[LineMatch]] = {}
         loose: list[LineMatch] = []
         for rep in group.reports:
-            if rep.node:
-                job_nodes.add(rep.node)
             for m in lib.classify_all([*rep.lines, *([rep.reason] if rep.reason else [])]):
                 if m.pattern is None:
                     continue
@@ -141,8 +144,9 @@ class JobFailureTriage:
         findings = self.state.findings
         return _Failure(
             group=group, rec=rec, job_nodes=job_nodes, distinct=distinct,
-            # the record's nodes are sorted and distinct: the same list unless a report named another
-            nodes=list(rec.nodes) if len(job_nodes) == len(rec.nodes) else sorted(job_nodes),
+            # the record's nodes are sorted and distinct: the same list (read-only: a placement replaces
+            # it) unless a report named another
+            nodes=_with(rec.nodes, extra) if extra else rec.nodes,
             soft={n: m for n, m in distinct.items() if m.incident_class not in ("hardware", "network")
                   and m.signal != "preemption"},
             loose_best=lib.strongest(loose), matches=matches, signals={m.signal for m in matches}, first=first,
@@ -151,6 +155,14 @@ class JobFailureTriage:
                 f for f in findings[n] if is_hardware_finding(f) and since <= f.ts <= now])},
             hw_logs={n: m for n, m in distinct.items() if m.incident_class == "hardware"},
         )
+
+    def _node_set(self, rec: JobRecord) -> frozenset[str]:
+        """``rec.nodes`` as a set, made once for each placement (a lock-step job fails again and again
+        on the same nodes)."""
+        made = self._node_sets.get(rec.job)
+        if made is None or made[0] is not rec.nodes:
+            made = self._node_sets[rec.job] = (rec.nodes, frozenset(rec.nodes))
+        return made[1]
 
     def _node_of(self, m: LineMatch, rec: JobRecord) -> str:
         if m.rank is not None and m.rank in rec.ranks:
@@ -341,18 +353,14 @@ class JobFailureTriage:
 
     def _history(self, x: _Failure, now: float) -> Assessment:
         job, p = x.job, self.policy
-        _note_all(self.state.node_failed_jobs, x.nodes, x.first, job)
+        self.failed_jobs.note(job, x.nodes, x.first)
         sizes = self.state.failed_job_sizes
         sizes[job] = len(x.nodes)
         horizon = now - p.suspect_window_s
         fleet = max(self.fleet_size(), len(x.nodes), 1)
         repeated = []
-        failed_jobs, enough = self.state.node_failed_jobs, p.suspect_after_failed_jobs
-        # one entry a job: a node with fewer entries has too few jobs whatever their times
-        for n in compress(x.nodes, map(enough.__le__, map(len, map(failed_jobs.get, x.nodes, repeat(()))))):
-            jobs = {j for ts, j in failed_jobs.get(n, ()) if ts >= horizon}
-            if len(jobs) >= enough and _chance_nodes(fleet, [sizes.get(j, 1) for j in jobs]) \
-                    <= p.suspect_max_chance_nodes:
+        for n, jobs in self.failed_jobs.jobs_of(x.nodes, x.job_nodes, horizon, p.suspect_after_failed_jobs):
+            if _chance_nodes(fleet, [sizes.get(j, 1) for j in jobs]) <= p.suspect_max_chance_nodes:
                 repeated.append((len(jobs), n))
         if repeated and len(repeated) <= self.settings.max_hardware_suspects:
             ranked = [n for _, n in sorted(repeated, key=lambda t: (-t[0], t[1]))]
@@ -398,6 +406,14 @@ def _log_evidence(by_node: dict[str, list[LineMatch]], loose: list[LineMatch]) -
     return out[:20]
 
 
+def _with(nodes: list[str], extra: list[str]) -> list[str]:
+    """``nodes`` (sorted, distinct) with ``extra`` (sorted, none of them in ``nodes``), sorted."""
+    out = list(nodes)
+    for n in extra:
+        insort(out, n)
+    return out
+
+
 def _exit_codes(group: PendingGroup) -> str:
     codes = sorted({r.exit_code for r in group.reports if r.exit_code is not None})
     return ", ".join(str(c) for c in codes) or "unknown"
@@ -410,25 +426,6 @@ def _chance_nodes(fleet: int, sizes: list[int]) -> float:
     for k in sizes:
         out *= min(1.0, k / fleet)
     return out
-
-
-def _note_all(table: dict[str, list[tuple[float, str]]], nodes: list[str], t: float, job: str) -> None:
-    """:func:`_note` on each of ``nodes``; a node whose latest entry is the job's (a lock-step job
-    failing again on the same nodes) only has that entry's time moved: when that is every node, in
-    bulk (one shared entry, as many as the job's nodes, set by C loops)."""
-    lists: list[Any] = list(map(table.get, nodes))
-    if all(lists):  # each node has entries
-        lasts = list(map(itemgetter(-1), lists))
-        if all(map(job.__eq__, map(itemgetter(1), lasts))) and max(map(itemgetter(0), lasts), default=t) < t:
-            deque(map(setitem, lists, repeat(-1), repeat((t, job))), maxlen=0)
-            return
-    for node in nodes:
-        entries = table.get(node)
-        if entries and entries[-1][1] == job:
-            if t > entries[-1][0]:
-                entries[-1] = (t, job)
-        else:
-            _note(table, node, t, job)
 
 
 def _note(table: dict[str, list[tuple[float, str]]], node: str, t: float, job: str) -> None:

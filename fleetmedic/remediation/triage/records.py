@@ -82,7 +82,9 @@ class TriageState(msgspec.Struct, kw_only=True):
     open_by_subject: dict[str, str] = {}  # "class|subject" -> incident id
     node_failures: dict[str, list[tuple[float, str]]] = {}  # node -> (ts, job) software failures attributed to it
     job_signatures: dict[str, list[tuple[float, str, str]]] = {}  # job -> (ts, pattern, node) distinctive failures
-    node_failed_jobs: dict[str, list[tuple[float, str]]] = {}  # unattributed failed jobs a node was part of
+    # unattributed failed jobs a node was part of: the serialised form of triage's failed jobs
+    # (:mod:`.history`), written when the engine's state is serialised
+    node_failed_jobs: dict[str, list[tuple[float, str]]] = {}
     failed_job_sizes: dict[str, int] = {}  # job -> its nodes at its latest unattributed failure
 
 

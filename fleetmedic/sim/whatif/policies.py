@@ -23,6 +23,8 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable
+from itertools import compress, count
+from operator import ne
 
 from fleetmedic import records as r
 from fleetmedic.actions import JOB_ACTIONS, RELEASING
@@ -158,6 +160,25 @@ def fleet_topology(world: World) -> Topology:
                      for i, n in enumerate(order)})
 
 
+def _rank_placements(world: World, nodes: list[int], last: tuple[list[int], list[r.RankPlacement]] | None
+                     ) -> list[r.RankPlacement]:
+    """A record a rank (rank ``i`` on ``nodes[i]``, every GPU of the node), read-only. The records of
+    ``last`` (the job's last nodes and records) for the ranks whose node is the same, at the head
+    and, placements of the same size, at the tail, are taken as they are: a lock-step job placed
+    again without a node or two makes the records of the ranks between them only."""
+    gpus = list(range(world.a.gpus_per_node))  # one list for every rank: the records are read-only
+    names = world.nodes
+    head = tail = 0
+    before, records = last if last is not None else ([], [])
+    if records:
+        both = min(len(before), len(nodes))
+        head = next(compress(count(), map(ne, before, nodes)), both)
+        if len(before) == len(nodes):
+            tail = min(next(compress(count(), map(ne, reversed(before), reversed(nodes))), both), both - head)
+    made = [r.RankPlacement(rank=i, node=names[nodes[i]].name, gpus=gpus) for i in range(head, len(nodes) - tail)]
+    return [*records[:head], *made, *records[len(records) - tail:]]
+
+
 #: between inputs the engine ticks every IDLE_TICK_S: what it waits for then (refused isolations
 #: retried, action timeouts, breaker resume, probation) is ten minutes to days away. After an input it
 #: ticks at the first ``tick_s`` boundary past each settle window the input may have opened.
@@ -267,10 +288,8 @@ class Fleetmedic:
         if last is not None and last[0] == job.nodes:
             placement = last[1]  # placed where it ran: the same records (they are read-only)
         else:
-            gpus = list(range(world.a.gpus_per_node))  # one list for every rank: the records are read-only
-            nodes = world.nodes
-            placement = [r.RankPlacement(rank=i, node=nodes[n].name, gpus=gpus) for i, n in enumerate(job.nodes)]
-            self._placements[job.index] = (list(job.nodes), placement)
+            placement = _rank_placements(world, job.nodes, last)
+            self._placements[job.index] = (job.nodes, placement)  # (``job.nodes`` is read-only)
         ev = r.JobEvent(job=job.ref, event="start", ts=round(t, 3), attempt=job.attempt, workload_kind="PyTorchJob",
                         world_size=job.size, placement=placement)
         self._execute(world, self.engine_pipeline.job(ev, t), t)

@@ -28,14 +28,11 @@ import functools
 import heapq
 import itertools
 import math
-import operator
 import random
 import sys
 from array import array
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import compress, repeat
 from typing import Any, Final, Literal, Protocol
 
 from fleetmedic.sim.whatif.history import History, HistoryFault
@@ -113,7 +110,12 @@ class Node:
     """A node of the replayed cluster. Its placement state (``cordoned_by``, ``not_ready``, ``busy``,
     ``job``) keeps ``free``, the world's set of nodes a job may be placed on now, up to date as it
     changes, and ``blocked``, the world's set of nodes that are not schedulable, so placing a job looks
-    at the free nodes only."""
+    at the free nodes only.
+
+    ``job`` is the job whose pods run here: ``_job`` names the job last placed on the node, and counts
+    only while that job holds its nodes (its ``nodes`` are not empty). A failed job so releases its
+    nodes without visiting them, and a job placed again where it ran writes only the nodes that
+    changed (see :meth:`World._assign`)."""
 
     __slots__ = ("_busy", "_cordoned_by", "_job", "_not_ready", "acct", "blocked", "busy_until", "faults", "free",
                  "index", "name", "repair_waiters", "since", "validating")
@@ -144,7 +146,7 @@ class Node:
             self.free.discard(self.index)
         else:
             self.blocked.discard(self.index)
-            if self._job is None:
+            if self.job is None:
                 self.free.add(self.index)
             else:
                 self.free.discard(self.index)
@@ -178,12 +180,8 @@ class Node:
 
     @property
     def job(self) -> Job | None:
-        return self._job
-
-    @job.setter
-    def job(self, value: Job | None) -> None:
-        self._job = value
-        self._sync()
+        job = self._job
+        return job if job is not None and job.nodes else None
 
     @property
     def schedulable(self) -> bool:
@@ -217,6 +215,11 @@ class Job:
     restart_requested: bool = False
     exclude: set[int] = field(default_factory=set)
     prev_nodes: list[int] = field(default_factory=list)  # where its last attempt ran
+    prev_set: set[int] = field(default_factory=set)  # the same, as a set (read-only: shared with ``owned``)
+    #: the nodes whose ``_job`` is this job (the nodes of its last placement, less ``lost``); read-only,
+    #: replaced at each placement
+    owned: set[int] = field(default_factory=set)
+    lost: set[int] = field(default_factory=set)  # of ``owned``, nodes placed for another job since
     started_at: float = 0.0  # when its current attempt was placed
     restarted_by: str = ""  # who asked for its current placement: controller, a policy
     buckets: dict[str, float] = field(default_factory=lambda: dict.fromkeys(JOB_BUCKETS, 0.0))
@@ -273,6 +276,13 @@ def shuffle(rng: random.Random, x: list[int], batch: int = 0) -> None:
 
     top = len(x) - 1
     buf, p = words(batch or top + top // 2 + 64), 0
+    if _native_shuffle is not None:  # the same loop in C (_shuffle.c)
+        while top >= 1:
+            top, p, done = _native_shuffle(x, buf, p, top)
+            if done:
+                return
+            buf, p = words(batch or top + 64), 0  # the batch ran out: the next one, drawing again for top
+        return
     while top >= 1:
         k = (top + 1).bit_length()
         lo = max(1, (1 << (k - 1)) - 1)  # the draws below i + 1 in [2**(k-1), 2**k) keep k bits
@@ -293,7 +303,10 @@ def shuffle(rng: random.Random, x: list[int], batch: int = 0) -> None:
         top = lo - 1
 
 
-_JOB_OF: Final = operator.attrgetter("_job")
+try:  # the shuffle's loop in C (_shuffle.c), built with the package where a C compiler is found
+    from fleetmedic.sim.whatif._shuffle import run as _native_shuffle
+except ImportError:  # pragma: no cover - the Python loop below draws the same permutation
+    _native_shuffle = None
 
 
 class Policy(Protocol):
@@ -329,8 +342,11 @@ class World:
         #: the nodes that are not schedulable (cordoned, NotReady or busy)
         self.blocked: set[int] = set()
         self.nodes = [Node(n, i, since=self.t, free=self.free, blocked=self.blocked) for i, n in enumerate(names)]
-        #: the nodes with an active fault
+        #: the nodes with an active fault, and of those the nodes whose fault (:meth:`Node.fault`) crashes jobs
         self.faulty: set[int] = set()
+        self.crashing: set[int] = set()
+        #: the nodes small jobs hold (the big job may preempt them)
+        self._small: set[int] = set()
         #: the jobs waiting for capacity, by index
         self._waiting: dict[int, Job] = {}
         self.index = {n.name: n.index for n in self.nodes}
@@ -403,24 +419,49 @@ class World:
             self.jobs.append(j)
             self._assign(j, [n])
 
-    def _assign(self, job: Job, nodes: list[int]) -> None:
-        job.nodes = nodes
-        # each node's job set by C loops (a lock-step job has thousands of nodes)
-        deque(map(setattr, map(self.nodes.__getitem__, nodes), repeat("_job"), repeat(job)), maxlen=0)
+    def _assign(self, job: Job, nodes: list[int], chosen: set[int] | None = None) -> None:
+        """Place ``job`` on ``nodes`` (free; ``chosen``: the same as a set, when the caller has it).
+        Only the nodes that differ from the job's last placement, or were placed for another job
+        since, are written: a lock-step job placed again where it ran costs its set operations, not
+        a step per node."""
+        chosen = set(nodes) if chosen is None else chosen
+        owned, lost, table = job.owned, job.lost, self.nodes
+        same = chosen is owned  # placed where it ran
+        for n in () if same else owned.difference(chosen).difference(lost):  # the nodes it leaves: no longer its
+            table[n]._job = None
+        for n in lost.intersection(chosen) if same else chosen.difference(owned).union(lost.intersection(chosen)):
+            node = table[n]
+            before = node._job
+            if before is not None and before is not job:
+                before.lost.add(n)
+            node._job = job
+        job.nodes, job.owned, job.lost = nodes, chosen, set()
         self.free.difference_update(nodes)
+        if not job.big:
+            self._small.update(nodes)
 
     def _release(self, job: Job) -> None:
-        held = list(map(self.nodes.__getitem__, job.nodes))
-        mask = list(map(operator.is_, map(_JOB_OF, held), repeat(job)))  # the nodes still the job's
-        deque(map(setattr, compress(held, mask), repeat("_job"), repeat(None)), maxlen=0)
-        self.free.update(set(compress(job.nodes, mask)).difference(self.blocked))
+        """The job's pods are gone: its nodes (all still its own: a node is placed for another job only
+        when free) are free again unless not schedulable; ``job.nodes`` empty, each node's ``_job``
+        no longer counts."""
+        self.free.update(job.nodes)
+        self.free.difference_update(self.blocked)
+        if not job.big:
+            self._small.difference_update(job.nodes)
         job.nodes = []
 
     def _faults_changed(self, node: Node) -> None:
-        if any(f.active for f in node.faults):
-            self.faulty.add(node.index)
-        else:
+        """A fault of ``node`` started, turned hard or ended: ``faulty`` and ``crashing`` follow."""
+        f = node.fault()
+        if f is None:
             self.faulty.discard(node.index)
+            self.crashing.discard(node.index)
+            return
+        self.faulty.add(node.index)
+        if f.entry.effect == "crash":
+            self.crashing.add(node.index)
+        else:
+            self.crashing.discard(node.index)
 
     def _job_state(self, job: Job, state: JobState, t: float) -> None:
         """Account the job's time since its last change, then enter ``state``."""
@@ -441,9 +482,8 @@ class World:
 
     def _update_slow(self, job: Job, t: float) -> None:
         slow = 0.0
-        for n in self.faulty:  # of the job's nodes, only those with an active fault slow it
-            if self.nodes[n].job is not job:
-                continue
+        # of the job's nodes (those it owns, while it holds them), only those with an active fault slow it
+        for n in self.faulty.intersection(job.owned) if job.nodes else ():
             f = self.nodes[n].fault()
             if f is not None and f.entry.effect == "slow":
                 slow = max(slow, f.entry.slowdown)
@@ -471,8 +511,9 @@ class World:
         job.failures_in_a_row += 1
         job.restart_requested = False
         # the exclusions a restart wrote into the job's template stay for the controller's restarts
-        was_on = list(job.nodes)
-        job.prev_nodes = was_on or job.prev_nodes
+        was_on = job.nodes  # (read-only: a placement replaces the list)
+        if was_on:
+            job.prev_nodes, job.prev_set = was_on, job.owned
         self._release(job)
         job.slow = 0.0
         attempt = job.attempt
@@ -510,15 +551,16 @@ class World:
     def _place(self, job: Job, t: float) -> None:
         # the scheduler puts the pods back where they ran when it may (images cached, the gang's
         # topology kept), and takes the rest from the free nodes in random order
-        again = set(job.prev_nodes)
+        again, chosen_set = job.prev_set, None
         if len(again) == job.size and self.free.issuperset(again) and again.isdisjoint(job.exclude):
             chosen = sorted(job.prev_nodes)  # every pod goes back: the random order decides nothing
+            chosen_set = again
         else:
-            exclude, nodes = job.exclude, self.nodes
+            exclude = job.exclude
             room = len(self.free) - len(self.free.intersection(exclude))
             preempt = room < job.size and job.big and self.a.preempt_small
-            victims = sorted(n for j in self.jobs if not j.big for n in j.nodes
-                             if nodes[n].job is j and nodes[n].schedulable and n not in exclude) if preempt else []
+            # the schedulable nodes of small jobs (each holds its nodes: they are its own)
+            victims = sorted(self._small.difference(self.blocked).difference(exclude)) if preempt else []
             if room + len(victims) < job.size:
                 return  # not enough room, even preempting: the free nodes need not be ordered
             free = sorted(self.free - exclude if exclude else self.free)
@@ -530,19 +572,22 @@ class World:
             if len(free) < job.size:
                 return
             if len(again.intersection(free)) < job.size:  # (``free`` holds distinct nodes)
+                ordered = list(free)  # sorted, then the nodes preempted
                 shuffle(self.rng("place", job.name, job.attempt, round(t)), free)
-                # where the pods ran first, in the scheduler's order, then the rest
-                back = [*filter(again.__contains__, free), *itertools.filterfalse(again.__contains__, free)]
+                # where the pods ran first (all of them), then the rest in the scheduler's order
+                kept = list(filter(again.__contains__, ordered))
+                rest = itertools.filterfalse(again.__contains__, free)
+                # (``kept`` is sorted but for preempted nodes: the sort runs over it in one pass)
+                chosen = sorted([*kept, *itertools.islice(rest, job.size - len(kept))])
             else:
-                back = list(filter(again.__contains__, free))
-            chosen = sorted(back[: job.size])
+                chosen = sorted(list(filter(again.__contains__, free))[: job.size])
         job.attempt += 1
         job.restart_requested = False
         job.started_at = t
-        self._assign(job, chosen)
+        self._assign(job, chosen, chosen_set)
         self._job_state(job, "restart_overhead", t)
         attempt = job.attempt
-        faulty = sorted(n for n in self.faulty if self.nodes[n].job is job)  # the chosen nodes with a fault
+        faulty = sorted(self.crashing.intersection(job.owned))  # the chosen nodes with a fault that crashes
         # what the policy suspected when the scheduler placed the pods, before it hears of the placement
         suspected = {n for n in faulty if self.policy.suspected(self, n, t)}
         self.policy.job_placed(self, job, t)
@@ -598,7 +643,7 @@ class World:
         self._confirmable(f)
         self.faults.append(f)
         node.faults.append(f)
-        self.faulty.add(node.index)
+        self._faults_changed(node)
         if entry.evidence == "software":  # the job fails; the node is fine
             f.active = False
             self._faults_changed(node)
@@ -644,6 +689,7 @@ class World:
             return
         self._account_node(node, t)
         f.entry, f.turned_at, f.evidence_at = then, t, t + then.detection_delay_s
+        self._faults_changed(node)
         self._confirmable(f)
         self._account_node(node, t)
         self._effect(node, f, t)
