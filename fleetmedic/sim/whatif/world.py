@@ -427,7 +427,7 @@ class World:
         chosen = set(nodes) if chosen is None else chosen
         owned, lost, table = job.owned, job.lost, self.nodes
         same = chosen is owned  # placed where it ran
-        for n in () if same else owned.difference(chosen).difference(lost):  # the nodes it leaves: no longer its
+        for n in () if same else owned.difference(chosen).difference(lost):  # the nodes it leaves: clear their job
             table[n]._job = None
         for n in lost.intersection(chosen) if same else chosen.difference(owned).union(lost.intersection(chosen)):
             node = table[n]
