@@ -161,7 +161,9 @@ class PolicySettings(Section, frozen=True, kw_only=True):
     suspect_window_s: PosFloat = 21_600.0
     # ... and only when chance does not explain it: the nodes expected in all of its failed jobs by
     # chance (fleet x the product of each job's share of the fleet) must be at most this; failed
-    # jobs of 32 and 64 nodes on 256 share 8 nodes by chance, two 2-node jobs 0.016
+    # jobs of 32 and 64 nodes on 256 share 8 nodes by chance, two 2-node jobs 0.016. So must the
+    # nodes expected in as many failed jobs if failures struck jobs whatever their size (each node
+    # with the jobs it hosted in the window; the fleet's share of jobs that failed)
     suspect_max_chance_nodes: NonNegFloat = 1.0
     diagnostics_timeout_s: PosFloat = 3600.0
     action_timeout_s: PosFloat = 1800.0

@@ -257,6 +257,37 @@ def test_a_one_node_job_bug_on_a_node_back_on_probation_isolates_nothing() -> No
     assert len(w.cmds("cordon", node="node-3")) == cordons + 1
 
 
+def test_a_job_bug_whose_application_xids_spread_over_its_nodes_isolates_no_node_on_probation() -> None:
+    # an illegal memory access raises XID 13 on every GPU the kernel ran on: the job's 16 nodes all
+    # report it, and the one rank that logged the error sits on a node back on probation, where a
+    # single software failure would otherwise escalate the node
+    from tests.remediation.helpers_world import ILLEGAL
+
+    w = World(config="safety: {node_cooldown_s: 0}")
+    hardware(w)
+    assert w.engine.node_state("node-3") == "probation"
+    w.advance(3600)
+    cordons = len(w.cmds("cordon", node="node-3"))
+    nodes = [f"node-{i}" for i in range(16)]
+    w.place("ml/pretrain", nodes)
+    for n in nodes:
+        w.xid(n, 13)
+    w.fail("ml/pretrain", "node-3", [ILLEGAL])
+    w.advance(60)
+    inc = w.last_incident(job="ml/pretrain")
+    assert inc.incident_class == "job_bug" and "application XIDs" in inc.summary, inc.summary
+    assert len(w.cmds("cordon", node="node-3")) == cordons and not w.cmds("cordon", node="node-9")
+    # the same failure with the XID on two of the 16 nodes only is the node's on probation
+    w.advance(3600)
+    w.place("ml/other", nodes)
+    for n in ("node-3", "node-9"):
+        w.xid(n, 13)
+    w.fail("ml/other", "node-3", [ILLEGAL])
+    w.advance(60)
+    assert w.last_incident(job="ml/other").incident_class != "job_bug"
+    assert len(w.cmds("cordon", node="node-3")) == cordons + 1
+
+
 def test_a_node_isolated_for_a_node_condition_returns_only_once_diagnostics_passed_and_the_condition_cleared() -> None:
     """Diagnostics test GPUs: a read-only filesystem passes them. The node awaits repair until the node
     watch reports the condition cleared, is validated again, then returns."""

@@ -5,13 +5,17 @@ suspect; errors on one leaf's ports are one switch incident; a lone timeout is t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fleetmedic.remediation.engine import DecisionEngine
 from fleetmedic.remediation.topology import Topology
+from fleetmedic.remediation.triage.history import chance_by_jobs
 from tests.remediation.helpers_world import (
     CHILD,
     ECC,
@@ -349,3 +353,40 @@ def test_a_node_in_failed_jobs_is_suspect_when_chance_explains_it_poorly(sizes: 
     assert (w.isolated() == {"node-0"}) is suspect
     if suspect:
         assert [s.name for s in found[-1].suspects] == ["node-0"]
+
+
+@pytest.mark.parametrize(("failed_elsewhere", "suspect"), [(0, True), (40, False)])
+def test_a_node_hosting_short_jobs_one_after_another_is_suspect_only_beyond_the_fleets_failure_rate(
+        failed_elsewhere: int, suspect: bool) -> None:
+    """64 nodes each run four one-node jobs one after another; two of node-0's fail with a timeout.
+    Alone, that is evidence (a node shared by two one-node jobs is 0.016 nodes by chance). With 40 of
+    the other 252 jobs failing the same way, job failures strike jobs whatever their size: a node
+    that hosted four jobs is in two of them by chance on 7.5 nodes of the fleet."""
+    w = World(n=64, per_rack=4, per_leaf=16, config="safety: {max_quarantined_fraction: 0.5}")
+    failing = {f"ml/n{i}-{k}" for i, k in ((1 + j % 63, j // 63) for j in range(failed_elsewhere))}
+    failing |= {"ml/n0-1", "ml/n0-3"}
+    for k in range(4):
+        for i in range(64):
+            job = f"ml/n{i}-{k}"
+            w.place(job, [f"node-{i}"])
+            if job in failing:
+                w.fail(job, f"node-{i}", [timeout_line(0)])
+            else:
+                w.complete(job)
+        w.advance(600)
+    found = [i for i in w.incidents if "failed jobs within" in i.summary]
+    assert bool(found) is suspect, [i.summary for i in found]
+    assert ("node-0" in w.isolated()) is suspect
+
+
+@given(st.lists(st.integers(0, 12), max_size=40), st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.integers(2, 5))
+def test_chance_by_jobs_is_the_binomial_upper_tail_summed_over_nodes(hosted: list[int], a: float, b: float,
+                                                                     k: int) -> None:
+    def upper(h: int, q: float) -> float:
+        return sum(math.comb(h, i) * q**i * (1 - q) ** (h - i) for i in range(k, h + 1))
+
+    lo, hi = sorted((a, b))
+    chance = chance_by_jobs(hosted, lo, k)
+    assert chance == pytest.approx(sum(upper(h, lo) for h in hosted), abs=1e-9)
+    assert 0.0 <= chance <= sum(1 for h in hosted if h >= k) + 1e-9
+    assert chance <= chance_by_jobs(hosted, hi, k) + 1e-9  # a higher failure rate explains more

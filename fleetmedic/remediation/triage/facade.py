@@ -45,7 +45,7 @@ class Triage:
         self.network = NetworkTriage(settings, self.state, self.book, self.job_board, topology)
         self.failed_jobs = FailedJobs(self.state)
         self.failures = JobFailureTriage(settings, policy, library, self.state, self.book, topology, fleet_size,
-                                         self.failed_jobs)
+                                         self.failed_jobs, self.job_board)
         self._topology = topology
         #: (the book's version and the classes asked for, node -> the latest evidence of an open
         #: incident of those classes naming it): :meth:`suspected_nodes` reads the incidents again

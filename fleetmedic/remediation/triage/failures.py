@@ -11,7 +11,8 @@ remembered per node; the rules are tried in order and the first that applies dec
 4. **job bug** — the same distinctive failure on at least ``job_bug_min_nodes`` nodes, or on at
    least ``job_bug_min_fraction`` of the job's nodes (and two or more), none with hardware evidence;
    a distinctive failure that *follows the job* (the same signature on another node in an earlier
-   attempt); or an error in the job's own code (``KeyError``, a shape mismatch): the job is the suspect,
+   attempt); an application's XIDs (13, 31, 43) spread the same way over the job's nodes; or an
+   error in the job's own code (``KeyError``, a shape mismatch): the job is the suspect,
    and its earlier failures stop counting against the nodes they happened on (rule 5);
 5. **software failure on a few nodes** — a distinctive software failure (OOM, segfault, illegal
    address) on a few nodes: retry; it counts against the node once per job (failures of
@@ -21,8 +22,10 @@ remembered per node; the rules are tried in order and the first that applies dec
    ``suspect_after_failed_jobs`` such failed jobs within ``suspect_window_s`` becomes the suspect,
    unless chance explains it (more than ``suspect_max_chance_nodes`` nodes of the fleet expected in
    all those jobs if they were placed independently: large jobs share nodes by chance, and a node
-   that moved from one failed job to the next is scheduling, not evidence); otherwise a lone
-   timeout with no other evidence is transient.
+   that moved from one failed job to the next is scheduling, not evidence; or more than that many
+   nodes expected in as many failed jobs if failures struck jobs whatever their size: a node that
+   hosts one short job after another collects failures); otherwise a lone timeout with no other
+   evidence is transient.
 
 Pure: time comes in as ``now``."""
 
@@ -41,12 +44,14 @@ from fleetmedic.remediation.kinds import Isolation
 from fleetmedic.remediation.log_patterns import LineMatch, PatternLibrary
 from fleetmedic.remediation.topology import Topology
 from fleetmedic.remediation.triage.book import IncidentBook
-from fleetmedic.remediation.triage.history import FailedJobs
+from fleetmedic.remediation.triage.history import FailedJobs, chance_by_jobs
+from fleetmedic.remediation.triage.jobs import JobBoard
 from fleetmedic.remediation.triage.records import (
     Assessment,
     JobRecord,
     PendingGroup,
     TriageState,
+    app_xids_spread,
     evidence_of,
     finding_isolation,
     is_congestion,
@@ -97,7 +102,8 @@ Rule = Callable[[_Failure, float], Assessment | None]
 class JobFailureTriage:
     def __init__(self, settings: TriageSettings, policy: PolicySettings, library: PatternLibrary,
                  state: TriageState, book: IncidentBook, topology: Topology,
-                 fleet_size: Callable[[], int] | None = None, failed_jobs: FailedJobs | None = None) -> None:
+                 fleet_size: Callable[[], int] | None = None, failed_jobs: FailedJobs | None = None,
+                 jobs: JobBoard | None = None) -> None:
         self.settings = settings
         self.policy = policy
         self.library = library
@@ -107,6 +113,7 @@ class JobFailureTriage:
         self.fleet_size: Callable[[], int] = fleet_size or (lambda: len(self.topology))
         #: rule 6's failed jobs (their serialised form is the state's ``node_failed_jobs``)
         self.failed_jobs = failed_jobs if failed_jobs is not None else FailedJobs(state)
+        self.jobs = jobs if jobs is not None else JobBoard(settings, state)
         self._node_sets: dict[str, tuple[list[str], frozenset[str]]] = {}  # job -> its record's nodes, as a set
 
     def decide(self, group: PendingGroup, now: float) -> list[Assessment]:
@@ -299,6 +306,11 @@ class JobFailureTriage:
                        "none with hardware evidence: a job bug, no node is isolated")
                 return self._failure("job_bug", f"job:{job}", [Suspect(kind="job", name=job)], 0.9,
                                      x.log_evidence, why, x, now, x.signals | {"spread"}, [])
+        if not x.hw_nodes and app_xids_spread(self.state, s, x.job_nodes, x.since):
+            why = (f"job {job} failed and its nodes reported application XIDs (graphics exceptions, page "
+                   "faults) as a job bug's spread, none with hardware evidence: a job bug, no node is isolated")
+            return self._failure("job_bug", f"job:{job}", [Suspect(kind="job", name=job)], 0.85,
+                                 x.log_evidence, why, x, now, x.signals | {"spread", "app_xids"}, [])
         followed = self._follows_the_job(job, x.soft, x.first, now)
         if followed and not x.hw_nodes:
             signature, nodes = followed
@@ -359,9 +371,20 @@ class JobFailureTriage:
         horizon = now - p.suspect_window_s
         fleet = max(self.fleet_size(), len(x.nodes), 1)
         repeated = []
+        hosted: tuple[int, dict[str, int]] | None = None
         for n, jobs in self.failed_jobs.jobs_of(x.nodes, x.job_nodes, horizon, p.suspect_after_failed_jobs):
-            if _chance_nodes(fleet, [sizes.get(j, 1) for j in jobs]) <= p.suspect_max_chance_nodes:
-                repeated.append((len(jobs), n))
+            if _chance_nodes(fleet, [sizes.get(j, 1) for j in jobs]) > p.suspect_max_chance_nodes:
+                continue
+            if hosted is None:
+                hosted = self.jobs.hosted_since(horizon)
+            active, counts = hosted
+            failed = self.failed_jobs.failed_since(horizon)
+            if active > failed:  # some job known to have run well: the share that failed is a rate
+                own = max(counts.get(n, 0), len(jobs))  # the node hosted every job that failed on it
+                others = (h for m, h in counts.items() if m != n)
+                if chance_by_jobs([own, *others], failed / active, len(jobs)) > p.suspect_max_chance_nodes:
+                    continue
+            repeated.append((len(jobs), n))
         if repeated and len(repeated) <= self.settings.max_hardware_suspects:
             ranked = [n for _, n in sorted(repeated, key=lambda t: (-t[0], t[1]))]
             k = max(c for c, _ in repeated)

@@ -14,6 +14,7 @@ from fleetmedic.remediation.triage.jobs import JobBoard
 from fleetmedic.remediation.triage.records import (
     Assessment,
     TriageState,
+    app_xids_spread,
     confirmed,
     finding_class,
     finding_isolation,
@@ -57,13 +58,9 @@ class NodeFindings:
         """The job (if any) ``f.node`` ran in whose nodes reported non-isolating XIDs within the evidence
         window as a job bug's failures spread: on ``job_bug_min_nodes`` nodes, or on at least two and
         ``job_bug_min_fraction`` of them. A GPU's repeated application XIDs are then the job's doing."""
-        s = self.settings
-        lo = now - s.evidence_window_s
+        lo = now - self.settings.evidence_window_s
         for job in self.jobs.jobs_placed_on(f.node):
             rec = self.state.jobs[job]
-            count = sum(1 for n in rec.nodes if any(
-                g.detector == "xid_rules" and g.severity != "critical" and g.ts >= lo
-                for g in self.state.findings.get(n, ())))
-            if count >= s.job_bug_min_nodes or (count >= 2 and count >= s.job_bug_min_fraction * len(rec.nodes)):
+            if app_xids_spread(self.state, self.settings, frozenset(rec.nodes), lo):
                 return rec.job
         return ""

@@ -10,8 +10,10 @@ which the engine calls before the state is serialised. Pure: time comes in as ``
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 
 from fleetmedic.remediation.triage.records import TriageState
 
@@ -96,6 +98,10 @@ class FailedJobs:
                 # in the order a node's entries are kept: its latest failure last
                 yield n, {j for _, j in sorted(every + got, key=lambda e: e[0])}
 
+    def failed_since(self, horizon: float) -> int:
+        """How many jobs failed (unattributed) at or after ``horizon``."""
+        return sum(1 for fs in self.failures.values() if fs and fs[-1][0] >= horizon)
+
     def trim(self, horizon: float) -> None:
         """Forget the failures older than ``horizon`` (and the sizes of jobs left with none)."""
         for job in [j for j, fs in self.failures.items() if not fs or fs[0][0] < horizon]:
@@ -106,3 +112,17 @@ class FailedJobs:
                 del self.failures[job]
         sizes = self.state.failed_job_sizes
         self.state.failed_job_sizes = {j: k for j, k in sizes.items() if j in self.failures}
+
+
+def chance_by_jobs(hosted: Iterable[int], rate: float, k: int) -> float:
+    """How many nodes would be in ``k`` or more failed jobs by chance if failures struck jobs, not
+    nodes: each job failing with probability ``rate`` whatever its size, a node that hosted ``h`` jobs
+    (``hosted``: one count a node) is in ``k`` of them with the binomial tail. Small jobs fail as
+    often as large ones, so the nodes that host one short job after another collect failures."""
+    rate = min(1.0, max(0.0, rate))
+    total = 0.0
+    for h, nodes in Counter(hosted).items():
+        if h >= k:
+            below = sum(math.comb(h, i) * rate**i * (1.0 - rate) ** (h - i) for i in range(k))
+            total += nodes * max(0.0, 1.0 - below)
+    return total

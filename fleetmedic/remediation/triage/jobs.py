@@ -54,6 +54,14 @@ class JobBoard:
         """Every known job whose current placement has a rank on ``node`` (finished ones too, until forgotten)."""
         return tuple(sorted(self._index().get(node, ())))
 
+    def hosted_since(self, horizon: float) -> tuple[int, dict[str, int]]:
+        """The jobs active at or after ``horizon`` (placed, running, or with an event since), and for
+        each node the number of them whose current placement has a rank there."""
+        active = {j for j, rec in self.state.jobs.items()
+                  if rec.status in ("placed", "running") or rec.last_event >= horizon}
+        hosted = {n: k for n, jobs in self._index().items() if (k := len(jobs & active))}
+        return len(active), hosted
+
     def job(self, job: str) -> JobRecord | None:
         return self.state.jobs.get(job)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Final, Literal, TypeVar, cast
 
@@ -215,6 +216,18 @@ def evidence_of(findings: list[Finding]) -> list[Evidence]:
     for f in findings[:10]:
         out += f.evidence[:2] or [Evidence(detector=f.detector, ts=f.ts, note=f.summary)]
     return out
+
+
+def app_xids_spread(state: TriageState, settings: TriageSettings, nodes: AbstractSet[str], since: float) -> bool:
+    """Whether ``nodes`` (a job's) reported non-isolating XIDs (13, 31, 43: what an application's
+    faults raise) at or after ``since`` as a job bug's failures spread: on ``job_bug_min_nodes`` of
+    them, or on at least two and ``job_bug_min_fraction`` of them. Only the nodes with findings are
+    read (a lock-step job has thousands of nodes, few of them with findings)."""
+    findings = state.findings
+    with_findings = nodes & findings.keys() if len(findings) < len(nodes) else (n for n in nodes if n in findings)
+    count = sum(1 for n in with_findings if any(
+        g.detector == "xid_rules" and g.severity != "critical" and g.ts >= since for g in findings[n]))
+    return count >= settings.job_bug_min_nodes or (count >= 2 and count >= settings.job_bug_min_fraction * len(nodes))
 
 
 # --- confirmation: warnings act only once reasserted --------------------------------------------------
