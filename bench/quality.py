@@ -53,12 +53,10 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -66,6 +64,8 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+
+from fleetmedic.devenv import prometheus
 
 HARD = {"hardware"}
 SILENT = {"degradation"}
@@ -394,8 +394,6 @@ def markdown(args: argparse.Namespace, results: list[dict[str, Any]], agg: dict[
 # --- ingest paths ----------------------------------------------------------------------------------
 
 INGEST_PATHS = ("jsonl", "text", "openmetrics", "prometheus")
-PROMETHEUS = os.environ.get("FLEETMEDIC_PROMETHEUS", "/usr/bin/prometheus")
-PROMTOOL = os.environ.get("FLEETMEDIC_PROMTOOL", "/usr/bin/promtool")
 
 
 def _cli(*args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
@@ -475,44 +473,6 @@ def to_openmetrics(sources: list[Path], dst: Path, work: Path, as_stored: bool =
     return n
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _prometheus_on(om: Path, work: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """A real Prometheus server on a TSDB made from ``om`` by promtool (blocks kept: no retention
-    limit that would drop old simulated history)."""
-    for tool in (PROMETHEUS, PROMTOOL):
-        if not Path(tool).exists():
-            raise RuntimeError(f"{tool} not found (apt-get install prometheus, or set FLEETMEDIC_PROMETHEUS/_PROMTOOL)")
-    tsdb = work / "tsdb"
-    done = subprocess.run([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(om), str(tsdb)],
-                          capture_output=True, text=True, timeout=3600)
-    if done.returncode != 0:
-        raise RuntimeError(f"promtool tsdb create-blocks-from openmetrics failed: {done.stderr[-3000:]}")
-    config = work / "prometheus.yml"
-    config.write_text("global: {scrape_interval: 1h}\nscrape_configs: []\n", encoding="utf-8")
-    port = _free_port()
-    log = (work / "prometheus.log").open("wb")
-    proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tsdb}",
-                             "--storage.tsdb.retention.time=100y", f"--web.listen-address=127.0.0.1:{port}",
-                             "--log.level=warn"], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with urllib.request.urlopen(url + "/-/ready", timeout=2) as resp:
-                if resp.status == 200:
-                    return proc, url
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    tail = (work / "prometheus.log").read_text(errors="replace")[-3000:]
-    raise RuntimeError(f"Prometheus did not become ready: {tail}")
-
-
 def run_ingest_paths(seed: int, nodes: int, hours: float, faults: str, paths: list[str],
                      prom_every_s: float) -> dict[str, Any]:
     """One simulated fleet scored through each ingest path (module docstring)."""
@@ -540,7 +500,7 @@ def run_ingest_paths(seed: int, nodes: int, hours: float, faults: str, paths: li
         for path in paths:
             t0 = time.monotonic()
             dest = work / f"bt-{path}"
-            proc = None
+            server: subprocess.Popen[bytes] | None = None
             try:
                 if path == "jsonl":
                     args = ["--input", str(sim / "gpu.jsonl"), "--input", str(sim / "ports.jsonl"),
@@ -551,7 +511,9 @@ def run_ingest_paths(seed: int, nodes: int, hours: float, faults: str, paths: li
                 elif path == "openmetrics":
                     args = ["--input", str(om), *common]
                 else:
-                    proc, url = _prometheus_on(stored, work)
+                    # a real server over the stored history (no retention that would drop old samples)
+                    prometheus.load_openmetrics(stored, work)
+                    url, server = prometheus.start(work, retention="100y")
                     end = start + int(hours * 3600)
                     args = ["--prometheus", url, "--start", str(start), "--end", str(end),
                             "--step", f"{prom_every_s:g}s", *common]
@@ -560,9 +522,8 @@ def run_ingest_paths(seed: int, nodes: int, hours: float, faults: str, paths: li
                 out["paths"][path] = {"error": str(exc)[-2000:]}
                 continue
             finally:
-                if proc is not None:
-                    proc.terminate()
-                    proc.wait(timeout=60)
+                if server is not None:
+                    prometheus.stop(server)
             summary = json.loads((dest / "summary.json").read_text())
             score = json.loads((dest / "score.json").read_text())
             out["paths"][path] = {
