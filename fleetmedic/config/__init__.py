@@ -30,6 +30,7 @@ The rooms, each read alone; every public name is re-exported here (``from fleetm
 from __future__ import annotations
 
 from fleetmedic.config.cluster import (
+    AdmissionSettings,
     ClusterSettings,
     ConditionRule,
     ConditionSettings,
@@ -130,6 +131,7 @@ __all__ = [
     "WARN_COMMAND_TTL_S",
     "WARN_QUARANTINED_FRACTION",
     "ActionStep",
+    "AdmissionSettings",
     "BaselineSettings",
     "BreakerSettings",
     "ClusterSettings",

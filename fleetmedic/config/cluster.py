@@ -38,6 +38,30 @@ class ClusterSettings(Section, frozen=True, kw_only=True):
     accept_unlabeled_commands: bool = False
 
 
+class AdmissionSettings(Section, frozen=True, kw_only=True):
+    """The bind-time check (docs/safety.md, "The bind-time check"): the decision worker answers the
+    API server's validating webhook for pod bindings, refusing a bind to a node whose cordon
+    fleetmedic issued and has not yet seen applied. The API server calls webhooks over HTTPS only;
+    the chart's ValidatingWebhookConfiguration fails open (``failurePolicy: Ignore``)."""
+
+    enabled: bool = False
+    listen: str = "0.0.0.0:8443"  # host:port the decision worker serves the webhook on
+    path: str = "/admission/binding"
+    cert_file: str = ""  # PEM certificate chain the API server verifies (the webhook's caBundle signed it)
+    key_file: str = ""  # its private key (PEM)
+
+    def __post_init__(self) -> None:
+        host, sep, port = self.listen.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"listen: not host:port ({self.listen[:100]!r})")
+        if not self.path.startswith("/"):
+            raise ValueError(f"path: must start with / ({self.path[:100]!r})")
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("cert_file and key_file go together (both set, or neither)")
+        if self.enabled and not self.cert_file:
+            raise ValueError("enabled: the API server calls webhooks over HTTPS only (set cert_file and key_file)")
+
+
 class ExecutorSettings(Section, frozen=True, kw_only=True):
     kubeconfig: str = ""
     in_cluster: bool = False

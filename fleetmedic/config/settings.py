@@ -9,6 +9,7 @@ from msgspec import Meta
 
 from fleetmedic.bus import MAX_STATE_BYTES
 from fleetmedic.config.cluster import (
+    AdmissionSettings,
     ClusterSettings,
     ConditionSettings,
     ExecutorSettings,
@@ -67,3 +68,4 @@ class Settings(Section, frozen=True, kw_only=True):
     jobwatch: JobWatchSettings = JobWatchSettings()
     placement: PlacementSettings = PlacementSettings()
     conditions: ConditionSettings = ConditionSettings()
+    admission: AdmissionSettings = AdmissionSettings()

@@ -63,7 +63,7 @@ from fleetmedic.remediation.engine_state import (
 from fleetmedic.remediation.incident_tracks import IncidentTracker
 from fleetmedic.remediation.issuer import Issuer
 from fleetmedic.remediation.job_track import JobTrack
-from fleetmedic.remediation.lifecycle import Lifecycle
+from fleetmedic.remediation.lifecycle import OUT_OF_SERVICE, Lifecycle
 from fleetmedic.remediation.log_patterns import PatternLibrary, default_library
 from fleetmedic.remediation.node_track import NodeTrack
 from fleetmedic.remediation.policy import Policy
@@ -408,6 +408,20 @@ class DecisionEngine:
         out = self.triage.suspected_nodes(NODE_CLASSES, self.nodes.in_probation())
         out.update(self.nodes.unhealthy())
         out.update(self.gate.state.held)
+        return out
+
+    def cordons_in_flight(self) -> dict[str, str]:
+        """The nodes fleetmedic decided to take out of service whose cordon it has issued and not yet
+        seen applied, each with why: what a bind-time check refuses (``admission``), closing the
+        window between the decision and the cordon in which the scheduler may still place a pod
+        there. Once the cordon is applied, the scheduler's own check takes over (with its
+        tolerations: DaemonSets, diagnostics)."""
+        nodes = self.state.nodes
+        out: dict[str, str] = {}
+        for n in self.nodes.unhealthy():
+            rec = nodes.get(n)
+            if rec is not None and rec.state in OUT_OF_SERVICE and any(f.action == "cordon" for f in rec.inflight):
+                out[n] = f"{rec.state} ({rec.isolation or 'isolation'} evidence, {rec.signature or rec.rule})"
         return out
 
     @property

@@ -35,6 +35,7 @@ from typing import Any, Literal
 import faust
 
 from fleetmedic.config import Settings
+from fleetmedic.streams.admission import AdmissionServer
 from fleetmedic.streams.decide import DecideStage, EventClock
 from fleetmedic.streams.detect import DetectStage
 from fleetmedic.streams.metrics import PipelineMetrics
@@ -75,14 +76,25 @@ class Pipeline:
         self.options = o = options or WorkerOptions.of(settings)
         self.decide = decide
         self.detect: DetectStage | None = None
+        self.admission: AdmissionServer | None = None
         if decide is not None:
             assert app is not None
             decide.outputs = Outputs(settings, metrics)  # a producer of the Faust worker's event loop
             decide.attach(app, o.tick_every_s or settings.detection.sample_interval_s, o.snapshot_every_s)
             app.on_before_shutdown.connect(self._on_shutdown)  # type: ignore[arg-type]
+            if settings.admission.enabled:
+                stage = decide
+                self.admission = AdmissionServer(settings.admission, lambda: stage.engine.cordons_in_flight(),
+                                                 lambda: settings.safety.dry_run, metrics.registry)
+                app.task(self._serve_admission)
         if detect:
             self.detect = DetectStage(settings, Outputs(settings, metrics), metrics, o.batch_size, o.batch_within_s,
                                       o.detect_snapshot_every_s, o.session_timeout_s)
+
+    async def _serve_admission(self) -> None:
+        """The bind-time check on the decision stage's event loop, until the worker stops."""
+        assert self.admission is not None
+        await self.admission.run(asyncio.Event())
 
     async def run_detect(self, stop: asyncio.Event) -> None:
         """Stage 1 until ``stop`` (in its own event loop: a thread beside Faust's, or the main one)."""

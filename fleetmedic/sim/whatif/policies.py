@@ -47,6 +47,9 @@ def relogged(f: Fault | None, why: str, t: float) -> bool:
             and t > (f.turned_at if f.turned_at is not None else f.onset) and "by " not in why)
 
 
+NO_NODES: frozenset[int] = frozenset()
+
+
 class OnCall:
     """The person on call: notices failures late, repairs what shows, validates repaired nodes."""
 
@@ -114,6 +117,9 @@ class Manual:
 
     def suspected(self, world: World, node: int, t: float) -> bool:
         return node in self.oncall.handling
+
+    def unbindable(self, world: World, t: float) -> frozenset[int]:
+        return NO_NODES  # no bind-time check
 
 
 class NpdDraino(Manual):
@@ -298,6 +304,14 @@ class Fleetmedic:
         """Whether the engine, at ``t``, holds anything against ``node``: an isolation, a lifecycle
         underway, or a finding not yet acted on (refused, settling, being confirmed)."""
         return world.nodes[node].name in self.engine_pipeline.engine.suspected_nodes()
+
+    def unbindable(self, world: World, t: float) -> frozenset[int]:
+        """With ``admission.enabled``, the nodes the bind-time check refuses at ``t`` (their cordon
+        issued, not yet applied): the engine's answer at the moment of the bind."""
+        if not self.settings.admission.enabled:
+            return NO_NODES
+        refused = self.engine_pipeline.engine.cordons_in_flight()
+        return frozenset(world.index[n] for n in refused if n in world.index) if refused else NO_NODES
 
     # --- ticks ------------------------------------------------------------------------------------
 

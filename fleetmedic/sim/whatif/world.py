@@ -320,6 +320,7 @@ class Policy(Protocol):
     def job_failed(self, world: World, job: Job, node: int, was_on: list[int], t: float, why: str) -> None: ...
     def job_placed(self, world: World, job: Job, t: float) -> None: ...
     def suspected(self, world: World, node: int, t: float) -> bool: ...
+    def unbindable(self, world: World, t: float) -> frozenset[int]: ...
 
 
 class World:
@@ -552,11 +553,13 @@ class World:
         # the scheduler puts the pods back where they ran when it may (images cached, the gang's
         # topology kept), and takes the rest from the free nodes in random order
         again, chosen_set = job.prev_set, None
-        if len(again) == job.size and self.free.issuperset(again) and again.isdisjoint(job.exclude):
+        # a bind-time check (the policy's, where it has one) refuses the nodes whose cordon is on its way
+        refused = self.policy.unbindable(self, t)
+        exclude = job.exclude | refused if refused else job.exclude
+        if len(again) == job.size and self.free.issuperset(again) and again.isdisjoint(exclude):
             chosen = sorted(job.prev_nodes)  # every pod goes back: the random order decides nothing
             chosen_set = again
         else:
-            exclude = job.exclude
             room = len(self.free) - len(self.free.intersection(exclude))
             preempt = room < job.size and job.big and self.a.preempt_small
             # the schedulable nodes of small jobs (each holds its nodes: they are its own)
