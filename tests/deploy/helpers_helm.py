@@ -63,4 +63,4 @@ EVERYTHING = ("connectors.prometheus.enabled=true", "connectors.kafka.enabled=tr
               "connectors.prometheus.egress[0].ports[0].port=9400",
               "connectors.remoteWrite.ingressFrom[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=monitoring",
               "monitoring.serviceMonitor.enabled=true", "monitoring.prometheusRule.enabled=true",
-              "monitoring.dashboard.enabled=true")
+              "monitoring.dashboard.enabled=true", "decide.admission.enabled=true")

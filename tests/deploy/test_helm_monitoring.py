@@ -60,11 +60,13 @@ def test_every_component_has_a_service_for_its_metrics_port() -> None:
             assert metrics["targetPort"] == "metrics" and metrics["port"] == ports["metrics"] == 9108, name
     everything = {_component(o): o["spec"] for o in _everything() if o["kind"] == "Service"}
     assert len(everything) == 11
-    # the receiver takes writes through its Service; the others are headless (only scrapers connect)
-    assert "clusterIP" not in everything["remote-write"]
+    # the receiver takes writes through its Service, and the decide stage the API server's calls of
+    # its bind-time check (EVERYTHING enables it); the others are headless (only scrapers connect)
+    assert "clusterIP" not in everything["remote-write"] and "clusterIP" not in everything["decide"]
     ports = {p["name"]: p["port"] for p in everything["remote-write"]["ports"]}
     assert ports == {"metrics": 9108, "remote-write": 9201}
-    assert all(spec.get("clusterIP") == "None" for c, spec in everything.items() if c != "remote-write")
+    assert {p["name"]: p["port"] for p in everything["decide"]["ports"]} == {"metrics": 9108, "admission": 443}
+    assert all(spec.get("clusterIP") == "None" for c, spec in everything.items() if c not in ("remote-write", "decide"))
 
 
 def test_probes_ask_the_health_endpoints_every_container_serves() -> None:

@@ -428,3 +428,18 @@ def test_config_check_strict_exits_2_for_a_key_given_twice(tmp_path: Path, capsy
 def test_a_merged_key_may_still_be_given() -> None:
     doc = load_yaml("defaults: &d {dry_run: true, max_per_rack: 3}\nsafety:\n  <<: *d\n  max_per_rack: 5\n")
     assert doc["safety"] == {"dry_run": True, "max_per_rack": 5}
+
+
+@pytest.mark.parametrize(("yaml_text", "field", "why"), [
+    ("admission: {enabled: true}", "admission.enabled", "HTTPS only"),
+    ("admission: {cert_file: /c.pem}", "admission", "go together"),
+    ("admission: {listen: '8443'}", "admission.listen", "host:port"),
+    ("admission: {listen: 'h:99999'}", "admission.listen", "host:port"),
+    ("admission: {path: binding}", "admission.path", "start with /"),
+])
+def test_the_bind_time_check_needs_https_and_a_listen_address(yaml_text: str, field: str, why: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(yaml_text, env={})
+    assert field.split(".")[0] in str(err.value) and why in str(err.value), str(err.value)
+    ok = parse_config("admission: {enabled: true, cert_file: /c.pem, key_file: /k.pem, listen: '[::]:9443'}", env={})
+    assert ok.admission.enabled and ok.admission.listen == "[::]:9443"

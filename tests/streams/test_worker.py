@@ -210,3 +210,54 @@ def test_a_worker_of_one_cluster_decides_on_its_own_clusters_records_from_shared
             f'topic="{jobs}"}} 1.0') in scraped
     samples = [line for line in scraped.splitlines() if line.startswith("fleetmedic_")]
     assert samples and all(f'cluster="{east}"' in line for line in samples)
+
+
+def test_the_workers_bind_time_check_refuses_the_node_it_just_decided_to_cordon(kafka_bootstrap: str,
+                                                                                tmp_path: Path) -> None:
+    """``admission.enabled``: the worker serves the webhook over HTTPS from its own state. After the
+    XID 79 its cordon of the sick node is issued and, with no executor to apply it, on its way: a
+    bind there is refused, a bind to a healthy node of the job allowed."""
+    import json
+    import ssl
+    import urllib.request
+
+    from fleetmedic.devenv import proc, tls
+
+    ca = tls.make_ca(tmp_path / "ca")
+    leaf = tls.issue(ca, tmp_path / "leaf", "webhook")
+    (port,) = proc.free_ports(1)
+    run = new_run(kafka_bootstrap, tmp_path, extra=(
+        f"admission: {{enabled: true, listen: '127.0.0.1:{port}', cert_file: '{leaf.cert}',"
+        f" key_file: '{leaf.key}'}}\n"))
+    asyncio.run(ensure_topics(run.settings))
+    placement = r.JobEvent(job=JOB, event="placement", ts=T0, world_size=4,
+                           placement=[r.RankPlacement(rank=i, node=n, gpus=list(range(8)))
+                                      for i, n in enumerate(NODES)])
+    jobs, gpu, commands = run.topic("jobs.events"), run.topic("telemetry.gpu"), run.topic("remediation.commands")
+    asyncio.run(produce(kafka_bootstrap, [(jobs, JOB.encode(), r.encode(e))
+                                          for e in (placement, r.JobEvent(job=JOB, event="start", ts=T0))]))
+    telemetry = [(gpu, m.node.encode(), r.encode(m)) for m in _telemetry(6, 3, np.random.default_rng(7))]
+    context = ssl.create_default_context(cafile=str(ca.cert))
+
+    def bind(node: str) -> dict[str, object]:
+        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": f"u-{node}", "operation": "CREATE", "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "subResource": "binding", "name": "p", "namespace": "team",
+            "object": {"kind": "Binding", "target": {"kind": "Node", "name": node}}}}
+        req = urllib.request.Request(f"https://127.0.0.1:{port}/admission/binding", data=json.dumps(review).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10, context=context) as resp:
+            answer: dict[str, object] = json.loads(resp.read())["response"]
+            return answer
+
+    with worker(run) as w:
+        wait_for_log(run, w, "admission: bind-time check on https://127.0.0.1")
+        assert bind(SICK)["allowed"] is True  # nothing decided yet
+        asyncio.run(produce(kafka_bootstrap, telemetry))
+        got = collect_sync(kafka_bootstrap, [commands], lambda c: any(
+            x.action == "cordon" and x.node == SICK for x in _commands(c, commands)), timeout=40)
+        assert any(x.action == "cordon" for x in _commands(got, commands))
+        refused = bind(SICK)
+        assert refused["allowed"] is False and SICK in str(refused["status"]), refused
+        assert bind("gpu-node-0")["allowed"] is True
+        assert 'fleetmedic_admission_reviews_total{outcome="denied"} 1.0' in scrape(run.log.read_text())

@@ -60,6 +60,12 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 {{- $_ := set $defaults "exporters" (dict "remote_write" $receiver) -}}
 {{- end -}}
+{{- with .Values.decide.admission -}}
+{{- if .enabled -}}
+{{- $_ := set $defaults "admission" (dict "enabled" true "listen" (printf "0.0.0.0:%v" .port)
+      "cert_file" "/etc/fleetmedic/admission/tls.crt" "key_file" "/etc/fleetmedic/admission/tls.key") -}}
+{{- end -}}
+{{- end -}}
 {{- $defaults = mustMergeOverwrite $defaults (include "fleetmedic.sourceConfig" . | fromJson) -}}
 {{- with .Values.clusterName -}}
 {{- $given := (($.Values.config | default dict).cluster | default dict).name | default "" -}}
