@@ -173,6 +173,12 @@ class PolicySettings(Section, frozen=True, kw_only=True):
     remediation_ladder: list[Literal["reset_gpu", "reboot_node"]] = msgspec.field(
         default_factory=lambda: ["reset_gpu", "reboot_node"]
     )
+    # a node whose diagnostics passed after it was isolated on preventive evidence of one of these
+    # metrics (what the diagnostics test under load: the GPU's temperatures) is not isolated again
+    # on preventive evidence of them for acquittal_s: its GPU's temperatures under another job's
+    # power are not a fault the diagnostics missed. Hard evidence (thermal slowdown) still acts.
+    acquitted_metrics: list[str] = msgspec.field(default_factory=lambda: ["gpu_temp", "memory_temp"])
+    acquittal_s: NonNegFloat = 604_800.0
     probation_s: NonNegFloat = 86_400.0
     probation_threshold_scale: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.5
     flap_window_s: PosFloat = 604_800.0

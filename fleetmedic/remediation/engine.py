@@ -104,7 +104,7 @@ class DecisionEngine:
                                self.issuer, self.incidents, lambda: self.fleet_size)
         self.jobs = JobTrack(s, self.state, self.triage, self.gate, self.accounting, self.issuer, self.incidents,
                              self.nodes.state_of, self.suspected_nodes, self.nodes.unhealthy,
-                             self.nodes.breaker_stops)
+                             self.nodes.keeps_jobs)
 
     @property
     def topology(self) -> Topology:

@@ -25,7 +25,7 @@ class JobTrack:
                  accounting: Accounting, issuer: Issuer, incidents: IncidentTracker,
                  node_state: Callable[[str], NodeState], suspected: Callable[[], set[str]] | None = None,
                  unhealthy: Callable[[], set[str]] | None = None,
-                 breaker_stops: Callable[[Assessment], bool] | None = None) -> None:
+                 keeps_jobs: Callable[[Assessment, float], str] | None = None) -> None:
         self.settings = settings
         self.state = state
         self.triage = triage
@@ -40,7 +40,9 @@ class JobTrack:
         #: :meth:`~.node_track.NodeTrack.unhealthy`), else each node's state is asked
         self.unhealthy = unhealthy
         #: does the open breaker stop isolation on this assessment's evidence (then its running jobs stay)
-        self.breaker_stops: Callable[[Assessment], bool] = breaker_stops or (lambda a: self.gate.breaker.state.open)
+        #: why the running jobs an assessment hits stay where they are ("": they are moved)
+        self.keeps_jobs: Callable[[Assessment, float], str] = keeps_jobs or (
+            lambda a, now: "circuit breaker open" if self.gate.breaker.state.open else "")
 
     # --- acting on a decision -----------------------------------------------------------------------
 
@@ -52,9 +54,10 @@ class JobTrack:
         if any(s.action == "drain" for s in decision.node_steps):
             jobs += [j for n in a.suspect_nodes for j in self.triage.jobs_on(n) if j not in jobs]
         done = self.incidents.handled_jobs(inc.id)
-        if decision.job_steps and any(j != a.job for j in jobs) and self.breaker_stops(a):
-            self.issuer.audit(out, now, "skipped", "circuit breaker open: running jobs are not moved on this "
-                              "evidence (a failed job still is)", incident=inc, rule=decision.rule, track="job")
+        kept = self.keeps_jobs(a, now) if decision.job_steps and any(j != a.job for j in jobs) else ""
+        if kept:
+            self.issuer.audit(out, now, "skipped", f"{kept}: running jobs are not moved on this evidence (a failed "
+                              "job still is)", incident=inc, rule=decision.rule, track="job")
             jobs = [j for j in jobs if j == a.job]
         for job in jobs:
             if job != a.job and job in done:

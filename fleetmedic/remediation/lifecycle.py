@@ -100,6 +100,7 @@ class NodeRecord(msgspec.Struct, kw_only=True):
     evidence_seen: float = 0.0  # the episode's evidence last reported while the node was out of service
     returned_signature: str = ""  # definitive evidence of the last episode that passing diagnostics returned
     returned_at: float = 0.0
+    acquitted_at: float = 0.0  # diagnostics passed after an isolation on evidence of policy.acquitted_metrics
 
 
 @dataclass(frozen=True)
@@ -315,6 +316,8 @@ class Lifecycle:
         if passed:
             if rec.isolation == "definitive" and not rec.repaired:
                 rec.returned_signature, rec.returned_at = rec.signature, now
+            if rec.isolation == "preventive" and signature_metric(rec.signature) in self.policy.acquitted_metrics:
+                rec.acquitted_at = now
             return events + self.return_to_service(rec, now, issue, f"diagnostics passed: {why}")
         ladder = list(self.policy.remediation_ladder)
         tried = [i for i, a in enumerate(ladder) if a in rec.done]
@@ -460,3 +463,8 @@ def _note_isolation(rec: NodeRecord, iso: Isolation | None, merge: bool) -> None
 
 def _boundary_relaxed(steps: list[PlanStep]) -> list[PlanStep]:
     return [PlanStep(action=s.action, params=s.params) if s.at_job_boundary else s for s in steps]
+
+
+def signature_metric(signature: str) -> str:
+    """The metric an isolation's signature names (``gpu_baseline:gpu_temp`` -> ``gpu_temp``)."""
+    return signature.partition(":")[2]

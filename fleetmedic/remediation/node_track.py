@@ -29,6 +29,7 @@ from fleetmedic.remediation.lifecycle import (
     LifecycleEvent,
     NodeRecord,
     PlanStep,
+    signature_metric,
 )
 from fleetmedic.remediation.policy import Decision
 from fleetmedic.remediation.safety import SafetyGate, Verdict, domain_keys
@@ -194,6 +195,12 @@ class NodeTrack:
             self.gate.record_isolation(node, now, critical, kind=iso.kind)  # a hold's kind may get stronger
         note = ""
         if isolating and not self.gate.holds(node) and rec.state not in OUT_OF_SERVICE:
+            acquitted = self.acquitted(rec, iso, now)
+            if acquitted:
+                self.issuer.audit(out, now, "skipped", f"{node}: {iso.kind} evidence ({iso.signature}) not acted on: "
+                                  f"{acquitted}", incident=inc, node=node, rule=decision.rule, track="node")
+                self.incidents.track(inc.id, node=node)
+                return
             verdict = self._isolate(rec, a, decision, steps, critical, iso, issue, now, out)
             if not verdict.allowed:
                 return
@@ -249,6 +256,27 @@ class NodeTrack:
                                 f"circuit breaker open: {breaker.state.opened_reason}",
                                 {"scope": "fleet", "reason": "breaker_open", "escalation": "notify"}, node=node,
                                 track="node")
+
+    def acquitted(self, rec: NodeRecord | None, iso: Isolation, now: float) -> str:
+        """Why preventive evidence does not isolate ``rec``'s node again ("": it does): its
+        diagnostics passed within ``policy.acquittal_s`` after an isolation on evidence of the same
+        metrics (``policy.acquitted_metrics``, which the diagnostics test under load)."""
+        p = self.settings.policy
+        if (rec is None or iso.kind != "preventive" or not rec.acquitted_at or now - rec.acquitted_at > p.acquittal_s
+                or signature_metric(iso.signature) not in p.acquitted_metrics):
+            return ""
+        return (f"its diagnostics passed {now - rec.acquitted_at:.0f}s ago after an isolation on "
+                f"{', '.join(p.acquitted_metrics)} evidence, which they test under load (policy.acquittal_s)")
+
+    def keeps_jobs(self, a: Assessment, now: float) -> str:
+        """Why the running jobs an assessment hits are not moved ("": they are): the open breaker
+        stops isolating a node it suspects, or every node it suspects is acquitted of its evidence."""
+        if self.breaker_stops(a):
+            return "circuit breaker open"
+        nodes = a.suspect_nodes
+        if nodes and all(self.acquitted(self.state.nodes.get(n), a.isolation_of(n), now) for n in nodes):
+            return "its diagnostics acquitted the node of this evidence (policy.acquittal_s)"
+        return ""
 
     def breaker_stops(self, a: Assessment) -> bool:
         """Does the open breaker stop isolating any node this assessment suspects (every assessment

@@ -331,3 +331,47 @@ def test_by_default_a_node_whose_diagnostics_pass_after_definitive_evidence_goes
     trusting.dbe("node-4")
     trusting.advance(600)
     assert trusting.cmds("return_to_service", node="node-4") and not trusting.cmds("escalate", node="node-4")
+
+
+def _degrade_until_cordoned(w: World, node: str, metric: str, rounds: int = 20) -> bool:
+    """Report the degradation every 30 s until the node is cordoned (confirmation, then settling)."""
+    before = len(w.cmds("cordon", node=node))
+    for _ in range(rounds):
+        w.degradation(node, metric=metric, severity="critical")
+        w.advance(30)
+        if len(w.cmds("cordon", node=node)) > before:
+            return True
+    return False
+
+
+def test_passing_diagnostics_acquit_a_gpu_of_its_temperatures_but_of_nothing_else() -> None:
+    # seen in the quality benchmark: a healthy GPU with a higher thermal resistance than its siblings
+    # runs further above them at a higher power, and every change of job moved its temperature off
+    # its baseline; its diagnostics passed each time, and it was isolated four times in a day
+    w = World(config="safety: {node_cooldown_s: 0, max_quarantined_fraction: 0.1}")
+    w.place("ml/a", [f"node-{i}" for i in range(4)])
+    assert _degrade_until_cordoned(w, "node-2", "memory_temp")
+    w.advance(600)  # diagnostics pass: back to service
+    assert w.engine.node_state("node-2") in ("probation", "healthy")
+    cordons, restarts = len(w.cmds("cordon", node="node-2")), len(w.cmds("restart_job"))
+    w.place("ml/b", ["node-2", "node-5"])
+    assert not _degrade_until_cordoned(w, "node-2", "gpu_temp")  # another temperature, another job's power
+    acquittals = [a for a in w.audit if a.node == "node-2" and "policy.acquittal_s" in a.explanation]
+    assert acquittals and "diagnostics passed" in acquittals[-1].explanation
+    assert len(w.cmds("cordon", node="node-2")) == cordons
+    assert len(w.cmds("restart_job")) == restarts  # and its jobs are not moved for it
+    # evidence the diagnostics were not acquitted of still isolates it
+    assert _degrade_until_cordoned(w, "node-2", "sm_clock")
+
+
+def test_the_acquittal_ends_after_its_window_and_can_be_turned_off() -> None:
+    w = World(config="safety: {node_cooldown_s: 0, max_quarantined_fraction: 0.1}\npolicy: {acquittal_s: 3600}")
+    assert _degrade_until_cordoned(w, "node-2", "memory_temp")
+    w.advance(600)
+    assert not _degrade_until_cordoned(w, "node-2", "memory_temp")
+    w.advance(3600)
+    assert _degrade_until_cordoned(w, "node-2", "memory_temp")
+    off = World(config="safety: {node_cooldown_s: 0, max_quarantined_fraction: 0.1}\npolicy: {acquitted_metrics: []}")
+    assert _degrade_until_cordoned(off, "node-2", "memory_temp")
+    off.advance(600)
+    assert _degrade_until_cordoned(off, "node-2", "memory_temp")
