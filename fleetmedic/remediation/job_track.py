@@ -41,6 +41,8 @@ class JobTrack:
         self.unhealthy = unhealthy
         #: does the open breaker stop isolation on this assessment's evidence (then its running jobs stay)
         self.breaker_stops: Callable[[Assessment], bool] = breaker_stops or (lambda a: self.gate.breaker.state.open)
+        #: job -> a waiting restart's exclusions (``MovingJob.exclude``, replaced when it grows) and their set
+        self._excluded: dict[str, tuple[list[str], set[str]]] = {}
 
     # --- acting on a decision -----------------------------------------------------------------------
 
@@ -152,21 +154,34 @@ class JobTrack:
         """A restart still waiting for capacity excludes the nodes fleetmedic started suspecting since
         it was issued: the same command again with the longer list, marked ``only_if_waiting`` (the
         executor adds the exclusions to pods that wait, and never restarts a job that was placed)."""
-        if not self.state.moving:
+        moving = self.state.moving
+        if not moving:
             return
         horizon = now - self.settings.policy.follow_suspects_s
-        suspected = self.suspected()
-        for job, m in list(self.state.moving.items()):
+        full = self.settings.policy.max_soft_exclusions
+        held, unhealthy = self.gate.state.held, self.unhealthy() if self.unhealthy is not None else None
+        suspected: set[str] | None = None  # asked for when a restart may have something to add
+        for job, m in list(moving.items()):
             if m.since < horizon:  # a job waiting longer than follow_suspects_s, or deleted, is not followed
-                del self.state.moving[job]
+                del moving[job]
                 continue
-            fresh = suspected.difference(m.exclude)
+            excluded = self._excluded.get(job)
+            if excluded is None or excluded[0] is not m.exclude:
+                excluded = self._excluded[job] = (m.exclude, set(m.exclude))
+            ex = excluded[1]
+            if unhealthy is not None and len(m.exclude) >= full and ex.issuperset(held) and ex.issuperset(unhealthy):
+                # no room for soft exclusions, and every node held or worked on is excluded already:
+                # :meth:`_affordable` would add none of the suspects it does not exclude
+                continue
+            if suspected is None:
+                suspected = self.suspected()
+            fresh = suspected.difference(ex)
             if not fresh:  # none it does not exclude already
                 continue
             new = self._affordable(job, fresh, len(m.exclude))
             if not new:
                 continue
-            m.exclude = sorted(set(m.exclude) | new)
+            m.exclude = sorted(ex | new)
             m.updates += 1
             cid = f"{m.command_id}/follow-{m.updates}"
             self.issuer.command(out, now, cid, m.action, m.incident_id, job, m.reason, {"only_if_waiting": "true"},
@@ -174,6 +189,8 @@ class JobTrack:
             self.issuer.audit(out, now, "command", f"{m.action} {job}, waiting for capacity: also excluding "
                               f"{', '.join(sorted(new))} (suspected since)", incident_id=m.incident_id, job=job,
                               track="job", command_ids=[cid])
+        if len(self._excluded) > len(moving):  # some restart was placed or given up: its set goes
+            self._excluded = {job: excluded for job, excluded in self._excluded.items() if job in moving}
 
     def release_due(self, now: float, out: Decisions) -> None:
         """Issue held retries whose backoff passed, unless the job moved on meanwhile."""

@@ -293,6 +293,27 @@ def test_a_restart_excludes_at_most_max_soft_exclusions_nodes_only_suspected_its
     assert w.engine.suspected_nodes() >= {"node-30", "node-31", "node-50", "node-51", "node-52"}
 
 
+def test_a_waiting_restart_with_no_room_for_soft_exclusions_learns_only_nodes_held_or_worked_on_since() -> None:
+    """With ``max_soft_exclusions`` used up, a node only suspected since is not added to a waiting
+    restart's exclusions at the following ticks, and one fleetmedic takes out since is."""
+    w = World(n=64, config="policy: {max_soft_exclusions: 1}", auto_execute=False)
+    w.place("ml/a", [f"node-{i}" for i in range(40)])
+    w.degradation("node-30")  # watched, not isolated: a soft exclusion
+    w.finding("node-3", kind="hard_fault", severity="critical", hint="isolate")
+    (restart,) = w.cmds("restart_job", job="ml/a")
+    assert {"node-3", "node-30"} <= set(restart.exclude_nodes)
+    w.degradation("node-31")  # only suspected: no room for it
+    w.advance(10)
+    w.advance(10)
+    assert len(w.cmds("restart_job", job="ml/a")) == 1
+    assert "node-31" in w.engine.suspected_nodes()
+    w.finding("node-50", kind="hard_fault", severity="critical", hint="isolate")  # held since
+    w.advance(10)
+    (follow,) = [c for c in w.cmds("restart_job", job="ml/a") if c.id != restart.id]
+    assert follow.params.get("only_if_waiting") == "true"
+    assert "node-50" in follow.exclude_nodes and "node-31" not in follow.exclude_nodes
+
+
 def test_a_restart_waiting_for_capacity_also_excludes_nodes_suspected_since() -> None:
     w = World(auto_execute=False)
     w.place("ml/a", NODES)

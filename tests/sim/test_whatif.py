@@ -320,8 +320,9 @@ class _Checked(World):
         assert self.free == {n.index for n in self.nodes if n.job is None and n.schedulable}
         assert self.blocked == {n.index for n in self.nodes if not n.schedulable}
         assert self.faulty == {n.index for n in self.nodes if n.fault() is not None}
-        assert self.crashing == {n.index for n in self.nodes
+        assert self.crashing == {n.index: f for n in self.nodes
                                  if (f := n.fault()) is not None and f.entry.effect == "crash"}
+        assert set(self._excluding) >= {j.index for j in self.jobs if j.exclude}
         assert self._small == {n for j in self.jobs if not j.big for n in j.nodes}
         assert all(self.nodes[n].job is j for j in self.jobs for n in j.nodes)
         assert {n.index for n in self.nodes if n.job is not None} == {n for j in self.jobs for n in j.nodes}

@@ -344,11 +344,13 @@ class World:
         self.nodes = [Node(n, i, since=self.t, free=self.free, blocked=self.blocked) for i, n in enumerate(names)]
         #: the nodes with an active fault, and of those the nodes whose fault (:meth:`Node.fault`) crashes jobs
         self.faulty: set[int] = set()
-        self.crashing: set[int] = set()
+        self.crashing: dict[int, Fault] = {}  # node -> its fault (:meth:`Node.fault`), which crashes jobs
         #: the nodes small jobs hold (the big job may preempt them)
         self._small: set[int] = set()
         #: the jobs waiting for capacity, by index
         self._waiting: dict[int, Job] = {}
+        #: the jobs whose ``exclude`` may name nodes, by index (a node back in service leaves theirs)
+        self._excluding: dict[int, Job] = {}
         self.index = {n.name: n.index for n in self.nodes}
         self.unmapped: dict[str, int] = {}
         self.faults: list[Fault] = []
@@ -455,13 +457,13 @@ class World:
         f = node.fault()
         if f is None:
             self.faulty.discard(node.index)
-            self.crashing.discard(node.index)
+            self.crashing.pop(node.index, None)
             return
         self.faulty.add(node.index)
         if f.entry.effect == "crash":
-            self.crashing.add(node.index)
+            self.crashing[node.index] = f
         else:
-            self.crashing.discard(node.index)
+            self.crashing.pop(node.index, None)
 
     def _job_state(self, job: Job, state: JobState, t: float) -> None:
         """Account the job's time since its last change, then enter ``state``."""
@@ -532,10 +534,17 @@ class World:
         if job.state == "waiting_to_detect":
             self._job_state(job, "waiting_for_capacity", t)
         job.restart_requested = True
-        job.exclude |= exclude
+        self.add_exclusions(job, exclude)
         job.restarted_by = by
         self.try_place(t)
         return True
+
+    def add_exclusions(self, job: Job, nodes: set[int]) -> None:
+        """The job's pods may not go to ``nodes`` (a required NotIn on its template) until each is back
+        in service (:meth:`uncordon`)."""
+        job.exclude |= nodes
+        if job.exclude:
+            self._excluding[job.index] = job
 
     def try_place(self, t: float) -> None:
         """Place waiting jobs, the big job first (it may preempt small ones)."""
@@ -587,22 +596,22 @@ class World:
         self._assign(job, chosen, chosen_set)
         self._job_state(job, "restart_overhead", t)
         attempt = job.attempt
-        faulty = sorted(self.crashing.intersection(job.owned))  # the chosen nodes with a fault that crashes
+        faulty = sorted(job.owned.intersection(self.crashing))  # the chosen nodes with a fault that crashes
         # what the policy suspected when the scheduler placed the pods, before it hears of the placement
         suspected = {n for n in faulty if self.policy.suspected(self, n, t)}
         self.policy.job_placed(self, job, t)
-        crashing = []
+        crashing, tally, crash = [], self.tally, self.crashing
         for n in faulty:
-            f = self.nodes[n].fault()
-            if f is not None and f.entry.effect == "crash":
-                self.tally.placements_on_faulty += 1
+            f = crash.get(n)  # (the policy hears of the placement: what it does comes later)
+            if f is not None:
+                tally.placements_on_faulty += 1
                 if n in suspected:
-                    self.tally.placements_on_suspected += 1
-                    by = self.tally.placements_on_suspected_by
+                    tally.placements_on_suspected += 1
+                    by = tally.placements_on_suspected_by
                     by[job.restarted_by] = by.get(job.restarted_by, 0) + 1
                 else:
                     k = f.entry.evidence
-                    self.tally.placements_on_undetected[k] = self.tally.placements_on_undetected.get(k, 0) + 1
+                    tally.placements_on_undetected[k] = tally.placements_on_undetected.get(k, 0) + 1
                 crashing.append(n)
         if crashing:  # one event for them all: they come due together, in this order
             self.at(t + self.a.crash_after_s, functools.partial(self._crash_first, job, attempt, crashing))
@@ -718,8 +727,10 @@ class World:
         node.cordoned_by = ""
         node.validating = False
         self._account_node(node, t)
-        for job in self.jobs:  # back in service: no restart keeps excluding it
+        for job in list(self._excluding.values()):  # back in service: no restart keeps excluding it
             job.exclude.discard(n)
+            if not job.exclude:
+                del self._excluding[job.index]
         self.try_place(t)
 
     def drain(self, n: int, t: float, why: str) -> list[str]:
