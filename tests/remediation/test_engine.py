@@ -96,6 +96,21 @@ def test_the_job_track_is_never_blocked_by_node_budgets() -> None:
     assert w.engine.node_state("node-3") == "suspect"
 
 
+def test_a_refusal_on_a_full_budget_stands_at_every_tick_until_a_hold_is_released() -> None:
+    w = World(auto_execute=False, config="safety: {max_quarantined_fraction: 0.04}")  # a budget of 1 node
+    for n in (3, 12, 20, 29):  # one a rack (beyond the budget, distinct evidence may use a little more)
+        w.finding(f"node-{n}", kind="hard_fault", severity="critical", hint="isolate")
+        w.advance(600)  # outside one another's isolation window
+    assert w.engine.node_state("node-29") == "suspect" and not w.cmds("cordon", node="node-29")
+    assert "max_quarantined" in w.decisions("blocked")[-1].explanation
+    w.advance(300)  # retried at every tick, refused on the same holds
+    assert w.engine.node_state("node-29") == "suspect" and not w.cmds("cordon", node="node-29")
+    w._take(w.engine.clear_node("node-3", actor="oncall", reason="vouched for", now=w.now))
+    w.advance(10)
+    assert w.engine.node_state("node-29") == "quarantined" and w.cmds("cordon", node="node-29")
+    assert any("budget available again" in a.explanation for a in w.audit)
+
+
 def test_a_budget_refusal_is_retried_and_never_dropped_by_a_timeout() -> None:
     def blocked_world(window: int, retry: int) -> World:
         w = World(auto_execute=False, config=f"safety: {{max_new_isolations: 1, isolation_window_s: {window}, "

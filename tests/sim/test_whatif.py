@@ -327,6 +327,7 @@ class _Checked(World):
         assert all(self.nodes[n].job is j for j in self.jobs for n in j.nodes)
         assert {n.index for n in self.nodes if n.job is not None} == {n for j in self.jobs for n in j.nodes}
         assert set(self._waiting) == {j.index for j in self.jobs if j.state == "waiting_for_capacity"}
+        assert set(self._waiting_big) == {j.index for j in self.jobs if j.state == "waiting_for_capacity" and j.big}
         _Checked.checks += 1
         super()._place(job, t)
 

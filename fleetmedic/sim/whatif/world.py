@@ -349,6 +349,7 @@ class World:
         self._small: set[int] = set()
         #: the jobs waiting for capacity, by index
         self._waiting: dict[int, Job] = {}
+        self._waiting_big: dict[int, Job] = {}  # of those, the big jobs (they may preempt small ones)
         #: the jobs whose ``exclude`` may name nodes, by index (a node back in service leaves theirs)
         self._excluding: dict[int, Job] = {}
         self.index = {n.name: n.index for n in self.nodes}
@@ -479,8 +480,11 @@ class World:
         job.state, job.since = state, t
         if state == "waiting_for_capacity":
             self._waiting[job.index] = job
+            if job.big:
+                self._waiting_big[job.index] = job
         else:
             self._waiting.pop(job.index, None)
+            self._waiting_big.pop(job.index, None)
 
     def _update_slow(self, job: Job, t: float) -> None:
         slow = 0.0
@@ -550,7 +554,7 @@ class World:
         """Place waiting jobs, the big job first (it may preempt small ones)."""
         if not self._waiting:
             return
-        if not self.free and not any(j.big for j in self._waiting.values()):
+        if not self.free and not self._waiting_big:
             return  # no free node, and no job that may preempt: none can be placed
         for job in sorted(self._waiting.values(), key=lambda j: (not j.big, j.index)):
             # a job that may not preempt needs as many free nodes as it has pods
