@@ -653,8 +653,8 @@ class World:
             victims = sorted(self._small.difference(self.blocked).difference(exclude)) if preempt else []
             if room + len(victims) < job.size:
                 return  # not enough room, even preempting: the free nodes need not be ordered
-            free_now = self.free_now()
-            free = sorted(free_now - exclude if exclude else free_now)
+            self._unpark()  # the scheduler's random order is over every free node: the parked ones join ``free``
+            free = sorted(self.free - exclude if exclude else self.free)
             for n in victims[: job.size - len(free)] if preempt else ():  # room enough with them
                 small = self.nodes[n].job
                 assert small is not None
