@@ -25,7 +25,8 @@ class JobTrack:
                  accounting: Accounting, issuer: Issuer, incidents: IncidentTracker,
                  node_state: Callable[[str], NodeState], suspected: Callable[[], set[str]] | None = None,
                  unhealthy: Callable[[], set[str]] | None = None,
-                 breaker_stops: Callable[[Assessment], bool] | None = None) -> None:
+                 breaker_stops: Callable[[Assessment], bool] | None = None,
+                 hard_changes: Callable[[], object] | None = None) -> None:
         self.settings = settings
         self.state = state
         self.triage = triage
@@ -41,8 +42,11 @@ class JobTrack:
         self.unhealthy = unhealthy
         #: does the open breaker stop isolation on this assessment's evidence (then its running jobs stay)
         self.breaker_stops: Callable[[Assessment], bool] = breaker_stops or (lambda a: self.gate.breaker.state.open)
-        #: job -> a waiting restart's exclusions (``MovingJob.exclude``, replaced when it grows) and their set
-        self._excluded: dict[str, tuple[list[str], set[str]]] = {}
+        #: what moves on whenever the held or unhealthy nodes change (None: not known, they are compared)
+        self.hard_changes = hard_changes
+        #: job -> a waiting restart's exclusions (``MovingJob.exclude``, replaced when it grows), their set,
+        #: and ``hard_changes()`` when they were last found to hold every held and unhealthy node
+        self._excluded: dict[str, tuple[list[str], set[str], object]] = {}
 
     # --- acting on a decision -----------------------------------------------------------------------
 
@@ -160,6 +164,7 @@ class JobTrack:
         horizon = now - self.settings.policy.follow_suspects_s
         full = self.settings.policy.max_soft_exclusions
         held, unhealthy = self.gate.state.held, self.unhealthy() if self.unhealthy is not None else None
+        hard = self.hard_changes() if self.hard_changes is not None else None
         suspected: set[str] | None = None  # asked for when a restart may have something to add
         for job, m in list(moving.items()):
             if m.since < horizon:  # a job waiting longer than follow_suspects_s, or deleted, is not followed
@@ -167,11 +172,15 @@ class JobTrack:
                 continue
             excluded = self._excluded.get(job)
             if excluded is None or excluded[0] is not m.exclude:
-                excluded = self._excluded[job] = (m.exclude, set(m.exclude))
+                excluded = self._excluded[job] = (m.exclude, set(m.exclude), None)
             ex = excluded[1]
-            if unhealthy is not None and len(m.exclude) >= full and ex.issuperset(held) and ex.issuperset(unhealthy):
-                # no room for soft exclusions, and every node held or worked on is excluded already:
-                # :meth:`_affordable` would add none of the suspects it does not exclude
+            if unhealthy is not None and len(m.exclude) >= full and (
+                    (hard is not None and excluded[2] == hard) or (ex.issuperset(held) and ex.issuperset(unhealthy))):
+                # no room for soft exclusions, and every node held or worked on is excluded already (or
+                # was, and none has been held or worked on since): :meth:`_affordable` would add none of
+                # the suspects it does not exclude
+                if hard is not None:
+                    self._excluded[job] = (m.exclude, ex, hard)
                 continue
             if suspected is None:
                 suspected = self.suspected()

@@ -65,6 +65,7 @@ class NodeTrack:
         self._for_commands: set[str] | None = None  # ... since :meth:`changed_for_commands`
         self._for_unhealthy: set[str] | None = None  # ... since :meth:`unhealthy`
         self._unhealthy: set[str] = set()
+        self.unhealthy_changes = 0  # moves on whenever :meth:`unhealthy` gains or loses a node
         self._probation: dict[str, float] = {}
         # (returned_at, node): a record kept only for its definitive return, forgotten once that expires
         self._remembered: list[tuple[float, str]] = []
@@ -99,14 +100,18 @@ class NodeTrack:
         if changed is None:
             self._unhealthy = {n for n, r in nodes.items() if r.state not in ("healthy", "probation")}
             self._probation = {n: r.since for n, r in nodes.items() if r.state == "probation"}
+            self.unhealthy_changes += 1
             return
+        unhealthy = self._unhealthy
         for n in changed:
             r = nodes.get(n)
             state = r.state if r is not None else "healthy"
+            if (state in ("healthy", "probation")) == (n in unhealthy):  # it joins or leaves
+                self.unhealthy_changes += 1
             if state in ("healthy", "probation"):
-                self._unhealthy.discard(n)
+                unhealthy.discard(n)
             else:
-                self._unhealthy.add(n)
+                unhealthy.add(n)
             if r is not None and state == "probation":
                 self._probation[n] = r.since
             else:
