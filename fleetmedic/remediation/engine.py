@@ -39,6 +39,7 @@ publication), :class:`~.issuer.Issuer` (audit records and commands) and
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from itertools import compress, count
 from operator import is_not
@@ -104,7 +105,8 @@ class DecisionEngine:
                                self.issuer, self.incidents, lambda: self.fleet_size)
         self.jobs = JobTrack(s, self.state, self.triage, self.gate, self.accounting, self.issuer, self.incidents,
                              self.nodes.state_of, self.suspected_nodes, self.nodes.unhealthy,
-                             self.nodes.keeps_jobs)
+                             self.nodes.keeps_jobs,
+                             lambda: (self.gate.changes, self.nodes.unhealthy_changes))
 
     @property
     def topology(self) -> Topology:
@@ -211,7 +213,8 @@ class DecisionEngine:
             # a job boundary may have been reached: the plans of its nodes may go on
             waiting = {n for n, r in self.state.nodes.items() if r.plan and r.state != "suspect"}
             # (the job's nodes are sorted and distinct: so are those of them that wait)
-            for node in (old_nodes if len(old_nodes) <= len(waiting) else sorted(waiting.intersection(old_nodes))):
+            for node in (old_nodes if len(old_nodes) <= len(waiting) else
+                         [n for n in sorted(waiting) if _among(old_nodes, n)]):
                 self.nodes.advance(node, now, out)
         self._advance(now, out)
         return self._finish(now, out)
@@ -463,6 +466,12 @@ def _placed_nodes(placement: list[RankPlacement], last: tuple[list[RankPlacement
         tail = min(next(compress(count(), map(is_not, reversed(before), reversed(placement))), both), both - head)
     middle = [p.node for p in placement[head:len(placement) - tail] if p.node]
     return [*nodes[:head], *middle, *nodes[len(nodes) - tail:]]
+
+
+def _among(ordered: list[str], name: str) -> bool:
+    """Whether ``name`` is in ``ordered`` (sorted): a bisection, not a walk over it."""
+    i = bisect_left(ordered, name)
+    return i < len(ordered) and ordered[i] == name
 
 
 def _command_order(c: RemediationCommand) -> int:

@@ -25,7 +25,8 @@ class JobTrack:
                  accounting: Accounting, issuer: Issuer, incidents: IncidentTracker,
                  node_state: Callable[[str], NodeState], suspected: Callable[[], set[str]] | None = None,
                  unhealthy: Callable[[], set[str]] | None = None,
-                 keeps_jobs: Callable[[Assessment, float], str] | None = None) -> None:
+                 keeps_jobs: Callable[[Assessment, float], str] | None = None,
+                 hard_changes: Callable[[], object] | None = None) -> None:
         self.settings = settings
         self.state = state
         self.triage = triage
@@ -39,10 +40,14 @@ class JobTrack:
         #: the nodes whose state is neither healthy nor probation (the node track's
         #: :meth:`~.node_track.NodeTrack.unhealthy`), else each node's state is asked
         self.unhealthy = unhealthy
-        #: does the open breaker stop isolation on this assessment's evidence (then its running jobs stay)
         #: why the running jobs an assessment hits stay where they are ("": they are moved)
         self.keeps_jobs: Callable[[Assessment, float], str] = keeps_jobs or (
             lambda a, now: "circuit breaker open" if self.gate.breaker.state.open else "")
+        #: what moves on whenever the held or unhealthy nodes change (None: not known, they are compared)
+        self.hard_changes = hard_changes
+        #: job -> a waiting restart's exclusions (``MovingJob.exclude``, replaced when it grows), their set,
+        #: and ``hard_changes()`` when they were last found to hold every held and unhealthy node
+        self._excluded: dict[str, tuple[list[str], set[str], object]] = {}
 
     # --- acting on a decision -----------------------------------------------------------------------
 
@@ -155,21 +160,39 @@ class JobTrack:
         """A restart still waiting for capacity excludes the nodes fleetmedic started suspecting since
         it was issued: the same command again with the longer list, marked ``only_if_waiting`` (the
         executor adds the exclusions to pods that wait, and never restarts a job that was placed)."""
-        if not self.state.moving:
+        moving = self.state.moving
+        if not moving:
             return
         horizon = now - self.settings.policy.follow_suspects_s
-        suspected = self.suspected()
-        for job, m in list(self.state.moving.items()):
+        full = self.settings.policy.max_soft_exclusions
+        held, unhealthy = self.gate.state.held, self.unhealthy() if self.unhealthy is not None else None
+        hard = self.hard_changes() if self.hard_changes is not None else None
+        suspected: set[str] | None = None  # asked for when a restart may have something to add
+        for job, m in list(moving.items()):
             if m.since < horizon:  # a job waiting longer than follow_suspects_s, or deleted, is not followed
-                del self.state.moving[job]
+                del moving[job]
                 continue
-            fresh = suspected.difference(m.exclude)
+            excluded = self._excluded.get(job)
+            if excluded is None or excluded[0] is not m.exclude:
+                excluded = self._excluded[job] = (m.exclude, set(m.exclude), None)
+            ex = excluded[1]
+            if unhealthy is not None and len(m.exclude) >= full and (
+                    (hard is not None and excluded[2] == hard) or (ex.issuperset(held) and ex.issuperset(unhealthy))):
+                # no room for soft exclusions, and every node held or worked on is excluded already (or
+                # was, and none has been held or worked on since): :meth:`_affordable` would add none of
+                # the suspects it does not exclude
+                if hard is not None:
+                    self._excluded[job] = (m.exclude, ex, hard)
+                continue
+            if suspected is None:
+                suspected = self.suspected()
+            fresh = suspected.difference(ex)
             if not fresh:  # none it does not exclude already
                 continue
             new = self._affordable(job, fresh, len(m.exclude))
             if not new:
                 continue
-            m.exclude = sorted(set(m.exclude) | new)
+            m.exclude = sorted(ex | new)
             m.updates += 1
             cid = f"{m.command_id}/follow-{m.updates}"
             self.issuer.command(out, now, cid, m.action, m.incident_id, job, m.reason, {"only_if_waiting": "true"},
@@ -177,6 +200,8 @@ class JobTrack:
             self.issuer.audit(out, now, "command", f"{m.action} {job}, waiting for capacity: also excluding "
                               f"{', '.join(sorted(new))} (suspected since)", incident_id=m.incident_id, job=job,
                               track="job", command_ids=[cid])
+        if len(self._excluded) > len(moving):  # some restart was placed or given up: its set goes
+            self._excluded = {job: excluded for job, excluded in self._excluded.items() if job in moving}
 
     def release_due(self, now: float, out: Decisions) -> None:
         """Issue held retries whose backoff passed, unless the job moved on meanwhile."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterable, Mapping
+from typing import Final
 
 from fleetmedic.actions import DISRUPTIVE, ISOLATING, command_id
 from fleetmedic.config import Settings
@@ -36,6 +37,9 @@ from fleetmedic.remediation.safety import SafetyGate, Verdict, domain_keys
 from fleetmedic.remediation.topology import Topology
 from fleetmedic.remediation.triage import Assessment, Triage, finding_isolation, is_hardware_finding
 from fleetmedic.remediation.triage.records import finding_class
+
+#: the gate's refusals that depend on the holds, the breaker, the fleet's size and the topology only
+STANDING_REFUSALS: Final = frozenset({"max_held", "rack", "switch", "preventive_share", "breaker_open"})
 
 
 class NodeTrack:
@@ -62,10 +66,14 @@ class NodeTrack:
         self._for_commands: set[str] | None = None  # ... since :meth:`changed_for_commands`
         self._for_unhealthy: set[str] | None = None  # ... since :meth:`unhealthy`
         self._unhealthy: set[str] = set()
+        self.unhealthy_changes = 0  # moves on whenever :meth:`unhealthy` gains or loses a node
         self._probation: dict[str, float] = {}
         # (returned_at, node): a record kept only for its definitive return, forgotten once that expires
         self._remembered: list[tuple[float, str]] = []
         self._remembering: set[str] = set()
+        #: node -> a waiting isolation's last refusal that stands until what it was decided on changes
+        #: (:meth:`_recheck`): what it was decided on, the topology, and the verdict
+        self._refusals: dict[str, tuple[tuple[object, ...], Topology, Verdict]] = {}
 
     def _changing(self, node: str) -> None:
         for names in (self._for_tick, self._for_forget, self._for_commands, self._for_unhealthy):
@@ -93,14 +101,18 @@ class NodeTrack:
         if changed is None:
             self._unhealthy = {n for n, r in nodes.items() if r.state not in ("healthy", "probation")}
             self._probation = {n: r.since for n, r in nodes.items() if r.state == "probation"}
+            self.unhealthy_changes += 1
             return
+        unhealthy = self._unhealthy
         for n in changed:
             r = nodes.get(n)
             state = r.state if r is not None else "healthy"
+            if (state in ("healthy", "probation")) == (n in unhealthy):  # it joins or leaves
+                self.unhealthy_changes += 1
             if state in ("healthy", "probation"):
-                self._unhealthy.discard(n)
+                unhealthy.discard(n)
             else:
-                self._unhealthy.add(n)
+                unhealthy.add(n)
             if r is not None and state == "probation":
                 self._probation[n] = r.since
             else:
@@ -296,6 +308,24 @@ class NodeTrack:
                                          critical, kind=iso.kind, device_gone=iso.device_gone,
                                          signature=iso.signature, domains=self.topology, stopped=stopped)
 
+    def _recheck(self, node: str, iso: Isolation, critical: bool, now: float, stopped: bool) -> Verdict:
+        """:meth:`_check` for a waiting isolation, retried at every tick: a refusal on the holds (the
+        budget, a rack or switch full, the preventive share) or by the open breaker depends on the
+        holds, the breaker, the fleet's size and the topology only (the window's isolations, which time
+        only lessens, had room for it), so it stands, not asked again, until one of them changes."""
+        b = self.gate.breaker.state
+        key = (self.gate.changes, b.open, b.opened_at, tuple(b.tripped_signatures), tuple(b.tripped_domains),
+               b.tripped_fleet, self.fleet_size(), self.topology.changes, iso, critical, stopped)
+        last = self._refusals.get(node)
+        if last is not None and last[1] is self.topology and last[0] == key:
+            return last[2]
+        verdict = self._check(node, iso, critical, now, stopped=stopped)
+        if not verdict.allowed and verdict.reason in STANDING_REFUSALS:
+            self._refusals[node] = (key, self.topology, verdict)
+        else:
+            self._refusals.pop(node, None)
+        return verdict
+
     def _admitted(self, node: str, iso: Isolation, critical: bool, klass: str, evidence_at: float,
                   now: float) -> None:
         self.gate.record_isolation(node, now, critical, kind=iso.kind, signature=iso.signature)
@@ -397,7 +427,7 @@ class NodeTrack:
             return
         iso = Isolation(kind_of(rec.isolation, rec.critical), rec.signature, rec.device_gone)
         issue = self.issuer.node_commands(now, out)
-        verdict = self._check(rec.name, iso, rec.critical, now, stopped=rec.blocked_reason == "breaker_open")
+        verdict = self._recheck(rec.name, iso, rec.critical, now, stopped=rec.blocked_reason == "breaker_open")
         if not verdict.allowed:
             if settling:  # settled, and refused: the first refusal is said and escalated
                 self._refused(rec, verdict, list(rec.plan), rec.incident_id, rec.rule, rec.critical, rec.evidence_at,

@@ -342,6 +342,9 @@ class SafetyGate:
         self.state = state if state is not None else SafetyState()
         self.breaker = CircuitBreaker(settings.breaker, self.state.breaker)
         self._oldest_release = float("-inf")  # no release or disruption remembered is older (unknown: restored)
+        #: moves on with every change of the holds (held, their kinds and signatures, the isolations
+        #: in the window): a refusal of :meth:`check_isolation` stands while it and the breaker stay
+        self.changes = 0
 
     # --- limits -------------------------------------------------------------------------------
 
@@ -417,6 +420,7 @@ class SafetyGate:
         if node not in st.held or node in st.definitive or node in st.confirmed:
             return False
         st.confirmed.append(node)
+        self.changes += 1
         return True
 
     def check_isolation(
@@ -527,11 +531,18 @@ class SafetyGate:
         if same + 1 >= b.signature_level(fleet_size):
             return f"{same} of them on the same evidence ({signature})"
         mine = set(domains.domains_of(node))
+        members_of = dict.fromkeys(mine, 0)  # domain -> the holds in it (one pass over the holds)
+        if mine:
+            for n in budgeted:
+                of = domains.domains_of(n)
+                for d in of if isinstance(of, (set, frozenset)) else set(of):
+                    if d in members_of:
+                        members_of[d] += 1
         for d in sorted(mine):
             size = domains.domain_size(d)
             if size <= 0:
                 continue
-            members = sum(1 for n in budgeted if d in set(domains.domains_of(n)))
+            members = members_of[d]
             if members + 1 >= b.domain_level(size):
                 return f"{members} of them in {d.replace(':', ' ', 1)}"
         return ""
@@ -552,6 +563,7 @@ class SafetyGate:
         """``node`` is held from now (a hold's kind only ever gets stronger), on evidence ``signature``."""
         st = self.state
         kind = kind or kind_of("", critical)
+        self.changes += 1
         if node in st.held:
             if KIND_RANK[kind] > KIND_RANK[self.kind_held(node) or "preventive"]:
                 if node in st.preventive:
@@ -576,6 +588,7 @@ class SafetyGate:
         self._oldest_release = min(self._oldest_release, now)
 
     def release(self, node: str, now: float) -> None:
+        self.changes += 1
         if self.state.held.pop(node, None) is not None:
             self.state.released[node] = now
             self._oldest_release = min(self._oldest_release, now)
@@ -584,6 +597,7 @@ class SafetyGate:
     def forget(self, node: str) -> bool:
         """The node left the cluster: it holds nothing any more (no cooldown: it may come back new).
         True if it was held."""
+        self.changes += 1
         held = self.state.held.pop(node, None) is not None
         self._unlist(node)
         self.state.released.pop(node, None)
@@ -618,3 +632,4 @@ class SafetyGate:
         horizon = now - self.settings.isolation_window_s
         if any(ts <= horizon for _, ts in self.state.isolations):
             self.state.isolations = [(n, ts) for n, ts in self.state.isolations if ts > horizon]
+            self.changes += 1

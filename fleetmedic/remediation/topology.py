@@ -41,12 +41,15 @@ class Placement(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 class Topology:
     """Node -> placement, with leaf and rack indexes. Serialise with :attr:`nodes`."""
 
-    __slots__ = ("_by_leaf", "_by_rack", "nodes")
+    __slots__ = ("_by_leaf", "_by_rack", "_domains", "changes", "nodes")
 
     def __init__(self, nodes: Mapping[str, Placement] | None = None) -> None:
         self.nodes: dict[str, Placement] = {}
         self._by_leaf: dict[str, set[str]] = {}
         self._by_rack: dict[str, set[str]] = {}
+        #: node -> the placement its failure domains were made from, and those domains
+        self._domains: dict[str, tuple[Placement, frozenset[str]]] = {}
+        self.changes = 0  # moves on with every node placed, moved or removed
         for node, p in (nodes or {}).items():
             self.place(node, p)
 
@@ -58,6 +61,7 @@ class Topology:
         if old is not None:
             self._unindex(node, old)
         self.nodes[node] = placement
+        self.changes += 1
         for leaf in placement.leaves():
             self._by_leaf.setdefault(leaf, set()).add(node)
         if placement.rack:
@@ -70,6 +74,7 @@ class Topology:
         if old is None:
             return False
         self._unindex(node, old)
+        self.changes += 1
         return True
 
     def _unindex(self, node: str, old: Placement) -> None:
@@ -221,7 +226,12 @@ class Topology:
         p = self.nodes.get(node)
         if p is None:
             return frozenset()
-        return frozenset({f"leaf:{leaf}" for leaf in p.leaves()} | ({f"rack:{p.rack}"} if p.rack else set()))
+        made = self._domains.get(node)
+        if made is not None and made[0] is p:  # (a placement is immutable: the same one, the same domains)
+            return made[1]
+        domains = frozenset({f"leaf:{leaf}" for leaf in p.leaves()} | ({f"rack:{p.rack}"} if p.rack else set()))
+        self._domains[node] = (p, domains)
+        return domains
 
     def domain_size(self, domain: str) -> int:
         """How many nodes a failure domain (``rack:<rack>``, ``leaf:<leaf>``) holds."""

@@ -96,6 +96,21 @@ def test_the_job_track_is_never_blocked_by_node_budgets() -> None:
     assert w.engine.node_state("node-3") == "suspect"
 
 
+def test_a_refusal_on_a_full_budget_stands_at_every_tick_until_a_hold_is_released() -> None:
+    w = World(auto_execute=False, config="safety: {max_quarantined_fraction: 0.04}")  # a budget of 1 node
+    for n in (3, 12, 20, 29):  # one a rack (beyond the budget, distinct evidence may use a little more)
+        w.finding(f"node-{n}", kind="hard_fault", severity="critical", hint="isolate")
+        w.advance(600)  # outside one another's isolation window
+    assert w.engine.node_state("node-29") == "suspect" and not w.cmds("cordon", node="node-29")
+    assert "max_quarantined" in w.decisions("blocked")[-1].explanation
+    w.advance(300)  # retried at every tick, refused on the same holds
+    assert w.engine.node_state("node-29") == "suspect" and not w.cmds("cordon", node="node-29")
+    w._take(w.engine.clear_node("node-3", actor="oncall", reason="vouched for", now=w.now))
+    w.advance(10)
+    assert w.engine.node_state("node-29") == "quarantined" and w.cmds("cordon", node="node-29")
+    assert any("budget available again" in a.explanation for a in w.audit)
+
+
 def test_a_budget_refusal_is_retried_and_never_dropped_by_a_timeout() -> None:
     def blocked_world(window: int, retry: int) -> World:
         w = World(auto_execute=False, config=f"safety: {{max_new_isolations: 1, isolation_window_s: {window}, "
@@ -291,6 +306,27 @@ def test_a_restart_excludes_at_most_max_soft_exclusions_nodes_only_suspected_its
     assert {"node-3", "node-30", "node-31"} <= set(restart.exclude_nodes)
     assert len(set(restart.exclude_nodes) & {"node-50", "node-51", "node-52"}) == 1
     assert w.engine.suspected_nodes() >= {"node-30", "node-31", "node-50", "node-51", "node-52"}
+
+
+def test_a_waiting_restart_with_no_room_for_soft_exclusions_learns_only_nodes_held_or_worked_on_since() -> None:
+    """With ``max_soft_exclusions`` used up, a node only suspected since is not added to a waiting
+    restart's exclusions at the following ticks, and one fleetmedic takes out since is."""
+    w = World(n=64, config="policy: {max_soft_exclusions: 1}", auto_execute=False)
+    w.place("ml/a", [f"node-{i}" for i in range(40)])
+    w.degradation("node-30")  # watched, not isolated: a soft exclusion
+    w.finding("node-3", kind="hard_fault", severity="critical", hint="isolate")
+    (restart,) = w.cmds("restart_job", job="ml/a")
+    assert {"node-3", "node-30"} <= set(restart.exclude_nodes)
+    w.degradation("node-31")  # only suspected: no room for it
+    w.advance(10)
+    w.advance(10)
+    assert len(w.cmds("restart_job", job="ml/a")) == 1
+    assert "node-31" in w.engine.suspected_nodes()
+    w.finding("node-50", kind="hard_fault", severity="critical", hint="isolate")  # held since
+    w.advance(10)
+    (follow,) = [c for c in w.cmds("restart_job", job="ml/a") if c.id != restart.id]
+    assert follow.params.get("only_if_waiting") == "true"
+    assert "node-50" in follow.exclude_nodes and "node-31" not in follow.exclude_nodes
 
 
 def test_a_restart_waiting_for_capacity_also_excludes_nodes_suspected_since() -> None:

@@ -317,15 +317,23 @@ class _Checked(World):
     checks = 0
 
     def _place(self, job: Job, t: float) -> None:
-        assert self.free == {n.index for n in self.nodes if n.job is None and n.schedulable}
+        assert self.free_now() == {n.index for n in self.nodes if n.job is None and n.schedulable}
+        assert self.free_count() == len(self.free_now())
+        parked = self.parking.job
+        if parked is not None:  # its nodes are not in ``free``; those not schedulable are ``out``
+            own = {n.index for n in self.nodes if n._job is parked}
+            assert not parked.nodes and own == parked.owned - parked.lost and self.free.isdisjoint(own)
+            assert self.parking.out == own & self.blocked
         assert self.blocked == {n.index for n in self.nodes if not n.schedulable}
         assert self.faulty == {n.index for n in self.nodes if n.fault() is not None}
-        assert self.crashing == {n.index for n in self.nodes
+        assert self.crashing == {n.index: f for n in self.nodes
                                  if (f := n.fault()) is not None and f.entry.effect == "crash"}
+        assert set(self._excluding) >= {j.index for j in self.jobs if j.exclude}
         assert self._small == {n for j in self.jobs if not j.big for n in j.nodes}
         assert all(self.nodes[n].job is j for j in self.jobs for n in j.nodes)
         assert {n.index for n in self.nodes if n.job is not None} == {n for j in self.jobs for n in j.nodes}
         assert set(self._waiting) == {j.index for j in self.jobs if j.state == "waiting_for_capacity"}
+        assert set(self._waiting_big) == {j.index for j in self.jobs if j.state == "waiting_for_capacity" and j.big}
         _Checked.checks += 1
         super()._place(job, t)
 

@@ -438,7 +438,7 @@ class Fleetmedic:
                 if job.state != "waiting_for_capacity":
                     self._result(world, cmd, t, "skipped", "the job is not waiting for capacity")
                     return
-                job.exclude |= exclude
+                world.add_exclusions(job, exclude)
                 self._result(world, cmd, t, "applied")
                 return
             if (job.state in ("running", "restart_overhead") and job.started_at >= cmd.issued_at

@@ -106,11 +106,24 @@ class Fault:
         return self.entry.kind.visible
 
 
+class Parking:
+    """The lock-step job released last, while it waits to be placed again: its nodes (those still its
+    own, see :class:`Node`) stay out of the world's ``free`` set, so its release and its placement back
+    where it ran do not move thousands of nodes out of ``free`` and into it again. ``out``: those of its
+    nodes that are not schedulable (the others are free)."""
+
+    __slots__ = ("job", "out")
+
+    def __init__(self) -> None:
+        self.job: Job | None = None
+        self.out: set[int] = set()
+
+
 class Node:
     """A node of the replayed cluster. Its placement state (``cordoned_by``, ``not_ready``, ``busy``,
-    ``job``) keeps ``free``, the world's set of nodes a job may be placed on now, up to date as it
-    changes, and ``blocked``, the world's set of nodes that are not schedulable, so placing a job looks
-    at the free nodes only.
+    ``job``) keeps ``free``, the world's set of nodes a job may be placed on now (but the parked job's,
+    :class:`Parking`), up to date as it changes, and ``blocked``, the world's set of nodes that are not
+    schedulable, so placing a job looks at the free nodes only.
 
     ``job`` is the job whose pods run here: ``_job`` names the job last placed on the node, and counts
     only while that job holds its nodes (its ``nodes`` are not empty). A failed job so releases its
@@ -118,10 +131,10 @@ class Node:
     changed (see :meth:`World._assign`)."""
 
     __slots__ = ("_busy", "_cordoned_by", "_job", "_not_ready", "acct", "blocked", "busy_until", "faults", "free",
-                 "index", "name", "repair_waiters", "since", "validating")
+                 "index", "name", "parking", "repair_waiters", "since", "validating")
 
     def __init__(self, name: str, index: int, since: float = 0.0, free: set[int] | None = None,
-                 blocked: set[int] | None = None) -> None:
+                 blocked: set[int] | None = None, parking: Parking | None = None) -> None:
         self.name = name
         self.index = index
         self._cordoned_by = ""  # "" | policy name | "planned"
@@ -138,9 +151,19 @@ class Node:
             True, False, "", False, 0.0, "", "", False)
         self.free = free if free is not None else set()
         self.blocked = blocked if blocked is not None else set()
+        self.parking = parking if parking is not None else Parking()
         self.free.add(index)
 
     def _sync(self) -> None:
+        parked = self.parking.job
+        if parked is not None and self._job is parked:  # the parked job's: in ``parking.out`` or free
+            if self._cordoned_by or self._not_ready or self._busy:
+                self.blocked.add(self.index)
+                self.parking.out.add(self.index)
+            else:
+                self.blocked.discard(self.index)
+                self.parking.out.discard(self.index)
+            return
         if self._cordoned_by or self._not_ready or self._busy:
             self.blocked.add(self.index)
             self.free.discard(self.index)
@@ -342,14 +365,20 @@ class World:
         self.free: set[int] = set()
         #: the nodes that are not schedulable (cordoned, NotReady or busy)
         self.blocked: set[int] = set()
-        self.nodes = [Node(n, i, since=self.t, free=self.free, blocked=self.blocked) for i, n in enumerate(names)]
+        #: the lock-step job released last, whose free nodes are not in ``free`` (:meth:`free_now`)
+        self.parking = Parking()
+        self.nodes = [Node(n, i, since=self.t, free=self.free, blocked=self.blocked, parking=self.parking)
+                      for i, n in enumerate(names)]
         #: the nodes with an active fault, and of those the nodes whose fault (:meth:`Node.fault`) crashes jobs
         self.faulty: set[int] = set()
-        self.crashing: set[int] = set()
+        self.crashing: dict[int, Fault] = {}  # node -> its fault (:meth:`Node.fault`), which crashes jobs
         #: the nodes small jobs hold (the big job may preempt them)
         self._small: set[int] = set()
         #: the jobs waiting for capacity, by index
         self._waiting: dict[int, Job] = {}
+        self._waiting_big: dict[int, Job] = {}  # of those, the big jobs (they may preempt small ones)
+        #: the jobs whose ``exclude`` may name nodes, by index (a node back in service leaves theirs)
+        self._excluding: dict[int, Job] = {}
         self.index = {n.name: n.index for n in self.nodes}
         self.unmapped: dict[str, int] = {}
         self.faults: list[Fault] = []
@@ -428,6 +457,12 @@ class World:
         chosen = set(nodes) if chosen is None else chosen
         owned, lost, table = job.owned, job.lost, self.nodes
         same = chosen is owned  # placed where it ran
+        back = same and self.parking.job is job  # parked, and back on its nodes: none of them is in ``free``
+        if back:
+            self.free.difference_update(lost)  # but those placed for another job since, freed by it
+            self.parking.job, self.parking.out = None, set()
+        elif self.parking.job is job:  # placed elsewhere: its free nodes are free nodes like the others
+            self._unpark()
         for n in () if same else owned.difference(chosen).difference(lost):  # the nodes it leaves: clear their job
             table[n]._job = None
         for n in lost.intersection(chosen) if same else chosen.difference(owned).union(lost.intersection(chosen)):
@@ -437,32 +472,77 @@ class World:
                 before.lost.add(n)
             node._job = job
         job.nodes, job.owned, job.lost = nodes, chosen, set()
-        self.free.difference_update(nodes)
+        if not back:
+            self.free.difference_update(nodes)
         if not job.big:
             self._small.update(nodes)
 
     def _release(self, job: Job) -> None:
         """The job's pods are gone: its nodes (all still its own: a node is placed for another job only
         when free) are free again unless not schedulable; ``job.nodes`` empty, each node's ``_job``
-        no longer counts."""
+        no longer counts. A lock-step job's nodes are parked (:class:`Parking`), not put in ``free``."""
+        if job.big:
+            self._unpark()
+            self.parking.job, self.parking.out = job, self.blocked.intersection(job.owned).difference(job.lost)
+            job.nodes = []
+            return
         self.free.update(job.nodes)
         self.free.difference_update(self.blocked)
-        if not job.big:
-            self._small.difference_update(job.nodes)
+        self._small.difference_update(job.nodes)
         job.nodes = []
+
+    def _unpark(self) -> None:
+        """The parked job's free nodes go into ``free``: none is parked any more."""
+        if self.parking.job is not None:
+            self.free.update(self._parked())
+            self.parking.job, self.parking.out = None, set()
+
+    def _parked(self) -> set[int]:
+        """The parked job's free nodes (empty when none is parked)."""
+        parked = self.parking.job
+        return set() if parked is None else parked.owned.difference(parked.lost).difference(self.parking.out)
+
+    def free_count(self) -> int:
+        """How many nodes a job may be placed on now (``free`` and the parked job's free nodes)."""
+        parked = self.parking.job
+        if parked is None:
+            return len(self.free)
+        return len(self.free) + len(parked.owned) - len(parked.lost) - len(self.parking.out)
+
+    def free_now(self) -> set[int]:
+        """The nodes a job may be placed on now (read-only: ``free`` itself when no job is parked)."""
+        return self.free if self.parking.job is None else self.free.union(self._parked())
+
+    def _all_free(self, nodes: set[int]) -> bool:
+        """Whether a job may be placed on every one of ``nodes`` now."""
+        parked = self.parking.job
+        if parked is None:
+            return self.free.issuperset(nodes)
+        if nodes is parked.owned:  # the parked job's own nodes: none out, those placed for another job since free
+            return not self.parking.out and self.free.issuperset(parked.lost)
+        rest = nodes.difference(self.free)  # the others must be the parked job's free nodes
+        return rest <= parked.owned and rest.isdisjoint(parked.lost) and rest.isdisjoint(self.parking.out)
+
+    def _free_among(self, nodes: set[int]) -> int:
+        """How many of ``nodes`` a job may be placed on now."""
+        n = len(self.free.intersection(nodes))
+        parked = self.parking.job
+        if parked is not None:
+            n += len(parked.owned.intersection(nodes).difference(parked.lost).difference(self.parking.out))
+        return n
 
     def _faults_changed(self, node: Node) -> None:
         """A fault of ``node`` started, turned hard or ended: ``faulty`` and ``crashing`` follow."""
         f = node.fault()
         if f is None:
             self.faulty.discard(node.index)
-            self.crashing.discard(node.index)
+            self.crashing.pop(node.index, None)
             return
         self.faulty.add(node.index)
         if f.entry.effect == "crash":
-            self.crashing.add(node.index)
+            self.crashing[node.index] = f
         else:
-            self.crashing.discard(node.index)
+            self.crashing.pop(node.index, None)
 
     def _job_state(self, job: Job, state: JobState, t: float) -> None:
         """Account the job's time since its last change, then enter ``state``."""
@@ -478,8 +558,11 @@ class World:
         job.state, job.since = state, t
         if state == "waiting_for_capacity":
             self._waiting[job.index] = job
+            if job.big:
+                self._waiting_big[job.index] = job
         else:
             self._waiting.pop(job.index, None)
+            self._waiting_big.pop(job.index, None)
 
     def _update_slow(self, job: Job, t: float) -> None:
         slow = 0.0
@@ -533,20 +616,27 @@ class World:
         if job.state == "waiting_to_detect":
             self._job_state(job, "waiting_for_capacity", t)
         job.restart_requested = True
-        job.exclude |= exclude
+        self.add_exclusions(job, exclude)
         job.restarted_by = by
         self.try_place(t)
         return True
+
+    def add_exclusions(self, job: Job, nodes: set[int]) -> None:
+        """The job's pods may not go to ``nodes`` (a required NotIn on its template) until each is back
+        in service (:meth:`uncordon`)."""
+        job.exclude |= nodes
+        if job.exclude:
+            self._excluding[job.index] = job
 
     def try_place(self, t: float) -> None:
         """Place waiting jobs, the big job first (it may preempt small ones)."""
         if not self._waiting:
             return
-        if not self.free and not any(j.big for j in self._waiting.values()):
+        if not self.free_count() and not self._waiting_big:
             return  # no free node, and no job that may preempt: none can be placed
         for job in sorted(self._waiting.values(), key=lambda j: (not j.big, j.index)):
             # a job that may not preempt needs as many free nodes as it has pods
-            if job.state == "waiting_for_capacity" and (job.big or job.size <= len(self.free)):
+            if job.state == "waiting_for_capacity" and (job.big or job.size <= self.free_count()):
                 self._place(job, t)
 
     def _place(self, job: Job, t: float) -> None:
@@ -556,16 +646,17 @@ class World:
         # a bind-time check (the policy's, where it has one) refuses the nodes whose cordon is on its way
         refused = self.policy.unbindable(self, t)
         exclude = job.exclude | refused if refused else job.exclude
-        if len(again) == job.size and self.free.issuperset(again) and again.isdisjoint(exclude):
+        if len(again) == job.size and self._all_free(again) and again.isdisjoint(exclude):
             chosen = sorted(job.prev_nodes)  # every pod goes back: the random order decides nothing
             chosen_set = again
         else:
-            room = len(self.free) - len(self.free.intersection(exclude))
+            room = self.free_count() - self._free_among(exclude)
             preempt = room < job.size and job.big and self.a.preempt_small
             # the schedulable nodes of small jobs (each holds its nodes: they are its own)
             victims = sorted(self._small.difference(self.blocked).difference(exclude)) if preempt else []
             if room + len(victims) < job.size:
                 return  # not enough room, even preempting: the free nodes need not be ordered
+            self._unpark()  # the scheduler's random order is over every free node: the parked ones join ``free``
             free = sorted(self.free - exclude if exclude else self.free)
             for n in victims[: job.size - len(free)] if preempt else ():  # room enough with them
                 small = self.nodes[n].job
@@ -590,22 +681,22 @@ class World:
         self._assign(job, chosen, chosen_set)
         self._job_state(job, "restart_overhead", t)
         attempt = job.attempt
-        faulty = sorted(self.crashing.intersection(job.owned))  # the chosen nodes with a fault that crashes
+        faulty = sorted(job.owned.intersection(self.crashing))  # the chosen nodes with a fault that crashes
         # what the policy suspected when the scheduler placed the pods, before it hears of the placement
         suspected = {n for n in faulty if self.policy.suspected(self, n, t)}
         self.policy.job_placed(self, job, t)
-        crashing = []
+        crashing, tally, crash = [], self.tally, self.crashing
         for n in faulty:
-            f = self.nodes[n].fault()
-            if f is not None and f.entry.effect == "crash":
-                self.tally.placements_on_faulty += 1
+            f = crash.get(n)  # (the policy hears of the placement: what it does comes later)
+            if f is not None:
+                tally.placements_on_faulty += 1
                 if n in suspected:
-                    self.tally.placements_on_suspected += 1
-                    by = self.tally.placements_on_suspected_by
+                    tally.placements_on_suspected += 1
+                    by = tally.placements_on_suspected_by
                     by[job.restarted_by] = by.get(job.restarted_by, 0) + 1
                 else:
                     k = f.entry.evidence
-                    self.tally.placements_on_undetected[k] = self.tally.placements_on_undetected.get(k, 0) + 1
+                    tally.placements_on_undetected[k] = tally.placements_on_undetected.get(k, 0) + 1
                 crashing.append(n)
         if crashing:  # one event for them all: they come due together, in this order
             self.at(t + self.a.crash_after_s, functools.partial(self._crash_first, job, attempt, crashing))
@@ -721,8 +812,10 @@ class World:
         node.cordoned_by = ""
         node.validating = False
         self._account_node(node, t)
-        for job in self.jobs:  # back in service: no restart keeps excluding it
+        for job in list(self._excluding.values()):  # back in service: no restart keeps excluding it
             job.exclude.discard(n)
+            if not job.exclude:
+                del self._excluding[job.index]
         self.try_place(t)
 
     def drain(self, n: int, t: float, why: str) -> list[str]:
