@@ -6,6 +6,7 @@ suspect; errors on one leaf's ports are one switch incident; a lone timeout is t
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -386,7 +387,7 @@ def test_chance_by_jobs_is_the_binomial_upper_tail_summed_over_nodes(hosted: lis
         return sum(math.comb(h, i) * q**i * (1 - q) ** (h - i) for i in range(k, h + 1))
 
     lo, hi = sorted((a, b))
-    chance = chance_by_jobs(hosted, lo, k)
+    chance = chance_by_jobs(Counter(hosted), lo, k)
     assert chance == pytest.approx(sum(upper(h, lo) for h in hosted), abs=1e-9)
     assert 0.0 <= chance <= sum(1 for h in hosted if h >= k) + 1e-9
-    assert chance <= chance_by_jobs(hosted, hi, k) + 1e-9  # a higher failure rate explains more
+    assert chance <= chance_by_jobs(Counter(hosted), hi, k) + 1e-9  # a higher failure rate explains more

@@ -2,12 +2,9 @@
 what a Prometheus ``remote_write`` block can present, checked against files that are read again
 when they change, so a rotated secret takes effect without a restart.
 
-- **TLS** (:class:`TlsFiles`): the server's certificate and key, and optionally a client CA whose
-  certificates senders must present (mutual TLS; a sender's ``tls_config.cert_file``). The
-  server's context picks, at every handshake, a context built from the files as they are now
-  (``sni_callback``; rebuilt when one of them changed): a new connection gets the new certificate
-  or CA, those open keep theirs. Files that do not make a context (half written, a key that does
-  not match) leave the last good one in use; :attr:`TlsFiles.error` says why.
+- **TLS** (:func:`tls_files`, a :class:`~fleetmedic.tls_files.TlsFiles`): the server's certificate
+  and key, and optionally a client CA whose certificates senders must present (mutual TLS; a
+  sender's ``tls_config.cert_file``), followed as they change.
 - **Credentials** (:class:`Credentials`): ``Authorization: Bearer <token>`` (a sender's
   ``authorization: {credentials_file}``), one accepted token per line of
   ``auth.bearer_tokens_file``; ``Authorization: Basic`` (a sender's ``basic_auth``), one accepted
@@ -16,9 +13,8 @@ when they change, so a rotated secret takes effect without a restart.
 - **Exposure** (:func:`check_exposure`): the receiver refuses to listen beyond loopback with no
   way for a sender to prove who it is, unless ``allow_unauthenticated`` says so.
 
-A file is looked at (its ``stat``) at most every ``files_check_s`` (the clock is injected), and
-read again when its inode, size or modification time changed: Kubernetes updates a mounted Secret
-by swapping a symlink, and an editor or ``mv`` replaces the file. Pure: no adapter library.
+A file is looked at at most every ``files_check_s`` (:class:`~fleetmedic.tls_files.WatchedFile`,
+the clock injected). Pure: no adapter library.
 """
 
 from __future__ import annotations
@@ -27,52 +23,11 @@ import base64
 import binascii
 import hmac
 import ipaddress
-import math
-import os
-import ssl
 import time
 from collections.abc import Callable
 
 from fleetmedic.config import RemoteWriteAuthSettings, RemoteWriteSettings, RemoteWriteTlsSettings
-
-
-class WatchedFile:
-    """A file's bytes, read again when its stat changed (checked at most every ``check_s``). The
-    first read raises ValueError naming ``field``; a later failure keeps the last content and sets
-    :attr:`error`."""
-
-    def __init__(self, path: str, field: str, check_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.path = path
-        self.field = field
-        self.check_s = check_s
-        self.clock = clock
-        self.content = b""
-        self.version = 0  # how many times the content was read
-        self.error = ""
-        self._stat: tuple[int, ...] | None = None
-        self._checked = -math.inf
-        if not self.refresh():
-            raise ValueError(f"{field}: {self.error}")
-
-    def refresh(self) -> bool:
-        """Looks again (if ``check_s`` has passed); True when the content was (re)read."""
-        now = self.clock()
-        if now - self._checked < self.check_s:
-            return False
-        self._checked = now
-        try:
-            st = os.stat(self.path)
-            signature = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-            if signature == self._stat:
-                return False
-            with open(self.path, "rb") as fh:
-                content = fh.read(1 << 20)
-        except OSError as exc:
-            self.error = f"cannot read {self.path}: {exc.strerror or exc}"
-            return False
-        self._stat, self.content, self.error = signature, content, ""
-        self.version += 1
-        return True
+from fleetmedic.tls_files import TlsFiles, WatchedFile
 
 
 class Credentials:
@@ -148,59 +103,10 @@ class Credentials:
                                                ('Basic realm="fleetmedic"', self._users is not None)) if on)
 
 
-class TlsFiles:
-    """The receiver's TLS context, following its files (see the module docstring)."""
-
-    def __init__(self, tls: RemoteWriteTlsSettings, check_s: float, clock: Callable[[], float] = time.monotonic
-                 ) -> None:
-        prefix = "exporters.remote_write.tls."
-        self.tls = tls
-        self.files = [WatchedFile(path, prefix + name, check_s, clock) for name, path in
-                      (("cert_file", tls.cert_file), ("key_file", tls.key_file), ("client_ca_file", tls.client_ca_file))
-                      if path]
-        self.reloads = 0  # contexts built from changed files
-        self.current, self._unusable = self._build()
-        self.error = self._unusable
-        if self.error:
-            raise ValueError(self.error)
-
-    def server_context(self) -> ssl.SSLContext:
-        """The context to listen with: each handshake is served by :attr:`current`."""
-        ctx, _ = self._build()
-        ctx.sni_callback = self._pick
-        return ctx
-
-    def _pick(self, conn: ssl.SSLObject | ssl.SSLSocket, server_name: str | None, _: ssl.SSLContext) -> None:
-        self.refresh()
-        conn.context = self.current
-
-    def refresh(self) -> None:
-        """Builds :attr:`current` again when a file changed; :attr:`error` says why the files in
-        use are not the ones on disk ("" when they are)."""
-        if any([f.refresh() for f in self.files]):  # every file looked at
-            fresh, self._unusable = self._build()
-            if not self._unusable:
-                self.current = fresh
-                self.reloads += 1
-        self.error = "; ".join([*(f"{f.field}: {f.error}" for f in self.files if f.error),
-                                *([self._unusable] if self._unusable else [])])
-
-    def _build(self) -> tuple[ssl.SSLContext, str]:
-        """A server context loaded from the files, and why it cannot be used ("" when it can)."""
-        tls = self.tls
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_3 if tls.min_version == "TLS1.3" else ssl.TLSVersion.TLSv1_2
-        try:
-            ctx.load_cert_chain(tls.cert_file, tls.key_file, password=b"")  # never a prompt
-        except (OSError, ssl.SSLError) as exc:
-            return ctx, f"exporters.remote_write.tls.cert_file/key_file: not a certificate and its key: {exc}"
-        if tls.client_ca_file:
-            try:
-                ctx.load_verify_locations(cafile=tls.client_ca_file)
-            except (OSError, ssl.SSLError) as exc:
-                return ctx, f"exporters.remote_write.tls.client_ca_file: not a CA certificate: {exc}"
-            ctx.verify_mode = ssl.CERT_REQUIRED
-        return ctx, ""
+def tls_files(tls: RemoteWriteTlsSettings, check_s: float, clock: Callable[[], float] = time.monotonic) -> TlsFiles:
+    """The receiver's TLS context, following ``exporters.remote_write.tls``'s files."""
+    return TlsFiles(tls.cert_file, tls.key_file, check_s, client_ca_file=tls.client_ca_file,
+                    min_version=tls.min_version, field="exporters.remote_write.tls.", clock=clock)
 
 
 def _loopback(host: str) -> bool:

@@ -54,7 +54,7 @@ from fleetmedic.connectors.remote_write.assembler import (
     SampleCounts,
     parse_listen,
 )
-from fleetmedic.connectors.remote_write.auth import Credentials, TlsFiles, check_exposure
+from fleetmedic.connectors.remote_write.auth import Credentials, check_exposure, tls_files
 from fleetmedic.connectors.remote_write.codec import (
     BadRequest,
     decode_request,
@@ -147,7 +147,7 @@ class RemoteWriteReceiver:
         self.host, self.port = parse_listen(listen if listen else rw.listen)
         check_exposure(self.host, rw)
         self.credentials = Credentials(rw.auth, rw.files_check_s)
-        self.tls = TlsFiles(rw.tls, rw.files_check_s) if rw.tls.cert_file else None
+        self.tls = tls_files(rw.tls, rw.files_check_s) if rw.tls.cert_file else None
         self.inflight = InflightBytes(rw.max_inflight_bytes)
         self.reader = ExpositionReader.for_settings(settings, source="prometheus-remote-write", ignore_unknown=True)
         self.assembler = Assembler(self.reader, rw.assemble_s, rw.max_pending_samples, rw.max_nodes_tracked)

@@ -371,18 +371,21 @@ class JobFailureTriage:
         horizon = now - p.suspect_window_s
         fleet = max(self.fleet_size(), len(x.nodes), 1)
         repeated = []
-        hosted: tuple[int, dict[str, int]] | None = None
+        rate: tuple[float, Counter[int], dict[str, int]] | None = None  # the fleet's, read once a failure
         for n, jobs in self.failed_jobs.jobs_of(x.nodes, x.job_nodes, horizon, p.suspect_after_failed_jobs):
             if _chance_nodes(fleet, [sizes.get(j, 1) for j in jobs]) > p.suspect_max_chance_nodes:
                 continue
-            if hosted is None:
-                hosted = self.jobs.hosted_since(horizon)
-            active, counts = hosted
-            failed = self.failed_jobs.failed_since(horizon)
-            if active > failed:  # some job known to have run well: the share that failed is a rate
-                own = max(counts.get(n, 0), len(jobs))  # the node hosted every job that failed on it
-                others = (h for m, h in counts.items() if m != n)
-                if chance_by_jobs([own, *others], failed / active, len(jobs)) > p.suspect_max_chance_nodes:
+            if rate is None:
+                active, counts = self.jobs.hosted_since(horizon)
+                # no job known to have run well (only failures are sent): no rate (1.0 skips the test)
+                share = self.failed_jobs.failed_since(horizon) / active if active else 1.0
+                rate = (share, Counter(counts.values()), counts)
+            share, by_hosted, counts = rate
+            if share < 1.0:
+                h = counts.get(n, 0)
+                own = max(h, len(jobs))  # the node hosted every job that failed on it
+                hosted = by_hosted + Counter({own: 1}) - Counter({h: 1}) if own != h else by_hosted
+                if chance_by_jobs(hosted, share, len(jobs)) > p.suspect_max_chance_nodes:
                     continue
             repeated.append((len(jobs), n))
         if repeated and len(repeated) <= self.settings.max_hardware_suspects:

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Mapping
 
 from fleetmedic.remediation.triage.records import TriageState
 
@@ -114,14 +113,15 @@ class FailedJobs:
         self.state.failed_job_sizes = {j: k for j, k in sizes.items() if j in self.failures}
 
 
-def chance_by_jobs(hosted: Iterable[int], rate: float, k: int) -> float:
+def chance_by_jobs(hosted: Mapping[int, int], rate: float, k: int) -> float:
     """How many nodes would be in ``k`` or more failed jobs by chance if failures struck jobs, not
     nodes: each job failing with probability ``rate`` whatever its size, a node that hosted ``h`` jobs
-    (``hosted``: one count a node) is in ``k`` of them with the binomial tail. Small jobs fail as
-    often as large ones, so the nodes that host one short job after another collect failures."""
+    (``hosted``: h -> how many nodes hosted that many) is in ``k`` of them with the binomial tail.
+    Small jobs fail as often as large ones, so the nodes that host one short job after another
+    collect failures."""
     rate = min(1.0, max(0.0, rate))
     total = 0.0
-    for h, nodes in Counter(hosted).items():
+    for h, nodes in hosted.items():
         if h >= k:
             below = sum(math.comb(h, i) * rate**i * (1.0 - rate) ** (h - i) for i in range(k))
             total += nodes * max(0.0, 1.0 - below)

@@ -390,14 +390,14 @@ def test_tls_with_client_certificates_whose_ca_rotates_without_a_restart(tmp_pat
 
 
 def test_tls_files_that_do_not_make_a_context_leave_the_last_good_one(tmp_path: Path) -> None:
-    from fleetmedic.connectors.remote_write.auth import TlsFiles
+    from fleetmedic.connectors.remote_write.auth import tls_files
 
     ca = make_ca(tmp_path)
     server = issue(ca, tmp_path, "server")
     cert = tmp_path / "cert.pem"
     _write(cert, server.cert.read_text())
     tls = _settings(f"{{remote_write: {{tls: {{cert_file: '{cert}', key_file: '{server.key}'}}}}}}")
-    files = TlsFiles(tls.exporters.remote_write.tls, check_s=0.0)
+    files = tls_files(tls.exporters.remote_write.tls, check_s=0.0)
     first = files.current
     _write(cert, "-----BEGIN CERTIFICATE-----\nhalf")
     files.refresh()
@@ -406,7 +406,7 @@ def test_tls_files_that_do_not_make_a_context_leave_the_last_good_one(tmp_path: 
     files.refresh()
     assert files.current is not first and files.error == ""
     with pytest.raises(ValueError, match=r"exporters\.remote_write\.tls\.key_file"):
-        TlsFiles(msgspec.structs.replace(tls.exporters.remote_write.tls, key_file=str(tmp_path / "missing")), 1.0)
+        tls_files(msgspec.structs.replace(tls.exporters.remote_write.tls, key_file=str(tmp_path / "missing")), 1.0)
 
 
 def test_the_receiver_refuses_to_listen_beyond_loopback_without_authentication(tmp_path: Path) -> None:
