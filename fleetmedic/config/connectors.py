@@ -53,7 +53,7 @@ class PodDiscoverySettings(Section, frozen=True, kw_only=True):
 
 class RemoteWriteTlsSettings(Section, frozen=True, kw_only=True):
     """The receiver's HTTPS (what a sender's ``tls_config`` talks to); the files are read again
-    when they change (connectors/remote_write_auth.py)."""
+    when they change (fleetmedic/tls_files.py)."""
 
     cert_file: str = ""  # PEM certificate chain; with key_file the receiver serves HTTPS only
     key_file: str = ""  # its private key (PEM)
