@@ -74,11 +74,17 @@ class NodeTrack:
         #: node -> a waiting isolation's last refusal that stands until what it was decided on changes
         #: (:meth:`_recheck`): what it was decided on, the topology, and the verdict
         self._refusals: dict[str, tuple[tuple[object, ...], Topology, Verdict]] = {}
+        #: the waiting isolations whose refusal stands, by what it was decided on (the gate's key and the
+        #: topology): the tick leaves them until that changes, their record changes, or their long
+        #: refusal is to be escalated (they sleep until then)
+        self._standing: dict[tuple[object, ...], tuple[Topology, set[str]]] = {}
+        self._new_standing: set[str] = set()  # marked standing during this tick
 
     def _changing(self, node: str) -> None:
         for names in (self._for_tick, self._for_forget, self._for_commands, self._for_unhealthy):
             if names is not None:
                 names.add(node)
+        self._new_standing.discard(node)  # (its refusal is read again at the next tick)
 
     def changed_for_commands(self) -> set[str] | None:
         """The nodes whose records changed since the last call (None: any may have)."""
@@ -313,9 +319,7 @@ class NodeTrack:
         budget, a rack or switch full, the preventive share) or by the open breaker depends on the
         holds, the breaker, the fleet's size and the topology only (the window's isolations, which time
         only lessens, had room for it), so it stands, not asked again, until one of them changes."""
-        b = self.gate.breaker.state
-        key = (self.gate.changes, b.open, b.opened_at, tuple(b.tripped_signatures), tuple(b.tripped_domains),
-               b.tripped_fleet, self.fleet_size(), self.topology.changes, iso, critical, stopped)
+        key = (self._gate_key(), iso, critical, stopped)
         last = self._refusals.get(node)
         if last is not None and last[1] is self.topology and last[0] == key:
             return last[2]
@@ -325,6 +329,29 @@ class NodeTrack:
         else:
             self._refusals.pop(node, None)
         return verdict
+
+    def _gate_key(self) -> tuple[object, ...]:
+        """What a standing refusal was decided on, the topology aside: the holds' changes, the breaker
+        and the fleet's size."""
+        b = self.gate.breaker.state
+        return (self.gate.changes, b.open, b.opened_at, tuple(b.tripped_signatures), tuple(b.tripped_domains),
+                b.tripped_fleet, self.fleet_size(), self.topology.changes)
+
+    def _stands(self, rec: NodeRecord, verdict: Verdict, escalated: bool) -> None:
+        """``rec``'s refusal stands (:meth:`_recheck` kept it): the tick leaves the record until the
+        gate's key or the topology changes, the record changes, or (``escalated`` not yet) its refusal
+        has lasted ``safety.retry_blocked_s``."""
+        last = self._refusals.get(rec.name)
+        if last is None or last[2] is not verdict:
+            return
+        key = (last[0][0], id(last[1]))  # (the group holds the topology: its id is not reused meanwhile)
+        group = self._standing.get(key)
+        if group is None:
+            group = self._standing[key] = (last[1], set())
+        group[1].add(rec.name)
+        self._new_standing.add(rec.name)
+        if not escalated:
+            heapq.heappush(self._sleeping, (rec.blocked_at + self.settings.safety.retry_blocked_s, rec.name))
 
     def _admitted(self, node: str, iso: Isolation, critical: bool, klass: str, evidence_at: float,
                   now: float) -> None:
@@ -383,11 +410,15 @@ class NodeTrack:
         # deadline, the end of probation or a return to forget that has come; a record waiting for one
         # of those sleeps until then (in ``_sleeping``), one waiting for nothing until it changes
         if self._for_tick is None:
-            candidates, self._sleeping = set(nodes), []
+            candidates, self._sleeping, self._standing = set(nodes), [], {}
         else:
             candidates, sleeping = self._for_tick, self._sleeping
             while sleeping and sleeping[0][0] <= now:
                 candidates.add(heapq.heappop(sleeping)[1])
+        if self._standing:  # the refusals decided on what has changed since are read again
+            now_key = (self._gate_key(), id(self.topology))
+            for key in [k for k in self._standing if k != now_key]:
+                candidates |= self._standing.pop(key)[1]
         names = []
         for n in candidates:
             r = nodes.get(n)
@@ -405,6 +436,7 @@ class NodeTrack:
         self._for_tick = set(names)
         if self._for_forget is not None:
             self._for_forget.update(names)
+        self._new_standing = set()
         for name in names:
             rec = nodes[name]
             if rec.state == "suspect" and rec.blocked_reason:
@@ -417,6 +449,7 @@ class NodeTrack:
             elif rec.state != "healthy" or rec.inflight or rec.plan or rec.returns:
                 self.apply(self.lifecycle.tick(rec, now, self.busy(name), self.issuer.node_commands(now, out)),
                            now, out)
+        self._for_tick -= self._new_standing  # left until what their refusal stands on changes
 
     def _retry_blocked(self, rec: NodeRecord, now: float, out: Decisions) -> None:
         """A waiting isolation: past its settle time, or refused before. Never dropped by a timeout:
@@ -432,11 +465,14 @@ class NodeTrack:
             if settling:  # settled, and refused: the first refusal is said and escalated
                 self._refused(rec, verdict, list(rec.plan), rec.incident_id, rec.rule, rec.critical, rec.evidence_at,
                               iso, issue, now, out)
-            elif now - rec.blocked_at > s.retry_blocked_s:
+                return
+            long_key = f"refused_long:{rec.incident_id}"
+            if now - rec.blocked_at > s.retry_blocked_s and long_key not in rec.escalations:
                 why = (f"isolation of {rec.name} refused ({rec.blocked_reason}) for {now - rec.blocked_at:.0f}s; "
                        f"it stays suspect ({iso.kind} evidence, {iso.signature}) and schedulable until the isolation "
                        "proceeds or an operator clears it")
-                self.apply(self.lifecycle.escalate(rec, now, issue, f"refused_long:{rec.incident_id}", why), now, out)
+                self.apply(self.lifecycle.escalate(rec, now, issue, long_key, why), now, out)
+            self._stands(rec, verdict, long_key in rec.escalations)
             return
         inc = self.triage.state.incidents.get(rec.incident_id)
         self._admitted(rec.name, iso, rec.critical, inc.incident_class if inc else "unknown", rec.evidence_at, now)

@@ -341,10 +341,12 @@ def test_an_engine_keeping_its_housekeeping_sets_decides_as_one_rebuilding_them(
         suspected = engine.suspected_nodes()
         engine.triage._suspects = (None, {})
         assert suspected == engine.suspected_nodes(), op  # as read from every open incident again
-        if track._for_tick is not None:  # every record the tick has something to do for is looked at, or sleeps
+        if track._for_tick is not None:  # every record the tick has something to do for is looked at, sleeps,
+            # or waits for what its standing refusal was decided on to change
+            standing = {n for _, names in track._standing.values() for n in names}
             assert {n for n, r in records.items() if r.plan or (r.state == "suspect" and r.blocked_reason)
                     or r.inflight or r.state == "probation" or (r.state == "healthy" and r.returns)} \
-                <= track._for_tick | {n for _, n in track._sleeping}, op
+                <= track._for_tick | {n for _, n in track._sleeping} | standing, op
         if track._for_forget is not None:  # every record the forgetting may drop is looked at
             assert {n for n, r in records.items() if r.state == "healthy" and not (
                 r.plan or r.inflight or r.returns or r.opted_out or r.foreign_cordon or r.cordon_owned
