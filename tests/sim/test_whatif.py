@@ -294,6 +294,24 @@ def test_a_restarts_exclusions_stay_in_the_template_for_the_controllers_next_res
     assert job.state == "restart_overhead" and spare not in job.nodes and job.exclude == {spare}
 
 
+@pytest.mark.parametrize(("why", "taken_out"), [("preempted by the big job", False), ("stopped by fleetmedic", False),
+                                                ("Unknown Error on n5", True)])
+def test_the_person_on_call_suspects_a_node_for_its_failures_not_for_preemptions(why: str, taken_out: bool) -> None:
+    # two stops of a small job on one node: failures make the person take the node out
+    # (human_suspect_after), a preemption or a restart's stop says nothing of the node
+    w = World(parse_history(one_dbe()), load_mapping("stepfun"),
+              tiny(nodes=12, big_job_fraction=0.5, small_job_fraction=0.25), Manual(), 105.0, 600.0)
+    assert w.a.human_suspect_after == 2
+    small = next(j for j in w.jobs if not j.big and j.nodes[0] != 0)
+    node = small.nodes[0]
+    w.fail_job(small, node, w.t, why)
+    w.request_restart(small, set(), w.t + 10, "controller")
+    assert small.nodes == [node]  # back where it ran
+    w.fail_job(small, node, w.t + 20, why)
+    w.run()
+    assert w.tally.false_isolations == (1 if taken_out else 0)  # (the DBE's node is isolated too, rightly)
+
+
 @pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("batch", [0, 1, 2, 5])
 def test_the_fast_shuffle_gives_the_permutation_random_shuffle_gives(batch: int, native: bool,

@@ -48,6 +48,8 @@ def relogged(f: Fault | None, why: str, t: float) -> bool:
 
 
 NO_NODES: frozenset[int] = frozenset()
+#: why a pod stops that says nothing of its node: the big job preempted it, or a restart stopped it
+NOT_THE_NODE: tuple[str, ...] = ("preempted by", "stopped by")
 
 
 class OnCall:
@@ -58,18 +60,22 @@ class OnCall:
         self.failures: dict[int, int] = {}  # node -> jobs failed there since its last repair
         self.handling: set[int] = set()  # nodes taken out, not yet back
 
-    def notice_failure(self, world: World, job: Job, node: int, t: float) -> None:
+    def notice_failure(self, world: World, job: Job, node: int, t: float, why: str = "") -> None:
+        """Look at the job's failure on ``node`` after the person's delay. A pod preempted or stopped
+        on purpose (``why``) is not a failure of its node: it does not count towards suspecting it."""
+        counts = not any(w in why for w in NOT_THE_NODE)
         world.at(t + world.human_delay("failure", job.name, job.attempt, node),
-                 lambda at: self._look(world, job, node, at))
+                 lambda at: self._look(world, job, node, at, counts))
 
-    def _look(self, world: World, job: Job, n: int, t: float) -> None:
+    def _look(self, world: World, job: Job, n: int, t: float, counts: bool = True) -> None:
         if n < 0:
             return
         f = world.nodes[n].fault()
-        self.failures[n] = self.failures.get(n, 0) + 1
+        if counts:
+            self.failures[n] = self.failures.get(n, 0) + 1
         shows = f is not None and f.visible and f.entry.effect == "crash"
         if (n not in self.handling and world.nodes[n].busy != "repair"
-                and (shows or self.failures[n] >= world.a.human_suspect_after)):
+                and (shows or self.failures.get(n, 0) >= world.a.human_suspect_after)):
             self.take_out(world, n, t)
         if job.state == "waiting_to_detect" or (job.state == "waiting_for_capacity" and not job.restart_requested):
             world.request_restart(job, set(self.handling), t, self.name)
@@ -110,7 +116,7 @@ class Manual:
         pass
 
     def job_failed(self, world: World, job: Job, node: int, was_on: list[int], t: float, why: str) -> None:
-        self.oncall.notice_failure(world, job, node, t)
+        self.oncall.notice_failure(world, job, node, t, why)
 
     def job_placed(self, world: World, job: Job, t: float) -> None:
         pass
@@ -287,7 +293,7 @@ class Fleetmedic:
             # a job dying on the faulty GPU makes the driver log the XID again
             self._evidence(world, f, f.entry, t, first=True)
         if job.failures_in_a_row > world.a.backoff_limit:
-            self.oncall.notice_failure(world, job, node, t)
+            self.oncall.notice_failure(world, job, node, t, why)
 
     def job_placed(self, world: World, job: Job, t: float) -> None:
         last = self._placements.get(job.index)
