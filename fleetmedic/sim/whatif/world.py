@@ -283,6 +283,14 @@ class Tally:
         "detect": [], "wait_for_capacity": [], "restart": [], "total": []})
 
 
+def _among(nodes: set[int], table: dict[int, Fault]) -> list[int]:
+    """The keys of ``table`` in ``nodes``, looking up the smaller in the larger (``set.intersection``
+    with a dict walks the whole dict)."""
+    if len(nodes) <= len(table):
+        return [n for n in nodes if n in table]
+    return [n for n in table if n in nodes]
+
+
 def shuffle(rng: random.Random, x: list[int], batch: int = 0) -> None:
     """``rng.shuffle(x)``: the same permutation from the same generator, drawn faster. Python's shuffle
     draws ``_randbelow(i + 1)`` for each ``i`` from the end, each draw taking 32-bit words of the
@@ -486,8 +494,8 @@ class World:
             self.parking.job, self.parking.out = job, self.blocked.intersection(job.owned).difference(job.lost)
             job.nodes = []
             return
-        self.free.update(job.nodes)
-        self.free.difference_update(self.blocked)
+        blocked = self.blocked  # (``free`` holds no blocked node: only the job's nodes are looked up)
+        self.free.update([n for n in job.nodes if n not in blocked])
         self._small.difference_update(job.nodes)
         job.nodes = []
 
@@ -681,7 +689,7 @@ class World:
         self._assign(job, chosen, chosen_set)
         self._job_state(job, "restart_overhead", t)
         attempt = job.attempt
-        faulty = sorted(job.owned.intersection(self.crashing))  # the chosen nodes with a fault that crashes
+        faulty = sorted(_among(job.owned, self.crashing))  # the chosen nodes with a fault that crashes
         # what the policy suspected when the scheduler placed the pods, before it hears of the placement
         suspected = {n for n in faulty if self.policy.suspected(self, n, t)}
         self.policy.job_placed(self, job, t)
