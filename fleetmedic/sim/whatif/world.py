@@ -481,7 +481,14 @@ class World:
             node._job = job
         job.nodes, job.owned, job.lost = nodes, chosen, set()
         if not back:
-            self.free.difference_update(nodes)
+            free = self.free
+            free.difference_update(nodes)
+            if len(nodes) > 4 * len(free):
+                # a set keeps the table it grew to: the few free nodes left after a lock-step job took
+                # the rest would cost a walk over that table at every look (each waiting job's room)
+                left = list(free)
+                free.clear()
+                free.update(left)
         if not job.big:
             self._small.update(nodes)
 
