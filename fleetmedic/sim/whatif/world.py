@@ -110,13 +110,16 @@ class Parking:
     """The lock-step job released last, while it waits to be placed again: its nodes (those still its
     own, see :class:`Node`) stay out of the world's ``free`` set, so its release and its placement back
     where it ran do not move thousands of nodes out of ``free`` and into it again. ``out``: those of its
-    nodes that are not schedulable (the others are free)."""
+    nodes that are not schedulable (the others are free). ``room``: moves on whenever a node may have
+    become placeable for a waiting job (a node changed, a job released or placed, an exclusion lifted),
+    so a placement that found no room is not tried again before it does."""
 
-    __slots__ = ("job", "out")
+    __slots__ = ("job", "out", "room")
 
     def __init__(self) -> None:
         self.job: Job | None = None
         self.out: set[int] = set()
+        self.room = 0
 
 
 class Node:
@@ -155,6 +158,7 @@ class Node:
         self.free.add(index)
 
     def _sync(self) -> None:
+        self.parking.room += 1
         parked = self.parking.job
         if parked is not None and self._job is parked:  # the parked job's: in ``parking.out`` or free
             if self._cordoned_by or self._not_ready or self._busy:
@@ -247,6 +251,9 @@ class Job:
     restarted_by: str = ""  # who asked for its current placement: controller, a policy
     buckets: dict[str, float] = field(default_factory=lambda: dict.fromkeys(JOB_BUCKETS, 0.0))
     interruptions: int = 0
+    #: what its last placement found no room on: the world's ``parking.room``, the exclusions (the set
+    #: and its size) and ``prev_set``; the placement is not tried again while they stay
+    no_room: tuple[int, set[int] | frozenset[int], int, set[int]] | None = None
 
     @property
     def ref(self) -> str:
@@ -464,6 +471,7 @@ class World:
         a step per node."""
         chosen = set(nodes) if chosen is None else chosen
         owned, lost, table = job.owned, job.lost, self.nodes
+        self.parking.room += 1  # (a small job's nodes are more the big job may preempt)
         same = chosen is owned  # placed where it ran
         back = same and self.parking.job is job  # parked, and back on its nodes: none of them is in ``free``
         if back:
@@ -496,6 +504,7 @@ class World:
         """The job's pods are gone: its nodes (all still its own: a node is placed for another job only
         when free) are free again unless not schedulable; ``job.nodes`` empty, each node's ``_job``
         no longer counts. A lock-step job's nodes are parked (:class:`Parking`), not put in ``free``."""
+        self.parking.room += 1
         if job.big:
             self._unpark()
             self.parking.job, self.parking.out = job, self.blocked.intersection(job.owned).difference(job.lost)
@@ -661,6 +670,10 @@ class World:
         # a bind-time check (the policy's, where it has one) refuses the nodes whose cordon is on its way
         refused = self.policy.unbindable(self, t)
         exclude = job.exclude | refused if refused else job.exclude
+        room_at, last = self.parking.room, job.no_room
+        if (last is not None and last[0] == room_at and last[1] is exclude and last[2] == len(exclude)
+                and last[3] is again):
+            return  # it found no room, and nothing that could make some has happened since
         if len(again) == job.size and self._all_free(again) and again.isdisjoint(exclude):
             chosen = sorted(job.prev_nodes)  # every pod goes back: the random order decides nothing
             chosen_set = again
@@ -670,6 +683,7 @@ class World:
             # the schedulable nodes of small jobs (each holds its nodes: they are its own)
             victims = sorted(self._small.difference(self.blocked).difference(exclude)) if preempt else []
             if room + len(victims) < job.size:
+                job.no_room = (room_at, exclude, len(exclude), again)
                 return  # not enough room, even preempting: the free nodes need not be ordered
             self._unpark()  # the scheduler's random order is over every free node: the parked ones join ``free``
             free = sorted(self.free - exclude if exclude else self.free)
@@ -827,6 +841,7 @@ class World:
         node.cordoned_by = ""
         node.validating = False
         self._account_node(node, t)
+        self.parking.room += 1  # (its exclusions are lifted)
         for job in list(self._excluding.values()):  # back in service: no restart keeps excluding it
             job.exclude.discard(n)
             if not job.exclude:
