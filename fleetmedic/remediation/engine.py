@@ -211,10 +211,13 @@ class DecisionEngine:
         self.jobs.on_event(event, now, out)
         if event.event in ("failure", "completion"):
             # a job boundary may have been reached: the plans of its nodes may go on
-            waiting = {n for n, r in self.state.nodes.items() if r.plan and r.state != "suspect"}
-            # (the job's nodes are sorted and distinct: so are those of them that wait)
-            for node in (old_nodes if len(old_nodes) <= len(waiting) else
-                         [n for n in sorted(waiting) if _among(old_nodes, n)]):
+            # (the job's nodes are sorted and distinct: so are those of them that wait; a job on few
+            # nodes looks them up, the advance takes only those that wait)
+            if len(old_nodes) > 64:
+                waiting = {n for n, r in self.state.nodes.items() if r.plan and r.state != "suspect"}
+                if len(old_nodes) > len(waiting):
+                    old_nodes = [n for n in sorted(waiting) if _among(old_nodes, n)]
+            for node in old_nodes:
                 self.nodes.advance(node, now, out)
         self._advance(now, out)
         return self._finish(now, out)

@@ -5,6 +5,8 @@ materially, not for every piece of evidence)."""
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 from fleetmedic.config import Settings
@@ -20,6 +22,11 @@ class IncidentTracker:
         self.state = state
         self.triage = triage
         self.issuer = issuer
+        # what the last walk over every open incident left for :meth:`close_stale`: no open incident
+        # outside ``_held`` has evidence older than ``_recent`` (new evidence and new incidents are
+        # later), and ``_held`` are those it kept open for their tracks, in the book's order
+        self._recent = -math.inf
+        self._held: dict[str, None] = {}
 
     def publish(self, inc: Incident, out: Decisions) -> bool:
         """Emit an incident when it is new or changed materially (not for every piece of evidence)."""
@@ -80,16 +87,28 @@ class IncidentTracker:
         ``resolved`` if fleetmedic acted on them, else ``dismissed``."""
         horizon = now - self.settings.triage.incident_merge_s
         incidents = self.triage.state.incidents
-        for inc in [incidents[i] for i in self.triage.book.open_ids]:  # (the open ones, in the book's order)
-            if inc.status not in ("open", "mitigating") or (inc.last_seen or inc.first_seen) > horizon:
+        walk = horizon >= self._recent  # else only those the tracks held may be due
+        ids = list(self.triage.book.open_ids if walk else self._held)  # (in the book's order)
+        recent, held = now, dict[str, None]()
+        for inc in [incidents[i] for i in ids if i in incidents]:
+            seen = inc.last_seen or inc.first_seen
+            if inc.status not in ("open", "mitigating"):
+                continue
+            if seen > horizon:
+                recent = min(recent, seen)
                 continue
             t = self.state.tracks.get(inc.id)
             if t is not None and (t.nodes or t.jobs):
+                held[inc.id] = None
                 continue
             if inc.id not in self.state.published:  # watched, never confirmed: forget it quietly
                 self.triage.set_status(inc.id, "dismissed", now)
                 continue
             self.set_status(inc.id, "resolved" if inc.status == "mitigating" else "dismissed", now, out)
+        if walk:
+            self._recent, self._held = recent, held
+        else:  # the held ones still open, recent or held again (their evidence is later than ``_recent``)
+            self._held = {i: None for i in ids if i in self.triage.book.open_ids}
 
     def forget_gone(self) -> None:
         """Drop the tracks and publication keys of incidents triage no longer holds."""

@@ -51,6 +51,7 @@ class Triage:
         #: incident of those classes naming it): :meth:`suspected_nodes` reads the incidents again
         #: only when they changed
         self._suspects: tuple[tuple[int, frozenset[str]] | None, dict[str, float]] = (None, {})
+        self._classes: tuple[int | None, dict[str, str]] = (None, {})  # (the book's version, suspicion_classes)
 
     @property
     def topology(self) -> Topology:
@@ -82,7 +83,10 @@ class Triage:
 
     def suspicion_classes(self) -> dict[str, str]:
         """Node -> the class of the open incidents that suspect it, the likeliest to fail a job first
-        (hardware, unknown, network, degradation, then the rest)."""
+        (hardware, unknown, network, degradation, then the rest); read-only, read again only when the
+        incidents changed."""
+        if self._classes[0] == self.book.version:  # the incidents are as they were: read-only, shared
+            return self._classes[1]
         order = {"hardware": 0, "unknown": 1, "network": 2, "degradation": 3}
         out: dict[str, str] = {}
         incidents = self.state.incidents
@@ -96,6 +100,7 @@ class Triage:
                 node = s.name if s.kind == "node" else s.name.rsplit("/", 1)[0]
                 if order.get(inc.incident_class, 9) < order.get(out.get(node, ""), 9):
                     out[node] = inc.incident_class
+        self._classes = (self.book.version, out)
         return out
 
     def suspected_nodes(self, classes: frozenset[str], returned: Mapping[str, float] | None = None) -> set[str]:
