@@ -435,7 +435,7 @@ class Fleetmedic:
             self._result(world, cmd, t, "applied")
             self._observed(world, n, t)
         elif a in JOB_ACTIONS:
-            job = next((j for j in world.jobs if j.ref == cmd.job), None)
+            job = world.job_by_ref(cmd.job)
             if job is None:
                 self._result(world, cmd, t, "failed", f"unknown job {cmd.job}")
                 return

@@ -399,6 +399,7 @@ class World:
         self.faults: list[Fault] = []
         self.tally = Tally()
         self.jobs: list[Job] = []
+        self._by_ref: dict[str, Job] = {}  # (:meth:`job_by_ref`)
         self._outage: dict[int, dict[str, float]] = {}
         self.schedulable_count = len(self.nodes)
         #: (time, schedulable nodes, GPUs doing useful work): the capacity plot's points, hourly
@@ -449,6 +450,12 @@ class World:
         return self.a.human_delay_s * math.exp(self.a.human_spread * z - self.a.human_spread ** 2 / 2)
 
     # --- workload ---------------------------------------------------------------------------------
+
+    def job_by_ref(self, ref: str) -> Job | None:
+        """The job a command names (``namespace/name``), or None."""
+        if len(self._by_ref) != len(self.jobs):
+            self._by_ref = {j.ref: j for j in self.jobs}
+        return self._by_ref.get(ref)
 
     def _place_initial(self, rng: random.Random) -> None:
         a = self.a
