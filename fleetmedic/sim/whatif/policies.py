@@ -4,7 +4,8 @@
   (with a lognormal spread); where the failed node shows something (an XID, a link down, a node
   down: the mapping's evidence is visible) they cordon it, send it to repair and restart the job
   without it; where nothing shows they restart the job where it was, and take a node out once it
-  has failed ``human_suspect_after`` jobs. A degradation is noticed only once it turns into a hard
+  has failed ``human_suspect_after`` jobs (a pod preempted or stopped by a restart is not a failure
+  of its node). A degradation is noticed only once it turns into a hard
   failure. After a repair they run diagnostics and uncordon the node.
 - :class:`NpdDraino`: node-problem-detector's kernel monitor and draino: a fault that reaches the
   kernel log (XIDs, read-only file systems, hung kernels) is cordoned and drained
