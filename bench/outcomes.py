@@ -11,7 +11,7 @@ Each run is a fresh process (its peak RSS is its own) and is timed in process CP
 - **synthetic**: ``--synthetic-nodes`` nodes for ``--synthetic-days`` days with the StepFun trace's
   fault process scaled to that fleet (its per-node rate of each category; repair durations drawn
   from its own, seeded), through the three policies. Target at 20,000 nodes and a year: <= 10 min.
-  A synthetic run past ``--max-cpu`` seconds (checked at each hundredth of the history) stops and
+  A synthetic run past ``--max-cpu`` seconds (checked at each thousandth of the history) stops and
   reports the simulated day it reached instead of an ETTR.
 
 The baseline measured in the same run is the manual policy on the same history: the engine's share
@@ -60,7 +60,7 @@ class _OverBudget(Exception):
 
 def one(kind: str, policy: str, nodes: int, days: float, max_cpu: float = 0.0) -> dict[str, Any]:
     """Run in this process (the child): one history, one policy; a run past ``max_cpu`` seconds
-    (0: no limit) stops at the next hundredth of the history."""
+    (0: no limit) stops at the next thousandth of the history."""
     from fleetmedic.config import Settings
     from fleetmedic.sim.whatif.mapping import load_mapping
     from fleetmedic.sim.whatif.replay import PolicySpec, replay

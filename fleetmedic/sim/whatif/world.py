@@ -426,11 +426,11 @@ class World:
             t, _, fn = heapq.heappop(self._heap)
             self.t = max(self.t, t)
             fn(self.t)
-            if progress is not None:
-                pct = int(100 * (self.t - self.history.start) / span)
-                if pct != shown:
-                    shown = pct
-                    progress(pct / 100)
+            if progress is not None:  # told at each thousandth of the history
+                done = int(1000 * (self.t - self.history.start) / span)
+                if done != shown:
+                    shown = done
+                    progress(done / 1000)
         self.t = self.end
         for job in self.jobs:
             self._job_state(job, job.state, self.end)
