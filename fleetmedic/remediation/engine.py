@@ -39,10 +39,7 @@ publication), :class:`~.issuer.Issuer` (audit records and commands) and
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Iterable, Mapping
-from itertools import compress, count
-from operator import is_not
 from typing import Any
 
 import msgspec
@@ -67,6 +64,7 @@ from fleetmedic.remediation.job_track import JobTrack
 from fleetmedic.remediation.lifecycle import OUT_OF_SERVICE, Lifecycle
 from fleetmedic.remediation.log_patterns import PatternLibrary, default_library
 from fleetmedic.remediation.node_track import NodeTrack
+from fleetmedic.remediation.placements import among, changed_at
 from fleetmedic.remediation.policy import Policy
 from fleetmedic.remediation.safety import SafetyGate
 from fleetmedic.remediation.sightings import Sightings
@@ -216,7 +214,7 @@ class DecisionEngine:
             if len(old_nodes) > 64:
                 waiting = {n for n, r in self.state.nodes.items() if r.plan and r.state != "suspect"}
                 if len(old_nodes) > len(waiting):
-                    old_nodes = [n for n in sorted(waiting) if _among(old_nodes, n)]
+                    old_nodes = [n for n in sorted(waiting) if among(old_nodes, n)]
             for node in old_nodes:
                 self.nodes.advance(node, now, out)
         self._advance(now, out)
@@ -457,24 +455,16 @@ class DecisionEngine:
 
 def _placed_nodes(placement: list[RankPlacement], last: tuple[list[RankPlacement], list[str]] | None) -> list[str]:
     """The named nodes of ``placement``'s ranks, in rank order. ``last`` (the job's last placement and
-    its nodes, every rank named): the ranks at the head, and for a placement of the same size the
-    tail, that are the same records (the same objects) are taken from it, not read again."""
-    if last is None or len(last[0]) != len(last[1]):
-        return [p.node for p in placement if p.node]
-    before, nodes = last
-    both = min(len(before), len(placement))
-    head = next(compress(count(), map(is_not, before, placement)), both)
-    tail = 0
-    if len(before) == len(placement):
-        tail = min(next(compress(count(), map(is_not, reversed(before), reversed(placement))), both), both - head)
-    middle = [p.node for p in placement[head:len(placement) - tail] if p.node]
-    return [*nodes[:head], *middle, *nodes[len(nodes) - tail:]]
-
-
-def _among(ordered: list[str], name: str) -> bool:
-    """Whether ``name`` is in ``ordered`` (sorted): a bisection, not a walk over it."""
-    i = bisect_left(ordered, name)
-    return i < len(ordered) and ordered[i] == name
+    its nodes, every rank named): a placement of the same size with few ranks changed takes its
+    nodes and names the changed ranks' (:mod:`.placements`)."""
+    if last is not None and len(last[0]) == len(last[1]):
+        at = changed_at(last[0], placement)
+        if at is not None and all(placement[i].node for i in at):
+            nodes = last[1].copy()
+            for i in at:
+                nodes[i] = placement[i].node
+            return nodes
+    return [p.node for p in placement if p.node]
 
 
 def _command_order(c: RemediationCommand) -> int:

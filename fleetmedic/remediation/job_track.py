@@ -15,6 +15,7 @@ from fleetmedic.remediation.engine_state import CommandInfo, Decisions, EngineSt
 from fleetmedic.remediation.incident_tracks import IncidentTracker
 from fleetmedic.remediation.issuer import Issuer
 from fleetmedic.remediation.lifecycle import OUT_OF_SERVICE
+from fleetmedic.remediation.placements import among
 from fleetmedic.remediation.policy import Decision
 from fleetmedic.remediation.safety import SafetyGate
 from fleetmedic.remediation.triage import Assessment, Triage
@@ -148,10 +149,12 @@ class JobTrack:
         if not room or not suspects - hard:  # no room for soft exclusions, or none to rank
             return hard
         rec = self.triage.job(job)
-        own = set(rec.nodes) if rec else set()
+        candidates = suspects - hard
+        # the job's own nodes among them (its sorted node list looked up, not made a set)
+        own = {n for n in candidates if among(rec.nodes, n)} if rec else set()
         rank = {"hardware": 0, "unknown": 1, "network": 2, "degradation": 3}
-        why = self.triage.suspicion_classes() if len(suspects - hard) > self.settings.policy.max_soft_exclusions else {}
-        soft = sorted(suspects - hard, key=lambda n: (rank.get(why.get(n, ""), 9), n not in own, n))
+        why = self.triage.suspicion_classes() if len(candidates) > self.settings.policy.max_soft_exclusions else {}
+        soft = sorted(candidates, key=lambda n: (rank.get(why.get(n, ""), 9), n not in own, n))
         return hard | set(soft[:room])
 
     # --- what time, results and job events bring -----------------------------------------------------

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Final
 
+from fleetmedic.remediation.placements import changed_at, swapped
+
 #: placements of fewer nodes are written node by node
 BULK_MIN: Final = 64
 _BULK: Final = "\x00"  # the order's keys for bulks start with it (a node's name never does)
@@ -65,22 +67,20 @@ class Sightings:
     def placement(self, job: str, nodes: list[str], now: float) -> None:
         """``job`` was placed on ``nodes`` (read-only, the same list while the placement is the same)
         at ``now``. The same list as its last placement's, every node still in ``seen``, costs one
-        bulk; another is written node by node, and the job's last bulk keeps standing for the nodes
-        that left it."""
+        bulk, and so does one that differs from it in a few positions (but for its new nodes, written
+        node by node); another is written node by node, and the job's last bulk keeps standing for
+        the nodes that left it."""
         whole, order = self._whole.get(job), self._order
-        if whole is not None and whole[0] is nodes and order is not None and now >= self._last:
-            members = whole[1] if whole[1] is not None else set(nodes)
-            self._whole[job] = (nodes, members)
-            old = self._live.pop(job, None)
-            if old is not None:  # the same nodes seen later: the new bulk stands for them
-                del self._bulks[old], order[old]
-            key = f"{_BULK}{self._serial}"
-            self._serial += 1
-            self._bulks[key] = _Bulk(job, nodes, members, now)
-            self._live[job] = key
-            order[key] = None
-            self._last = now
-            return
+        if whole is not None and order is not None and now >= self._last:
+            if whole[0] is nodes:
+                members = whole[1] if whole[1] is not None else set(nodes)
+                old = self._live.pop(job, None)
+                if old is not None:  # the same nodes seen later: the new bulk stands for them
+                    del self._bulks[old], order[old]
+                self._bulk(job, nodes, members, now)
+                return
+            if self._changed(job, whole, nodes, now):
+                return
         old = self._live.pop(job, None)
         if old is not None:
             bulk = self._bulks[old]
@@ -96,6 +96,50 @@ class Sightings:
             self._whole[job] = (nodes, None)
         else:
             self._whole.pop(job, None)
+
+    def _bulk(self, job: str, nodes: list[str], members: set[str], now: float) -> None:
+        """A bulk standing for ``nodes`` (``members``, their set), the job's placement, seen at ``now``."""
+        assert self._order is not None
+        self._whole[job] = (nodes, members)
+        key = f"{_BULK}{self._serial}"
+        self._serial += 1
+        self._bulks[key] = _Bulk(job, nodes, members, now)
+        self._live[job] = key
+        self._order[key] = None
+        self._last = now
+
+    def _changed(self, job: str, whole: tuple[list[str], set[str] | None], nodes: list[str], now: float) -> bool:
+        """``nodes`` differ from the job's last placement (``whole``: its list of distinct nodes and
+        their set) in a few positions (:mod:`.placements`): the nodes gained are written node by node,
+        the job's last bulk keeps standing for those it left, and a new bulk for the placement takes
+        the last one's set, changed. False: ``nodes`` are to be written node by node."""
+        before, members = whole
+        at = changed_at(before, nodes)
+        if at is None:
+            return False
+        if members is None:
+            members = set(before)
+        if len(members) != len(before):
+            return False
+        change = swapped(before, nodes, at, members)
+        if change is None:
+            return False
+        left, gained = change
+        if gained:
+            self.nodes(sorted(gained), now)
+        old = self._live.pop(job, None)
+        if old is not None:  # its set is the last placement's (``members``): it stands on for those left
+            bulk = self._bulks[old]
+            if left:
+                bulk.nodes, bulk.members = sorted(left), left
+            else:
+                del self._bulks[old]
+                assert self._order is not None
+                del self._order[old]
+        members.difference_update(left)
+        members.update(gained)
+        self._bulk(job, nodes, members, now)
+        return True
 
     def write(self) -> None:
         """Bring ``seen`` up to date with the bulks (the order is sorted again when next needed)."""

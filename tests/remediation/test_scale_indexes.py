@@ -156,6 +156,7 @@ job_event = st.tuples(
     st.sampled_from(["placement", "start", "progress", "completion", "restart", "failure"]),
     st.lists(node, min_size=1, max_size=4),  # the ranks' nodes, for a placement
     st.integers(0, 2),  # attempt
+    st.sampled_from([0, 0, 1]),  # the first rank's number
 )
 
 
@@ -174,16 +175,48 @@ def test_the_node_to_jobs_index_kept_as_events_come_equals_a_rebuild(ops: list) 
         elif op == "restore":  # a restored engine builds it from the state
             board = JobBoard(tri, state)
         else:
-            job, kind, nodes, attempt = op
-            ranks = made.setdefault(tuple(nodes), [RankPlacement(rank=r, node=n) for r, n in enumerate(nodes)]) \
+            job, kind, nodes, attempt, first = op
+            ranks = made.setdefault((*nodes, first), [RankPlacement(rank=r, node=n)
+                                                      for r, n in enumerate(nodes, first)]) \
                 if kind == "placement" else []
             board.add_event(JobEvent(job=job, event=kind, ts=now, attempt=attempt, placement=ranks), now)
+            if job in board._read_from:  # a placement read whole or as a change of the last: the same ranks
+                assert state.jobs[job].ranks == {p.rank: p.node for p in board._read_from[job][1]}, op
         for n in NODES:
             every = tuple(sorted(j for j, rec in state.jobs.items() if n in rec.nodes))
             live = tuple(j for j in every if state.jobs[j].status in ("placed", "running"))
             assert (board.jobs_placed_on(n), board.jobs_on(n)) == (every, live), (n, op)
         for rec in state.jobs.values():
             assert rec.nodes == sorted(set(rec.ranks.values())), op
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.tuples(st.integers(0, 4), node), min_size=5, max_size=5),
+                          st.sampled_from(["a/j0", "a/j1"])), min_size=1, max_size=12),
+       st.lists(node, min_size=5, max_size=5))
+def test_a_placement_read_as_a_change_of_the_last_equals_one_read_whole(changes: list, first: list) -> None:  # type: ignore[type-arg]
+    """A lock-step job placed again with a few ranks moved is read as a change of its last placement
+    (a rank's number changed, or a rank named twice, is read whole): its ranks, nodes and the
+    node -> jobs index are those a board reading every placement whole has."""
+    tri = parse_config("").triage
+    state, whole = TriageState(), TriageState()
+    board, rebuilt = JobBoard(tri, state), JobBoard(tri, whole)
+    board.jobs_on("n0")
+    last = {job: [RankPlacement(rank=r, node=n) for r, n in enumerate(first)] for job in ("a/j0", "a/j1")}
+    for k, (moves, job) in enumerate([([], "a/j0"), ([], "a/j1"), *changes]):
+        ranks = list(last[job])
+        for i, n in moves:  # the records that do not move are the same objects, as a replay sends them
+            ranks[i] = RankPlacement(rank=i if n != "n11" else 9, node=n)
+        last[job] = ranks
+        board.add_event(JobEvent(job=job, event="start", ts=T0 + k, placement=ranks), T0 + k)
+        rebuilt = JobBoard(tri, whole)  # reads every placement whole
+        rebuilt.add_event(JobEvent(job=job, event="start", ts=T0 + k, placement=[
+            RankPlacement(rank=p.rank, node=p.node) for p in ranks]), T0 + k)
+        for j in ("a/j0", "a/j1"):
+            if j in whole.jobs:
+                assert (state.jobs[j].ranks, state.jobs[j].nodes) == (whole.jobs[j].ranks, whole.jobs[j].nodes)
+        for n in NODES:
+            assert board.jobs_placed_on(n) == rebuilt.jobs_placed_on(n), n
 
 
 failure = st.tuples(st.sampled_from(["a/j0", "a/j1", "a/j2"]), st.lists(node, min_size=1, max_size=8, unique=True),
@@ -381,7 +414,9 @@ def test_the_nodes_seen_are_forgotten_as_a_walk_over_all_of_them_forgets_them(ev
         assert list(engine.state.seen.items()) == list(walked.items()), e
 
 
-PLACEMENTS = [NODES[:6], NODES[3:9], NODES[:6][::-1], NODES[6:]]  # the same list object while a placement stays
+# the same list object while a placement stays; of six nodes, some differ from others in a few positions
+# (read as a change), one names a node twice (read whole)
+PLACEMENTS = [NODES[:6], NODES[3:9], NODES[:6][::-1], NODES[6:], [*NODES[:5], NODES[7]], [*NODES[:5], NODES[0]]]
 sighting = st.one_of(
     st.tuples(st.just("seen"), st.lists(node, max_size=4)),
     st.tuples(st.just("seen_late"), st.lists(node, max_size=4)),
@@ -397,6 +432,10 @@ sighting = st.one_of(
 @example([("placed", "a/j0", 0), ("wait", 40_000.0), ("placed", "a/j0", 0), ("wait", 60_000.0),
           ("placed", "a/j0", 1), ("wait", 60_000.0), ("wait", 40_000.0)])
 @example([("wait", 10.0), ("placed", "a/j0", 0), ("removed", "n1"), ("placed", "a/j0", 0)])
+@example([("wait", 10.0), ("placed", "a/j0", 0), ("wait", 40_000.0), ("placed", "a/j0", 4), ("wait", 40_000.0),
+          ("placed", "a/j0", 0), ("wait", 60_000.0), ("placed", "a/j0", 5), ("wait", 40_000.0), ("wait", 60_000.0)])
+@example([("wait", 10.0), ("placed", "a/j0", 0), ("placed", "a/j0", 0), ("wait", 40_000.0), ("placed", "a/j0", 1),
+          ("wait", 60_000.0), ("placed", "a/j0", 2), ("wait", 40_000.0), ("wait", 100_000.0)])
 def test_sightings_with_placements_seen_again_in_bulk_forget_as_a_walk_over_every_node(events: list) -> None:  # type: ignore[type-arg]
     """A placement seen again whole is one bulk of the sightings' order; what they keep, once written,
     and when they forget, are a walk's over every node's latest sighting (n0 is held: renewed, never

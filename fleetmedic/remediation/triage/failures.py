@@ -114,7 +114,6 @@ class JobFailureTriage:
         #: rule 6's failed jobs (their serialised form is the state's ``node_failed_jobs``)
         self.failed_jobs = failed_jobs if failed_jobs is not None else FailedJobs(state)
         self.jobs = jobs if jobs is not None else JobBoard(settings, state)
-        self._node_sets: dict[str, tuple[list[str], frozenset[str]]] = {}  # job -> its record's nodes, as a set
 
     def decide(self, group: PendingGroup, now: float) -> list[Assessment]:
         """The first of the rules (see the module's docstring) that applies to this failed attempt."""
@@ -132,7 +131,7 @@ class JobFailureTriage:
     def _read(self, group: PendingGroup, now: float) -> _Failure:
         s, lib = self.settings, self.library
         rec = self.state.jobs.get(group.job) or JobRecord(job=group.job, attempt=group.attempt)
-        placed = self._node_set(rec)
+        placed = self.jobs.node_set(rec)
         extra = sorted({rep.node for rep in group.reports if rep.node and rep.node not in placed})
         job_nodes = placed.union(extra) if extra else placed
         by_node: dict[str, list[LineMatch]] = {}
@@ -163,18 +162,10 @@ class JobFailureTriage:
             hw_logs={n: m for n, m in distinct.items() if m.incident_class == "hardware"},
         )
 
-    def _node_set(self, rec: JobRecord) -> frozenset[str]:
-        """``rec.nodes`` as a set, made once for each placement (a lock-step job fails again and again
-        on the same nodes)."""
-        made = self._node_sets.get(rec.job)
-        if made is None or made[0] is not rec.nodes:
-            made = self._node_sets[rec.job] = (rec.nodes, frozenset(rec.nodes))
-        return made[1]
-
     def _node_of(self, m: LineMatch, rec: JobRecord) -> str:
         if m.rank is not None and m.rank in rec.ranks:
             return rec.ranks[m.rank]
-        if m.host and (m.host in rec.nodes or m.host in self.topology):
+        if m.host and (m.host in self.jobs.node_set(rec) or m.host in self.topology):
             return m.host
         return ""
 

@@ -61,6 +61,6 @@ class NodeFindings:
         lo = now - self.settings.evidence_window_s
         for job in self.jobs.jobs_placed_on(f.node):
             rec = self.state.jobs[job]
-            if app_xids_spread(self.state, self.settings, frozenset(rec.nodes), lo):
+            if app_xids_spread(self.state, self.settings, self.jobs.node_set(rec), lo):
                 return rec.job
         return ""

@@ -4,8 +4,12 @@ the failure is decided (:mod:`.failures`)."""
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
+from collections import Counter
+
 from fleetmedic.config import TriageSettings
 from fleetmedic.records import JobEvent, RankPlacement
+from fleetmedic.remediation.placements import among, changed_at
 from fleetmedic.remediation.triage.records import FailureReport, JobRecord, PendingGroup, TriageState, file_group
 
 
@@ -21,6 +25,10 @@ class JobBoard:
         #: job -> its record and the placement its ranks and nodes were last read from: a job placed
         #: again on the same ranks (a lock-step job restarted where it ran) is not read again
         self._read_from: dict[str, tuple[JobRecord, list[RankPlacement]]] = {}
+        #: job -> its record's nodes and how many of its ranks each hosts (made when a placement is
+        #: first read as a change of the last one)
+        self._counts: dict[str, tuple[list[str], Counter[str]]] = {}
+        self._sets: dict[str, tuple[list[str], frozenset[str]]] = {}  # job -> its record's nodes, as a set
 
     def _index(self) -> dict[str, set[str]]:
         if self._by_node is None:
@@ -31,18 +39,22 @@ class JobBoard:
             self._by_node = index
         return self._by_node
 
-    def _moved(self, job: str, before: list[str], after: list[str]) -> None:
+    def _moved(self, job: str, before: list[str], after: list[str],
+               left: set[str] | None = None, gained: set[str] | None = None) -> None:
+        """``job``'s nodes went from ``before`` to ``after``, or, given, lost ``left`` and gained ``gained``."""
         index = self._by_node
-        if index is None or before == after:
+        if index is None or (left is None and before == after):
             return
-        old, new = set(before), set(after)
-        for n in old - new:
+        if left is None or gained is None:
+            old, new = set(before), set(after)
+            left, gained = old - new, new - old
+        for n in left:
             jobs = index.get(n)
             if jobs is not None:
                 jobs.discard(job)
                 if not jobs:
                     del index[n]
-        for n in new - old:
+        for n in gained:
             index.setdefault(n, set()).add(job)
 
     def jobs_on(self, node: str) -> tuple[str, ...]:
@@ -85,10 +97,11 @@ class JobBoard:
         if e.placement:
             rec.attempt = e.attempt
             last = self._read_from.get(e.job)
-            if last is None or last[0] is not rec or last[1] != e.placement:  # the same records: compared by identity
-                rec.ranks = {p.rank: p.node for p in e.placement}
-                before, rec.nodes = rec.nodes, sorted(set(rec.ranks.values()))
-                self._moved(rec.job, before, rec.nodes)
+            if last is None or last[0] is not rec or last[1] != e.placement:
+                if last is None or last[0] is not rec or not self._read_change(rec, last[1], e.placement):
+                    rec.ranks = {p.rank: p.node for p in e.placement}
+                    before, rec.nodes = rec.nodes, sorted(set(rec.ranks.values()))
+                    self._moved(rec.job, before, rec.nodes)
                 self._read_from[e.job] = (rec, list(e.placement))
         if e.event == "placement":
             rec.attempt, rec.status = e.attempt, "placed"
@@ -106,6 +119,47 @@ class JobBoard:
         if rec.status in ("completed", "failed"):
             self._done_since = min(self._done_since, rec.last_event)
         return notes
+
+    def _read_change(self, rec: JobRecord, last: list[RankPlacement], placement: list[RankPlacement]) -> bool:
+        """Read ``placement`` as a change of ``last`` (the job's last placement read into ``rec``), if
+        few of its ranks changed node and none changed number, and ``last`` named each rank once:
+        the changed ranks, the nodes left and gained and the node-to-jobs index are updated, O(the
+        ranks changed) but for copying the sorted node list. False: to be read whole."""
+        at = changed_at(last, placement)
+        if at is None or len(rec.ranks) != len(last) or any(last[i].rank != placement[i].rank for i in at):
+            return False
+        counts = self._counts.get(rec.job)
+        if counts is None or counts[0] is not rec.nodes:
+            counts = (rec.nodes, Counter(rec.ranks.values()))
+        per_node = counts[1]
+        touched: set[str] = set()
+        for i in at:
+            before, after = last[i], placement[i]
+            rec.ranks[after.rank] = after.node
+            per_node[before.node] -= 1
+            per_node[after.node] += 1
+            touched.update((before.node, after.node))
+        nodes = rec.nodes.copy()
+        left = {n for n in touched if not per_node[n]}
+        gained = {n for n in touched if per_node[n] and not among(nodes, n)}
+        for n in left:
+            del per_node[n]
+            if among(nodes, n):
+                del nodes[bisect_left(nodes, n)]
+        for n in gained:
+            insort(nodes, n)
+        rec.nodes = nodes
+        self._counts[rec.job] = (nodes, per_node)
+        self._moved(rec.job, [], [], left, gained)
+        return True
+
+    def node_set(self, rec: JobRecord) -> frozenset[str]:
+        """``rec.nodes`` as a set, made once for each placement (a lock-step job fails again and again
+        on the same nodes)."""
+        made = self._sets.get(rec.job)
+        if made is None or made[0] is not rec.nodes:
+            made = self._sets[rec.job] = (rec.nodes, frozenset(rec.nodes))
+        return made[1]
 
     def _gather_failure(self, rec: JobRecord, e: JobEvent, now: float) -> list[str]:
         key = f"{e.job}#{e.attempt}"
@@ -135,7 +189,10 @@ class JobBoard:
                 if rec.last_event < before:
                     del self.state.jobs[job]
                     self._read_from.pop(job, None)
+                    self._counts.pop(job, None)
+                    self._sets.pop(job, None)
                     self._moved(job, rec.nodes, [])
                 else:
                     since = min(since, rec.last_event)
         self._done_since = since
+

@@ -224,7 +224,9 @@ def app_xids_spread(state: TriageState, settings: TriageSettings, nodes: Abstrac
     them, or on at least two and ``job_bug_min_fraction`` of them. Only the nodes with findings are
     read (a lock-step job has thousands of nodes, few of them with findings)."""
     findings = state.findings
-    with_findings = nodes & findings.keys() if len(findings) < len(nodes) else (n for n in nodes if n in findings)
+    # the smaller side is walked, the other looked up
+    with_findings = [n for n in findings if n in nodes] if len(findings) < len(nodes) else [
+        n for n in nodes if n in findings]
     count = sum(1 for n in with_findings if any(
         g.detector == "xid_rules" and g.severity != "critical" and g.ts >= since for g in findings[n]))
     return count >= settings.job_bug_min_nodes or (count >= 2 and count >= settings.job_bug_min_fraction * len(nodes))

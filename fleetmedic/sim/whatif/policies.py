@@ -24,14 +24,13 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable
-from itertools import compress, count
-from operator import ne
 
 from fleetmedic import records as r
 from fleetmedic.actions import JOB_ACTIONS, RELEASING
 from fleetmedic.config import Settings
 from fleetmedic.evaluation.scoring import is_repair
 from fleetmedic.remediation.log_patterns import default_library
+from fleetmedic.remediation.placements import changed_at
 from fleetmedic.remediation.topology import Placement, Topology
 from fleetmedic.sim.embedded import EmbeddedPipeline
 from fleetmedic.sim.whatif.evidence import REASSERTED, EvidenceSource, failure_lines
@@ -175,21 +174,19 @@ def fleet_topology(world: World) -> Topology:
 
 def _rank_placements(world: World, nodes: list[int], last: tuple[list[int], list[r.RankPlacement]] | None
                      ) -> list[r.RankPlacement]:
-    """A record a rank (rank ``i`` on ``nodes[i]``, every GPU of the node), read-only. The records of
-    ``last`` (the job's last nodes and records) for the ranks whose node is the same, at the head
-    and, placements of the same size, at the tail, are taken as they are: a lock-step job placed
-    again without a node or two makes the records of the ranks between them only."""
+    """A record a rank (rank ``i`` on ``nodes[i]``, every GPU of the node), read-only. A placement of
+    the size of ``last`` (the job's last nodes and records) that differs from it in a few ranks (a
+    lock-step job placed again without a node or two) takes its records and makes the changed ones."""
     gpus = list(range(world.a.gpus_per_node))  # one list for every rank: the records are read-only
     names = world.nodes
-    head = tail = 0
-    before, records = last if last is not None else ([], [])
-    if records:
-        both = min(len(before), len(nodes))
-        head = next(compress(count(), map(ne, before, nodes)), both)
-        if len(before) == len(nodes):
-            tail = min(next(compress(count(), map(ne, reversed(before), reversed(nodes))), both), both - head)
-    made = [r.RankPlacement(rank=i, node=names[nodes[i]].name, gpus=gpus) for i in range(head, len(nodes) - tail)]
-    return [*records[:head], *made, *records[len(records) - tail:]]
+    if last is not None and last[1]:
+        at = changed_at(last[0], nodes)
+        if at is not None:
+            made = last[1].copy()
+            for i in at:
+                made[i] = r.RankPlacement(rank=i, node=names[nodes[i]].name, gpus=gpus)
+            return made
+    return [r.RankPlacement(rank=i, node=names[n].name, gpus=gpus) for i, n in enumerate(nodes)]
 
 
 #: between inputs the engine ticks every IDLE_TICK_S: what it waits for then (refused isolations

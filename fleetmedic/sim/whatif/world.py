@@ -28,10 +28,11 @@ import functools
 import heapq
 import itertools
 import math
+import operator
 import random
 import sys
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
 
@@ -296,6 +297,23 @@ def _among(nodes: set[int], table: dict[int, Fault]) -> list[int]:
     if len(nodes) <= len(table):
         return [n for n in nodes if n in table]
     return [n for n in table if n in nodes]
+
+
+def _keep_ranks(job: Job, kept: list[int], fill: Iterable[int]) -> list[int]:
+    """The nodes of ``job``'s ranks, rank ``i`` on the ``i``-th: those of ``kept`` (nodes its last
+    attempt ran on) each where its rank ran, the ranks whose node is not kept on ``fill``'s nodes in
+    its order, as the scheduler gives them (a restarted pod keeps its name and index: a lock-step
+    job placed again without a node or two changes those ranks only). A job placed for the first
+    time, or at another size, takes ``kept`` then ``fill`` in node order."""
+    prev = job.prev_nodes
+    if len(prev) != job.size:
+        return sorted([*kept, *fill])
+    keep = set(kept)
+    chosen = list(prev)
+    to_fill = iter(fill)
+    for i in itertools.compress(itertools.count(), map(operator.not_, map(keep.__contains__, prev))):
+        chosen[i] = next(to_fill)
+    return chosen
 
 
 def shuffle(rng: random.Random, x: list[int], batch: int = 0) -> None:
@@ -643,7 +661,7 @@ class World:
         if attempt is not None and (job.attempt != attempt or job.state != "waiting_to_detect"):
             return False
         if job.state in ("running", "restart_overhead"):
-            self.fail_job(job, job.nodes[0] if job.nodes else -1, t, f"stopped by {by}")
+            self.fail_job(job, min(job.nodes) if job.nodes else -1, t, f"stopped by {by}")
         if job.state == "waiting_to_detect":
             self._job_state(job, "waiting_for_capacity", t)
         job.restart_requested = True
@@ -682,7 +700,7 @@ class World:
                 and last[3] is again):
             return  # it found no room, and nothing that could make some has happened since
         if len(again) == job.size and self._all_free(again) and again.isdisjoint(exclude):
-            chosen = sorted(job.prev_nodes)  # every pod goes back: the random order decides nothing
+            chosen = job.prev_nodes  # every pod goes back, each rank where it ran: no random order
             chosen_set = again
         else:
             room = self.free_count() - self._free_among(exclude)
@@ -707,8 +725,7 @@ class World:
                 # where the pods ran first (all of them), then the rest in the scheduler's order
                 kept = list(filter(again.__contains__, ordered))
                 rest = itertools.filterfalse(again.__contains__, free)
-                # (``kept`` is sorted but for preempted nodes: the sort runs over it in one pass)
-                chosen = sorted([*kept, *itertools.islice(rest, job.size - len(kept))])
+                chosen = _keep_ranks(job, kept, itertools.islice(rest, job.size - len(kept)))
             else:
                 chosen = sorted(list(filter(again.__contains__, free))[: job.size])
         job.attempt += 1
@@ -745,7 +762,7 @@ class World:
             if job.attempt != attempt:
                 return
             f = self.nodes[node].fault()
-            if f is not None and f.entry.effect == "crash" and node in job.nodes:
+            if f is not None and f.entry.effect == "crash" and node in job.owned:
                 self.fail_job(job, node, t, f"{f.entry.category} on {self.nodes[node].name}")
                 return
 
