@@ -12,7 +12,7 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from itertools import compress, count, islice
-from operator import ne
+from operator import is_not, ne
 from typing import Final, TypeVar
 
 T = TypeVar("T")
@@ -26,6 +26,11 @@ def changed_at(before: Sequence[T], after: Sequence[T], most: int = MOST_CHANGED
     differ or more than ``most`` positions do (the caller reads ``after`` whole)."""
     if len(before) != len(after):
         return None
+    # the records kept are most often the same objects: the positions where they are not, looked at
+    # one by one, are a few; otherwise every position is compared
+    found = list(islice(compress(count(), map(is_not, before, after)), most + 1))
+    if len(found) <= most:
+        return [i for i in found if before[i] != after[i]]
     found = list(islice(compress(count(), map(ne, before, after)), most + 1))
     return found if len(found) <= most else None
 

@@ -188,10 +188,11 @@ class Sightings:
                 break
             else:
                 nodes.append(key)
-        forgot = False
+        forgot: set[str] = set()
         for n in nodes:
             del order[n]
-            forgot |= self._expire(n, horizon, now, may_forget)
+            if self._expire(n, horizon, now, may_forget):
+                forgot.add(n)
         for key in bulks:
             bulk = self._bulks.pop(key)
             del order[key]
@@ -200,9 +201,11 @@ class Sightings:
             for n in bulk.nodes:  # those it stands for in the order expired with it
                 if n in self._covered and seen.get(n, float("inf")) <= bulk.at:
                     self._covered.discard(n)
-                    forgot |= self._expire(n, horizon, now, may_forget)
-        if forgot:
-            self._whole.clear()
+                    if self._expire(n, horizon, now, may_forget):
+                        forgot.add(n)
+        if forgot:  # a placement with a node forgotten is written node by node when seen again
+            self._whole = {job: (w[0], members) for job, w in self._whole.items()
+                           if (members := w[1] if w[1] is not None else set(w[0])).isdisjoint(forgot)}
         self._last = max(self._last, now)
         self.next_forget = self._oldest(now) + after
 

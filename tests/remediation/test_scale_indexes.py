@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import functools
 
+import msgspec
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -30,6 +31,7 @@ from fleetmedic.config import parse_config
 from fleetmedic.records import JobEvent, RankPlacement
 from fleetmedic.remediation.engine import DecisionEngine, Decisions
 from fleetmedic.remediation.node_track import NodeTrack
+from fleetmedic.remediation.placements import changed_at, swapped
 from fleetmedic.remediation.sightings import Sightings
 from fleetmedic.remediation.topology import Placement, Topology
 from fleetmedic.remediation.triage.history import FailedJobs
@@ -215,8 +217,22 @@ def test_a_placement_read_as_a_change_of_the_last_equals_one_read_whole(changes:
         for j in ("a/j0", "a/j1"):
             if j in whole.jobs:
                 assert (state.jobs[j].ranks, state.jobs[j].nodes) == (whole.jobs[j].ranks, whole.jobs[j].nodes)
+                assert board.node_set(state.jobs[j]) == frozenset(whole.jobs[j].nodes)
         for n in NODES:
             assert board.jobs_placed_on(n) == rebuilt.jobs_placed_on(n), n
+
+
+def test_a_placement_decoded_again_is_compared_by_value_not_by_identity() -> None:
+    """Records decoded from a message are new objects each time: the changed positions are those
+    whose values differ, and too many of them read the placement whole."""
+    last = [RankPlacement(rank=r, node=f"n{r}") for r in range(200)]
+    again = msgspec.json.decode(msgspec.json.encode(last), type=list[RankPlacement])
+    again[7] = RankPlacement(rank=7, node="n999")
+    assert changed_at(last, again) == [7]
+    assert changed_at(last, last[:199]) is None  # another size
+    assert changed_at(last, [RankPlacement(rank=r, node=f"m{r}") for r in range(200)]) is None  # 200 > 64 changed
+    assert swapped(["a", "b", "c"], ["a", "x", "c"], [1], {"a", "b", "c"}) == ({"b"}, {"x"})
+    assert swapped(["a", "b", "c"], ["a", "c", "c"], [1], {"a", "b", "c"}) is None  # "c" twice
 
 
 failure = st.tuples(st.sampled_from(["a/j0", "a/j1", "a/j2"]), st.lists(node, min_size=1, max_size=8, unique=True),

@@ -294,6 +294,21 @@ def test_a_restarts_exclusions_stay_in_the_template_for_the_controllers_next_res
     assert job.state == "restart_overhead" and spare not in job.nodes and job.exclude == {spare}
 
 
+def test_a_lock_step_job_placed_again_without_a_node_keeps_every_other_rank_where_it_ran() -> None:
+    w = World(parse_history(one_dbe()), load_mapping("stepfun"), tiny(nodes=12, big_job_fraction=0.5),
+              Manual(), 105.0, 600.0)
+    w.policy.start(w, w.t)
+    job = w.jobs[0]
+    before = list(job.nodes)
+    lost = before[2]
+    w.fail_job(job, lost, w.t, "a crash")
+    w.request_restart(job, {lost}, w.t + 30, "fleetmedic")
+    assert job.state == "restart_overhead" and len(job.nodes) == len(before)
+    # rank i keeps its node but for rank 2, whose node is excluded: it took a free node
+    assert [n for i, n in enumerate(job.nodes) if i != 2] == [n for i, n in enumerate(before) if i != 2]
+    assert job.nodes[2] not in before
+
+
 @pytest.mark.parametrize(("why", "taken_out"), [("preempted by the big job", False), ("stopped by fleetmedic", False),
                                                 ("Unknown Error on n5", True)])
 def test_the_person_on_call_suspects_a_node_for_its_failures_not_for_preemptions(why: str, taken_out: bool) -> None:

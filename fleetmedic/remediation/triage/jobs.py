@@ -148,6 +148,11 @@ class JobBoard:
                 del nodes[bisect_left(nodes, n)]
         for n in gained:
             insort(nodes, n)
+        made = self._sets.get(rec.job)
+        if made is not None and made[0] is rec.nodes and (left or gained):  # the set, changed the same way
+            self._sets[rec.job] = (nodes, made[1].difference(left).union(gained))
+        elif made is not None and made[0] is rec.nodes:
+            self._sets[rec.job] = (nodes, made[1])
         rec.nodes = nodes
         self._counts[rec.job] = (nodes, per_node)
         self._moved(rec.job, [], [], left, gained)
@@ -156,6 +161,8 @@ class JobBoard:
     def node_set(self, rec: JobRecord) -> frozenset[str]:
         """``rec.nodes`` as a set, made once for each placement (a lock-step job fails again and again
         on the same nodes)."""
+        if self.state.jobs.get(rec.job) is not rec:  # a job not tracked (yet): kept for none
+            return frozenset(rec.nodes)
         made = self._sets.get(rec.job)
         if made is None or made[0] is not rec.nodes:
             made = self._sets[rec.job] = (rec.nodes, frozenset(rec.nodes))

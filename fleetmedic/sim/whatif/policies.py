@@ -282,7 +282,10 @@ class Fleetmedic:
         code, reason, lines = failure_lines(evidence) if evidence else (143, "Evicted", ["SIGTERM received"])
         if "drain" in why or "repair" in why or "reboot" in why or "preempted" in why or "stopped by" in why:
             code, reason, lines = 143, "Evicted", [f"Terminated: {why}"]
-        rank = was_on.index(node) if node in was_on else 0
+        try:
+            rank = was_on.index(node)
+        except ValueError:
+            rank = 0
         ev = r.JobEvent(job=job.ref, event="failure", ts=round(t, 3), attempt=job.attempt, workload_kind="PyTorchJob",
                         world_size=job.size, rank=rank, node=world.nodes[node].name if node >= 0 else "",
                         exit_code=code, reason=reason, log_excerpt=lines)
@@ -446,7 +449,7 @@ class Fleetmedic:
                 self._result(world, cmd, t, "applied")
                 return
             if (job.state in ("running", "restart_overhead") and job.started_at >= cmd.issued_at
-                    and not exclude & set(job.nodes)):
+                    and exclude.isdisjoint(job.owned)):
                 # the job's controller restarted it since, away from the nodes to exclude
                 self._result(world, cmd, t, "skipped", "already restarted without the excluded nodes")
                 return
