@@ -88,6 +88,8 @@ class DecisionEngine:
         #: job -> the placement last read and its nodes: a job placed again on the same ranks (a
         #: lock-step job restarted where it ran) has its nodes read once
         self._placed_nodes: dict[str, tuple[list[RankPlacement], list[str]]] = {}
+        #: what :meth:`suspected_nodes` last read, and the versions of what it was read from
+        self._suspected: tuple[tuple[int, int, int, int] | None, frozenset[str]] = (None, frozenset())
         if topology is not None:
             self.state.topology = dict(topology.nodes)
         fleet = self._topology = Topology(self.state.topology)
@@ -409,9 +411,17 @@ class DecisionEngine:
         awaiting repair), or named by an open node incident whose evidence is still being confirmed
         (unless the node passed diagnostics and returned to service since the incident's last evidence).
         A restart or requeue excludes them all."""
-        out = self.triage.suspected_nodes(NODE_CLASSES, self.nodes.in_probation())
-        out.update(self.nodes.unhealthy())
-        out.update(self.gate.state.held)
+        returned, unhealthy = self.nodes.in_probation(), self.nodes.unhealthy()
+        # read again only when the incidents, the nodes in probation or unhealthy, or the holds changed
+        key = (self.triage.book.version, self.nodes.probation_changes, self.nodes.unhealthy_changes,
+               self.gate.changes)
+        if self._suspected[0] != key:
+            named = self.triage.suspected_nodes(NODE_CLASSES, returned, gathering=False)
+            named.update(unhealthy)
+            named.update(self.gate.state.held)
+            self._suspected = (key, frozenset(named))
+        out = set(self._suspected[1])  # (the callers' to change)
+        out.update(self.triage.gathering())
         return out
 
     def cordons_in_flight(self) -> dict[str, str]:

@@ -5,7 +5,7 @@ materially, not for every piece of evidence)."""
 
 from __future__ import annotations
 
-import math
+import heapq
 
 import msgspec
 
@@ -22,11 +22,13 @@ class IncidentTracker:
         self.state = state
         self.triage = triage
         self.issuer = issuer
-        # what the last walk over every open incident left for :meth:`close_stale`: no open incident
-        # outside ``_held`` has evidence older than ``_recent`` (new evidence and new incidents are
-        # later), and ``_held`` are those it kept open for their tracks, in the book's order
-        self._recent = -math.inf
+        # what :meth:`close_stale` keeps: the open incidents queued by their evidence's time when last
+        # looked at (evidence only gets later: one is looked at again once that time is stale), those
+        # it kept open for their tracks (looked at each time), and the book's version they reflect
+        self._queue: list[tuple[float, int, str]] = []
+        self._queued: set[str] = set()
         self._held: dict[str, None] = {}
+        self._version = -1
 
     def publish(self, inc: Incident, out: Decisions) -> bool:
         """Emit an incident when it is new or changed materially (not for every piece of evidence)."""
@@ -84,31 +86,41 @@ class IncidentTracker:
 
     def close_stale(self, now: float, out: Decisions) -> None:
         """Incidents nothing waits for and no evidence renewed within ``incident_merge_s`` close:
-        ``resolved`` if fleetmedic acted on them, else ``dismissed``."""
+        ``resolved`` if fleetmedic acted on them, else ``dismissed``. Only those whose evidence, when
+        last looked at, is older than that are looked at (and those their tracks held), in the
+        book's order."""
         horizon = now - self.settings.triage.incident_merge_s
-        incidents = self.triage.state.incidents
-        walk = horizon >= self._recent  # else only those the tracks held may be due
-        ids = list(self.triage.book.open_ids if walk else self._held)  # (in the book's order)
-        recent, held = now, dict[str, None]()
-        for inc in [incidents[i] for i in ids if i in incidents]:
-            seen = inc.last_seen or inc.first_seen
-            if inc.status not in ("open", "mitigating"):
+        book, incidents = self.triage.book, self.triage.state.incidents
+        queue, queued = self._queue, self._queued
+        if book.version != self._version:  # incidents opened or reopened since join the queue
+            for inc_id in book.open_ids.keys() - queued:
+                opened = incidents[inc_id]
+                heapq.heappush(queue, (opened.last_seen or opened.first_seen, book.serial[inc_id], inc_id))
+                queued.add(inc_id)
+            self._version = book.version
+        due = self._held
+        while queue and queue[0][0] <= horizon:
+            due[heapq.heappop(queue)[2]] = None
+        held: dict[str, None] = {}
+        for inc_id in sorted(due, key=lambda i: book.serial.get(i, -1)):
+            inc = incidents.get(inc_id)
+            if inc is None or inc.status not in ("open", "mitigating"):
+                queued.discard(inc_id)
                 continue
-            if seen > horizon:
-                recent = min(recent, seen)
+            seen = inc.last_seen or inc.first_seen
+            if seen > horizon:  # renewed since: queued again by its new time
+                heapq.heappush(queue, (seen, book.serial[inc_id], inc_id))
                 continue
             t = self.state.tracks.get(inc.id)
             if t is not None and (t.nodes or t.jobs):
-                held[inc.id] = None
+                held[inc_id] = None
                 continue
+            queued.discard(inc_id)
             if inc.id not in self.state.published:  # watched, never confirmed: forget it quietly
                 self.triage.set_status(inc.id, "dismissed", now)
                 continue
             self.set_status(inc.id, "resolved" if inc.status == "mitigating" else "dismissed", now, out)
-        if walk:
-            self._recent, self._held = recent, held
-        else:  # the held ones still open, recent or held again (their evidence is later than ``_recent``)
-            self._held = {i: None for i in ids if i in self.triage.book.open_ids}
+        self._held = held
 
     def forget_gone(self) -> None:
         """Drop the tracks and publication keys of incidents triage no longer holds."""

@@ -142,7 +142,8 @@ class JobTrack:
         held = self.gate.state.held
         if self.unhealthy is not None:
             unhealthy = self.unhealthy()
-            hard = {n for n in suspects if n in held or n in unhealthy}
+            hard = suspects.intersection(held)
+            hard.update(suspects.intersection(unhealthy))
         else:
             hard = {n for n in suspects if n in held or self.node_state(n) not in ("healthy", "probation")}
         room = max(0, self.settings.policy.max_soft_exclusions - max(0, already - len(hard)))

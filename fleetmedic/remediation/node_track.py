@@ -68,6 +68,7 @@ class NodeTrack:
         self._unhealthy: set[str] = set()
         self.unhealthy_changes = 0  # moves on whenever :meth:`unhealthy` gains or loses a node
         self._probation: dict[str, float] = {}
+        self.probation_changes = 0  # moves on whenever :meth:`in_probation` changes
         # (returned_at, node): a record kept only for its definitive return, forgotten once that expires
         self._remembered: list[tuple[float, str]] = []
         self._remembering: set[str] = set()
@@ -108,6 +109,7 @@ class NodeTrack:
             self._unhealthy = {n for n, r in nodes.items() if r.state not in ("healthy", "probation")}
             self._probation = {n: r.since for n, r in nodes.items() if r.state == "probation"}
             self.unhealthy_changes += 1
+            self.probation_changes += 1
             return
         unhealthy = self._unhealthy
         for n in changed:
@@ -120,9 +122,11 @@ class NodeTrack:
             else:
                 unhealthy.add(n)
             if r is not None and state == "probation":
-                self._probation[n] = r.since
-            else:
-                self._probation.pop(n, None)
+                if self._probation.get(n) != r.since:
+                    self._probation[n] = r.since
+                    self.probation_changes += 1
+            elif self._probation.pop(n, None) is not None:
+                self.probation_changes += 1
 
     # --- the nodes ----------------------------------------------------------------------------------
 

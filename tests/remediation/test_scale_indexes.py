@@ -7,7 +7,8 @@ what a rebuild from scratch gives, over random sequences of the events that chan
   silent nodes; the sightings' order with placements seen again in bulk against a walk over every node;
 - triage's pending groups, kept in deadline order so that the due ones are a prefix;
 - the history rule's failed jobs, kept once a failure, against a table of each node's jobs;
-- the incident book's subject index and its queue of closed incidents;
+- the incident book's subject index and its queue of closed incidents; the open incidents queued for
+  closing by their evidence's time;
 - triage's node -> jobs index under placements, status changes, restores and forgetting;
 - the housekeeping's record sets (the node track's records for the tick, the forgetting and its
   remembered definitive returns, the unhealthy nodes and those in probation; the issuer's commands
@@ -151,6 +152,21 @@ def test_closed_incidents_are_forgotten_after_the_merge_window_without_a_scan_of
     assert inc_id not in restored.triage.state.incidents
     book.forget_closed(w.now + 601)
     assert inc_id not in w.engine.triage.state.incidents
+
+
+def test_stale_incidents_close_once_their_latest_evidence_is_stale_not_their_first() -> None:
+    w = World(n=32, config="triage: {incident_merge_s: 600, warning_confirmations: 3}")  # watched, not acted on
+    w.degradation("node-1")
+    w.degradation("node-2")
+    incidents = w.engine.triage.state.incidents
+    first = {inc.suspects[0].name: inc.id for inc in incidents.values()}
+    w.advance(500)
+    w.degradation("node-2")  # renewed: its evidence is 500 s later than node-1's
+    w.advance(200)
+    assert incidents[first["node-1"]].status == "dismissed"
+    assert incidents[first["node-2"]].status == "open"
+    w.advance(500)
+    assert incidents[first["node-2"]].status == "dismissed"
 
 
 job_event = st.tuples(
@@ -334,7 +350,10 @@ def _rebuild_indexes(engine: DecisionEngine) -> None:
     engine.issuer._issued = None
     engine.triage.job_board._done_since = float("-inf")
     engine.triage._suspects = (None, {})  # the suspects read from every open incident again
+    engine._suspected = (None, frozenset())
     engine.triage.book._order_open()
+    tracker = engine.incidents  # every open incident looked at for closing, as a walk over them does
+    tracker._queue, tracker._queued, tracker._held, tracker._version = [], set(), {}, -1
 
 
 def _apply(w: World, op: tuple, rebuild: bool) -> None:  # type: ignore[type-arg]
@@ -389,6 +408,7 @@ def test_an_engine_keeping_its_housekeeping_sets_decides_as_one_rebuilding_them(
                                                      if inc.status in ("open", "mitigating")], op
         suspected = engine.suspected_nodes()
         engine.triage._suspects = (None, {})
+        engine._suspected = (None, frozenset())
         assert suspected == engine.suspected_nodes(), op  # as read from every open incident again
         if track._for_tick is not None:  # every record the tick has something to do for is looked at, sleeps,
             # or waits for what its standing refusal was decided on to change

@@ -27,6 +27,9 @@ class IncidentBook:
         closed = sorted((inc.last_seen or inc.first_seen, inc_id) for inc_id, inc in state.incidents.items()
                         if inc.status in ("resolved", "dismissed"))
         self._closed: dict[str, None] = dict.fromkeys(inc_id for _, inc_id in closed)
+        #: incident -> its place in the book (the order the incidents were opened in)
+        self.serial: dict[str, int] = {inc_id: k for k, inc_id in enumerate(state.incidents)}
+        self._next_serial = len(self.serial)
         #: the open (or mitigating) incidents, in the book's order
         self.open_ids: dict[str, None] = {}
         self._order_open()
@@ -70,6 +73,8 @@ class IncidentBook:
                        severity=severity, summary=summary[:4096], jobs=union([], jobs),
                        finding_ids=union([], finding_ids)[-MAX_IDS:])
         self.state.incidents[inc_id] = inc
+        self.serial[inc_id] = self._next_serial
+        self._next_serial += 1
         self.open_ids[inc_id] = None
         self.version += 1
         replaced = self.state.open_by_subject.get(key)
@@ -117,5 +122,6 @@ class IncidentBook:
                 if (inc.last_seen or inc.first_seen) >= horizon:
                     return  # closed later than this one: not due either
                 del self.state.incidents[inc_id]
+                self.serial.pop(inc_id, None)
                 self.version += 1
             del self._closed[inc_id]

@@ -103,11 +103,12 @@ class Triage:
         self._classes = (self.book.version, out)
         return out
 
-    def suspected_nodes(self, classes: frozenset[str], returned: Mapping[str, float] | None = None) -> set[str]:
+    def suspected_nodes(self, classes: frozenset[str], returned: Mapping[str, float] | None = None,
+                        gathering: bool = True) -> set[str]:
         """Nodes an open incident of one of ``classes`` suspects (itself or one of its GPUs), confirmed
-        or still watched, and hosts whose network findings are being gathered. ``returned``: nodes
-        returned to service (after passing diagnostics) and when; an incident whose last evidence is
-        older than the return no longer counts against the node."""
+        or still watched, and (``gathering``) hosts whose network findings are being gathered.
+        ``returned``: nodes returned to service (after passing diagnostics) and when; an incident
+        whose last evidence is older than the return no longer counts against the node."""
         key = (self.book.version, classes)
         if self._suspects[0] != key:  # the incidents changed: their suspects are read again
             named: dict[str, float] = {}  # node -> the latest evidence of an open incident naming it
@@ -124,8 +125,13 @@ class Triage:
             self._suspects = (key, named)
         back = returned or {}
         out = {node for node, seen in self._suspects[1].items() if node not in back or seen > back[node]}
-        out.update(key[5:] for key in self.state.network if key.startswith("node:"))
+        if gathering:
+            out.update(self.gathering())
         return out
+
+    def gathering(self) -> list[str]:
+        """Hosts whose network findings are being gathered."""
+        return [key[5:] for key in self.state.network if key.startswith("node:")]
 
     def jobs_on(self, node: str) -> tuple[str, ...]:
         return self.job_board.jobs_on(node)

@@ -217,6 +217,7 @@ class Fleetmedic:
         self.breaker_trips = 0
         #: job -> (its nodes, its placement records) when last placed
         self._placements: dict[int, tuple[list[int], list[r.RankPlacement]]] = {}
+        self._last_excluded: tuple[list[str], set[int]] | None = None  # (see :meth:`_excluded`)
 
     # --- the engine's inputs ----------------------------------------------------------------------
 
@@ -440,7 +441,7 @@ class Fleetmedic:
             if job is None:
                 self._result(world, cmd, t, "failed", f"unknown job {cmd.job}")
                 return
-            exclude = {world.index[x] for x in cmd.exclude_nodes if x in world.index}
+            exclude = self._excluded(world, cmd.exclude_nodes)
             if cmd.params.get("only_if_waiting") == "true":  # more exclusions for a waiting job only
                 if job.state != "waiting_for_capacity":
                     self._result(world, cmd, t, "skipped", "the job is not waiting for capacity")
@@ -469,6 +470,14 @@ class Fleetmedic:
                     world.at(t + world.human_delay("ticket", n, t), lambda at: self._ticket(world, n, at))
         else:
             self._result(world, cmd, t, "applied")
+
+    def _excluded(self, world: World, names: list[str]) -> set[int]:
+        """The nodes of a command's exclusions (a new set: the world keeps it); the same list as the
+        last command's (the requeues of the jobs one placement preempted) is looked up once."""
+        last = self._last_excluded
+        if last is None or last[0] != names:
+            last = self._last_excluded = (names, {world.index[x] for x in names if x in world.index})
+        return set(last[1])
 
     def _timed(self, world: World, cmd: r.RemediationCommand, n: int, t: float) -> None:
         node = world.nodes[n]
