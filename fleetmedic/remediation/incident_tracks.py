@@ -24,10 +24,12 @@ class IncidentTracker:
         self.issuer = issuer
         # what :meth:`close_stale` keeps: the open incidents queued by their evidence's time when last
         # looked at (evidence only gets later: one is looked at again once that time is stale), those
-        # it kept open for their tracks (looked at each time), and the book's version they reflect
+        # it kept open for their tracks (looked at again once a track of theirs empties: ``_released``),
+        # and the book's version they reflect
         self._queue: list[tuple[float, int, str]] = []
         self._queued: set[str] = set()
-        self._held: dict[str, None] = {}
+        self._held: set[str] = set()
+        self._released: set[str] = set()
         self._version = -1
 
     def publish(self, inc: Incident, out: Decisions) -> bool:
@@ -70,6 +72,7 @@ class IncidentTracker:
         t.nodes = [n for n in t.nodes if n != node]
         t.jobs = [j for j in t.jobs if j != job]
         if not t.nodes and not t.jobs:
+            self._release(incident_id)
             self.set_status(incident_id, "resolved", now, out)
 
     def stop_waiting_for(self, incident_id: str, node: str) -> None:
@@ -77,6 +80,15 @@ class IncidentTracker:
         t = self.state.tracks.get(incident_id)
         if t is not None:
             t.nodes = [n for n in t.nodes if n != node]
+            if not t.nodes and not t.jobs:
+                self._release(incident_id)
+
+    def _release(self, incident_id: str) -> None:
+        """Nothing waits for the incident any more: if :meth:`close_stale` kept it open for that, it
+        looks at it again."""
+        if incident_id in self._held:
+            self._held.discard(incident_id)
+            self._released.add(incident_id)
 
     def set_status(self, incident_id: str, status: IncidentStatus, now: float, out: Decisions) -> None:
         inc = self.triage.set_status(incident_id, status, now)
@@ -98,10 +110,11 @@ class IncidentTracker:
                 heapq.heappush(queue, (opened.last_seen or opened.first_seen, book.serial[inc_id], inc_id))
                 queued.add(inc_id)
             self._version = book.version
-        due = self._held
+        due, self._released = self._released, set()
         while queue and queue[0][0] <= horizon:
-            due[heapq.heappop(queue)[2]] = None
-        held: dict[str, None] = {}
+            due.add(heapq.heappop(queue)[2])
+        if not due:
+            return
         for inc_id in sorted(due, key=lambda i: book.serial.get(i, -1)):
             inc = incidents.get(inc_id)
             if inc is None or inc.status not in ("open", "mitigating"):
@@ -113,19 +126,19 @@ class IncidentTracker:
                 continue
             t = self.state.tracks.get(inc.id)
             if t is not None and (t.nodes or t.jobs):
-                held[inc_id] = None
+                self._held.add(inc_id)
                 continue
             queued.discard(inc_id)
             if inc.id not in self.state.published:  # watched, never confirmed: forget it quietly
                 self.triage.set_status(inc.id, "dismissed", now)
                 continue
             self.set_status(inc.id, "resolved" if inc.status == "mitigating" else "dismissed", now, out)
-        self._held = held
 
     def forget_gone(self) -> None:
         """Drop the tracks and publication keys of incidents triage no longer holds."""
         incidents = self.triage.state.incidents
         for inc_id in [i for i in self.state.tracks if i not in incidents]:
             del self.state.tracks[inc_id]
+            self._held.discard(inc_id)
         for inc_id in [i for i in self.state.published if i not in incidents]:
             del self.state.published[inc_id]

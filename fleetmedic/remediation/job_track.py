@@ -49,6 +49,7 @@ class JobTrack:
         #: job -> a waiting restart's exclusions (``MovingJob.exclude``, replaced when it grows), their set,
         #: and ``hard_changes()`` when they were last found to hold every held and unhealthy node
         self._excluded: dict[str, tuple[list[str], set[str], object]] = {}
+        self._last_exclude: tuple[set[str], list[str]] | None = None  # the last move's exclusions, and sorted
 
     # --- acting on a decision -----------------------------------------------------------------------
 
@@ -126,7 +127,11 @@ class JobTrack:
         # away from every node fleetmedic suspects, isolated or not: a restart that lands on one that is
         # settling, refused, not yet cordoned or still being confirmed fails again
         own = set(a.exclude_nodes) | set(a.suspect_nodes)
-        exclude = sorted(own | self._affordable(job, self.suspected() - own))
+        chosen = own | self._affordable(job, self.suspected() - own)
+        last = self._last_exclude  # the moves of the jobs one input stops exclude the same nodes
+        if last is None or last[0] != chosen:
+            last = self._last_exclude = (chosen, sorted(chosen))
+        exclude = last[1]  # (read-only: shared by the commands and moving jobs that exclude them)
         self.issuer.command(out, now, cid, action, inc.id, job, reason, params, exclude=exclude)
         if self.settings.policy.follow_suspects_s > 0:
             self.state.moving[job] = MovingJob(command_id=cid, action=action, incident_id=inc.id, attempt=attempt,

@@ -169,6 +169,18 @@ def test_stale_incidents_close_once_their_latest_evidence_is_stale_not_their_fir
     assert incidents[first["node-2"]].status == "dismissed"
 
 
+def test_an_incident_kept_open_by_its_track_closes_once_the_track_empties() -> None:
+    w = World(n=32, config="triage: {incident_merge_s: 600, warning_confirmations: 3}")
+    w.degradation("node-1")
+    (inc_id,) = w.engine.triage.state.incidents
+    w.engine.incidents.track(inc_id, node="node-1")  # waits for the node
+    w.advance(700)
+    assert w.engine.triage.state.incidents[inc_id].status == "open"  # stale, but waited for
+    w.engine.incidents.stop_waiting_for(inc_id, "node-1")
+    w.advance(10)
+    assert w.engine.triage.state.incidents[inc_id].status == "dismissed"
+
+
 job_event = st.tuples(
     st.sampled_from(["a/j0", "a/j1", "a/j2", "a/j3"]),
     st.sampled_from(["placement", "start", "progress", "completion", "restart", "failure"]),
@@ -353,7 +365,7 @@ def _rebuild_indexes(engine: DecisionEngine) -> None:
     engine._suspected = (None, frozenset())
     engine.triage.book._order_open()
     tracker = engine.incidents  # every open incident looked at for closing, as a walk over them does
-    tracker._queue, tracker._queued, tracker._held, tracker._version = [], set(), {}, -1
+    tracker._queue, tracker._queued, tracker._held, tracker._released, tracker._version = [], set(), set(), set(), -1
 
 
 def _apply(w: World, op: tuple, rebuild: bool) -> None:  # type: ignore[type-arg]
