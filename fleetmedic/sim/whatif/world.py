@@ -299,16 +299,16 @@ def _among(nodes: set[int], table: dict[int, Fault]) -> list[int]:
     return [n for n in table if n in nodes]
 
 
-def _keep_ranks(job: Job, kept: list[int], fill: Iterable[int]) -> list[int]:
+def _keep_ranks(job: Job, kept: set[int], fill: Iterable[int]) -> list[int]:
     """The nodes of ``job``'s ranks, rank ``i`` on the ``i``-th: those of ``kept`` (nodes its last
     attempt ran on) each where its rank ran, the ranks whose node is not kept on ``fill``'s nodes in
     its order, as the scheduler gives them (a restarted pod keeps its name and index: a lock-step
     job placed again without a node or two changes those ranks only). A job placed for the first
-    time, or at another size, takes ``kept`` then ``fill`` in node order."""
+    time, or at another size, takes ``kept`` and ``fill`` in node order."""
     prev = job.prev_nodes
     if len(prev) != job.size:
         return sorted([*kept, *fill])
-    keep = set(kept)
+    keep = kept
     chosen = list(prev)
     to_fill = iter(fill)
     for i in itertools.compress(itertools.count(), map(operator.not_, map(keep.__contains__, prev))):
@@ -719,11 +719,10 @@ class World:
                 free.append(n)
             if len(free) < job.size:
                 return
-            if len(again.intersection(free)) < job.size:  # (``free`` holds distinct nodes)
-                ordered = list(free)  # sorted, then the nodes preempted
+            kept = again.intersection(free)  # (``free`` holds distinct nodes)
+            if len(kept) < job.size:
                 shuffle(self.rng("place", job.name, job.attempt, round(t)), free)
                 # where the pods ran first (all of them), then the rest in the scheduler's order
-                kept = list(filter(again.__contains__, ordered))
                 rest = itertools.filterfalse(again.__contains__, free)
                 chosen = _keep_ranks(job, kept, itertools.islice(rest, job.size - len(kept)))
             else:
