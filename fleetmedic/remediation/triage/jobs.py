@@ -39,15 +39,17 @@ class JobBoard:
             self._by_node = index
         return self._by_node
 
-    def _moved(self, job: str, before: list[str], after: list[str],
-               left: set[str] | None = None, gained: set[str] | None = None) -> None:
-        """``job``'s nodes went from ``before`` to ``after``, or, given, lost ``left`` and gained ``gained``."""
-        index = self._by_node
-        if index is None or (left is None and before == after):
-            return
-        if left is None or gained is None:
+    def _moved(self, job: str, before: list[str], after: list[str]) -> None:
+        """``job``'s nodes went from ``before`` to ``after``."""
+        if self._by_node is not None and before != after:
             old, new = set(before), set(after)
-            left, gained = old - new, new - old
+            self._changed_nodes(job, old - new, new - old)
+
+    def _changed_nodes(self, job: str, left: set[str], gained: set[str]) -> None:
+        """``job`` left the nodes ``left`` and gained ``gained`` (the index, once built, follows)."""
+        index = self._by_node
+        if index is None:
+            return
         for n in left:
             jobs = index.get(n)
             if jobs is not None:
@@ -155,7 +157,7 @@ class JobBoard:
             self._sets[rec.job] = (nodes, made[1])
         rec.nodes = nodes
         self._counts[rec.job] = (nodes, per_node)
-        self._moved(rec.job, [], [], left, gained)
+        self._changed_nodes(rec.job, left, gained)
         return True
 
     def node_set(self, rec: JobRecord) -> frozenset[str]:

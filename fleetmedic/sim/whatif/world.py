@@ -308,10 +308,9 @@ def _keep_ranks(job: Job, kept: set[int], fill: Iterable[int]) -> list[int]:
     prev = job.prev_nodes
     if len(prev) != job.size:
         return sorted([*kept, *fill])
-    keep = kept
     chosen = list(prev)
     to_fill = iter(fill)
-    for i in itertools.compress(itertools.count(), map(operator.not_, map(keep.__contains__, prev))):
+    for i in itertools.compress(itertools.count(), map(operator.not_, map(kept.__contains__, prev))):
         chosen[i] = next(to_fill)
     return chosen
 
